@@ -1,0 +1,339 @@
+/*
+ * symred.h — symbolic kernel reductions.
+ *
+ * symred computes reductions of the form
+ *
+ *     out_i = RED_{j = 0..ny-1}  F(x_i, y_j, p)        (axis 1: one result per row i)
+ *     out_j = RED_{i = 0..nx-1}  F(x_i, y_j, p)        (axis 0: one result per column j)
+ *
+ * where F is a formula over per-row variables x_i ("Vi"), per-column variables y_j ("Vj") and
+ * parameters p ("Pm"), and RED is a reduction (Sum, Min, ArgMin, K-min, LogSumExp, ...). The
+ * nx × ny matrix F(x_i, y_j) is never built.
+ *
+ * Formulas are written as KeOps-style text and parsed with sr_parse(), or built with one
+ * function per operation (sr_exp, sr_sqdist, ...). Expressions are immutable and hash-consed:
+ * building the same formula twice in one context gives the same sr_expr pointer.
+ *
+ * Conventions
+ *  - Every function that can fail returns sr_status (SR_OK = 0, errors negative). The detailed
+ *    message of the last failure is sr_ctx_error(ctx). The library never aborts and never prints
+ *    because of a user error, and a failing call leaves the context usable.
+ *  - Expression builders return NULL on failure and when given a NULL operand, so a chain of
+ *    builder calls is checked once at the end: sr_kernel_new() given a NULL expression returns
+ *    the status and message of the first builder that failed.
+ *  - Arrays are row-major and contiguous: a variable of dimension D over n rows is n*D values of
+ *    the kernel's dtype; a parameter of dimension D is D values.
+ *  - A context may be used by one thread at a time, except that a compiled sr_kernel is
+ *    immutable and may be run concurrently from many threads.
+ *
+ * Worked example 1: Gaussian-process kernel mat-vec, out_i = sum_j exp(-g |x_i - y_j|^2) b_j.
+ *
+ *     sr_ctx *ctx;
+ *     sr_expr *f;
+ *     sr_kernel *k;
+ *     const char *aliases[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+ *     sr_ctx_new(&ctx);
+ *     if (sr_parse(ctx, "Exp(-SqDist(x,y)*g)*b", aliases, 4, &f) != SR_OK)
+ *         fprintf(stderr, "%s\n", sr_ctx_error(ctx));
+ *     sr_kernel_desc desc = sr_kernel_desc_default();   // Sum over j, float32
+ *     sr_kernel_new(ctx, f, &desc, &k);
+ *     const void *args[] = {x, y, b, &g};                 // float x[nx*3], y[ny*3], b[ny], g
+ *     sr_kernel_run(k, nx, ny, args, out);                // float out[nx]
+ *     sr_kernel_free(k);
+ *     sr_ctx_free(ctx);
+ *
+ * Worked example 2: the 10 nearest neighbours of each query q_i among points p_j, built with
+ * the builder functions instead of text.
+ *
+ *     sr_expr *q = sr_vi(ctx, 0, 784), *p = sr_vj(ctx, 1, 784);
+ *     sr_expr *d = sr_sqdist(ctx, q, p);                  // NULL if anything above failed
+ *     sr_kernel_desc desc = sr_kernel_desc_default();
+ *     desc.reduction = SR_ARGKMIN;
+ *     desc.k = 10;
+ *     if (sr_kernel_new(ctx, d, &desc, &k) != SR_OK)
+ *         fprintf(stderr, "%s\n", sr_ctx_error(ctx));
+ *     const void *args[] = {queries, points};
+ *     sr_kernel_run(k, nq, np, args, idx);                // int64_t idx[nq*10], sorted
+ */
+#ifndef SYMRED_H
+#define SYMRED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(SYMRED_BUILDING) && defined(__GNUC__)
+#define SR_API __attribute__((visibility("default")))
+#else
+#define SR_API
+#endif
+
+#define SYMRED_VERSION_MAJOR  0
+#define SYMRED_VERSION_MINOR  1
+#define SYMRED_VERSION_PATCH  0
+#define SYMRED_VERSION_STRING "0.1.0"
+
+/* Returns SYMRED_VERSION_STRING of the library actually loaded. */
+SR_API const char *sr_version(void);
+
+/* ---- Status codes ------------------------------------------------------------------------- */
+
+/* X(name, value, description). One table: the enum and sr_status_str() come from it. */
+#define SR_STATUS_MAP(X)                                                                           \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(EPARSE, -3, "formula parse error")                                                           \
+    X(EDIM, -4, "dimension mismatch")                                                              \
+    X(EOVERFLOW, -5, "size overflow")                                                              \
+    X(EBUDGET, -6, "memory budget exceeded")                                                       \
+    X(ECOMPILE, -7, "kernel compilation failed")                                                   \
+    X(ENODEV, -8, "device not available")                                                          \
+    X(ENOTSUP, -9, "not supported")                                                                \
+    X(EIO, -10, "input/output error")                                                              \
+    X(EINTERNAL, -11, "internal error")
+
+typedef enum sr_status {
+#define SR_STATUS_ENUM_(name, value, desc) SR_##name = value,
+    SR_STATUS_MAP(SR_STATUS_ENUM_)
+#undef SR_STATUS_ENUM_
+} sr_status;
+
+/* A static description of a status ("dimension mismatch"); "unknown status" for other values.
+ * Never NULL; thread-safe. */
+SR_API const char *sr_status_str(int status);
+
+/* ---- Opaque handles ----------------------------------------------------------------------- */
+
+typedef struct sr_ctx sr_ctx;       /* owns expressions, kernels' compiled code, options, errors */
+typedef struct sr_expr sr_expr;     /* an expression node; valid while its context lives */
+typedef struct sr_kernel sr_kernel; /* a compiled reduction; immutable */
+
+/* ---- Context ------------------------------------------------------------------------------ */
+
+/* Creates a context. Options are read from the environment (SYMRED_LOG, ...) at creation.
+ * Returns SR_EINVAL if out is NULL, SR_ENOMEM on allocation failure (then *out is NULL). */
+SR_API sr_status sr_ctx_new(sr_ctx **out);
+
+/* Frees the context and every expression built in it. Kernels created from it must have been
+ * freed before. NULL is a no-op. */
+SR_API void sr_ctx_free(sr_ctx *ctx);
+
+/* The message of the last failure of a call on this context (or on one of its kernels), or ""
+ * if none failed. The pointer stays valid until the next call on ctx from the same thread.
+ * A NULL ctx gives a static message. */
+SR_API const char *sr_ctx_error(const sr_ctx *ctx);
+
+/* ---- Expressions -------------------------------------------------------------------------- */
+
+/* Variable categories, numbered as KeOps' Var(index, dim, cat). */
+typedef enum sr_cat { SR_CAT_I = 0, SR_CAT_J = 1, SR_CAT_PARAM = 2 } sr_cat;
+
+/* What an expression depends on, reported by sr_expr_category(). */
+typedef enum sr_category {
+    SR_DEP_CONST = 0, /* constants only */
+    SR_DEP_PARAM = 1, /* parameters (and constants) */
+    SR_DEP_I = 2,     /* the row i (and maybe parameters) */
+    SR_DEP_J = 3,     /* the column j (and maybe parameters) */
+    SR_DEP_IJ = 4     /* the pair (i, j) */
+} sr_category;
+
+/* Parses a KeOps-style formula. aliases[0..naliases) are declarations such as "x=Vi(3)",
+ * "y=Vj(3)", "b=Vj(2,1)" (explicit index 2, dimension 1), "g=Pm(1)" or "v=Var(1,3,1)". Aliases
+ * without an explicit index are numbered in order of declaration; declared indices must form
+ * 0..n-1 without gaps. The formula may also use Var(index, dim, cat) directly.
+ * On success *out is the expression; on failure *out is NULL and the status is SR_EPARSE (syntax,
+ * unknown name, arity, bad alias) or SR_EDIM (dimensions), with a message giving the column. */
+SR_API sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases,
+                          int naliases, sr_expr **out);
+
+/* Writes the formula text of e into buf (at most cap bytes, always NUL-terminated when cap > 0)
+ * and returns the length of the full text, excluding the NUL, like snprintf. The text parses
+ * back (with no aliases) to the same expression. Returns 0 for a NULL e. */
+SR_API size_t sr_expr_print(const sr_expr *e, char *buf, size_t cap);
+
+/* Output dimension of e (0 for NULL). */
+SR_API int sr_expr_dim(const sr_expr *e);
+/* What e depends on (SR_DEP_CONST for NULL). */
+SR_API sr_category sr_expr_category(const sr_expr *e);
+
+/* Builders. Each returns the (interned) node, or NULL if an operand is NULL, belongs to another
+ * context, or the dimensions do not fit (then the context records SR_EDIM/SR_EINVAL and a
+ * message naming the op and both dimensions). Scalars (dimension 1) broadcast against vectors
+ * in elementwise operations, as in KeOps. */
+SR_API sr_expr *sr_var(sr_ctx *ctx, int index, int dim, sr_cat cat);
+SR_API sr_expr *sr_vi(sr_ctx *ctx, int index, int dim);
+SR_API sr_expr *sr_vj(sr_ctx *ctx, int index, int dim);
+SR_API sr_expr *sr_pm(sr_ctx *ctx, int index, int dim);
+SR_API sr_expr *sr_const(sr_ctx *ctx, double value);              /* finite real constant */
+SR_API sr_expr *sr_intcst(sr_ctx *ctx, int64_t value);            /* IntCst(n) */
+SR_API sr_expr *sr_ratcst(sr_ctx *ctx, int64_t num, int64_t den); /* RatCst(p,q), q != 0 */
+
+/* Elementwise binary (broadcasting) */
+SR_API sr_expr *sr_add(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_sub(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_mul(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_div(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_powf(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* a^b, real exponent */
+SR_API sr_expr *sr_atan2(sr_ctx *ctx, sr_expr *y, sr_expr *x);
+SR_API sr_expr *sr_less(sr_ctx *ctx, sr_expr *a, sr_expr *b);   /* 1 if a < b else 0 */
+SR_API sr_expr *sr_lesseq(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* 1 if a <= b else 0 */
+SR_API sr_expr *sr_greater(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_greatereq(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_equal(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_notequal(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+
+/* Elementwise unary */
+SR_API sr_expr *sr_neg(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_inv(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_square(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_sqrt(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_rsqrt(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_exp(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_log(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_xlogx(sr_ctx *ctx, sr_expr *a); /* x*log(x), 0 at x = 0 */
+SR_API sr_expr *sr_sin(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_cos(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_asin(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_acos(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_atan(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_abs(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_sign(sr_ctx *ctx, sr_expr *a); /* -1, 0 or 1 */
+SR_API sr_expr *sr_step(sr_ctx *ctx, sr_expr *a); /* 1 if a >= 0 else 0 */
+SR_API sr_expr *sr_relu(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_floor(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_sinxdivx(sr_ctx *ctx, sr_expr *a);                 /* sin(x)/x, 1 at x = 0 */
+SR_API sr_expr *sr_pow(sr_ctx *ctx, sr_expr *a, int exponent);        /* integer power */
+SR_API sr_expr *sr_round(sr_ctx *ctx, sr_expr *a, int decimals);      /* round to d decimals */
+SR_API sr_expr *sr_clampint(sr_ctx *ctx, sr_expr *a, int lo, int hi); /* clamp to [lo, hi] */
+
+/* Elementwise ternary (broadcasting) */
+SR_API sr_expr *sr_clamp(sr_ctx *ctx, sr_expr *a, sr_expr *lo, sr_expr *hi);
+SR_API sr_expr *sr_ifelse(sr_ctx *ctx, sr_expr *c, sr_expr *a, sr_expr *b); /* c >= 0 ? a : b */
+/* a - modulus * floor((a - offset) / modulus) */
+SR_API sr_expr *sr_mod(sr_ctx *ctx, sr_expr *a, sr_expr *modulus, sr_expr *offset);
+
+/* Vector operations */
+SR_API sr_expr *sr_sqnorm2(sr_ctx *ctx, sr_expr *a);              /* sum a_k^2 -> 1 */
+SR_API sr_expr *sr_norm2(sr_ctx *ctx, sr_expr *a);                /* sqrt(sum a_k^2) -> 1 */
+SR_API sr_expr *sr_normalize(sr_ctx *ctx, sr_expr *a);            /* a / |a| -> D */
+SR_API sr_expr *sr_sqdist(sr_ctx *ctx, sr_expr *a, sr_expr *b);   /* |a-b|^2 -> 1 */
+SR_API sr_expr *sr_scalprod(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* (a|b) -> 1 */
+SR_API sr_expr *sr_sum(sr_ctx *ctx, sr_expr *a);                  /* sum of components -> 1 */
+SR_API sr_expr *sr_max(sr_ctx *ctx, sr_expr *a);                  /* largest component -> 1 */
+SR_API sr_expr *sr_min(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_argmax(sr_ctx *ctx, sr_expr *a); /* its index, as a real -> 1 */
+SR_API sr_expr *sr_argmin(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_elem(sr_ctx *ctx, sr_expr *a, int m);                 /* a_m -> 1 */
+SR_API sr_expr *sr_extract(sr_ctx *ctx, sr_expr *a, int start, int len); /* -> len */
+SR_API sr_expr *sr_concat(sr_ctx *ctx, sr_expr *a, sr_expr *b);          /* -> Da + Db */
+SR_API sr_expr *sr_onehot(sr_ctx *ctx, sr_expr *a, int dim);             /* scalar a -> dim */
+/* A is an m×n matrix stored row-major as a vector of dimension m*n. */
+SR_API sr_expr *sr_matvecmult(sr_ctx *ctx, sr_expr *A, sr_expr *v); /* A (m*n), v (n) -> m */
+SR_API sr_expr *sr_vecmatmult(sr_ctx *ctx, sr_expr *v, sr_expr *A); /* v (m), A (m*n) -> n */
+SR_API sr_expr *sr_tensorprod(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* -> Da*Db, row-major */
+/* w of dimension 1 (isotropic), D (diagonal) or D*D (full, row-major) */
+SR_API sr_expr *sr_weightedsqnorm(sr_ctx *ctx, sr_expr *w, sr_expr *a);
+SR_API sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *b);
+
+/* ---- Kernels ------------------------------------------------------------------------------ */
+
+/* X(name, keops spelling). Order is ABI. */
+#define SR_REDUCTION_MAP(X)                                                                        \
+    X(SUM, "Sum")                                                                                  \
+    X(MIN, "Min")                                                                                  \
+    X(MAX, "Max")                                                                                  \
+    X(ARGMIN, "ArgMin")                                                                            \
+    X(ARGMAX, "ArgMax")                                                                            \
+    X(MIN_ARGMIN, "Min_ArgMin")                                                                    \
+    X(MAX_ARGMAX, "Max_ArgMax")                                                                    \
+    X(KMIN, "KMin")                                                                                \
+    X(ARGKMIN, "ArgKMin")                                                                          \
+    X(KMIN_ARGKMIN, "KMin_ArgKMin")                                                                \
+    X(LOGSUMEXP, "LogSumExp")                                                                      \
+    X(SUMSOFTMAXWEIGHT, "SumSoftMaxWeight")
+
+typedef enum sr_reduction {
+#define SR_REDUCTION_ENUM_(name, keops) SR_##name,
+    SR_REDUCTION_MAP(SR_REDUCTION_ENUM_)
+#undef SR_REDUCTION_ENUM_
+        SR_REDUCTION_COUNT
+} sr_reduction;
+
+/* The KeOps spelling of a reduction ("ArgKMin"), or NULL if out of range. */
+SR_API const char *sr_reduction_name(sr_reduction r);
+/* Looks a reduction up by its KeOps spelling (case-sensitive). SR_EINVAL if unknown. */
+SR_API sr_status sr_reduction_from_name(const char *name, sr_reduction *out);
+
+typedef enum sr_dtype { SR_F32 = 0, SR_F64 = 1 } sr_dtype;
+
+typedef enum sr_device {
+    SR_DEVICE_AUTO = 0,     /* SYMRED_DEVICE, else the best available backend */
+    SR_DEVICE_CPU = 1,      /* the fastest CPU backend available */
+    SR_DEVICE_CUDA = 2,     /* an NVIDIA GPU; SR_ENODEV where there is none */
+    SR_DEVICE_REFERENCE = 3 /* the portable interpreter (the test oracle) */
+} sr_device;
+
+typedef struct sr_kernel_desc {
+    sr_reduction reduction;
+    int axis; /* 1: reduce over j, one result per row i; 0: reduce over i */
+    int k;    /* K of the K-reductions (KMin, ArgKMin, KMin_ArgKMin); else ignored */
+    sr_dtype dtype;
+    sr_device device;
+    sr_expr *weight; /* SumSoftMaxWeight: the formula whose values are averaged (KeOps'
+                        formula2); NULL for the other reductions */
+} sr_kernel_desc;
+
+/* Sum over j (axis 1), float32, device AUTO, k = 1, no weight. */
+SR_API sr_kernel_desc sr_kernel_desc_default(void);
+
+/* Creates a kernel computing desc->reduction of f. Checks the formula (each variable index used
+ * with one dimension and category), the reduction (SumSoftMaxWeight needs a scalar F and a
+ * weight; the K-reductions 1 <= k), the axis, dtype and device. Min, Max, LogSumExp and the
+ * arg/K reductions of a vector F act on each component separately. If f is NULL, returns the
+ * status of the builder call that failed (its message is kept). The kernel keeps pointers into
+ * ctx: free it before the context. *out is NULL on failure. */
+SR_API sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
+                               sr_kernel **out);
+SR_API void sr_kernel_free(sr_kernel *kernel);
+
+/* Number of arrays sr_kernel_run expects: 1 + the largest variable index of F (and of the
+ * weight). An index the formula does not use may be given as NULL. */
+SR_API int sr_kernel_nargs(const sr_kernel *kernel);
+/* Values per output row: dim(F) for Sum/Min/Max/Arg*, K*dim(F) for the K-reductions (row-major
+ * K×dim), dim(weight) for SumSoftMaxWeight. */
+SR_API int sr_kernel_out_dim(const sr_kernel *kernel);
+
+/* Runs the kernel. args[v] is the array of variable index v: nx*dim values for an i-variable,
+ * ny*dim for a j-variable, dim for a parameter, in the kernel's dtype. out receives
+ * n*sr_kernel_out_dim() values, n = nx for axis 1 and ny for axis 0: of the kernel's dtype for
+ * the value reductions, int64_t indices for ArgMin/ArgMax/ArgKMin. For Min_ArgMin, Max_ArgMax
+ * and KMin_ArgKMin, which have two outputs, use sr_kernel_run_ex (this returns SR_EINVAL).
+ * Sizes: nx, ny >= 0; an empty reduction gives the identity (0 for Sum, +inf for Min, -inf for
+ * Max and LogSumExp, -1 for the arg reductions, NaN for SumSoftMaxWeight); the K-reductions
+ * need k <= the reduced count. Thread-safe: a kernel may run concurrently in many threads. */
+SR_API sr_status sr_kernel_run(const sr_kernel *kernel, int64_t nx, int64_t ny,
+                               const void *const *args, void *out);
+
+typedef struct sr_run_desc {
+    int64_t nx, ny;
+    int nargs; /* entries in args; must equal sr_kernel_nargs() */
+    const void *const *args;
+    void *out;        /* values (dtype); NULL for the pure arg reductions */
+    int64_t *out_idx; /* indices; NULL for the pure value reductions */
+} sr_run_desc;
+
+/* Runs the kernel with both outputs given separately and the argument count checked. */
+SR_API sr_status sr_kernel_run_ex(const sr_kernel *kernel, const sr_run_desc *run);
+
+/* Text describing the kernel: the formula, the reduction, the backend and its plan. The pointer
+ * is owned by the kernel and valid until sr_kernel_free. */
+SR_API const char *sr_kernel_explain(const sr_kernel *kernel);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SYMRED_H */

@@ -1,0 +1,92 @@
+/*
+ * core.h — the context, kernels, errors and the backend interface.
+ *
+ * Every other module includes this header. A backend (the reference interpreter, later the
+ * CPU JIT and CUDA) plugs in through struct sr_backend_i; the public entry points in kernel.c
+ * validate every argument once, handle empty sizes, and only then call the backend, so
+ * backends may assume sane input.
+ */
+#ifndef SYMRED_CORE_H
+#define SYMRED_CORE_H
+
+#include "symred.h"
+#include "../expr/expr.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#define SR_ERR_MAX 2048
+
+struct sr_ctx {
+    struct expr_store store;
+    /* The last failure. Kernels may run (and fail) from several threads: the lock guards the
+     * message, and sr_ctx_error() hands out a thread-local copy. */
+    pthread_mutex_t err_lock;
+    char err[SR_ERR_MAX];
+    /* Set by a failed builder, consumed by sr_kernel_new(NULL) so it can report the first
+     * failure of a builder chain. */
+    sr_status pending;
+    int log_level; /* SYMRED_LOG */
+};
+
+/* Records status and a printf-style message in ctx; returns status. ctx may be NULL. */
+sr_status sr__error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Same, also marking it as a builder failure (see sr_ctx.pending). */
+sr_status sr__builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Copies the current message of ctx (for callers that re-report it with context). */
+void sr__error_get(sr_ctx *ctx, char *buf, size_t cap);
+
+/* What each reduction needs and produces. Indexed by sr_reduction. */
+struct sr_reduction_info {
+    const char *name;
+    bool values;   /* writes values of the dtype */
+    bool indices;  /* writes int64 indices */
+    bool uses_k;   /* KMin, ArgKMin, KMin_ArgKMin */
+    bool scalar_f; /* F must have dimension 1 (SumSoftMaxWeight) */
+    bool weight;   /* needs desc.weight */
+};
+extern const struct sr_reduction_info sr_reductions[SR_REDUCTION_COUNT];
+
+struct sr_kernel;
+
+/*
+ * A backend. Members other than name and run may be NULL.
+ *   prepare — build backend state for a new kernel (compile, plan); may fail, with a message
+ *   run     — compute; the arguments have been validated, nx > 0 and ny > 0
+ *   release — free what prepare made
+ *   explain — append backend-specific plan text to the explain buffer
+ */
+struct sr_backend_i {
+    const char *name;
+    sr_status (*prepare)(struct sr_kernel *k);
+    sr_status (*run)(const struct sr_kernel *k, const sr_run_desc *run);
+    void (*release)(struct sr_kernel *k);
+    void (*explain)(const struct sr_kernel *k, struct expr_buf *b);
+};
+
+struct sr_kernel {
+    sr_ctx *ctx;
+    const sr_expr *f;
+    const sr_expr *weight; /* SumSoftMaxWeight only */
+    sr_reduction red;
+    int axis;
+    int k; /* 1 for the non-K reductions */
+    sr_dtype dtype;
+    sr_device device;
+    int fdim;    /* dim(F) */
+    int out_dim; /* values per output row */
+    int nargs;
+    struct expr_var *vars; /* [nargs]; dim 0 = unused index */
+    const struct sr_backend_i *backend;
+    void *backend_data;
+    char *explain;
+};
+
+static inline size_t sr_dtype_size(sr_dtype t) { return t == SR_F64 ? 8 : 4; }
+
+/* Backends. */
+extern const struct sr_backend_i cpu_reference_backend;
+
+#endif /* SYMRED_CORE_H */

@@ -1,0 +1,365 @@
+/* kernel.c — kernel creation, argument validation, and dispatch to a backend. */
+#include "core.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* X(name, keops) -> {keops, values, indices, uses_k, scalar_f, weight} */
+const struct sr_reduction_info sr_reductions[SR_REDUCTION_COUNT] = {
+    [SR_SUM] = {"Sum", true, false, false, false, false},
+    [SR_MIN] = {"Min", true, false, false, false, false},
+    [SR_MAX] = {"Max", true, false, false, false, false},
+    [SR_ARGMIN] = {"ArgMin", false, true, false, false, false},
+    [SR_ARGMAX] = {"ArgMax", false, true, false, false, false},
+    [SR_MIN_ARGMIN] = {"Min_ArgMin", true, true, false, false, false},
+    [SR_MAX_ARGMAX] = {"Max_ArgMax", true, true, false, false, false},
+    [SR_KMIN] = {"KMin", true, false, true, false, false},
+    [SR_ARGKMIN] = {"ArgKMin", false, true, true, false, false},
+    [SR_KMIN_ARGKMIN] = {"KMin_ArgKMin", true, true, true, false, false},
+    [SR_LOGSUMEXP] = {"LogSumExp", true, false, false, false, false},
+    [SR_SUMSOFTMAXWEIGHT] = {"SumSoftMaxWeight", true, false, false, true, true},
+};
+
+/* The table above and the public SR_REDUCTION_MAP must spell every reduction alike. */
+static const char *const reduction_spelling[] = {
+#define SR_REDUCTION_NAME_(name, keops) keops,
+    SR_REDUCTION_MAP(SR_REDUCTION_NAME_)
+#undef SR_REDUCTION_NAME_
+};
+_Static_assert(sizeof reduction_spelling / sizeof *reduction_spelling == SR_REDUCTION_COUNT,
+               "reduction table out of sync");
+
+const char *sr_reduction_name(sr_reduction r)
+{
+    if ((int)r < 0 || r >= SR_REDUCTION_COUNT)
+        return NULL;
+    return reduction_spelling[r];
+}
+
+sr_status sr_reduction_from_name(const char *name, sr_reduction *out)
+{
+    if (!name || !out)
+        return SR_EINVAL;
+    for (int r = 0; r < SR_REDUCTION_COUNT; r++)
+        if (strcmp(reduction_spelling[r], name) == 0) {
+            *out = (sr_reduction)r;
+            return SR_OK;
+        }
+    return SR_EINVAL;
+}
+
+sr_kernel_desc sr_kernel_desc_default(void)
+{
+    sr_kernel_desc d;
+    memset(&d, 0, sizeof d);
+    d.reduction = SR_SUM;
+    d.axis = 1;
+    d.k = 1;
+    d.dtype = SR_F32;
+    d.device = SR_DEVICE_AUTO;
+    d.weight = NULL;
+    return d;
+}
+
+static const char *const cat_names[] = {"Vi", "Vj", "Pm"};
+static const char *const device_names[] = {"auto", "cpu", "cuda", "reference"};
+
+/* Largest K of the K-reductions: the per-row state is K values and indices. */
+#define SR_MAX_K (1 << 20)
+
+static sr_status desc_check(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *d)
+{
+    if ((int)d->reduction < 0 || d->reduction >= SR_REDUCTION_COUNT)
+        return sr__error(ctx, SR_EINVAL, "unknown reduction %d", (int)d->reduction);
+    const struct sr_reduction_info *ri = &sr_reductions[d->reduction];
+    if (d->axis != 0 && d->axis != 1)
+        return sr__error(ctx, SR_EINVAL,
+                         "axis must be 1 (reduce over j) or 0 (reduce over i), not %d", d->axis);
+    if (d->dtype != SR_F32 && d->dtype != SR_F64)
+        return sr__error(ctx, SR_EINVAL, "dtype must be SR_F32 or SR_F64, not %d", (int)d->dtype);
+    if ((int)d->device < 0 || d->device > SR_DEVICE_REFERENCE)
+        return sr__error(ctx, SR_EINVAL, "unknown device %d", (int)d->device);
+    if (ri->uses_k && (d->k < 1 || d->k > SR_MAX_K))
+        return sr__error(ctx, SR_EINVAL, "%s: k must be in [1, %d], not %d", ri->name, SR_MAX_K,
+                         d->k);
+    if (ri->scalar_f && f->dim != 1)
+        return sr__error(ctx, SR_EDIM, "%s: the formula must have dimension 1, not %d", ri->name,
+                         f->dim);
+    if (ri->weight && !d->weight)
+        return sr__error(ctx, SR_EINVAL, "%s needs a weight formula (desc.weight)", ri->name);
+    if (!ri->weight && d->weight)
+        return sr__error(ctx, SR_EINVAL,
+                         "%s takes no weight formula (desc.weight is only for SumSoftMaxWeight)",
+                         ri->name);
+    if (d->weight && d->weight->ctx != ctx)
+        return sr__error(ctx, SR_EINVAL, "the weight formula belongs to another context");
+    return SR_OK;
+}
+
+static const struct sr_backend_i *pick_backend(sr_ctx *ctx, sr_device dev, sr_status *st)
+{
+    *st = SR_OK;
+    if (dev == SR_DEVICE_AUTO) {
+        const char *env = getenv("SYMRED_DEVICE");
+        if (env && *env) {
+            if (strcmp(env, "cpu") == 0)
+                dev = SR_DEVICE_CPU;
+            else if (strcmp(env, "cuda") == 0)
+                dev = SR_DEVICE_CUDA;
+            else if (strcmp(env, "reference") == 0)
+                dev = SR_DEVICE_REFERENCE;
+            else if (strcmp(env, "auto") != 0) {
+                *st = sr__error(ctx, SR_EINVAL,
+                                "SYMRED_DEVICE=%s: expected cpu, cuda, reference or auto", env);
+                return NULL;
+            }
+        }
+    }
+    if (dev == SR_DEVICE_CUDA) {
+        *st = sr__error(ctx, SR_ENODEV,
+                        "device cuda: this build of symred has no CUDA backend yet; use "
+                        "SR_DEVICE_CPU or SR_DEVICE_AUTO");
+        return NULL;
+    }
+    /* AUTO, CPU and REFERENCE: the reference interpreter is the CPU backend until the JIT
+     * lands. */
+    return &cpu_reference_backend;
+}
+
+static void build_explain(sr_kernel *k)
+{
+    struct expr_buf b = {0};
+    expr_buf_printf(&b, "formula: ");
+    expr_print_to(&b, k->f);
+    expr_buf_printf(&b, "\n");
+    if (k->weight) {
+        expr_buf_printf(&b, "weight: ");
+        expr_print_to(&b, k->weight);
+        expr_buf_printf(&b, "\n");
+    }
+    expr_buf_printf(&b, "reduction: %s over %s", sr_reductions[k->red].name,
+                    k->axis == 1 ? "j (axis 1, one result per i)" : "i (axis 0, one result per j)");
+    if (sr_reductions[k->red].uses_k)
+        expr_buf_printf(&b, ", k = %d", k->k);
+    expr_buf_printf(&b, "\ndtype: %s\nformula dimension: %d, output values per row: %d\n",
+                    k->dtype == SR_F64 ? "float64" : "float32", k->fdim, k->out_dim);
+    expr_buf_printf(&b, "arguments:");
+    for (int v = 0; v < k->nargs; v++) {
+        if (k->vars[v].dim)
+            expr_buf_printf(&b, " [%d] %s(%d)", v, cat_names[k->vars[v].cat], k->vars[v].dim);
+        else
+            expr_buf_printf(&b, " [%d] unused", v);
+    }
+    expr_buf_printf(&b, "\ndevice: %s\nbackend: %s\n", device_names[k->device], k->backend->name);
+    if (k->backend->explain)
+        k->backend->explain(k, &b);
+    k->explain = b.oom ? NULL : b.data;
+    if (b.oom)
+        free(b.data);
+}
+
+sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc, sr_kernel **out)
+{
+    if (out)
+        *out = NULL;
+    if (!ctx)
+        return SR_EINVAL;
+    if (!out)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_new: out is NULL");
+    if (!desc)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_new: desc is NULL");
+    if (!f) {
+        if (ctx->pending != SR_OK) {
+            sr_status st = ctx->pending; /* the builder's own message stays */
+            ctx->pending = SR_OK;
+            return st;
+        }
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_new: the formula is NULL");
+    }
+    if (f->ctx != ctx)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_new: the formula belongs to another context");
+    sr_status st = desc_check(ctx, f, desc);
+    if (st != SR_OK)
+        return st;
+
+    sr_kernel *k = calloc(1, sizeof *k);
+    if (!k)
+        return sr__error(ctx, SR_ENOMEM, "sr_kernel_new: out of memory");
+    k->ctx = ctx;
+    k->f = f;
+    k->weight = desc->weight;
+    k->red = desc->reduction;
+    k->axis = desc->axis;
+    k->k = sr_reductions[desc->reduction].uses_k ? desc->k : 1;
+    k->dtype = desc->dtype;
+    k->device = desc->device;
+    k->fdim = f->dim;
+    k->out_dim = k->weight ? k->weight->dim : k->k * k->fdim;
+    const sr_expr *roots[2] = {f, desc->weight};
+    st = expr_collect_vars(ctx, roots, 2, &k->vars, &k->nargs);
+    if (st == SR_OK)
+        k->backend = pick_backend(ctx, desc->device, &st);
+    if (st == SR_OK && k->backend->prepare)
+        st = k->backend->prepare(k);
+    if (st != SR_OK) {
+        free(k->vars);
+        free(k);
+        return st;
+    }
+    build_explain(k);
+    *out = k;
+    return SR_OK;
+}
+
+void sr_kernel_free(sr_kernel *k)
+{
+    if (!k)
+        return;
+    if (k->backend && k->backend->release)
+        k->backend->release(k);
+    free(k->vars);
+    free(k->explain);
+    free(k);
+}
+
+int sr_kernel_nargs(const sr_kernel *k) { return k ? k->nargs : 0; }
+int sr_kernel_out_dim(const sr_kernel *k) { return k ? k->out_dim : 0; }
+
+const char *sr_kernel_explain(const sr_kernel *k)
+{
+    if (!k)
+        return "";
+    return k->explain ? k->explain : "(explain text unavailable: out of memory)";
+}
+
+/* rows * dim * elem must fit in a ptrdiff_t: the largest array the caller can hold. */
+static bool size_ok(int64_t rows, int64_t dim, size_t elem)
+{
+    if (rows == 0 || dim == 0)
+        return true;
+    return rows <= (int64_t)(PTRDIFF_MAX / (int64_t)elem) / dim;
+}
+
+static void fill_identity(const sr_kernel *k, const sr_run_desc *r, int64_t nout)
+{
+    size_t n = (size_t)nout * (size_t)k->out_dim;
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    if (ri->indices)
+        for (size_t i = 0; i < n; i++)
+            r->out_idx[i] = -1;
+    if (!ri->values)
+        return;
+    double v;
+    switch (k->red) {
+    case SR_SUM:
+        v = 0.0;
+        break;
+    case SR_MIN:
+    case SR_MIN_ARGMIN:
+    case SR_KMIN:
+    case SR_KMIN_ARGKMIN:
+        v = INFINITY;
+        break;
+    case SR_MAX:
+    case SR_MAX_ARGMAX:
+    case SR_LOGSUMEXP:
+        v = -INFINITY;
+        break;
+    default: /* SumSoftMaxWeight: 0/0 */
+        v = NAN;
+        break;
+    }
+    if (k->dtype == SR_F64)
+        for (size_t i = 0; i < n; i++)
+            ((double *)r->out)[i] = v;
+    else
+        for (size_t i = 0; i < n; i++)
+            ((float *)r->out)[i] = (float)v;
+}
+
+static sr_status run_check(const sr_kernel *k, const sr_run_desc *r)
+{
+    sr_ctx *ctx = k->ctx;
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    size_t esz = sr_dtype_size(k->dtype);
+    if (r->nx < 0 || r->ny < 0)
+        return sr__error(ctx, SR_EINVAL, "sizes must be >= 0 (nx = %lld, ny = %lld)",
+                         (long long)r->nx, (long long)r->ny);
+    if (r->nargs != k->nargs)
+        return sr__error(ctx, SR_EINVAL, "the kernel takes %d arrays, %d were given", k->nargs,
+                         r->nargs);
+    if (k->nargs > 0 && !r->args)
+        return sr__error(ctx, SR_EINVAL, "args is NULL but the kernel takes %d arrays", k->nargs);
+    for (int v = 0; v < k->nargs; v++) {
+        const struct expr_var *var = &k->vars[v];
+        if (!var->dim)
+            continue;
+        int64_t rows = var->cat == SR_CAT_I ? r->nx : var->cat == SR_CAT_J ? r->ny : 1;
+        if (!size_ok(rows, var->dim, esz))
+            return sr__error(ctx, SR_EOVERFLOW,
+                             "argument %d: %lld rows of dimension %d overflow the address space", v,
+                             (long long)rows, var->dim);
+        if (rows > 0 && !r->args[v])
+            return sr__error(ctx, SR_EINVAL, "argument %d (%s of dimension %d) is NULL", v,
+                             cat_names[var->cat], var->dim);
+    }
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    int64_t nred = k->axis == 1 ? r->ny : r->nx;
+    if (!size_ok(nout, k->out_dim, 8))
+        return sr__error(ctx, SR_EOVERFLOW,
+                         "the output (%lld rows of %d values) overflows the address space",
+                         (long long)nout, k->out_dim);
+    if (ri->uses_k && k->k > nred)
+        return sr__error(ctx, SR_EINVAL,
+                         "%s: k = %d exceeds the number of reduced rows (%s = %lld)", ri->name,
+                         k->k, k->axis == 1 ? "ny" : "nx", (long long)nred);
+    if (nout > 0 && ri->values && !r->out)
+        return sr__error(ctx, SR_EINVAL, "%s writes values, but the value output is NULL",
+                         ri->name);
+    if (nout > 0 && ri->indices && !r->out_idx)
+        return sr__error(ctx, SR_EINVAL, "%s writes indices, but the index output is NULL",
+                         ri->name);
+    return SR_OK;
+}
+
+sr_status sr_kernel_run_ex(const sr_kernel *k, const sr_run_desc *r)
+{
+    if (!k)
+        return SR_EINVAL;
+    if (!r)
+        return sr__error(k->ctx, SR_EINVAL, "sr_kernel_run_ex: run is NULL");
+    sr_status st = run_check(k, r);
+    if (st != SR_OK)
+        return st;
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    int64_t nred = k->axis == 1 ? r->ny : r->nx;
+    if (nout == 0)
+        return SR_OK;
+    if (nred == 0) {
+        fill_identity(k, r, nout);
+        return SR_OK;
+    }
+    return k->backend->run(k, r);
+}
+
+sr_status sr_kernel_run(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args,
+                        void *out)
+{
+    if (!k)
+        return SR_EINVAL;
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    if (ri->values && ri->indices)
+        return sr__error(k->ctx, SR_EINVAL,
+                         "%s has two outputs (values and indices): use sr_kernel_run_ex", ri->name);
+    sr_run_desc r = {
+        .nx = nx,
+        .ny = ny,
+        .nargs = k->nargs,
+        .args = args,
+        .out = ri->values ? out : NULL,
+        .out_idx = ri->indices ? (int64_t *)out : NULL,
+    };
+    return sr_kernel_run_ex(k, &r);
+}

@@ -1,0 +1,209 @@
+/*
+ * expr.h — the intermediate representation: hash-consed expression nodes and the op table.
+ *
+ * Nodes are immutable and interned per context (find-or-insert on op, children and
+ * attributes), so pointer equality is structural equality and shared subexpressions are
+ * shared nodes. Every node records its output dimension and what it depends on (i, j,
+ * parameters), computed once at construction.
+ */
+#ifndef SYMRED_EXPR_H
+#define SYMRED_EXPR_H
+
+#include "symred.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* How an op's output dimension follows from its operands. */
+enum expr_dimrule {
+    DIM_LEAF,   /* Var and constants: stored in the node */
+    DIM_SAME,   /* unary elementwise: dim(a) */
+    DIM_EW,     /* elementwise over 2-3 operands: all equal, or 1 (broadcast) */
+    DIM_TO1,    /* any vector to a scalar: SqNorm2, Sum, Max, ... */
+    DIM_PAIR1,  /* two vectors of equal dimension to a scalar: SqDist, Scalprod */
+    DIM_SPECIAL /* checked by its own rule in build.c */
+};
+
+/*
+ * The op table. X(id, name, arity, nattr, dimrule, infix)
+ *   id      — OP_<id>
+ *   name    — the KeOps spelling, used by the parser and the printer for function syntax
+ *   arity   — number of expression operands (0..3)
+ *   nattr   — number of integer attributes written after the operands: Pow(f,3), Elem(f,2)
+ *   dimrule — enum expr_dimrule
+ *   infix   — the operator symbol for ops printed infix or prefix, else NULL
+ *
+ * Attributes (iattr): Var (index, cat) with the dimension in dim; IntCst (n); RatCst (p, q),
+ * reduced, q > 0; Cst keeps its value in fattr; Pow (p); Round (decimals); ClampInt (lo, hi);
+ * Elem (m); Extract (start, len); OneHot (dim).
+ */
+#define EXPR_OP_MAP(X)                                                                             \
+    X(VAR, "Var", 0, 2, DIM_LEAF, NULL)                                                            \
+    X(INTCST, "IntCst", 0, 1, DIM_LEAF, NULL)                                                      \
+    X(RATCST, "RatCst", 0, 2, DIM_LEAF, NULL)                                                      \
+    X(CST, "Cst", 0, 0, DIM_LEAF, NULL)                                                            \
+    X(ADD, "Add", 2, 0, DIM_EW, "+")                                                               \
+    X(SUB, "Subtract", 2, 0, DIM_EW, "-")                                                          \
+    X(MUL, "Mult", 2, 0, DIM_EW, "*")                                                              \
+    X(DIV, "Divide", 2, 0, DIM_EW, "/")                                                            \
+    X(MINUS, "Minus", 1, 0, DIM_SAME, "-")                                                         \
+    X(POWF, "Powf", 2, 0, DIM_EW, NULL)                                                            \
+    X(ATAN2, "Atan2", 2, 0, DIM_EW, NULL)                                                          \
+    X(LESS, "Less", 2, 0, DIM_EW, NULL)                                                            \
+    X(LESSEQ, "LessEq", 2, 0, DIM_EW, NULL)                                                        \
+    X(GREATER, "Greater", 2, 0, DIM_EW, NULL)                                                      \
+    X(GREATEREQ, "GreaterEq", 2, 0, DIM_EW, NULL)                                                  \
+    X(EQUAL, "Equal", 2, 0, DIM_EW, NULL)                                                          \
+    X(NOTEQUAL, "NotEqual", 2, 0, DIM_EW, NULL)                                                    \
+    X(INV, "Inv", 1, 0, DIM_SAME, NULL)                                                            \
+    X(SQUARE, "Square", 1, 0, DIM_SAME, NULL)                                                      \
+    X(SQRT, "Sqrt", 1, 0, DIM_SAME, NULL)                                                          \
+    X(RSQRT, "Rsqrt", 1, 0, DIM_SAME, NULL)                                                        \
+    X(EXP, "Exp", 1, 0, DIM_SAME, NULL)                                                            \
+    X(LOG, "Log", 1, 0, DIM_SAME, NULL)                                                            \
+    X(XLOGX, "XLogX", 1, 0, DIM_SAME, NULL)                                                        \
+    X(SIN, "Sin", 1, 0, DIM_SAME, NULL)                                                            \
+    X(COS, "Cos", 1, 0, DIM_SAME, NULL)                                                            \
+    X(ASIN, "Asin", 1, 0, DIM_SAME, NULL)                                                          \
+    X(ACOS, "Acos", 1, 0, DIM_SAME, NULL)                                                          \
+    X(ATAN, "Atan", 1, 0, DIM_SAME, NULL)                                                          \
+    X(ABS, "Abs", 1, 0, DIM_SAME, NULL)                                                            \
+    X(SIGN, "Sign", 1, 0, DIM_SAME, NULL)                                                          \
+    X(STEP, "Step", 1, 0, DIM_SAME, NULL)                                                          \
+    X(RELU, "ReLU", 1, 0, DIM_SAME, NULL)                                                          \
+    X(FLOOR, "Floor", 1, 0, DIM_SAME, NULL)                                                        \
+    X(SINXDIVX, "SinXDivX", 1, 0, DIM_SAME, NULL)                                                  \
+    X(POW, "Pow", 1, 1, DIM_SAME, NULL)                                                            \
+    X(ROUND, "Round", 1, 1, DIM_SAME, NULL)                                                        \
+    X(CLAMPINT, "ClampInt", 1, 2, DIM_SAME, NULL)                                                  \
+    X(CLAMP, "Clamp", 3, 0, DIM_EW, NULL)                                                          \
+    X(IFELSE, "IfElse", 3, 0, DIM_EW, NULL)                                                        \
+    X(MOD, "Mod", 3, 0, DIM_EW, NULL)                                                              \
+    X(SQNORM2, "SqNorm2", 1, 0, DIM_TO1, NULL)                                                     \
+    X(NORM2, "Norm2", 1, 0, DIM_TO1, NULL)                                                         \
+    X(NORMALIZE, "Normalize", 1, 0, DIM_SAME, NULL)                                                \
+    X(SQDIST, "SqDist", 2, 0, DIM_PAIR1, NULL)                                                     \
+    X(SCALPROD, "Scalprod", 2, 0, DIM_PAIR1, "|")                                                  \
+    X(SUM, "Sum", 1, 0, DIM_TO1, NULL)                                                             \
+    X(MAX, "Max", 1, 0, DIM_TO1, NULL)                                                             \
+    X(MIN, "Min", 1, 0, DIM_TO1, NULL)                                                             \
+    X(ARGMAX, "ArgMax", 1, 0, DIM_TO1, NULL)                                                       \
+    X(ARGMIN, "ArgMin", 1, 0, DIM_TO1, NULL)                                                       \
+    X(ELEM, "Elem", 1, 1, DIM_SPECIAL, NULL)                                                       \
+    X(EXTRACT, "Extract", 1, 2, DIM_SPECIAL, NULL)                                                 \
+    X(CONCAT, "Concat", 2, 0, DIM_SPECIAL, NULL)                                                   \
+    X(ONEHOT, "OneHot", 1, 1, DIM_SPECIAL, NULL)                                                   \
+    X(MATVECMULT, "MatVecMult", 2, 0, DIM_SPECIAL, NULL)                                           \
+    X(VECMATMULT, "VecMatMult", 2, 0, DIM_SPECIAL, NULL)                                           \
+    X(TENSORPROD, "TensorProd", 2, 0, DIM_SPECIAL, NULL)                                           \
+    X(WEIGHTEDSQNORM, "WeightedSqNorm", 2, 0, DIM_SPECIAL, NULL)                                   \
+    X(WEIGHTEDSQDIST, "WeightedSqDist", 3, 0, DIM_SPECIAL, NULL)
+
+enum expr_op {
+#define EXPR_OP_ENUM_(id, name, arity, nattr, dimrule, infix) OP_##id,
+    EXPR_OP_MAP(EXPR_OP_ENUM_)
+#undef EXPR_OP_ENUM_
+        OP_COUNT
+};
+
+#define EXPR_MAX_ARITY 3
+#define EXPR_MAX_ATTR  2
+
+struct expr_opinfo {
+    const char *name;
+    int arity;
+    int nattr;
+    enum expr_dimrule dimrule;
+    const char *infix;
+};
+
+/* Indexed by enum expr_op. */
+extern const struct expr_opinfo expr_ops[OP_COUNT];
+
+/* What a node depends on: a bit set. */
+enum { DEP_I = 1, DEP_J = 2, DEP_P = 4 };
+
+struct sr_expr {
+    sr_ctx *ctx;
+    struct sr_expr *next; /* hash chain */
+    uint64_t hash;
+    uint32_t id;  /* creation order within the context: a deterministic total order */
+    uint16_t op;  /* enum expr_op */
+    uint8_t deps; /* DEP_* bits */
+    int32_t dim;
+    int64_t iattr[EXPR_MAX_ATTR];
+    double fattr;
+    sr_expr *child[EXPR_MAX_ARITY];
+};
+
+/* Number of children of e (its op's arity). */
+static inline int expr_arity(const sr_expr *e) { return expr_ops[e->op].arity; }
+
+/* The op whose KeOps function name is name[0..len), or -1. Names of infix-only ops (Add,
+ * Subtract, Mult, Divide, Minus) are not function spellings and give -1. */
+int expr_op_by_name(const char *name, size_t len);
+
+/*
+ * The one constructor: checks the operands (non-NULL, same context), the attributes and the
+ * dimensions, then finds or inserts the node. Returns NULL on failure, having recorded the
+ * error (SR_EINVAL / SR_EDIM / SR_ENOMEM, with a message naming the op and the dimensions) in
+ * ctx. A NULL child makes it return NULL without touching the recorded error, so that the
+ * first failure of a builder chain is the one reported.
+ * iattr may be NULL when the op has no attributes; for Var, dim is the variable's dimension
+ * (it is ignored for other ops); fattr is Cst's value.
+ */
+sr_expr *expr_make(sr_ctx *ctx, enum expr_op op, sr_expr *const *child, const int64_t *iattr,
+                   int dim, double fattr);
+
+/* Finds the node equal to *proto (op, dim, attributes, fattr and children filled in), or
+ * copies it into the arena and inserts it. No checks: expr_make is the checked entry point.
+ * NULL on out-of-memory. */
+sr_expr *expr_intern(sr_ctx *ctx, const sr_expr *proto);
+
+/* The variables an expression uses, one entry per index: dim 0 where unused. */
+struct expr_var {
+    int dim; /* 0: index not used */
+    sr_cat cat;
+};
+
+/*
+ * Collects the variables of the given roots into vars[0..*nvars): *nvars = 1 + the largest
+ * index used (0 if none). Fails with SR_EDIM if one index is used with two dimensions or two
+ * categories. On success *vars is malloc'd (NULL when *nvars is 0) and the caller frees it.
+ */
+sr_status expr_collect_vars(sr_ctx *ctx, const sr_expr *const *roots, int nroots,
+                            struct expr_var **vars, int *nvars);
+
+/* Topological order of the DAG under root (children before parents, each node once):
+ * writes up to cap nodes, returns the count (which may exceed cap: call again with more
+ * room). */
+size_t expr_toposort(const sr_expr *root, const sr_expr **order, size_t cap);
+
+/* Internal store (lives in the context). */
+struct expr_store {
+    struct arena_block *arena;
+    size_t arena_used;
+    sr_expr **buckets;
+    size_t nbuckets;
+    size_t count;
+    uint32_t next_id;
+};
+
+void expr_store_init(struct expr_store *s);
+void expr_store_free(struct expr_store *s);
+
+/* Bump allocation from the context arena (freed with the context); zeroed; NULL on OOM. */
+void *expr_arena_alloc(struct expr_store *s, size_t size);
+
+/* Printer: appends the formula text of e to a growable buffer. */
+struct expr_buf {
+    char *data;
+    size_t len, cap;
+    bool oom;
+};
+void expr_buf_printf(struct expr_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void expr_print_to(struct expr_buf *b, const sr_expr *e);
+
+#endif /* SYMRED_EXPR_H */

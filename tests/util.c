@@ -1,0 +1,39 @@
+/* util.c — helpers shared by the Criterion tests. */
+#include "util.h"
+
+#include <math.h>
+
+uint64_t tu_rand(uint64_t *s)
+{
+    uint64_t x = *s ? *s : 0x9e3779b97f4a7c15ULL;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    return x;
+}
+
+double tu_uniform(uint64_t *s, double lo, double hi)
+{
+    return lo + (hi - lo) * (double)(tu_rand(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void tu_fill(void *buf, sr_dtype dtype, int64_t n, double lo, double hi, uint64_t *s)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v = tu_uniform(s, lo, hi);
+        if (dtype == SR_F64)
+            ((double *)buf)[i] = v;
+        else
+            ((float *)buf)[i] = (float)v;
+    }
+}
+
+int tu_close(double a, double b, double rtol, double atol)
+{
+    if (isnan(a) || isnan(b))
+        return isnan(a) && isnan(b);
+    if (isinf(a) || isinf(b))
+        return a == b;
+    return fabs(a - b) <= atol + rtol * fabs(b);
+}
