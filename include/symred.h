@@ -10,6 +10,8 @@
  * parameters p ("Pm"), and RED is a reduction (Sum, Min, ArgMin, K-min, LogSumExp, ...). The
  * nx × ny matrix F(x_i, y_j) is never built.
  *
+ * The exact value of every op and reduction is specified in docs/semantics.md.
+ *
  * Formulas are written as KeOps-style text and parsed with sr_parse(), or built with one
  * function per operation (sr_exp, sr_sqdist, ...). Expressions are immutable and hash-consed:
  * building the same formula twice in one context gives the same sr_expr pointer.
@@ -191,7 +193,7 @@ SR_API sr_expr *sr_neg(sr_ctx *ctx, sr_expr *a);
 SR_API sr_expr *sr_inv(sr_ctx *ctx, sr_expr *a);
 SR_API sr_expr *sr_square(sr_ctx *ctx, sr_expr *a);
 SR_API sr_expr *sr_sqrt(sr_ctx *ctx, sr_expr *a);
-SR_API sr_expr *sr_rsqrt(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_rsqrt(sr_ctx *ctx, sr_expr *a); /* 1/sqrt(a), 0 at a = 0 (KeOps) */
 SR_API sr_expr *sr_exp(sr_ctx *ctx, sr_expr *a);
 SR_API sr_expr *sr_log(sr_ctx *ctx, sr_expr *a);
 SR_API sr_expr *sr_xlogx(sr_ctx *ctx, sr_expr *a); /* x*log(x), 0 at x = 0 */
@@ -219,7 +221,7 @@ SR_API sr_expr *sr_mod(sr_ctx *ctx, sr_expr *a, sr_expr *modulus, sr_expr *offse
 /* Vector operations */
 SR_API sr_expr *sr_sqnorm2(sr_ctx *ctx, sr_expr *a);              /* sum a_k^2 -> 1 */
 SR_API sr_expr *sr_norm2(sr_ctx *ctx, sr_expr *a);                /* sqrt(sum a_k^2) -> 1 */
-SR_API sr_expr *sr_normalize(sr_ctx *ctx, sr_expr *a);            /* a / |a| -> D */
+SR_API sr_expr *sr_normalize(sr_ctx *ctx, sr_expr *a); /* a*Rsqrt(SqNorm2(a)) -> D */
 SR_API sr_expr *sr_sqdist(sr_ctx *ctx, sr_expr *a, sr_expr *b);   /* |a-b|^2 -> 1 */
 SR_API sr_expr *sr_scalprod(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* (a|b) -> 1 */
 SR_API sr_expr *sr_sum(sr_ctx *ctx, sr_expr *a);                  /* sum of components -> 1 */
