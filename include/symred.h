@@ -147,6 +147,7 @@ typedef enum sr_category {
  * "y=Vj(3)", "b=Vj(2,1)" (explicit index 2, dimension 1), "g=Pm(1)" or "v=Var(1,3,1)". Aliases
  * without an explicit index are numbered in order of declaration; declared indices must form
  * 0..n-1 without gaps. The formula may also use Var(index, dim, cat) directly.
+ * Nesting (parentheses, calls, unary minus, exponents) is limited to 200 levels.
  * On success *out is the expression; on failure *out is NULL and the status is SR_EPARSE (syntax,
  * unknown name, arity, bad alias) or SR_EDIM (dimensions), with a message giving the column. */
 SR_API sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases,
@@ -154,7 +155,9 @@ SR_API sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *a
 
 /* Writes the formula text of e into buf (at most cap bytes, always NUL-terminated when cap > 0)
  * and returns the length of the full text, excluding the NUL, like snprintf. The text parses
- * back (with no aliases) to the same expression. Returns 0 for a NULL e. */
+ * back (with no aliases) to the same expression, unless it nests deeper than sr_parse allows.
+ * Shared subexpressions are written once per use; the length saturates at SIZE_MAX. Returns 0
+ * for a NULL e (and on out-of-memory). Thread-safe. */
 SR_API size_t sr_expr_print(const sr_expr *e, char *buf, size_t cap);
 
 /* Output dimension of e (0 for NULL). */
@@ -240,6 +243,22 @@ SR_API sr_expr *sr_tensorprod(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* -> Da*Db,
 /* w of dimension 1 (isotropic), D (diagonal) or D*D (full, row-major) */
 SR_API sr_expr *sr_weightedsqnorm(sr_ctx *ctx, sr_expr *w, sr_expr *a);
 SR_API sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *b);
+
+/* Named kernel formulas, built from the ops above (so they print, simplify and run like any
+ * formula). x and y must have equal dimensions; r = |x - y|, g = param (dimension 1):
+ *   "gaussian", "rbf"     Exp(-g r^2)
+ *   "laplace", "matern12" Exp(-g r)
+ *   "matern32"            (1 + sqrt(3) g r) Exp(-sqrt(3) g r)
+ *   "matern52"            (1 + sqrt(5) g r + 5/3 g^2 r^2) Exp(-sqrt(5) g r)
+ *   "cauchy"              1 / (1 + g r^2)
+ *   "imq"                 1 / sqrt(1 + g r^2)        (inverse multiquadric)
+ *   "polynomial"          Powf((x|y) + 1, param)     (param: the degree, e.g. sr_intcst(ctx, 3))
+ *   "linear"              (x|y)                      (param ignored, may be NULL)
+ *   "cosine"              (Normalize(x)|Normalize(y)) (param ignored, may be NULL)
+ *   "l1"                  Sum(Abs(x - y))            (param ignored, may be NULL)
+ * Returns NULL on an unknown name (SR_EINVAL), a missing parameter, or mismatched dimensions
+ * (SR_EDIM), with the message recorded like any builder. */
+SR_API sr_expr *sr_formula(sr_ctx *ctx, const char *name, sr_expr *x, sr_expr *y, sr_expr *param);
 
 /* ---- Kernels ------------------------------------------------------------------------------ */
 

@@ -66,6 +66,36 @@ struct sr_backend_i {
     void (*explain)(const struct sr_kernel *k, struct expr_buf *b);
 };
 
+/* The cost model's estimate for a kernel (src/formulas/cost.c), in flop-equivalents. */
+struct sr_cost {
+    double flops_pair; /* per (i, j) pair */
+    double flops_row;  /* per output row: hoisted terms of the output index */
+    double flops_col;  /* per reduced row: hoisted terms of the reduced index */
+    double flops_call; /* once per call: parameter-only terms */
+    double bytes_pair; /* bytes of reduced-index operands read per pair */
+};
+
+/*
+ * What the simplifier (src/formulas) did for a kernel. sr_kernel.f and .weight are the
+ * simplified formulas the backends run; f_user and weight_user are what the user passed (the
+ * variables and argument count come from those). Backends may use the factoring and the
+ * hoisted terms to save work, and stay correct if they ignore them.
+ */
+struct sr_simp_info {
+    bool enabled; /* SYMRED_SIMPLIFY is not 0 */
+    const sr_expr *f_user, *weight_user;
+    /* Sum only: f == outer * inner with outer independent of the reduced index, so the
+     * reduction is outer * Sum(inner). Both NULL when F has no such factor. */
+    const sr_expr *outer, *inner;
+    /* Maximal non-trivial subexpressions of f and weight that do not depend on the pair: each
+     * depends on i only, j only, or parameters only (see its deps), and may be computed once
+     * per row, column or call instead of once per pair. */
+    const sr_expr **hoisted;
+    int nhoisted;
+    struct sr_cost cost, cost_user; /* as run (hoisting included), and as given */
+    char *log;                      /* the passes and the rules that fired, for explain */
+};
+
 struct sr_kernel {
     sr_ctx *ctx;
     const sr_expr *f;
@@ -82,6 +112,7 @@ struct sr_kernel {
     const struct sr_backend_i *backend;
     void *backend_data;
     char *explain;
+    struct sr_simp_info simp;
 };
 
 static inline size_t sr_dtype_size(sr_dtype t) { return t == SR_F64 ? 8 : 4; }

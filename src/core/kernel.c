@@ -1,5 +1,6 @@
 /* kernel.c — kernel creation, argument validation, and dispatch to a backend. */
 #include "core.h"
+#include "../formulas/formulas.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -84,6 +85,10 @@ static sr_status desc_check(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc 
     if (ri->uses_k && (d->k < 1 || d->k > SR_MAX_K))
         return sr__error(ctx, SR_EINVAL, "%s: k must be in [1, %d], not %d", ri->name, SR_MAX_K,
                          d->k);
+    if (ri->uses_k && (int64_t)d->k * f->dim > SR_MAX_K)
+        return sr__error(ctx, SR_EINVAL,
+                         "%s: k * dim(F) = %d * %d values per row exceeds the limit %d", ri->name,
+                         d->k, f->dim, SR_MAX_K);
     if (ri->scalar_f && f->dim != 1)
         return sr__error(ctx, SR_EDIM, "%s: the formula must have dimension 1, not %d", ri->name,
                          f->dim);
@@ -123,22 +128,23 @@ static const struct sr_backend_i *pick_backend(sr_ctx *ctx, sr_device dev, sr_st
                         "SR_DEVICE_CPU or SR_DEVICE_AUTO");
         return NULL;
     }
-    /* AUTO, CPU and REFERENCE: the reference interpreter is the CPU backend until the JIT
-     * lands. */
     return &cpu_reference_backend;
 }
 
 static void build_explain(sr_kernel *k)
 {
     struct expr_buf b = {0};
+    /* The formulas as the user gave them; simp_kernel_explain adds the passes, the simplified
+     * formulas the backend runs, the hoisted terms and the cost estimate. */
     expr_buf_printf(&b, "formula: ");
-    expr_print_to(&b, k->f);
+    expr_print_to(&b, k->simp.f_user);
     expr_buf_printf(&b, "\n");
-    if (k->weight) {
+    if (k->simp.weight_user) {
         expr_buf_printf(&b, "weight: ");
-        expr_print_to(&b, k->weight);
+        expr_print_to(&b, k->simp.weight_user);
         expr_buf_printf(&b, "\n");
     }
+    simp_kernel_explain(k, &b);
     expr_buf_printf(&b, "reduction: %s over %s", sr_reductions[k->red].name,
                     k->axis == 1 ? "j (axis 1, one result per i)" : "i (axis 0, one result per j)");
     if (sr_reductions[k->red].uses_k)
@@ -200,10 +206,13 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
     const sr_expr *roots[2] = {f, desc->weight};
     st = expr_collect_vars(ctx, roots, 2, &k->vars, &k->nargs);
     if (st == SR_OK)
+        st = simp_kernel(k); /* k->f and k->weight become the simplified formulas */
+    if (st == SR_OK)
         k->backend = pick_backend(ctx, desc->device, &st);
     if (st == SR_OK && k->backend->prepare)
         st = k->backend->prepare(k);
     if (st != SR_OK) {
+        simp_kernel_release(k);
         free(k->vars);
         free(k);
         return st;
@@ -219,6 +228,7 @@ void sr_kernel_free(sr_kernel *k)
         return;
     if (k->backend && k->backend->release)
         k->backend->release(k);
+    simp_kernel_release(k);
     free(k->vars);
     free(k->explain);
     free(k);
