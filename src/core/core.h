@@ -27,6 +27,7 @@ struct sr_ctx {
      * failure of a builder chain. */
     sr_status pending;
     int log_level; /* SYMRED_LOG */
+    struct jit_ctx *jit; /* CPU JIT options and loaded modules (src/jit), created on use */
 };
 
 /* Records status and a printf-style message in ctx; returns status. ctx may be NULL. */
@@ -119,5 +120,8 @@ static inline size_t sr_dtype_size(sr_dtype t) { return t == SR_F64 ? 8 : 4; }
 
 /* Backends. */
 extern const struct sr_backend_i cpu_reference_backend;
+extern const struct sr_backend_i cpu_jit_backend; /* falls back to the reference */
+/* Unloads the context's JIT modules (ctx.c calls it from sr_ctx_free). */
+void cpu_jit_ctx_free(sr_ctx *ctx);
 
 #endif /* SYMRED_CORE_H */

@@ -54,6 +54,7 @@ void sr_ctx_free(sr_ctx *ctx)
 {
     if (!ctx)
         return;
+    cpu_jit_ctx_free(ctx);
     expr_store_free(&ctx->store);
     pthread_mutex_destroy(&ctx->err_lock);
     free(ctx);

@@ -128,7 +128,11 @@ static const struct sr_backend_i *pick_backend(sr_ctx *ctx, sr_device dev, sr_st
                         "SR_DEVICE_CPU or SR_DEVICE_AUTO");
         return NULL;
     }
-    return &cpu_reference_backend;
+    /* AUTO and CPU: the JIT, which falls back to the reference (saying so once at
+     * SYMRED_LOG >= 1) when no C compiler can be run. */
+    if (dev == SR_DEVICE_REFERENCE)
+        return &cpu_reference_backend;
+    return &cpu_jit_backend;
 }
 
 static void build_explain(sr_kernel *k)

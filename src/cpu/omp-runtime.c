@@ -1,0 +1,193 @@
+/*
+ * omp-runtime.c — the CPU JIT backend: prepares a kernel (emit, compile or fetch from cache,
+ * load) and runs it over OpenMP threads.
+ *
+ * Threads live here, in the library (which links the OpenMP runtime), not in the generated
+ * code: the generated module is single-threaded and vectorised, and exports per-range entry
+ * points (see src/jit/jit.h). Normally the output rows are split into chunks, one task each.
+ * When there are few output rows and many reduced indices (fewer row chunks than threads), the
+ * reduced range is split instead: each thread folds its slice into its own row states, and the
+ * states are merged in index order with the reduction's combine rule, so ties resolve to the
+ * lowest index exactly as in the reference.
+ */
+#include "../jit/jit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+struct jit_kernel {
+    struct jit_module *m;
+    struct jit_plan plan;
+    struct jit_load_info info;
+    int acc;
+};
+
+/* Fewer output rows than this many per thread: split the reduced range instead. */
+#define SPLIT_ROWS_PER_THREAD 16
+/* Reduced ranges shorter than this are never split. */
+#define SPLIT_MIN_REDUCED 4096
+
+static int max_threads(const sr_kernel *k)
+{
+#ifdef _OPENMP
+    int nt = omp_get_max_threads();
+#else
+    int nt = 1;
+#endif
+    const struct jit_ctx *jc = k->ctx->jit;
+    if (jc && jc->num_threads > 0 && jc->num_threads < nt)
+        nt = jc->num_threads;
+    return nt < 1 ? 1 : nt;
+}
+
+static sr_status fall_back(sr_kernel *k, const char *why)
+{
+    struct jit_ctx *jc = k->ctx->jit;
+    if (k->ctx->log_level >= 1 && jc && !jc->logged_fallback) {
+        fprintf(stderr, "symred: CPU JIT unavailable (%s); using the reference backend\n", why);
+        jc->logged_fallback = true;
+    }
+    k->backend = &cpu_reference_backend;
+    return k->backend->prepare ? k->backend->prepare(k) : SR_OK;
+}
+
+static sr_status jit_prepare(sr_kernel *k)
+{
+    sr_ctx *ctx = k->ctx;
+    struct jit_ctx *jc = jit_ctx_get(ctx);
+    if (!jc)
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    if (jc->no_compiler)
+        return fall_back(k, "no C compiler");
+    struct jit_kernel *jk = calloc(1, sizeof *jk);
+    if (!jk)
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    jk->acc = jc->acc;
+    struct expr_buf src = {0};
+    sr_status st = jit_emit_c(k, (enum jit_acc)jk->acc, &src, &jk->plan);
+    if (st == SR_OK && src.oom)
+        st = SR_ENOMEM;
+    if (st != SR_OK) {
+        free(src.data);
+        free(jk);
+        if (st == SR_ENOTSUP)
+            return fall_back(k, "formula too large for the direct strategy");
+        return sr__error(ctx, st, "CPU JIT: cannot emit the kernel source");
+    }
+    st = jit_module_get(ctx, src.data, src.len, &jk->m, &jk->info);
+    free(src.data);
+    if (st == SR_ENODEV) {
+        free(jk);
+        char why[600];
+        sr__error_get(ctx, why, sizeof why);
+        return fall_back(k, why);
+    }
+    if (st != SR_OK) {
+        free(jk);
+        return st;
+    }
+    k->backend_data = jk;
+    return SR_OK;
+}
+
+static void jit_release(sr_kernel *k)
+{
+    struct jit_kernel *jk = k->backend_data;
+    if (!jk)
+        return;
+    jit_module_release(k->ctx, jk->m);
+    free(jk);
+    k->backend_data = NULL;
+}
+
+static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    const struct jit_module *m = jk->m;
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    int64_t nred = k->axis == 1 ? r->ny : r->nx;
+    int nt = max_threads(k);
+    int failed = 0;
+    if (nt == 1 || nout >= (int64_t)nt * SPLIT_ROWS_PER_THREAD || nred < SPLIT_MIN_REDUCED) {
+        /* Row chunks: a few per thread for balance, at most one block of the module. */
+        int64_t chunk = (nout + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
+        if (chunk > m->rows_per_block)
+            chunk = m->rows_per_block;
+        if (chunk < 1)
+            chunk = 1;
+        int64_t nchunks = (nout + chunk - 1) / chunk;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1 && nchunks > 1)
+#endif
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t o0 = c * chunk, o1 = o0 + chunk < nout ? o0 + chunk : nout;
+            if (m->run(o0, o1, nred, r->args, r->out, r->out_idx))
+                failed = 1;
+        }
+    } else {
+        /* Split the reduced range in nt slices; merge their row states in index order. */
+        size_t sb = (size_t)m->state_bytes, rowbytes = sb * (size_t)nout;
+        char *states = malloc(rowbytes * (size_t)nt);
+        if (!states)
+            return sr__error(k->ctx, SR_ENOMEM, "CPU JIT: out of memory for %d partial states", nt);
+        int64_t slice = (nred + nt - 1) / nt;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(nt)
+#endif
+        for (int p = 0; p < nt; p++) {
+            int64_t r0 = (int64_t)p * slice, r1 = r0 + slice < nred ? r0 + slice : nred;
+            if (r0 > nred)
+                r0 = nred;
+            if (m->part(0, nout, r0, r1, r->args, states + rowbytes * (size_t)p))
+                failed = 1;
+        }
+        if (!failed) {
+            for (int p = 1; p < nt; p++)
+                m->merge(states, states + rowbytes * (size_t)p, nout);
+            m->final(states, 0, nout, r->out, r->out_idx);
+        }
+        free(states);
+    }
+    if (failed)
+        return sr__error(k->ctx, SR_ENOMEM, "CPU JIT: out of memory for the kernel workspace");
+    return SR_OK;
+}
+
+static void jit_explain(const sr_kernel *k, struct expr_buf *b)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    if (!jk)
+        return;
+    const struct jit_plan *p = &jk->plan;
+    expr_buf_printf(b,
+                    "strategy: direct (generated C, omp simd over the reduced index)\n"
+                    "tiles: %d reduced indices x %d output rows; %d tile columns (hoisted "
+                    "reduced-index terms), %d buffered values per index\n"
+                    "hoisted: %d output-row nodes, %d reduced-index nodes; %d pair nodes\n"
+                    "state: %lld bytes per output row; workspace %lld bytes per thread\n"
+                    "threads: %d (OpenMP; reduced range split when fewer than %d output rows "
+                    "per thread)\n"
+                    "accumulation: %s\n"
+                    "compiler: %s %s\n"
+                    "module: %s, cache %s, %.1f ms\n",
+                    p->tile_j, p->rows_per_block, p->columns, p->fbuf, p->hoisted_outer,
+                    p->hoisted_inner, p->pair_nodes, (long long)p->state_bytes,
+                    (long long)p->workspace_bytes, max_threads(k), SPLIT_ROWS_PER_THREAD,
+                    k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
+                    k->ctx->jit ? k->ctx->jit->cc : "cc", jit_cflags_text(), jk->info.origin,
+                    jk->info.cache, jk->info.compile_ms);
+    if (jk->info.path[0])
+        expr_buf_printf(b, "path: %s\n", jk->info.path);
+}
+
+const struct sr_backend_i cpu_jit_backend = {
+    /* .name = */ "cpu-jit",
+    /* .prepare = */ jit_prepare,
+    /* .run = */ jit_run,
+    /* .release = */ jit_release,
+    /* .explain = */ jit_explain,
+};

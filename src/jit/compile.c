@@ -1,0 +1,263 @@
+/*
+ * compile.c — runs the system C compiler on generated source and loads the result.
+ *
+ * The compiler is started with posix_spawnp and an argv array (never a shell), so nothing in
+ * SYMRED_CC or in a path is interpreted. Its diagnostics go to a file in the private build
+ * directory and become the error message of a failed compile.
+ */
+#include "jit.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* No -ffast-math: NaN and Inf must behave. -fno-math-errno lets gcc call libmvec's vector exp,
+ * log, sin, cos and pow (declared `omp declare simd` in the source); -fopenmp-simd honours the
+ * simd pragmas without linking an OpenMP runtime; gnu11 keeps FMA contraction. */
+const char *const jit_cflags[] = {
+    "-O3",
+    "-march=native",
+#if defined(__x86_64__)
+    "-mprefer-vector-width=512",
+#endif
+    "-fno-math-errno",
+    "-fopenmp-simd",
+    "-fPIC",
+    "-shared",
+    "-std=gnu11",
+    "-pipe",
+    NULL,
+};
+
+static char cflags_text[256];
+static pthread_once_t cflags_once = PTHREAD_ONCE_INIT;
+
+static void cflags_init(void)
+{
+    size_t n = 0;
+    for (int i = 0; jit_cflags[i] && n < sizeof cflags_text; i++)
+        n += (size_t)snprintf(cflags_text + n, sizeof cflags_text - n, "%s%s", i ? " " : "",
+                              jit_cflags[i]);
+}
+
+const char *jit_cflags_text(void)
+{
+    pthread_once(&cflags_once, cflags_init);
+    return cflags_text;
+}
+
+uint64_t jit_hash(uint64_t h, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static sr_status write_file(const char *path, const char *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return SR_EIO;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, data + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            close(fd);
+            return SR_EIO;
+        }
+        off += (size_t)w;
+    }
+    return close(fd) == 0 ? SR_OK : SR_EIO;
+}
+
+/* Runs argv with stdout and stderr into log_path (or a pipe read into out when out != NULL).
+ * Returns 0 and the wait status, or an errno when the program could not be started. */
+static int spawn_wait(char *const *argv, const char *log_path, char *out, size_t outcap,
+                      int *wstatus)
+{
+    posix_spawn_file_actions_t fa;
+    int pfd[2] = {-1, -1};
+    if (posix_spawn_file_actions_init(&fa) != 0)
+        return ENOMEM;
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (out) {
+        if (pipe2(pfd, O_CLOEXEC) != 0) {
+            posix_spawn_file_actions_destroy(&fa);
+            return errno;
+        }
+        posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
+        posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    } else {
+        posix_spawn_file_actions_addopen(&fa, 1, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    }
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (out) {
+        close(pfd[1]);
+        size_t len = 0;
+        if (rc == 0) {
+            for (;;) {
+                char tmp[512];
+                ssize_t n = read(pfd[0], tmp, sizeof tmp);
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n <= 0)
+                    break;
+                size_t take = (size_t)n;
+                if (len + take >= outcap)
+                    take = outcap - 1 - len;
+                memcpy(out + len, tmp, take);
+                len += take;
+            }
+        }
+        out[len] = 0;
+        close(pfd[0]);
+    }
+    if (rc != 0)
+        return rc;
+    while (waitpid(pid, wstatus, 0) < 0) {
+        if (errno != EINTR)
+            return errno;
+    }
+    return 0;
+}
+
+/* Process-wide: the identity of each compiler used, so `cc --version` runs once per process
+ * and compiler, not once per kernel. */
+static pthread_mutex_t id_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char cc[512];
+    uint64_t id;
+} id_cache[8];
+static int id_count;
+
+uint64_t jit_compiler_id(const char *cc)
+{
+    pthread_mutex_lock(&id_lock);
+    for (int i = 0; i < id_count; i++)
+        if (strcmp(id_cache[i].cc, cc) == 0) {
+            uint64_t id = id_cache[i].id;
+            pthread_mutex_unlock(&id_lock);
+            return id;
+        }
+    pthread_mutex_unlock(&id_lock);
+    char out[4096];
+    char *argv[] = {(char *)cc, (char *)"--version", NULL};
+    int ws = 0;
+    uint64_t id = 0;
+    /* Only a compiler that cannot be started counts as missing: one that runs but fails is
+     * reported when it fails to compile. */
+    if (spawn_wait(argv, NULL, out, sizeof out, &ws) == 0) {
+        id = jit_hash(JIT_HASH_INIT, cc, strlen(cc));
+        id = jit_hash(id, out, strlen(out));
+        id = jit_hash(id, &ws, sizeof ws);
+        if (!id)
+            id = 1;
+    }
+    if (id) {
+        pthread_mutex_lock(&id_lock);
+        if (id_count < 8) {
+            snprintf(id_cache[id_count].cc, sizeof id_cache[id_count].cc, "%s", cc);
+            id_cache[id_count++].id = id;
+        }
+        pthread_mutex_unlock(&id_lock);
+    }
+    return id;
+}
+
+static void read_log(const char *path, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
+                      const char *so_path, char *err, size_t errcap)
+{
+    char cpath[4096], logpath[4096];
+    snprintf(cpath, sizeof cpath, "%s/kernel.c", dir);
+    snprintf(logpath, sizeof logpath, "%s/cc.log", dir);
+    if (write_file(cpath, src, len) != SR_OK) {
+        snprintf(err, errcap, "cannot write %s: %s", cpath, strerror(errno));
+        return SR_EIO;
+    }
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = jc->cc;
+    for (int i = 0; jit_cflags[i]; i++)
+        argv[n++] = jit_cflags[i];
+    argv[n++] = "-o";
+    argv[n++] = so_path;
+    argv[n++] = cpath;
+    argv[n++] = "-lm";
+    argv[n] = NULL;
+    int ws = 0;
+    int rc = spawn_wait((char *const *)argv, logpath, NULL, 0, &ws);
+    sr_status st = SR_OK;
+    if (rc != 0) {
+        snprintf(err, errcap, "cannot run the C compiler '%s': %s", jc->cc, strerror(rc));
+        st = SR_ENODEV;
+    } else if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+        char log[1536];
+        read_log(logpath, log, sizeof log);
+        if (WIFEXITED(ws))
+            snprintf(err, errcap, "the C compiler '%s' failed (exit status %d): %s", jc->cc,
+                     WEXITSTATUS(ws), log[0] ? log : "(no diagnostics)");
+        else
+            snprintf(err, errcap, "the C compiler '%s' was killed by signal %d: %s", jc->cc,
+                     WTERMSIG(ws), log);
+        st = SR_ECOMPILE;
+    }
+    unlink(cpath);
+    unlink(logpath);
+    return st;
+}
+
+sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap)
+{
+    (void)ctx;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, errcap, "dlopen %s: %s", path, e ? e : "failed");
+        return SR_EIO;
+    }
+    const int *abi = dlsym(h, "sr_abi_version");
+    const int64_t *sb = dlsym(h, "sr_state_bytes");
+    const int64_t *rb = dlsym(h, "sr_rows_per_block");
+    m->part = (jit_part_fn)dlsym(h, "sr_part");
+    m->merge = (jit_merge_fn)dlsym(h, "sr_merge");
+    m->final = (jit_final_fn)dlsym(h, "sr_final");
+    m->run = (jit_run_fn)dlsym(h, "sr_run");
+    if (!abi || *abi != JIT_ABI_VERSION || !sb || !rb || !m->part || !m->merge || !m->final ||
+        !m->run) {
+        dlclose(h);
+        snprintf(err, errcap, "%s: not a symred kernel of ABI %d", path, JIT_ABI_VERSION);
+        return SR_EIO;
+    }
+    m->handle = h;
+    m->state_bytes = *sb;
+    m->rows_per_block = *rb;
+    return SR_OK;
+}

@@ -1,0 +1,1248 @@
+/*
+ * emit-c.c — lowers a kernel (formula DAG, reduction, axis, dtype) to specialised C source.
+ *
+ * Shape of the generated code (see jit.h for the ABI):
+ *   - every node of the DAG becomes one local scalar per component (v<id>_<c>): dimensions are
+ *     compile-time constants and vector ops are unrolled;
+ *   - nodes are placed by what they depend on: constants and parameters once per call, nodes of
+ *     the output row ("outer") once per row and tile, nodes of the reduced index only ("inner")
+ *     in a pre-pass that writes them into a structure-of-arrays tile, and the pair nodes in the
+ *     vectorised `omp simd` loop over the tile;
+ *   - Sum accumulates inside the simd loop (per-lane partial sums: block summation); the other
+ *     reductions buffer the formula values of a tile and reduce them in a second loop, with the
+ *     tie and NaN rules of docs/semantics.md.
+ */
+#include "jit.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const jit_acc_names[3] = {"block", "kahan", "f64"};
+
+/* Where a node is evaluated. */
+enum place { PL_UNIFORM, PL_OUTER, PL_INNER, PL_PAIR };
+
+struct emitter {
+    const struct sr_kernel *k;
+    struct expr_buf *b;
+    bool f32;
+    const char *fs; /* libm suffix: "f" or "" */
+    int outer_dep, inner_dep;
+    const sr_expr **order;
+    size_t n;
+    enum place *place; /* by position in order */
+    int *col;          /* inner frontier: first column in the tile, else -1 */
+    bool *in_loop;     /* needed inside the simd loop */
+    uint32_t *pos_of;  /* node id -> position + 1 (0: not in the DAG) */
+    enum place scope;  /* where the code being emitted runs */
+    sr_status fail;    /* set by ref() and friends */
+    char **strs;       /* expression strings, freed at the end */
+    size_t nstr, capstr;
+};
+
+/* ---- the op table: one C spelling per op ---------------------------------------------------
+ * An elementwise op is a template: $a $b $c are the operands' components (broadcast), $F the
+ * libm suffix of the dtype, $T the scalar type, $0 $1 the integer attributes. Other ops name an
+ * emitter function. Every op of EXPR_OP_MAP needs a JIT_C_<id> definition: a missing one is a
+ * compile error in the table below. */
+typedef void (*emit_fn)(struct emitter *E, const sr_expr *e);
+struct jit_cop {
+    const char *ew;
+    emit_fn fn;
+};
+
+static void e_var(struct emitter *E, const sr_expr *e);
+static void e_const(struct emitter *E, const sr_expr *e);
+static void e_pow(struct emitter *E, const sr_expr *e);
+static void e_round(struct emitter *E, const sr_expr *e);
+static void e_sqnorm(struct emitter *E, const sr_expr *e);
+static void e_normalize(struct emitter *E, const sr_expr *e);
+static void e_pair(struct emitter *E, const sr_expr *e);
+static void e_sum(struct emitter *E, const sr_expr *e);
+static void e_minmax(struct emitter *E, const sr_expr *e);
+static void e_slice(struct emitter *E, const sr_expr *e);
+static void e_onehot(struct emitter *E, const sr_expr *e);
+static void e_matvec(struct emitter *E, const sr_expr *e);
+static void e_tensor(struct emitter *E, const sr_expr *e);
+static void e_weighted(struct emitter *E, const sr_expr *e);
+
+#define EW(s)                                                                                      \
+    {                                                                                              \
+        s, NULL                                                                                    \
+    }
+#define FN(f)                                                                                      \
+    {                                                                                              \
+        NULL, f                                                                                    \
+    }
+#define JIT_C_VAR       FN(e_var)
+#define JIT_C_INTCST    FN(e_const)
+#define JIT_C_RATCST    FN(e_const)
+#define JIT_C_CST       FN(e_const)
+#define JIT_C_ADD       EW("$a + $b")
+#define JIT_C_SUB       EW("$a - $b")
+#define JIT_C_MUL       EW("$a * $b")
+#define JIT_C_DIV       EW("$a / $b")
+#define JIT_C_MINUS     EW("-$a")
+#define JIT_C_POWF      EW("pow$F($a, $b)")
+#define JIT_C_ATAN2     EW("atan2$F($a, $b)")
+#define JIT_C_LESS      EW("$a < $b ? ($T)1 : ($T)0")
+#define JIT_C_LESSEQ    EW("$a <= $b ? ($T)1 : ($T)0")
+#define JIT_C_GREATER   EW("$a > $b ? ($T)1 : ($T)0")
+#define JIT_C_GREATEREQ EW("$a >= $b ? ($T)1 : ($T)0")
+#define JIT_C_EQUAL     EW("$a == $b ? ($T)1 : ($T)0")
+#define JIT_C_NOTEQUAL  EW("$a != $b ? ($T)1 : ($T)0")
+#define JIT_C_INV       EW("($T)1 / $a")
+#define JIT_C_SQUARE    EW("$a * $a")
+#define JIT_C_SQRT      EW("sqrt$F($a)")
+#define JIT_C_RSQRT     EW("$a == 0 ? ($T)0 : ($T)1 / sqrt$F($a)")
+#define JIT_C_EXP       EW("exp$F($a)")
+#define JIT_C_LOG       EW("log$F($a)")
+#define JIT_C_XLOGX     EW("$a == 0 ? ($T)0 : $a * log$F($a)")
+#define JIT_C_SIN       EW("sin$F($a)")
+#define JIT_C_COS       EW("cos$F($a)")
+#define JIT_C_ASIN      EW("asin$F($a)")
+#define JIT_C_ACOS      EW("acos$F($a)")
+#define JIT_C_ATAN      EW("atan$F($a)")
+#define JIT_C_ABS       EW("fabs$F($a)")
+#define JIT_C_SIGN      EW("$a > 0 ? ($T)1 : $a < 0 ? ($T)-1 : $a == 0 ? ($T)0 : $a")
+#define JIT_C_STEP      EW("$a >= 0 ? ($T)1 : $a < 0 ? ($T)0 : $a")
+#define JIT_C_RELU      EW("$a > 0 ? $a : $a <= 0 ? ($T)0 : $a")
+#define JIT_C_FLOOR     EW("floor$F($a)")
+#define JIT_C_SINXDIVX  EW("$a == 0 ? ($T)1 : sin$F($a) / $a")
+#define JIT_C_POW       FN(e_pow)
+#define JIT_C_ROUND     FN(e_round)
+#define JIT_C_CLAMPINT                                                                             \
+    EW("($a < ($T)$0 ? ($T)$0 : $a) > ($T)$1 ? ($T)$1 : ($a < ($T)$0 ? ($T)$0 : $a)")
+#define JIT_C_CLAMP          EW("($a < $b ? $b : $a) > $c ? $c : ($a < $b ? $b : $a)")
+#define JIT_C_IFELSE         EW("$a >= 0 ? $b : $c")
+#define JIT_C_MOD            EW("$a - $b * floor$F(($a - $c) / $b)")
+#define JIT_C_SQNORM2        FN(e_sqnorm)
+#define JIT_C_NORM2          FN(e_sqnorm)
+#define JIT_C_NORMALIZE      FN(e_normalize)
+#define JIT_C_SQDIST         FN(e_pair)
+#define JIT_C_SCALPROD       FN(e_pair)
+#define JIT_C_SUM            FN(e_sum)
+#define JIT_C_MAX            FN(e_minmax)
+#define JIT_C_MIN            FN(e_minmax)
+#define JIT_C_ARGMAX         FN(e_minmax)
+#define JIT_C_ARGMIN         FN(e_minmax)
+#define JIT_C_ELEM           FN(e_slice)
+#define JIT_C_EXTRACT        FN(e_slice)
+#define JIT_C_CONCAT         FN(e_slice)
+#define JIT_C_ONEHOT         FN(e_onehot)
+#define JIT_C_MATVECMULT     FN(e_matvec)
+#define JIT_C_VECMATMULT     FN(e_matvec)
+#define JIT_C_TENSORPROD     FN(e_tensor)
+#define JIT_C_WEIGHTEDSQNORM FN(e_weighted)
+#define JIT_C_WEIGHTEDSQDIST FN(e_weighted)
+
+static const struct jit_cop c_ops[] = {
+#define JIT_C_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = JIT_C_##id,
+    EXPR_OP_MAP(JIT_C_ENTRY_)
+#undef JIT_C_ENTRY_
+};
+_Static_assert(sizeof c_ops / sizeof *c_ops == OP_COUNT, "every op needs a C spelling");
+
+/* ---- helpers --------------------------------------------------------------------------------
+ * Nodes of dimension <= JIT_BIG are "small": one named scalar per component (v<id>_<c>), and
+ * vector ops are unrolled. Larger ("big") nodes are never unrolled: a variable is read in place
+ * (or from its tile column), an elementwise node is "lazy" (its expression is inlined where a
+ * component is used, inside a loop over the components), and the few other big ops are
+ * materialised as arrays, which only the per-call and per-row scopes allow. ref() gives the C
+ * expression of one component, for a constant or a loop index. */
+
+#define JIT_BIG 16
+
+#define P(...) expr_buf_printf(E->b, __VA_ARGS__)
+
+static bool big(const sr_expr *e) { return e->dim > JIT_BIG; }
+
+static char *sfmt(struct emitter *E, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *sfmt(struct emitter *E, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    if (vasprintf(&s, fmt, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    if (!s || E->nstr == E->capstr) {
+        size_t cap = E->capstr ? 2 * E->capstr : 256;
+        char **p = s ? realloc(E->strs, cap * sizeof *p) : NULL;
+        if (!p) {
+            free(s);
+            E->fail = SR_ENOMEM;
+            return (char *)"0";
+        }
+        E->strs = p;
+        E->capstr = cap;
+    }
+    E->strs[E->nstr++] = s;
+    return s;
+}
+
+static bool is_num(const char *s)
+{
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9')
+            return false;
+    return true;
+}
+
+static const char *T(const struct emitter *E) { return E->f32 ? "float" : "double"; }
+
+static size_t pos(const struct emitter *E, const sr_expr *e) { return E->pos_of[e->id] - 1; }
+
+static bool lazy_op(const sr_expr *e);
+static const char *lazy_expr(struct emitter *E, const sr_expr *e, const char *idx);
+
+/* The C expression of component idx of e in the current scope. */
+static const char *ref(struct emitter *E, const sr_expr *e, const char *idx)
+{
+    if (e->dim == 1)
+        idx = "0";
+    if (!big(e)) {
+        if (!is_num(idx)) {
+            /* A small node's components have names, not indices: the caller unrolls. */
+            E->fail = SR_ENOTSUP;
+            return "0";
+        }
+        return sfmt(E, "v%u_%s", (unsigned)e->id, idx);
+    }
+    size_t p = pos(E, e);
+    if (E->col[p] >= 0 && (E->scope == PL_PAIR || (e->op != OP_VAR && !lazy_op(e))))
+        return sfmt(E, "tb[(%d + %s) * SR_TJ + jj]", E->col[p], idx);
+    if (e->op == OP_VAR) {
+        int v = (int)e->iattr[0];
+        if (e->iattr[1] == SR_CAT_PARAM)
+            return sfmt(E, "a%d[%s]", v, idx);
+        if (e->deps & E->outer_dep)
+            return sfmt(E, "a%d[o * %d + %s]", v, e->dim, idx);
+        if (E->scope == PL_INNER)
+            return sfmt(E, "a%d[r * %d + %s]", v, e->dim, idx);
+        E->fail = SR_EINTERNAL; /* an inner variable in the pair loop has a column */
+        return "0";
+    }
+    if (lazy_op(e))
+        return lazy_expr(E, e, idx);
+    return sfmt(E, "v%u[%s]", (unsigned)e->id, idx);
+}
+
+static const char *ref_c(struct emitter *E, const sr_expr *e, int c)
+{
+    char idx[16];
+    snprintf(idx, sizeof idx, "%d", c);
+    return ref(E, e, idx);
+}
+
+/* The name of component c of node e, which is being defined (a small node's scalar). */
+static const char *nm(const sr_expr *e, int c, char *buf)
+{
+    if (e->dim == 1)
+        c = 0;
+    snprintf(buf, 32, "v%u_%d", (unsigned)e->id, c);
+    return buf;
+}
+
+/* A double constant as an exact C literal of the dtype. */
+static const char *lit(struct emitter *E, double v)
+{
+    if (isnan(v))
+        return sfmt(E, "(%s)__builtin_nan(\"\")", T(E));
+    if (isinf(v))
+        return sfmt(E, "(%s)(%s__builtin_inf())", T(E), v < 0 ? "-" : "");
+    return sfmt(E, "(%s)%a", T(E), v);
+}
+
+/* Where component idx of the big node e is stored: its array, or in the per-index pre-pass its
+ * tile column. */
+static const char *dst(struct emitter *E, const sr_expr *e, const char *idx)
+{
+    size_t p = pos(E, e);
+    if (E->scope == PL_INNER && E->col[p] >= 0)
+        return sfmt(E, "tb[(%d + %s) * SR_TJ + jj]", E->col[p], idx);
+    return sfmt(E, "v%u[%s]", (unsigned)e->id, idx);
+}
+
+/* Starts the definition of component c of e: a const scalar, or an element of e's array. */
+static void def(struct emitter *E, const sr_expr *e, int c)
+{
+    char n[32];
+    if (big(e))
+        P("        %s = ", dst(E, e, sfmt(E, "%d", c)));
+    else
+        P("        const %s %s = ", T(E), nm(e, c, n));
+}
+
+static void e_var(struct emitter *E, const sr_expr *e)
+{
+    int v = (int)e->iattr[0], cat = (int)e->iattr[1];
+    const char *idx = cat == SR_CAT_PARAM ? "0" : (e->deps & E->outer_dep) ? "o" : "r";
+    for (int c = 0; c < e->dim; c++) {
+        def(E, e, c);
+        P("a%d[%s * %d + %d];\n", v, idx, e->dim, c);
+    }
+}
+
+static void e_const(struct emitter *E, const sr_expr *e)
+{
+    double v = e->op == OP_INTCST   ? (double)e->iattr[0]
+               : e->op == OP_RATCST ? (double)e->iattr[0] / (double)e->iattr[1]
+                                    : e->fattr;
+    def(E, e, 0);
+    P("%s;\n", lit(E, v));
+}
+
+/* Expands an elementwise template for component idx. */
+static const char *ew_expr(struct emitter *E, const sr_expr *e, const char *tmpl, const char *idx)
+{
+    struct expr_buf b = {0};
+    for (const char *p = tmpl; *p; p++) {
+        if (*p != '$') {
+            expr_buf_printf(&b, "%c", *p);
+            continue;
+        }
+        p++;
+        if (*p >= 'a' && *p <= 'c')
+            expr_buf_printf(&b, "(%s)", ref(E, e->child[*p - 'a'], idx));
+        else if (*p == 'F')
+            expr_buf_printf(&b, "%s", E->fs);
+        else if (*p == 'T')
+            expr_buf_printf(&b, "%s", T(E));
+        else if (*p == '0' || *p == '1')
+            expr_buf_printf(&b, "%lld", (long long)e->iattr[*p - '0']);
+    }
+    if (b.oom || !b.data) {
+        free(b.data);
+        E->fail = SR_ENOMEM;
+        return "0";
+    }
+    char *s = sfmt(E, "%s", b.data);
+    free(b.data);
+    return s;
+}
+
+static void ew(struct emitter *E, const sr_expr *e, const char *tmpl)
+{
+    for (int c = 0; c < e->dim; c++) {
+        const char *x = ew_expr(E, e, tmpl, sfmt(E, "%d", c));
+        def(E, e, c);
+        P("%s;\n", x);
+    }
+}
+
+static const char *round_expr(struct emitter *E, const sr_expr *e, const char *idx)
+{
+    const char *s = lit(E, pow(10.0, (double)e->iattr[0]));
+    return sfmt(E, "round%s((%s) * %s) / %s", E->fs, ref(E, e->child[0], idx), s, s);
+}
+
+static void e_round(struct emitter *E, const sr_expr *e)
+{
+    for (int c = 0; c < e->dim; c++) {
+        const char *x = round_expr(E, e, sfmt(E, "%d", c));
+        def(E, e, c);
+        P("%s;\n", x);
+    }
+}
+
+static void e_pow(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    long long p = e->iattr[0], q = p < 0 ? -p : p;
+    for (int c = 0; c < e->dim; c++) {
+        const char *a = ref_c(E, e->child[0], c);
+        nm(e, c, n);
+        if (q == 0) {
+            def(E, e, c);
+            P("(%s)1;\n", T(E));
+            continue;
+        }
+        /* Repeated multiplication, as the reference does. */
+        P("        %s %s_p = %s;\n", T(E), n, a);
+        if (q <= 16)
+            for (long long i = 1; i < q; i++)
+                P("        %s_p = %s_p * %s;\n", n, n, a);
+        else
+            P("        for (int q_ = 1; q_ < %lld; q_++) %s_p = %s_p * %s;\n", q, n, n, a);
+        def(E, e, c);
+        if (p < 0)
+            P("(%s)1 / %s_p;\n", T(E), n);
+        else
+            P("%s_p;\n", n);
+    }
+}
+
+/* Emits "acc += term(k)" for k < n, unrolled or as a loop over q_, with the component terms
+ * given by fn. */
+typedef const char *(*term_fn)(struct emitter *E, const sr_expr *e, const char *idx);
+
+static void sum_terms(struct emitter *E, const sr_expr *e, const char *acc, int n, bool loop,
+                      term_fn fn)
+{
+    if (loop) {
+        const char *t = fn(E, e, "q_");
+        P("        for (int q_ = 0; q_ < %d; q_++) { %s += %s; }\n", n, acc, t);
+    } else {
+        for (int c = 0; c < n; c++)
+            P("        %s += %s;\n", acc, fn(E, e, sfmt(E, "%d", c)));
+    }
+}
+
+static const char *t_square(struct emitter *E, const sr_expr *e, const char *i)
+{
+    const char *a = ref(E, e->child[0], i);
+    return sfmt(E, "(%s) * (%s)", a, a);
+}
+static const char *t_plain(struct emitter *E, const sr_expr *e, const char *i)
+{
+    return ref(E, e->child[0], i);
+}
+static const char *t_prod(struct emitter *E, const sr_expr *e, const char *i)
+{
+    return sfmt(E, "(%s) * (%s)", ref(E, e->child[0], i), ref(E, e->child[1], i));
+}
+static const char *t_sqdiff(struct emitter *E, const sr_expr *e, const char *i)
+{
+    return sfmt(E, "sr_sq((%s) - (%s))", ref(E, e->child[0], i), ref(E, e->child[1], i));
+}
+
+static void e_sqnorm(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    const sr_expr *x = e->child[0];
+    nm(e, 0, n);
+    P("        %s %s_s = 0;\n", T(E), n);
+    sum_terms(E, e, sfmt(E, "%s_s", n), x->dim, big(x), t_square);
+    def(E, e, 0);
+    if (e->op == OP_NORM2)
+        P("sqrt%s(%s_s);\n", E->fs, n);
+    else
+        P("%s_s;\n", n);
+}
+
+static void e_normalize(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    const sr_expr *x = e->child[0];
+    nm(e, 0, n);
+    P("        %s %s_s = 0;\n", T(E), n);
+    sum_terms(E, e, sfmt(E, "%s_s", n), x->dim, big(x), t_square);
+    P("        const %s %s_r = %s_s == 0 ? (%s)0 : (%s)1 / sqrt%s(%s_s);\n", T(E), n, n, T(E), T(E),
+      E->fs, n);
+    if (big(e)) {
+        P("        for (int q_ = 0; q_ < %d; q_++) %s = (%s) * %s_r;\n", e->dim, dst(E, e, "q_"),
+          ref(E, x, "q_"), n);
+        return;
+    }
+    for (int c = 0; c < e->dim; c++) {
+        const char *a = ref_c(E, x, c);
+        def(E, e, c);
+        P("%s * %s_r;\n", a, n);
+    }
+}
+
+static void e_pair(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    nm(e, 0, n);
+    P("        %s %s_s = 0;\n", T(E), n);
+    sum_terms(E, e, sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]),
+              e->op == OP_SQDIST ? t_sqdiff : t_prod);
+    def(E, e, 0);
+    P("%s_s;\n", n);
+}
+
+static void e_sum(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    nm(e, 0, n);
+    P("        %s %s_s = 0;\n", T(E), n);
+    sum_terms(E, e, sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]), t_plain);
+    def(E, e, 0);
+    P("%s_s;\n", n);
+}
+
+/* Max/Min/ArgMax/ArgMin of the components: the first extreme, or the first NaN. */
+static void e_minmax(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    const sr_expr *x = e->child[0];
+    const char *cmp = (e->op == OP_MAX || e->op == OP_ARGMAX) ? ">" : "<";
+    bool arg = e->op == OP_ARGMAX || e->op == OP_ARGMIN;
+    nm(e, 0, n);
+    P("        %s %s_m = %s; int %s_i = 0;\n", T(E), n, ref_c(E, x, 0), n);
+    const char *step = "        { const %s a_ = %s; const int t_ = %s_m == %s_m && (a_ %s %s_m || "
+                       "a_ != a_); %s_m = t_ ? a_ : %s_m; %s_i = t_ ? %s : %s_i; }\n";
+    if (big(x)) {
+        P("        for (int q_ = 1; q_ < %d; q_++)\n", x->dim);
+        P(step, T(E), ref(E, x, "q_"), n, n, cmp, n, n, n, n, "q_", n);
+    } else {
+        for (int c = 1; c < x->dim; c++)
+            P(step, T(E), ref_c(E, x, c), n, n, cmp, n, n, n, n, sfmt(E, "%d", c), n);
+    }
+    def(E, e, 0);
+    if (arg)
+        P("(%s)%s_i;\n", T(E), n);
+    else
+        P("%s_m;\n", n);
+}
+
+static const char *slice_expr(struct emitter *E, const sr_expr *e, const char *idx)
+{
+    if (e->op == OP_ELEM)
+        return ref_c(E, e->child[0], (int)e->iattr[0]);
+    if (e->op == OP_EXTRACT) {
+        if (is_num(idx))
+            return ref_c(E, e->child[0], (int)e->iattr[0] + atoi(idx));
+        return ref(E, e->child[0], sfmt(E, "(%lld + %s)", (long long)e->iattr[0], idx));
+    }
+    const sr_expr *a = e->child[0], *b = e->child[1];
+    if (is_num(idx)) {
+        int c = atoi(idx);
+        return c < a->dim ? ref_c(E, a, c) : ref_c(E, b, c - a->dim);
+    }
+    return sfmt(E, "(%s < %d ? %s : %s)", idx, a->dim, ref(E, a, idx),
+                ref(E, b, sfmt(E, "(%s - %d)", idx, a->dim)));
+}
+
+static void e_slice(struct emitter *E, const sr_expr *e)
+{
+    for (int c = 0; c < e->dim; c++) {
+        const char *x = slice_expr(E, e, sfmt(E, "%d", c));
+        def(E, e, c);
+        P("%s;\n", x);
+    }
+}
+
+static void e_onehot(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    nm(e, 0, n);
+    P("        const %s %s_r = round%s(%s);\n", T(E), n, E->fs, ref_c(E, e->child[0], 0));
+    for (int c = 0; c < e->dim; c++) {
+        def(E, e, c);
+        P("%s_r == (%s)%d ? (%s)1 : (%s)0;\n", n, T(E), c, T(E), T(E));
+    }
+}
+
+static void e_matvec(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    bool mv = e->op == OP_MATVECMULT;
+    const sr_expr *A = mv ? e->child[0] : e->child[1], *v = mv ? e->child[1] : e->child[0];
+    int rows = mv ? e->dim : v->dim, cols = mv ? v->dim : e->dim;
+    for (int o = 0; o < e->dim; o++) {
+        nm(e, o, n);
+        P("        %s %s_s = 0;\n", T(E), n);
+        int len = mv ? cols : rows;
+        for (int q = 0; q < len; q++) {
+            int r = mv ? o : q, c = mv ? q : o;
+            const char *a = ref_c(E, A, r * cols + c), *b = ref_c(E, v, q);
+            P("        %s_s += %s * %s;\n", n, a, b);
+        }
+        def(E, e, o);
+        P("%s_s;\n", n);
+    }
+}
+
+static void e_tensor(struct emitter *E, const sr_expr *e)
+{
+    const sr_expr *x = e->child[0], *y = e->child[1];
+    for (int i = 0; i < x->dim; i++)
+        for (int j = 0; j < y->dim; j++) {
+            const char *a = ref_c(E, x, i), *b = ref_c(E, y, j);
+            def(E, e, i * y->dim + j);
+            P("%s * %s;\n", a, b);
+        }
+}
+
+/* Component idx of the point (or the difference) that a weighted norm measures. */
+static const char *wdiff(struct emitter *E, const sr_expr *e, const char *idx)
+{
+    if (e->op == OP_WEIGHTEDSQDIST)
+        return sfmt(E, "((%s) - (%s))", ref(E, e->child[1], idx), ref(E, e->child[2], idx));
+    return sfmt(E, "(%s)", ref(E, e->child[1], idx));
+}
+
+static void e_weighted(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    const sr_expr *W = e->child[0], *x = e->child[1];
+    int d = x->dim;
+    bool full = W->dim == d * d && d > 1;
+    nm(e, 0, n);
+    P("        %s %s_s = 0;\n", T(E), n);
+    if (big(x) || big(W)) {
+        if (full)
+            P("        for (int r_ = 0; r_ < %d; r_++) { %s t_ = 0; for (int q_ = 0; q_ < %d; "
+              "q_++) "
+              "t_ += (%s) * %s; %s_s += %s * t_; }\n",
+              d, T(E), d, ref(E, W, sfmt(E, "(r_ * %d + q_)", d)), wdiff(E, e, "q_"), n,
+              wdiff(E, e, "r_"));
+        else
+            P("        for (int q_ = 0; q_ < %d; q_++) %s_s += (%s) * sr_sq(%s);\n", d, n,
+              ref(E, W, W->dim == 1 ? "0" : "q_"), wdiff(E, e, "q_"));
+    } else {
+        for (int c = 0; c < d; c++)
+            P("        const %s %s_d%d = %s;\n", T(E), n, c, wdiff(E, e, sfmt(E, "%d", c)));
+        if (full) {
+            for (int r = 0; r < d; r++) {
+                P("        { %s t_ = 0;", T(E));
+                for (int c = 0; c < d; c++)
+                    P(" t_ += %s * %s_d%d;", ref_c(E, W, r * d + c), n, c);
+                P(" %s_s += %s_d%d * t_; }\n", n, n, r);
+            }
+        } else {
+            for (int c = 0; c < d; c++)
+                P("        %s_s += %s * %s_d%d * %s_d%d;\n", n, ref_c(E, W, W->dim == 1 ? 0 : c), n,
+                  c, n, c);
+        }
+    }
+    def(E, e, 0);
+    P("%s_s;\n", n);
+}
+
+/* Big nodes of these ops are inlined where used instead of computed into an array. */
+static bool lazy_op(const sr_expr *e)
+{
+    return c_ops[e->op].ew || e->op == OP_ROUND || e->op == OP_EXTRACT || e->op == OP_CONCAT;
+}
+
+static const char *lazy_expr(struct emitter *E, const sr_expr *e, const char *idx)
+{
+    if (c_ops[e->op].ew)
+        return ew_expr(E, e, c_ops[e->op].ew, idx);
+    if (e->op == OP_ROUND)
+        return round_expr(E, e, idx);
+    return slice_expr(E, e, idx);
+}
+
+static void emit_node(struct emitter *E, const sr_expr *e)
+{
+    const struct jit_cop *op = &c_ops[e->op];
+    if (op->ew)
+        ew(E, e, op->ew);
+    else
+        op->fn(E, e);
+}
+
+/* ---- placement ------------------------------------------------------------------------------ */
+
+static enum place place_of(const struct emitter *E, const sr_expr *e)
+{
+    bool o = e->deps & E->outer_dep, i = e->deps & E->inner_dep;
+    return o && i ? PL_PAIR : i ? PL_INNER : o ? PL_OUTER : PL_UNIFORM;
+}
+
+/* ---- the generated file ------------------------------------------------------------------- */
+
+/* Total scalar statements the direct strategy accepts (compile time grows with it). */
+#define JIT_MAX_SCALARS 1024
+
+static void prelude(struct emitter *E, const char *A)
+{
+    const char *t = T(E), *f = E->fs;
+    P("#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
+    P("typedef %s sr_t;\ntypedef %s sr_acc;\n\n", t, A);
+    /* Vector variants from libmvec: the declarations carry `declare simd`, and the file is
+     * compiled with -fno-math-errno so gcc may call them. math.h is not included so these are
+     * the first declarations. */
+    static const char *const simd_fns[] = {"exp", "log", "sin", "cos"};
+    for (int i = 0; i < 4; i++)
+        P("#pragma omp declare simd notinbranch\nextern %s %s%s(%s);\n", t, simd_fns[i], f, t);
+    P("#pragma omp declare simd notinbranch\nextern %s pow%s(%s, %s);\n", t, f, t, t);
+    static const char *const fns1[] = {"sqrt", "asin", "acos", "atan", "fabs", "floor", "round"};
+    for (int i = 0; i < 7; i++)
+        P("extern %s %s%s(%s);\n", t, fns1[i], f, t);
+    P("extern %s atan2%s(%s, %s);\n\n", t, f, t, t);
+    P("static inline %s sr_sq(%s a) { return a * a; }\n\n", t, t);
+}
+
+/* Emits the nodes placed at pl, in topological order; returns how many. Big variables and
+ * lazy nodes need no code of their own. */
+static int emit_scope(struct emitter *E, enum place pl)
+{
+    int n = 0;
+    E->scope = pl;
+    for (size_t i = 0; i < E->n; i++) {
+        const sr_expr *e = E->order[i];
+        if (E->place[i] != pl)
+            continue;
+        if (big(e) && (e->op == OP_VAR || lazy_op(e)))
+            continue;
+        if (big(e) && pl != PL_INNER)
+            P("        sr_t v%u[%d];\n", (unsigned)e->id, e->dim);
+        emit_node(E, e);
+        n++;
+    }
+    return n;
+}
+
+sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
+                     struct jit_plan *plan)
+{
+    struct emitter E_ = {0}, *E = &E_;
+    E->k = k;
+    E->b = b;
+    E->f32 = k->dtype == SR_F32;
+    E->fs = E->f32 ? "f" : "";
+    E->outer_dep = k->axis == 1 ? DEP_I : DEP_J;
+    E->inner_dep = k->axis == 1 ? DEP_J : DEP_I;
+    if (!E->f32 && acc == JIT_ACC_F64)
+        acc = JIT_ACC_BLOCK; /* float64 kernels accumulate in float64 anyway */
+    const char *A = (E->f32 && acc != JIT_ACC_F64) ? "float" : "double";
+    const sr_reduction red = k->red;
+    const int D = k->fdim, K = k->k, DG = k->weight ? k->weight->dim : 0;
+    const int OUTD = k->out_dim;
+    sr_status st = SR_OK;
+
+    /* Topological order of F and the weight together. */
+    size_t nf = expr_toposort(k->f, NULL, 0),
+           nw = k->weight ? expr_toposort(k->weight, NULL, 0) : 0;
+    const sr_expr **tmp = malloc((nf + nw + 1) * sizeof *tmp);
+    E->order = malloc((nf + nw + 1) * sizeof *E->order);
+    E->place = calloc(nf + nw + 1, sizeof *E->place);
+    E->col = calloc(nf + nw + 1, sizeof *E->col);
+    E->in_loop = calloc(nf + nw + 1, sizeof *E->in_loop);
+    uint32_t max_id = 0;
+    if (!tmp || !E->order || !E->place || !E->col || !E->in_loop) {
+        st = SR_ENOMEM;
+        goto done;
+    }
+    expr_toposort(k->f, tmp, nf);
+    if (k->weight)
+        expr_toposort(k->weight, tmp + nf, nw);
+    for (size_t i = 0; i < nf + nw; i++)
+        if (tmp[i]->id > max_id)
+            max_id = tmp[i]->id;
+    E->pos_of = calloc((size_t)max_id + 1, sizeof *E->pos_of);
+    if (!E->pos_of) {
+        st = SR_ENOMEM;
+        goto done;
+    }
+    /* Merge: F's order then the weight's new nodes (children still come first). */
+    int64_t scalars = 0;
+    for (size_t i = 0; i < nf + nw; i++) {
+        const sr_expr *e = tmp[i];
+        if (E->pos_of[e->id])
+            continue;
+        E->pos_of[e->id] = (uint32_t)(E->n + 1);
+        E->place[E->n] = place_of(E, e);
+        E->col[E->n] = -1;
+        E->order[E->n++] = e;
+        enum place pl = E->place[E->n - 1];
+        if (!big(e))
+            scalars += e->dim;
+        if ((e->op == OP_MATVECMULT || e->op == OP_VECMATMULT || e->op == OP_TENSORPROD) && !big(e))
+            scalars += e->child[0]->dim + e->child[1]->dim;
+        /* Big nodes that need an array are not allowed in the vectorised loops. */
+        if (big(e) && e->op != OP_VAR && !lazy_op(e) && pl == PL_PAIR)
+            scalars = JIT_MAX_SCALARS + 1;
+    }
+    if (scalars > JIT_MAX_SCALARS || D + DG > 64) {
+        st = SR_ENOTSUP;
+        goto done;
+    }
+    /* What the simd loop needs: the pair nodes, the roots, and everything they reference. */
+    const sr_expr *roots[2] = {k->f, k->weight};
+    for (int r = 0; r < 2; r++)
+        if (roots[r])
+            E->in_loop[pos(E, roots[r])] = true;
+    for (size_t i = 0; i < E->n; i++)
+        if (E->place[i] == PL_PAIR)
+            E->in_loop[i] = true;
+    /* Inner nodes referenced from the loop are the tile's columns. */
+    int ncol = 0;
+    for (size_t i = 0; i < E->n; i++) {
+        const sr_expr *e = E->order[i];
+        /* Big inner nodes that need storage are computed straight into their columns. */
+        bool stored = big(e) && e->op != OP_VAR && !lazy_op(e);
+        if (E->place[i] == PL_INNER && (E->in_loop[i] || stored) && E->col[i] < 0) {
+            E->col[i] = ncol;
+            ncol += e->dim;
+        }
+        if (E->place[i] != PL_PAIR)
+            continue;
+        for (int c = 0; c < expr_arity(e); c++) {
+            size_t p = pos(E, e->child[c]);
+            if (E->place[p] == PL_INNER && E->col[p] < 0) {
+                E->col[p] = ncol;
+                ncol += e->child[c]->dim;
+            }
+        }
+    }
+    bool fused_sum = red == SR_SUM;
+    int nfb = fused_sum ? 0 : D + DG;
+    /* Tile width: the tile (columns + buffered values) should stay in L2. */
+    int TJ = 512;
+    while (TJ > 16 && (int64_t)TJ * (ncol + nfb) * (E->f32 ? 4 : 8) > (256 << 10))
+        TJ /= 2;
+
+    /* ---- header and prelude ---- */
+    P("/* symred generated kernel (JIT ABI %d)\n * formula: ", JIT_ABI_VERSION);
+    expr_print_to(b, k->f);
+    if (k->weight) {
+        P("\n * weight: ");
+        expr_print_to(b, k->weight);
+    }
+    P("\n * reduction: %s, axis %d, k %d, dtype %s, accumulation %s\n */\n",
+      sr_reductions[red].name, k->axis, K, T(E), jit_acc_names[acc]);
+    prelude(E, A);
+    const char *t = T(E), *f = E->fs;
+    P("#define SR_TJ %d\n#define SR_D %d\n#define SR_K %d\n#define SR_DG %d\n#define SR_OUTD %d\n",
+      TJ, D, K, DG, OUTD);
+    P("#define SR_INF __builtin_inf%s()\n#define SR_NAN __builtin_nan%s(\"\")\n\n", f, f);
+
+    /* ---- state ---- */
+    switch (red) {
+    case SR_SUM:
+        P("typedef struct { sr_acc s[SR_D], c[SR_D]; } sr_state;\n");
+        break;
+    case SR_MIN:
+    case SR_MAX:
+        P("typedef struct { sr_t m[SR_D]; } sr_state;\n");
+        break;
+    case SR_ARGMIN:
+    case SR_ARGMAX:
+    case SR_MIN_ARGMIN:
+    case SR_MAX_ARGMAX:
+        P("typedef struct { sr_t m[SR_D]; int64_t i[SR_D]; } sr_state;\n");
+        break;
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        P("typedef struct { sr_t m[SR_D][SR_K]; int64_t i[SR_D][SR_K]; } sr_state;\n");
+        break;
+    case SR_LOGSUMEXP:
+        P("typedef struct { sr_t m[SR_D]; sr_acc s[SR_D]; } sr_state;\n");
+        break;
+    case SR_SUMSOFTMAXWEIGHT:
+        P("typedef struct { sr_t m; sr_acc s; sr_acc w[SR_DG]; } sr_state;\n");
+        break;
+    default:
+        st = SR_EINTERNAL;
+        goto done;
+    }
+    int64_t state_bytes;
+    {
+        /* Mirror of the struct sizes above (padding: 8-byte members come last or are 8). */
+        int64_t ts = E->f32 ? 4 : 8, as = strcmp(A, "float") == 0 ? 4 : 8;
+        switch (red) {
+        case SR_SUM:
+            state_bytes = 2 * D * as;
+            break;
+        case SR_MIN:
+        case SR_MAX:
+            state_bytes = D * ts;
+            break;
+        case SR_KMIN:
+        case SR_ARGKMIN:
+        case SR_KMIN_ARGKMIN:
+            state_bytes = (int64_t)D * K * (ts + 8);
+            break;
+        case SR_LOGSUMEXP:
+            state_bytes = D * (ts + as);
+            break;
+        case SR_SUMSOFTMAXWEIGHT:
+            state_bytes = ts + as + DG * as;
+            break;
+        default:
+            state_bytes = D * (ts + 8);
+            break;
+        }
+    }
+    int RB = 64;
+    while (RB > 1 && state_bytes * RB > (4 << 20))
+        RB /= 2;
+    P("const int sr_abi_version = %d;\n", JIT_ABI_VERSION);
+    P("const int64_t sr_state_bytes = (int64_t)sizeof(sr_state);\n");
+    P("const int64_t sr_rows_per_block = %d;\n\n", RB);
+
+    /* Comparison helpers: "v is better than w" for the min/max families, NaN first. */
+    bool is_max = red == SR_MAX || red == SR_ARGMAX || red == SR_MAX_ARGMAX;
+    const char *cmp = is_max ? ">" : "<";
+
+    /* ---- init ---- */
+    P("static void st_init(sr_state *s)\n{\n");
+    switch (red) {
+    case SR_SUM:
+        P("    for (int c = 0; c < SR_D; c++) s->s[c] = s->c[c] = 0;\n");
+        break;
+    case SR_MIN:
+    case SR_MAX:
+        P("    for (int c = 0; c < SR_D; c++) s->m[c] = %sSR_INF;\n", is_max ? "-" : "");
+        break;
+    case SR_ARGMIN:
+    case SR_ARGMAX:
+    case SR_MIN_ARGMIN:
+    case SR_MAX_ARGMAX:
+        P("    for (int c = 0; c < SR_D; c++) { s->m[c] = %sSR_INF; s->i[c] = -1; }\n",
+          is_max ? "-" : "");
+        break;
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        P("    for (int c = 0; c < SR_D; c++) for (int q = 0; q < SR_K; q++) { s->m[c][q] = "
+          "SR_INF; "
+          "s->i[c][q] = -1; }\n");
+        break;
+    case SR_LOGSUMEXP:
+        P("    for (int c = 0; c < SR_D; c++) { s->m[c] = -SR_INF; s->s[c] = 0; }\n");
+        break;
+    default:
+        P("    s->m = -SR_INF; s->s = 0; for (int c = 0; c < SR_DG; c++) s->w[c] = 0;\n");
+        break;
+    }
+    P("}\n\n");
+
+    /* ---- helpers for the online max-shift reductions ---- */
+    if (red == SR_LOGSUMEXP) {
+        P("/* Folds a partial (m2, s2) = (max, sum of exp(v - max)) into (*m, *s). NaN sticks; an\n"
+          " * +inf term makes the result +inf; -inf terms contribute nothing. */\n");
+        P("static void lse_fold(sr_t *m, sr_acc *s, sr_t m2, sr_acc s2)\n{\n"
+          "    if (*m != *m || m2 == -SR_INF) return;\n"
+          "    if (m2 != m2) { *m = m2; return; }\n"
+          "    if (*m == -SR_INF) { *m = m2; *s = s2; return; }\n"
+          "    if (*m == SR_INF) return;\n"
+          "    if (m2 == SR_INF) { *m = m2; *s = 1; return; }\n"
+          "    if (m2 > *m) { *s = *s * (sr_acc)exp%s(*m - m2) + s2; *m = m2; }\n"
+          "    else *s += s2 * (sr_acc)exp%s(m2 - *m);\n}\n\n",
+          f, f);
+    }
+    if (red == SR_SUMSOFTMAXWEIGHT) {
+        /* The reference's combine rule (src/cpu/cpu.h), in the kernel's types. */
+        P("static void ssmw_fold(sr_state *d, sr_t m2, sr_acc s2, const sr_acc *w2)\n{\n"
+          "    const sr_t mm = m2 > d->m ? m2 : d->m;\n"
+          "    const sr_acc sa = d->m == mm ? (sr_acc)1 : (sr_acc)exp%s(d->m - mm);\n"
+          "    const sr_acc sb = m2 == mm ? (sr_acc)1 : (sr_acc)exp%s(m2 - mm);\n"
+          "    d->m = mm;\n    d->s = d->s * sa + s2 * sb;\n"
+          "    for (int c = 0; c < SR_DG; c++) d->w[c] = d->w[c] * sa + w2[c] * sb;\n}\n\n",
+          f, f);
+    }
+    if (red == SR_KMIN || red == SR_ARGKMIN || red == SR_KMIN_ARGKMIN) {
+        P("/* v before slot (m, i) in the order of NumPy's sort: empty slots last, NaN after "
+          "+inf,\n"
+          " * equal values keep index order (so the strict comparison). */\n");
+        P("#define SR_KLT(v, m, i) ((i) < 0 || (v) < (m) || ((v) == (v) && (m) != (m)))\n\n");
+    }
+
+    /* ---- merge ---- */
+    P("void sr_merge(void *dst_, const void *src_, int64_t n)\n{\n"
+      "    sr_state *d = dst_; const sr_state *s = src_;\n");
+    switch (red) {
+    case SR_SUM:
+        P("    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
+          "        sr_acc y = s[q].s[c] - (d[q].c[c] + s[q].c[c]);\n"
+          "        sr_acc t = d[q].s[c] + y;\n"
+          "        d[q].c[c] = %s;\n        d[q].s[c] = t;\n    }\n",
+          acc == JIT_ACC_KAHAN ? "(t - d[q].s[c]) - y" : "0");
+        break;
+    case SR_MIN:
+    case SR_MAX:
+        P("    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
+          "        sr_t v = s[q].m[c], m = d[q].m[c];\n"
+          "        if (m == m && (v %s m || v != v)) d[q].m[c] = v;\n    }\n",
+          cmp);
+        break;
+    case SR_ARGMIN:
+    case SR_ARGMAX:
+    case SR_MIN_ARGMIN:
+    case SR_MAX_ARGMAX:
+        P("    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
+          "        sr_t v = s[q].m[c], m = d[q].m[c];\n"
+          "        if (s[q].i[c] >= 0 && (d[q].i[c] < 0 || (m == m && (v %s m || v != v)))) {\n"
+          "            d[q].m[c] = v; d[q].i[c] = s[q].i[c];\n        }\n    }\n",
+          cmp);
+        break;
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        P("    sr_t *tm = malloc(sizeof(sr_t) * SR_K); int64_t *ti = malloc(sizeof(int64_t) * "
+          "SR_K);\n"
+          "    if (!tm || !ti) { free(tm); free(ti); return; }\n"
+          "    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
+          "        const sr_t *am = d[q].m[c], *bm = s[q].m[c];\n"
+          "        const int64_t *ai = d[q].i[c], *bi = s[q].i[c];\n"
+          "        int x = 0, y = 0;\n"
+          "        for (int o = 0; o < SR_K; o++) {\n"
+          "            int takeb = bi[y] >= 0 && SR_KLT(bm[y], am[x], ai[x]);\n"
+          "            if (takeb) { tm[o] = bm[y]; ti[o] = bi[y]; y++; }\n"
+          "            else { tm[o] = am[x]; ti[o] = ai[x]; x++; }\n"
+          "        }\n"
+          "        memcpy(d[q].m[c], tm, sizeof(sr_t) * SR_K);\n"
+          "        memcpy(d[q].i[c], ti, sizeof(int64_t) * SR_K);\n"
+          "    }\n    free(tm); free(ti);\n");
+        break;
+    case SR_LOGSUMEXP:
+        P("    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++)\n"
+          "        lse_fold(&d[q].m[c], &d[q].s[c], s[q].m[c], s[q].s[c]);\n");
+        break;
+    default:
+        P("    for (int64_t q = 0; q < n; q++) ssmw_fold(&d[q], s[q].m, s[q].s, s[q].w);\n");
+        break;
+    }
+    P("}\n\n");
+
+    /* ---- final ---- */
+    bool wv = sr_reductions[red].values, wi = sr_reductions[red].indices;
+    P("void sr_final(const void *state_, int64_t o0, int64_t o1, void *out_, int64_t *out_idx)\n{\n"
+      "    const sr_state *st = state_;\n    sr_t *out = out_;\n    (void)out; (void)out_idx;\n"
+      "    for (int64_t o = o0; o < o1; o++) {\n        const sr_state *s = &st[o - o0];\n");
+    if (wv)
+        P("        sr_t *ov = out + o * SR_OUTD;\n");
+    if (wi)
+        P("        int64_t *oi = out_idx + o * SR_OUTD;\n");
+    switch (red) {
+    case SR_SUM:
+        P("        for (int c = 0; c < SR_D; c++) ov[c] = (sr_t)s->s[c];\n");
+        break;
+    case SR_MIN:
+    case SR_MAX:
+        P("        for (int c = 0; c < SR_D; c++) ov[c] = s->m[c];\n");
+        break;
+    case SR_ARGMIN:
+    case SR_ARGMAX:
+    case SR_MIN_ARGMIN:
+    case SR_MAX_ARGMAX:
+        P("        for (int c = 0; c < SR_D; c++) {%s%s }\n", wv ? " ov[c] = s->m[c];" : "",
+          wi ? " oi[c] = s->i[c];" : "");
+        break;
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        P("        for (int q = 0; q < SR_K; q++) for (int c = 0; c < SR_D; c++) {%s%s }\n",
+          wv ? " ov[q * SR_D + c] = s->m[c][q];" : "", wi ? " oi[q * SR_D + c] = s->i[c][q];" : "");
+        break;
+    case SR_LOGSUMEXP:
+        P("        for (int c = 0; c < SR_D; c++) {\n"
+          "            sr_t m = s->m[c];\n"
+          "            ov[c] = (m != m || m == SR_INF || m == -SR_INF) ? m : m + "
+          "(sr_t)log%s((sr_t)s->s[c]);\n"
+          "        }\n",
+          f);
+        break;
+    default:
+        P("        for (int c = 0; c < SR_DG; c++) ov[c] = (sr_t)(s->w[c] / s->s);\n");
+        break;
+    }
+    P("    }\n}\n\n");
+
+    /* ---- part: the tiled loops ---- */
+    P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
+      "*state_)\n{\n    sr_state *st = state_;\n");
+    for (int v = 0; v < k->nargs; v++)
+        if (k->vars[v].dim)
+            P("    const sr_t *restrict a%d = args[%d];\n", v, v);
+    P("    (void)args;\n");
+    /* Uniform nodes: constants and parameters, once per call. */
+    int nout = 0, nin = 0, npair = 0;
+    emit_scope(E, PL_UNIFORM);
+    P("    sr_t *tb = malloc(sizeof(sr_t) * SR_TJ * %d + 64);\n    if (!tb) return 1;\n",
+      ncol + nfb);
+    P("    sr_t *fb = tb + SR_TJ * %d;\n    (void)fb;\n", ncol);
+    P("    for (int64_t o = o0; o < o1; o++) st_init(&st[o - o0]);\n");
+    P("    for (int64_t ob = o0; ob < o1; ob += %d) {\n", RB);
+    P("      const int64_t oe = ob + %d < o1 ? ob + %d : o1;\n", RB, RB);
+    P("      for (int64_t rt = r0; rt < r1; rt += SR_TJ) {\n");
+    P("        const int nj = (int)(r1 - rt < SR_TJ ? r1 - rt : SR_TJ);\n");
+    /* Pre-pass: inner nodes into the tile (structure of arrays). */
+    if (ncol > 0) {
+        P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n        const int64_t r = "
+          "rt + jj;\n");
+        nin = emit_scope(E, PL_INNER);
+        char n[32];
+        for (size_t i = 0; i < E->n; i++) {
+            const sr_expr *e = E->order[i];
+            if (E->col[i] < 0 || (big(e) && e->op != OP_VAR && !lazy_op(e)))
+                continue;
+            if (big(e))
+                P("        for (int q_ = 0; q_ < %d; q_++) tb[(%d + q_) * SR_TJ + jj] = %s;\n",
+                  e->dim, E->col[i], ref(E, e, "q_"));
+            else
+                for (int c = 0; c < e->dim; c++)
+                    P("        tb[%d * SR_TJ + jj] = %s;\n", E->col[i] + c, nm(e, c, n));
+        }
+        P("        }\n");
+    }
+    P("        for (int64_t o = ob; o < oe; o++) {\n        sr_state *s = &st[o - o0];\n");
+    nout = emit_scope(E, PL_OUTER);
+    /* The simd loop body: load the columns, compute the pair nodes. */
+    char n[32];
+    struct expr_buf body = {0};
+    {
+        struct expr_buf *save = E->b;
+        E->b = &body;
+        for (size_t i = 0; i < E->n; i++)
+            if (E->col[i] >= 0 && !big(E->order[i]))
+                for (int c = 0; c < E->order[i]->dim; c++)
+                    P("        const sr_t %s = tb[%d * SR_TJ + jj];\n", nm(E->order[i], c, n),
+                      E->col[i] + c);
+        E->scope = PL_PAIR;
+        npair = emit_scope(E, PL_PAIR);
+        E->b = save;
+        if (body.oom) {
+            free(body.data);
+            st = SR_ENOMEM;
+            goto done;
+        }
+    }
+    const char *bodytxt = body.data ? body.data : "";
+    if (fused_sum) {
+        P("        sr_acc ");
+        for (int c = 0; c < D; c++)
+            P("%sp%d = 0", c ? ", " : "", c);
+        P(";\n#pragma omp simd reduction(+:");
+        for (int c = 0; c < D; c++)
+            P("%sp%d", c ? "," : "", c);
+        P(")\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
+        for (int c = 0; c < D; c++)
+            P("        p%d += (sr_acc)%s;\n", c, ref_c(E, k->f, c));
+        P("        }\n");
+        for (int c = 0; c < D; c++) {
+            if (acc == JIT_ACC_KAHAN)
+                P("        { sr_acc y = p%d - s->c[%d]; sr_acc t = s->s[%d] + y; s->c[%d] = (t - "
+                  "s->s[%d]) - y; s->s[%d] = t; }\n",
+                  c, c, c, c, c, c);
+            else
+                P("        s->s[%d] += p%d;\n", c, c);
+        }
+    } else {
+        P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
+        for (int c = 0; c < D; c++)
+            P("        fb[%d * SR_TJ + jj] = %s;\n", c, ref_c(E, k->f, c));
+        for (int c = 0; c < DG; c++)
+            P("        fb[%d * SR_TJ + jj] = %s;\n", D + c, ref_c(E, k->weight, c));
+        P("        }\n");
+        /* Tile extreme with a NaN flag, vectorised: used by all the value-picking reductions. */
+        const char *tcmp =
+            (is_max || red == SR_LOGSUMEXP || red == SR_SUMSOFTMAXWEIGHT) ? ">" : "<";
+        const char *tinit = *tcmp == '>' ? "-SR_INF" : "SR_INF";
+        const char *rclause = *tcmp == '>' ? "max" : "min";
+        if (red != SR_KMIN && red != SR_ARGKMIN && red != SR_KMIN_ARGKMIN) {
+            int nc = red == SR_SUMSOFTMAXWEIGHT ? 1 : D;
+            P("        for (int c = 0; c < %d; c++) {\n", nc);
+            P("          const sr_t *fv = fb + c * SR_TJ;\n");
+            P("          sr_t tm = %s; int tn = 0;\n", tinit);
+            P("#pragma omp simd reduction(%s:tm) reduction(|:tn)\n", rclause);
+            P("          for (int jj = 0; jj < nj; jj++) { const sr_t v = fv[jj]; tm = v %s tm ? v "
+              ": tm; "
+              "tn |= v != v; }\n",
+              tcmp);
+            switch (red) {
+            case SR_MIN:
+            case SR_MAX:
+                P("          if (tn) tm = SR_NAN;\n"
+                  "          if (s->m[c] == s->m[c] && (tm %s s->m[c] || tm != tm)) s->m[c] = "
+                  "tm;\n",
+                  cmp);
+                break;
+            case SR_ARGMIN:
+            case SR_ARGMAX:
+            case SR_MIN_ARGMIN:
+            case SR_MAX_ARGMAX:
+                /* Scan only a tile that can improve the state: the first extreme (or NaN). */
+                P("          sr_t m = s->m[c]; int64_t bi = s->i[c];\n"
+                  "          if (bi < 0 || (m == m && (tn || tm %s m))) {\n"
+                  "            for (int jj = 0; jj < nj; jj++) {\n"
+                  "              const sr_t v = fv[jj];\n"
+                  "              if (bi < 0 || (m == m && (v %s m || v != v))) { m = v; bi = rt + "
+                  "jj; }\n"
+                  "            }\n"
+                  "            s->m[c] = m; s->i[c] = bi;\n"
+                  "          }\n",
+                  cmp, cmp);
+                break;
+            case SR_LOGSUMEXP:
+                P("          if (tn) { s->m[c] = SR_NAN; continue; }\n"
+                  "          if (tm == -SR_INF) continue;\n"
+                  "          if (tm == SR_INF) { lse_fold(&s->m[c], &s->s[c], tm, 1); continue; }\n"
+                  "          sr_acc ts = 0;\n"
+                  "#pragma omp simd reduction(+:ts)\n"
+                  "          for (int jj = 0; jj < nj; jj++) ts += (sr_acc)exp%s(fv[jj] - tm);\n"
+                  "          lse_fold(&s->m[c], &s->s[c], tm, ts);\n",
+                  f);
+                break;
+            default: /* SumSoftMaxWeight */
+                P("          (void)tn;\n          sr_acc ts = 0");
+                for (int g = 0; g < DG; g++)
+                    P(", w%d = 0", g);
+                P(";\n#pragma omp simd reduction(+:ts");
+                for (int g = 0; g < DG; g++)
+                    P(",w%d", g);
+                P(")\n          for (int jj = 0; jj < nj; jj++) {\n"
+                  "            const sr_acc e = fv[jj] == -SR_INF ? (sr_acc)0 : "
+                  "(sr_acc)exp%s(fv[jj] - "
+                  "tm);\n            ts += e;\n",
+                  f);
+                for (int g = 0; g < DG; g++)
+                    P("            w%d += e * (sr_acc)fb[%d * SR_TJ + jj];\n", g, 1 + g);
+                P("          }\n          sr_acc wt[SR_DG] = {");
+                for (int g = 0; g < DG; g++)
+                    P("%sw%d", g ? ", " : "", g);
+                P("};\n          ssmw_fold(s, tm, ts, wt);\n");
+                break;
+            }
+            P("        }\n");
+        } else {
+            P("        for (int c = 0; c < SR_D; c++) {\n"
+              "          const sr_t *fv = fb + c * SR_TJ;\n"
+              "          sr_t *M = s->m[c]; int64_t *I = s->i[c];\n"
+              "          for (int jj = 0; jj < nj; jj++) {\n"
+              "            const sr_t v = fv[jj];\n"
+              "            if (!SR_KLT(v, M[SR_K - 1], I[SR_K - 1])) continue;\n"
+              "            int p = SR_K - 1;\n"
+              "            while (p > 0 && SR_KLT(v, M[p - 1], I[p - 1])) { M[p] = M[p - 1]; I[p] "
+              "= "
+              "I[p - 1]; p--; }\n"
+              "            M[p] = v; I[p] = rt + jj;\n"
+              "          }\n"
+              "        }\n");
+        }
+    }
+    free(body.data);
+    P("        }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
+
+    /* ---- run: whole reduction for a range of rows ---- */
+    P("int sr_run(int64_t o0, int64_t o1, int64_t nr, const void *const *args, void *out, int64_t "
+      "*out_idx)\n{\n"
+      "    sr_state *st = malloc(sizeof(sr_state) * %d);\n    if (!st) return 1;\n"
+      "    for (int64_t ob = o0; ob < o1; ob += %d) {\n"
+      "        const int64_t oe = ob + %d < o1 ? ob + %d : o1;\n"
+      "        if (sr_part(ob, oe, 0, nr, args, st)) { free(st); return 1; }\n"
+      "        sr_final(st, ob, oe, out, out_idx);\n    }\n    free(st);\n    return 0;\n}\n",
+      RB, RB, RB, RB);
+    (void)t;
+    if (plan) {
+        plan->tile_j = TJ;
+        plan->rows_per_block = RB;
+        plan->columns = ncol;
+        plan->fbuf = nfb;
+        plan->state_bytes = state_bytes;
+        plan->workspace_bytes =
+            (int64_t)TJ * (ncol + nfb) * (E->f32 ? 4 : 8) + (int64_t)RB * state_bytes;
+        plan->hoisted_outer = nout;
+        plan->hoisted_inner = nin;
+        plan->pair_nodes = npair;
+    }
+    if (b->oom)
+        st = SR_ENOMEM;
+    if (E->fail)
+        st = E->fail;
+done:
+    for (size_t i = 0; i < E->nstr; i++)
+        free(E->strs[i]);
+    free(E->strs);
+    free(tmp);
+    free(E->order);
+    free(E->place);
+    free(E->col);
+    free(E->in_loop);
+    free(E->pos_of);
+    return st;
+}

@@ -1,0 +1,130 @@
+/*
+ * jit.h — the CPU JIT: C emitter, compile driver, loader and disk cache.
+ *
+ * A kernel is lowered to one C translation unit (emit-c.c) that exports a fixed C ABI, compiled
+ * by the system compiler into a shared object (compile.c), kept in a per-user disk cache
+ * (cache.c) and in a per-context in-memory cache, and run by the OpenMP runtime in
+ * src/cpu/omp-runtime.c.
+ *
+ * The generated module exports (T is float or double, the kernel's dtype):
+ *   const int     sr_abi_version;      JIT_ABI_VERSION
+ *   const int64_t sr_state_bytes;      bytes of the reduction state of one output row
+ *   const int64_t sr_rows_per_block;   rows the kernel processes per block (state buffers)
+ *   int  sr_part(o0, o1, r0, r1, args, state)
+ *        initialises the states of output rows [o0, o1) (state points at row o0's) and folds
+ *        the reduced indices [r0, r1) into them; returns nonzero when out of memory.
+ *   void sr_merge(dst, src, n)
+ *        combines n row states: src must cover reduced indices after those of dst (ties keep
+ *        dst's lower indices, as the reference does).
+ *   void sr_final(state, o0, o1, out, out_idx)
+ *        writes the outputs of rows [o0, o1) from their states.
+ *   int  sr_run(o0, o1, nr, args, out, out_idx)
+ *        the whole reduction over [0, nr) for rows [o0, o1); nonzero when out of memory.
+ * "o" is the output axis (i for axis 1, j for axis 0) and "r" the reduced one. The generated
+ * code has no OpenMP runtime dependency (only `omp simd`, -fopenmp-simd); threads are the
+ * library's business (omp-runtime.c).
+ */
+#ifndef SYMRED_JIT_H
+#define SYMRED_JIT_H
+
+#include "../core/core.h"
+
+#include <stdint.h>
+
+#define JIT_ABI_VERSION 1
+
+enum jit_acc { JIT_ACC_BLOCK = 0, JIT_ACC_KAHAN = 1, JIT_ACC_F64 = 2 };
+
+extern const char *const jit_acc_names[3];
+
+/* What the emitter decided, for explain. */
+struct jit_plan {
+    int tile_j;         /* reduced indices per tile */
+    int rows_per_block; /* output rows sharing one transposed tile */
+    int columns;        /* scalars per reduced index kept in the structure-of-arrays tile */
+    int fbuf;           /* formula values per reduced index buffered for the reduction */
+    int64_t state_bytes;
+    int64_t workspace_bytes; /* per thread: the tile and a block of row states */
+    int hoisted_outer, hoisted_inner, pair_nodes;
+};
+
+/* Emits the C source of kernel k with accumulation mode acc into b. SR_ENOTSUP when the
+ * formula is too large for the direct strategy (the caller falls back), SR_ENOMEM. */
+sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
+                     struct jit_plan *plan);
+
+typedef int (*jit_part_fn)(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args,
+                           void *state);
+typedef void (*jit_merge_fn)(void *dst, const void *src, int64_t n);
+typedef void (*jit_final_fn)(const void *state, int64_t o0, int64_t o1, void *out,
+                             int64_t *out_idx);
+typedef int (*jit_run_fn)(int64_t o0, int64_t o1, int64_t nr, const void *const *args, void *out,
+                          int64_t *out_idx);
+
+/* A loaded module, shared by the kernels of one context that have the same source. */
+struct jit_module {
+    struct jit_module *next;
+    char key[33];
+    void *handle;
+    jit_part_fn part;
+    jit_merge_fn merge;
+    jit_final_fn final;
+    jit_run_fn run;
+    int64_t state_bytes;
+    int64_t workspace_bytes; /* per thread: the tile and a block of row states */
+    int64_t rows_per_block;
+    int refs;
+};
+
+/* Per-context JIT state (sr_ctx.jit): options read from the environment once, and the
+ * in-memory module cache. Only the thread that owns the context touches it. */
+struct jit_ctx {
+    char cc[512];         /* SYMRED_CC, default "cc" */
+    int acc;              /* SYMRED_ACC */
+    int num_threads;      /* SYMRED_NUM_THREADS, 0 = no cap */
+    int keep_source;      /* SYMRED_JIT_KEEP=1: keep the generated source next to the cache */
+    bool no_compiler;     /* the compiler could not be started: use the reference */
+    bool logged_fallback; /* said so once */
+    struct jit_module *modules;
+    unsigned long mem_hits, disk_hits, compiles;
+};
+
+/* The jit state of ctx, created on first use; NULL on out of memory. */
+struct jit_ctx *jit_ctx_get(sr_ctx *ctx);
+
+/* How a module was obtained, for explain. */
+struct jit_load_info {
+    const char *origin; /* "memory", "disk", "compiled" */
+    char cache[256];    /* "hit", "miss", or why the disk cache was not used */
+    char path[2400];    /* the cached shared object or kept source, "" if none */
+    double compile_ms;
+};
+
+/* Finds or builds the module for src: the context's memory cache, then the disk cache, then the
+ * compiler. SR_ECOMPILE with the compiler's messages on a failed compile; SR_ENODEV when the
+ * compiler cannot be started (no compiler: the caller falls back to the reference). */
+sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_module **out,
+                         struct jit_load_info *info);
+void jit_module_release(sr_ctx *ctx, struct jit_module *m);
+
+/* Compiles src into the shared object at so_path (in a private directory), using the compiler
+ * of jc. On failure, a message (the compiler's diagnostics) in err. Returns SR_OK, SR_ENODEV
+ * (could not start the compiler), SR_ECOMPILE, SR_EIO. */
+sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
+                      const char *so_path, char *err, size_t errcap);
+/* The compiler flags, for keys and explain. */
+extern const char *const jit_cflags[];
+const char *jit_cflags_text(void);
+
+/* Identity of compiler cc (its --version output, hashed), computed once per process and
+ * compiler. 0 when it could not be run. */
+uint64_t jit_compiler_id(const char *cc);
+
+/* 64-bit FNV-1a. */
+uint64_t jit_hash(uint64_t h, const void *data, size_t len);
+#define JIT_HASH_INIT 0xcbf29ce484222325ULL
+
+/* Loads the module from a shared object path and resolves its symbols. */
+sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap);
+
+#endif /* SYMRED_JIT_H */

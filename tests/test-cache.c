@@ -1,0 +1,249 @@
+/*
+ * test-cache.c — the CPU JIT's kernel cache: memory and disk hits, a corrupt or truncated entry
+ * rebuilt, unsafe directories refused (and kernels still built), concurrent processes.
+ *
+ * Each test uses a fresh temporary SYMRED_CACHE_DIR, so most tests compile once (cold).
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "symred.h"
+#include "util.h"
+
+static char dir[64];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/symred-cache-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    chmod(dir, 0700);
+    setenv("SYMRED_CACHE_DIR", dir, 1);
+    unsetenv("SYMRED_CC");
+    unsetenv("SYMRED_JIT_KEEP");
+}
+static void teardown(void)
+{
+    char cmd[128];
+    chmod(dir, 0700);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+TestSuite(cache, .init = setup, .fini = teardown);
+
+static const char *aliases[] = {"x=Vi(2)", "y=Vj(2)", "g=Pm(1)"};
+
+/* Builds `formula` in a new context, checks one result, and returns the explain text (owned by
+ * the caller). */
+static char *build_and_check(const char *formula, double gval)
+{
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    sr_expr *f = NULL;
+    cr_assert_eq(sr_parse(ctx, formula, aliases, 3, &f), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k = NULL;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    char *ex = strdup(sr_kernel_explain(k));
+    cr_assert(strstr(ex, "backend: cpu-jit"), "not the JIT:\n%s", ex);
+    /* Sum_j exp(-g |x - y_j|^2) with x = 0 and y = (0,0), (1,0), (0,2). */
+    float x[2] = {0, 0}, y[6] = {0, 0, 1, 0, 0, 2}, g = (float)gval, out[1];
+    const void *args[] = {x, y, &g};
+    cr_assert_eq(sr_kernel_run(k, 1, 3, args, out), SR_OK, "%s", sr_ctx_error(ctx));
+    double expect = 1.0 + exp(-gval) + exp(-4.0 * gval);
+    cr_assert(tu_close(out[0], expect, 1e-5, 0), "got %.8g, expected %.8g", out[0], expect);
+    sr_kernel_free(k);
+    sr_ctx_free(ctx);
+    return ex;
+}
+
+static const char *formula = "Exp(-SqDist(x, y) * g)";
+
+/* The cached shared object named on the explain's "path:" line. */
+static void path_of(const char *ex, char *path, size_t cap)
+{
+    const char *p = strstr(ex, "path: ");
+    cr_assert_not_null(p, "no path in explain:\n%s", ex);
+    p += 6;
+    size_t n = strcspn(p, "\n");
+    cr_assert(n < cap);
+    memcpy(path, p, n);
+    path[n] = 0;
+}
+
+static int count_entries(void)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "exit $(ls '%s' | grep -c '\\.so$')", dir);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(cache, second_creation_hits_disk)
+{
+    char *e1 = build_and_check(formula, 0.5);
+    cr_assert(strstr(e1, "module: compiled, cache miss"), "first:\n%s", e1);
+    char *e2 = build_and_check(formula, 0.5);
+    cr_assert(strstr(e2, "module: disk, cache hit"), "second:\n%s", e2);
+    cr_assert_eq(count_entries(), 1);
+    free(e1);
+    free(e2);
+}
+
+Test(cache, same_context_hits_memory)
+{
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    sr_expr *f = NULL;
+    cr_assert_eq(sr_parse(ctx, formula, aliases, 3, &f), SR_OK);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k1, *k2;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k1), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k2), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert(strstr(sr_kernel_explain(k2), "module: memory"), "%s", sr_kernel_explain(k2));
+    sr_kernel_free(k1);
+    sr_kernel_free(k2);
+    sr_ctx_free(ctx);
+}
+
+Test(cache, directory_created_private)
+{
+    char sub[128];
+    snprintf(sub, sizeof sub, "%s/a/b", dir);
+    setenv("SYMRED_CACHE_DIR", sub, 1);
+    free(build_and_check(formula, 0.25));
+    struct stat sb;
+    cr_assert_eq(stat(sub, &sb), 0);
+    cr_assert_eq(sb.st_mode & 0777, 0700, "mode %o", (unsigned)(sb.st_mode & 0777));
+}
+
+static void corrupt_and_rebuild(int truncate_it)
+{
+    char *e1 = build_and_check(formula, 1.5);
+    char path[512];
+    path_of(e1, path, sizeof path);
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0, "%s", path);
+    if (truncate_it) {
+        cr_assert_eq(truncate(path, sb.st_size / 2), 0);
+    } else {
+        /* Same size, a few bytes in the middle flipped: dlopen might accept it, the checksum
+         * does not. */
+        FILE *f = fopen(path, "r+b");
+        cr_assert_not_null(f);
+        fseek(f, sb.st_size / 2, SEEK_SET);
+        fwrite("\xde\xad\xbe\xef", 1, 4, f);
+        fclose(f);
+    }
+    char *e2 = build_and_check(formula, 1.5);
+    cr_assert(strstr(e2, "module: compiled"), "the corrupt entry was used:\n%s", e2);
+    char *e3 = build_and_check(formula, 1.5);
+    cr_assert(strstr(e3, "module: disk, cache hit"), "the rebuilt entry is not used:\n%s", e3);
+    free(e1);
+    free(e2);
+    free(e3);
+}
+
+Test(cache, truncated_entry_rebuilt) { corrupt_and_rebuild(1); }
+Test(cache, corrupt_entry_rebuilt) { corrupt_and_rebuild(0); }
+
+Test(cache, garbage_entry_rebuilt)
+{
+    char *e1 = build_and_check(formula, 0.75);
+    char path[512];
+    path_of(e1, path, sizeof path);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    fputs("not a shared object", f);
+    fclose(f);
+    char *e2 = build_and_check(formula, 0.75);
+    cr_assert(strstr(e2, "module: compiled"), "%s", e2);
+    free(e1);
+    free(e2);
+}
+
+Test(cache, world_writable_dir_refused)
+{
+    cr_assert_eq(chmod(dir, 0777), 0);
+    char *ex = build_and_check(formula, 0.5);
+    cr_assert(strstr(ex, "refused") && strstr(ex, "writable"), "%s", ex);
+    cr_assert_eq(count_entries(), 0, "something was stored in the unsafe directory");
+    free(ex);
+}
+
+Test(cache, group_writable_dir_refused)
+{
+    cr_assert_eq(chmod(dir, 0770), 0);
+    char *ex = build_and_check(formula, 0.5);
+    cr_assert(strstr(ex, "refused"), "%s", ex);
+    cr_assert_eq(count_entries(), 0);
+    free(ex);
+}
+
+Test(cache, foreign_owner_refused)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to give the directory away");
+    cr_assert_eq(chown(dir, 65534, 65534), 0);
+    char *ex = build_and_check(formula, 0.5);
+    cr_assert(strstr(ex, "not owned"), "%s", ex);
+    free(ex);
+    cr_assert_eq(chown(dir, 0, 0), 0);
+}
+
+Test(cache, disabled_cache_still_compiles)
+{
+    setenv("SYMRED_CACHE_DIR", "off", 1);
+    char *ex = build_and_check(formula, 0.5);
+    cr_assert(strstr(ex, "module: compiled, cache off"), "%s", ex);
+    free(ex);
+}
+
+Test(cache, keep_source)
+{
+    setenv("SYMRED_JIT_KEEP", "1", 1);
+    char *ex = build_and_check(formula, 0.5);
+    char path[512];
+    path_of(ex, path, sizeof path);
+    size_t n = strlen(path);
+    cr_assert(n > 2 && strcmp(path + n - 2, ".c") == 0, "path %s", path);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    char line[128] = {0};
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    fclose(f);
+    cr_assert(strstr(line, "symred generated kernel"), "%s", line);
+    free(ex);
+}
+
+/* Several processes compiling the same kernel into the same empty cache all succeed. */
+Test(cache, concurrent_processes)
+{
+    enum { NPROC = 4 };
+    pid_t pids[NPROC];
+    for (int p = 0; p < NPROC; p++) {
+        pids[p] = fork();
+        cr_assert(pids[p] >= 0);
+        if (pids[p] == 0) {
+            char *ex = build_and_check("Exp(-SqDist(x, y) * g) + 0", 0.5);
+            free(ex);
+            _exit(0);
+        }
+    }
+    for (int p = 0; p < NPROC; p++) {
+        int st = 0;
+        cr_assert_eq(waitpid(pids[p], &st, 0), pids[p]);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d: status %#x", p, st);
+    }
+    char *ex = build_and_check("Exp(-SqDist(x, y) * g) + 0", 0.5);
+    cr_assert(strstr(ex, "module: disk, cache hit"), "%s", ex);
+    cr_assert_eq(count_entries(), 1);
+    free(ex);
+}
