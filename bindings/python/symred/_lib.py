@@ -1,0 +1,254 @@
+"""Loading libsymred.so and declaring the C functions the bindings use.
+
+Everything that touches ctypes lives here: the library search, the prototypes (argtypes and
+restype for every function used, so that no pointer is ever truncated to an int), the two
+structs of the kernel API, and the translation of a failing status into a Python exception
+that carries sr_ctx_error()'s message.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+__all__ = [
+    "SymredError",
+    "SymredValueError",
+    "SymredRuntimeError",
+    "lib",
+    "lib_path",
+    "check",
+]
+
+# ---- Exceptions --------------------------------------------------------------------------------
+
+
+class SymredError(Exception):
+    """An error reported by the C library.
+
+    ``status`` is the C status code (negative int) and ``status_name`` its name without the
+    ``SR_`` prefix (``"EPARSE"``); the message is sr_ctx_error()'s text. Errors about bad
+    formulas, dimensions or arguments are also ValueErrors (:class:`SymredValueError`); the
+    others (no device, out of memory, memory budget, internal errors) are RuntimeErrors
+    (:class:`SymredRuntimeError`).
+    """
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, "UNKNOWN") if status is not None else None
+
+
+class SymredValueError(SymredError, ValueError):
+    """A C error caused by the input: SR_EPARSE, SR_EDIM or SR_EINVAL."""
+
+
+class SymredRuntimeError(SymredError, RuntimeError):
+    """Any other C error: SR_ENODEV (no GPU / no CUDA backend), SR_ENOMEM, SR_EBUDGET, ..."""
+
+
+# Mirrors SR_STATUS_MAP in include/symred.h (the values are ABI).
+STATUS_NAMES = {
+    0: "OK",
+    -1: "EINVAL",
+    -2: "ENOMEM",
+    -3: "EPARSE",
+    -4: "EDIM",
+    -5: "EOVERFLOW",
+    -6: "EBUDGET",
+    -7: "ECOMPILE",
+    -8: "ENODEV",
+    -9: "ENOTSUP",
+    -10: "EIO",
+    -11: "EINTERNAL",
+}
+SR_OK = 0
+SR_EINVAL = -1
+SR_EPARSE = -3
+SR_EDIM = -4
+SR_ENODEV = -8
+_VALUE_ERRORS = {SR_EINVAL, SR_EPARSE, SR_EDIM}
+
+# Mirrors sr_dtype, sr_device and sr_cat.
+SR_F32, SR_F64 = 0, 1
+SR_DEVICE_AUTO, SR_DEVICE_CPU, SR_DEVICE_CUDA, SR_DEVICE_REFERENCE = 0, 1, 2, 3
+SR_CAT_I, SR_CAT_J, SR_CAT_PARAM = 0, 1, 2
+
+
+# ---- Structs -----------------------------------------------------------------------------------
+
+
+class KernelDesc(ctypes.Structure):
+    """struct sr_kernel_desc."""
+
+    _fields_ = [
+        ("reduction", ctypes.c_int),
+        ("axis", ctypes.c_int),
+        ("k", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("weight", ctypes.c_void_p),
+    ]
+
+
+class RunDesc(ctypes.Structure):
+    """struct sr_run_desc."""
+
+    _fields_ = [
+        ("nx", ctypes.c_int64),
+        ("ny", ctypes.c_int64),
+        ("nargs", ctypes.c_int),
+        ("args", ctypes.POINTER(ctypes.c_void_p)),
+        ("out", ctypes.c_void_p),
+        ("out_idx", ctypes.c_void_p),
+    ]
+
+
+# ---- Finding the library -----------------------------------------------------------------------
+
+_LIBNAME = "libsymred.so"
+
+
+def _checkout_root():
+    # This file is <root>/bindings/python/symred/_lib.py in a checkout.
+    return Path(__file__).resolve().parents[3]
+
+
+def _build_tree_candidates():
+    """libsymred.so in the build trees of the checkout: build/, then build-ci/, then the
+    other build*/ directories in name order."""
+    root = _checkout_root()
+    out = [root / "build" / _LIBNAME, root / "build-ci" / _LIBNAME]
+    try:
+        others = sorted(p for p in root.glob("build*") if p.name not in ("build", "build-ci"))
+    except OSError:
+        others = []
+    out += [p / _LIBNAME for p in others if p.is_dir()]
+    return [str(p) for p in out]
+
+
+def _installed_candidates():
+    """The library next to the package (a wheel may bundle it), what the dynamic linker
+    finds (ctypes.util.find_library), then the usual library directories."""
+    out = [str(Path(__file__).resolve().parent / _LIBNAME)]
+    found = ctypes.util.find_library("symred")
+    if found:
+        out.append(found)
+    dirs = []
+    for var in ("LIBDIR",):
+        d = sysconfig.get_config_var(var)
+        if d:
+            dirs.append(d)
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    for prefix in (sys.prefix, "/usr/local", "/usr"):
+        if multiarch:
+            dirs.append(os.path.join(prefix, "lib", multiarch))
+        dirs += [os.path.join(prefix, "lib64"), os.path.join(prefix, "lib")]
+    for d in dirs:
+        for name in (_LIBNAME, _LIBNAME + ".0"):
+            p = os.path.join(d, name)
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def _load():
+    tried = []
+    env = os.environ.get("SYMRED_LIB")
+    if env:
+        path = os.path.join(env, _LIBNAME) if os.path.isdir(env) else env
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            # An explicit choice that fails is an error, not a reason to load something else.
+            raise ImportError(
+                f"symred: SYMRED_LIB={env!r} could not be loaded ({e}). Point SYMRED_LIB at "
+                f"libsymred.so (or its directory), or unset it to search the installed location "
+                f"and the build trees."
+            ) from None
+    for path in _installed_candidates() + _build_tree_candidates():
+        is_bare_name = os.sep not in path
+        if not is_bare_name and not os.path.exists(path):
+            tried.append(f"{path} (not found)")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+    raise ImportError(
+        "symred: cannot find libsymred.so. Build it with CMake (cmake -S . -B build && "
+        "cmake --build build), install it, or set SYMRED_LIB to its path. Tried:\n  "
+        + "\n  ".join(tried)
+    )
+
+
+def _declare(lib):
+    """argtypes and restype of every C function the bindings call."""
+    c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
+    P = ctypes.POINTER
+    protos = {
+        "sr_version": (c_char_p, []),
+        "sr_status_str": (c_char_p, [c_int]),
+        "sr_ctx_new": (c_int, [P(c_void_p)]),
+        "sr_ctx_free": (None, [c_void_p]),
+        "sr_ctx_error": (c_char_p, [c_void_p]),
+        "sr_parse": (c_int, [c_void_p, c_char_p, P(c_char_p), c_int, P(c_void_p)]),
+        "sr_expr_print": (ctypes.c_size_t, [c_void_p, c_char_p, ctypes.c_size_t]),
+        "sr_expr_dim": (c_int, [c_void_p]),
+        "sr_expr_category": (c_int, [c_void_p]),
+        "sr_reduction_name": (c_char_p, [c_int]),
+        "sr_reduction_from_name": (c_int, [c_char_p, P(c_int)]),
+        "sr_kernel_new": (c_int, [c_void_p, c_void_p, P(KernelDesc), P(c_void_p)]),
+        "sr_kernel_free": (None, [c_void_p]),
+        "sr_kernel_nargs": (c_int, [c_void_p]),
+        "sr_kernel_out_dim": (c_int, [c_void_p]),
+        "sr_kernel_run_ex": (c_int, [c_void_p, P(RunDesc)]),
+        "sr_kernel_explain": (c_char_p, [c_void_p]),
+    }
+    missing = []
+    for name, (restype, argtypes) in protos.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = argtypes
+    if missing:
+        raise ImportError(
+            f"symred: the library at {lib_path} lacks {', '.join(missing)}; it is older than "
+            f"these bindings, rebuild it"
+        )
+
+
+lib, lib_path = _load()
+_declare(lib)
+
+
+def version():
+    """The version string of the loaded C library."""
+    return lib.sr_version().decode()
+
+
+def ctx_error(ctx):
+    msg = lib.sr_ctx_error(ctx)
+    return msg.decode(errors="replace") if msg else ""
+
+
+def make_error(status, ctx, what=None):
+    """The exception for a failing status: sr_ctx_error's message, else the status text."""
+    msg = ctx_error(ctx) if ctx else ""
+    if not msg:
+        msg = (lib.sr_status_str(status) or b"error").decode()
+    if what:
+        msg = f"{what}: {msg}"
+    cls = SymredValueError if status in _VALUE_ERRORS else SymredRuntimeError
+    return cls(msg, status)
+
+
+def check(status, ctx, what=None):
+    """Raises the exception for status unless it is SR_OK."""
+    if status != SR_OK:
+        raise make_error(status, ctx, what)

@@ -1,0 +1,513 @@
+"""Genred: a generic reduction, called like pykeops.numpy.Genred."""
+
+import ctypes
+import re
+import threading
+import weakref
+
+import numpy as np
+
+from . import _lib
+from ._lib import (
+    SR_CAT_I,
+    SR_CAT_J,
+    SR_CAT_PARAM,
+    SR_F32,
+    SR_F64,
+    KernelDesc,
+    RunDesc,
+    SymredValueError,
+    check,
+    lib,
+)
+
+__all__ = ["Genred", "REDUCTIONS"]
+
+# pykeops spellings, in the order of sr_reduction.
+REDUCTIONS = (
+    "Sum",
+    "Min",
+    "Max",
+    "ArgMin",
+    "ArgMax",
+    "Min_ArgMin",
+    "Max_ArgMax",
+    "KMin",
+    "ArgKMin",
+    "KMin_ArgKMin",
+    "LogSumExp",
+    "SumSoftMaxWeight",
+)
+_K_REDUCTIONS = ("KMin", "ArgKMin", "KMin_ArgKMin")
+_INDEX_ONLY = ("ArgMin", "ArgMax", "ArgKMin")
+_VALUES_AND_INDICES = ("Min_ArgMin", "Max_ArgMax", "KMin_ArgKMin")
+_SUM_LIKE = ("Sum", "LogSumExp", "SumSoftMaxWeight")
+
+_DTYPES = {np.dtype(np.float32): SR_F32, np.dtype(np.float64): SR_F64}
+_CAT_NAMES = {SR_CAT_I: "Vi", SR_CAT_J: "Vj", SR_CAT_PARAM: "Pm"}
+
+_BACKENDS = {
+    "auto": _lib.SR_DEVICE_AUTO,
+    "cpu": _lib.SR_DEVICE_CPU,
+    "gpu": _lib.SR_DEVICE_CUDA,
+    "gpu_1d": _lib.SR_DEVICE_CUDA,
+    "gpu_2d": _lib.SR_DEVICE_CUDA,
+    "cuda": _lib.SR_DEVICE_CUDA,
+    "reference": _lib.SR_DEVICE_REFERENCE,
+}
+
+# "x = Vi(3)", "b=Vj(2,1)" (index 2, dimension 1), "v = Var(1,3,1)".
+_ALIAS_RE = re.compile(
+    r"^\s*([A-Za-z_]\w*)\s*=\s*(?:(Vi|Vj|Pm)\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)"
+    r"|Var\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*([012])\s*\))\s*$"
+)
+_VAR_RE = re.compile(r"\bVar\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*([012])\s*\)")
+
+
+class _Arg:
+    """One input of the reduction: its index, category, dimension and a name for messages."""
+
+    __slots__ = ("index", "cat", "dim", "name")
+
+    def __init__(self, index, cat, dim, name):
+        self.index, self.cat, self.dim, self.name = index, cat, dim, name
+
+    def describe(self):
+        return f"argument {self.index} ({self.name} = {_CAT_NAMES[self.cat]}({self.dim}))"
+
+    def expected_shape(self):
+        if self.cat == SR_CAT_I:
+            return f"(nx, {self.dim})"
+        if self.cat == SR_CAT_J:
+            return f"(ny, {self.dim})"
+        return f"({self.dim},)"
+
+
+def _args_from(aliases, formulas):
+    """The inputs, by index, from the aliases and any Var(index, dim, cat) in the formulas.
+
+    The C parser has already accepted these, so conflicts were reported there; this only
+    recovers what the shape checks need.
+    """
+    args = {}
+    for pos, alias in enumerate(aliases):
+        m = _ALIAS_RE.match(alias)
+        if not m:
+            raise ValueError(f"alias {alias!r}: expected 'name = Vi(dim)', 'name = Vj(dim)', "
+                             f"'name = Pm(dim)', 'name = Vi(index, dim)' or "
+                             f"'name = Var(index, dim, cat)'")
+        name = m.group(1)
+        if m.group(2):
+            cat = {"Vi": SR_CAT_I, "Vj": SR_CAT_J, "Pm": SR_CAT_PARAM}[m.group(2)]
+            if m.group(4) is not None:
+                index, dim = int(m.group(3)), int(m.group(4))
+            else:
+                index, dim = pos, int(m.group(3))
+        else:
+            index, dim, cat = int(m.group(5)), int(m.group(6)), int(m.group(7))
+        args[index] = _Arg(index, cat, dim, repr(name))
+    for text in formulas:
+        for m in _VAR_RE.finditer(text or ""):
+            index, dim, cat = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            args.setdefault(index, _Arg(index, cat, dim, f"Var({index},{dim},{cat})"))
+    return args
+
+
+def _dtype_name(dt):
+    return np.dtype(dt).name
+
+
+def _check_dtype_option(dtype):
+    if dtype is None:
+        return None
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be 'float32' or 'float64', not {dtype!r}") from None
+    if dt not in _DTYPES:
+        raise TypeError(f"dtype must be 'float32' or 'float64', not {dt.name!r}")
+    return dt
+
+
+class _Handle:
+    """The C objects of one Genred: its context, parsed formulas and compiled kernels.
+
+    Kept apart from the Genred object so that a weakref.finalize can free them (kernels
+    first, then the context) when the Genred goes away or at interpreter exit, without the
+    finalizer holding the Genred alive.
+    """
+
+    def __init__(self):
+        self.lib = lib
+        self.lock = threading.Lock()
+        self.kernels = {}
+        ctx = ctypes.c_void_p()
+        st = lib.sr_ctx_new(ctypes.byref(ctx))
+        if st != _lib.SR_OK or not ctx.value:
+            raise MemoryError("symred: sr_ctx_new failed")
+        self.ctx = ctx
+
+    @staticmethod
+    def close(lib_, ctx, kernels):
+        for k in kernels.values():
+            lib_.sr_kernel_free(k)
+        kernels.clear()
+        lib_.sr_ctx_free(ctx)
+
+
+class Genred:
+    r"""A generic reduction ``out = RED F(x_i, y_j, p)``, as ``pykeops.numpy.Genred``.
+
+    Args:
+        formula (str): a KeOps formula, e.g. ``"Exp(-g * SqDist(x, y)) * b"``.
+        aliases (list of str): declarations ``"x = Vi(3)"`` (one row per i), ``"y = Vj(3)"``
+            (one row per j), ``"g = Pm(1)"`` (a parameter), ``"b = Vj(2, 1)"`` (explicit
+            index 2), ``"v = Var(1, 3, 1)"``. The call takes one array per index, in index
+            order.
+        reduction_op (str): one of ``Sum, Min, Max, ArgMin, ArgMax, Min_ArgMin, Max_ArgMax,
+            KMin, ArgKMin, KMin_ArgKMin, LogSumExp, SumSoftMaxWeight``.
+        axis (int): as in pykeops: **0 reduces over i** (one output row per j, ``ny`` rows),
+            **1 reduces over j** (one output row per i, ``nx`` rows). Default 0.
+        dtype: ``None``, ``"float32"`` or ``"float64"``. The arrays decide the dtype; when
+            given, arrays of another dtype raise TypeError.
+        opt_arg (int): K of KMin, ArgKMin and KMin_ArgKMin (required there, refused elsewhere).
+        formula2 (str): the weight G of SumSoftMaxWeight, parsed with the same aliases:
+            ``sum_j exp(F_ij) G_ij / sum_j exp(F_ij)``.
+        dtype_acc, use_double_acc, sum_scheme: pykeops' accuracy options, validated and kept
+            (``self.dtype_acc``, ...). They change nothing today: the reference backend
+            accumulates in double precision whatever the dtype.
+
+    Calling ``f(*args, backend="auto")`` returns, with ``n`` the number of output rows and
+    ``D`` the dimension of F:
+
+    - Sum, Min, Max, LogSumExp: an ``(n, D)`` array of the input dtype; SumSoftMaxWeight:
+      ``(n, dim(G))``;
+    - ArgMin, ArgMax: ``(n, D)`` **int64** indices (pykeops returns floats; the one
+      deliberate difference);
+    - Min_ArgMin, Max_ArgMax: a tuple ``(values (n, D), indices (n, D) int64)``;
+    - KMin: ``(n, K, D)``, squeezed to ``(n, K)`` when D = 1 (as pykeops); ArgKMin the same
+      in int64; KMin_ArgKMin a tuple of both. Values are sorted ascending.
+
+    ``backend`` is ``"auto"``, ``"CPU"``, ``"GPU"`` (also ``"GPU_1D"``, ``"GPU_2D"``, an NVIDIA
+    GPU through the CUDA backend: a :class:`SymredRuntimeError` where there is none) or
+    ``"reference"`` (the portable interpreter).
+    """
+
+    def __init__(
+        self,
+        formula,
+        aliases,
+        reduction_op="Sum",
+        axis=0,
+        dtype=None,
+        opt_arg=None,
+        formula2=None,
+        dtype_acc="auto",
+        use_double_acc=False,
+        sum_scheme="auto",
+        cuda_type=None,
+        enable_chunks=True,
+        rec_multVar_highdim=False,
+        use_fast_math=True,
+    ):
+        # cuda_type, enable_chunks, rec_multVar_highdim and use_fast_math are pykeops tuning
+        # switches: accepted so that pykeops code runs unchanged, and ignored.
+        if not isinstance(formula, str):
+            raise TypeError(f"formula must be a str, not {type(formula).__name__}")
+        if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
+            raise TypeError("aliases must be a list of str such as ['x = Vi(3)', 'y = Vj(3)']")
+        aliases = list(aliases)
+        for text in [formula] + ([formula2] if isinstance(formula2, str) else []) + aliases:
+            if "\x00" in text:
+                raise ValueError(f"formula and alias text must not contain NUL characters: "
+                                 f"{text!r}")
+        if not isinstance(reduction_op, str) or reduction_op not in REDUCTIONS:
+            raise ValueError(
+                f"unknown reduction_op {reduction_op!r}; expected one of {', '.join(REDUCTIONS)}"
+            )
+        if isinstance(axis, bool) or axis not in (0, 1):
+            raise ValueError(
+                f"axis must be 0 (reduce over i, one result per j) or 1 (reduce over j, one "
+                f"result per i), not {axis!r}"
+            )
+        if reduction_op in _K_REDUCTIONS:
+            if opt_arg is None:
+                raise ValueError(f"{reduction_op} needs opt_arg = K, the number of values kept")
+            if isinstance(opt_arg, bool) or not isinstance(opt_arg, (int, np.integer)):
+                raise TypeError(f"opt_arg (K) must be an int, not {type(opt_arg).__name__}")
+            if opt_arg < 1:
+                raise ValueError(f"opt_arg (K) must be >= 1, not {opt_arg}")
+            opt_arg = int(opt_arg)
+        elif opt_arg is not None:
+            raise ValueError(
+                f"opt_arg is K of KMin, ArgKMin and KMin_ArgKMin; {reduction_op} takes none"
+            )
+        if reduction_op == "SumSoftMaxWeight":
+            if not isinstance(formula2, str):
+                raise ValueError(
+                    "SumSoftMaxWeight needs formula2, the formula whose values are averaged"
+                )
+        elif formula2 is not None:
+            raise ValueError(
+                f"formula2 is the weight of SumSoftMaxWeight; {reduction_op} takes none "
+                f"(weighted LogSumExp is not supported)"
+            )
+        self.dtype = _check_dtype_option(dtype)
+        if dtype_acc not in ("auto", "float32", "float64"):
+            raise ValueError(
+                f"dtype_acc must be 'auto', 'float32' or 'float64', not {dtype_acc!r}"
+            )
+        if not isinstance(use_double_acc, (bool, np.bool_)):
+            raise TypeError("use_double_acc must be a bool")
+        if use_double_acc and dtype_acc not in ("auto", "float64"):
+            raise ValueError("use_double_acc=True contradicts dtype_acc=" + repr(dtype_acc))
+        if sum_scheme not in ("auto", "direct_sum", "block_sum", "kahan_scheme"):
+            raise ValueError(
+                "sum_scheme must be 'auto', 'direct_sum', 'block_sum' or 'kahan_scheme', not "
+                f"{sum_scheme!r}"
+            )
+        if sum_scheme != "auto" and reduction_op not in _SUM_LIKE:
+            raise ValueError(f"sum_scheme applies to Sum, LogSumExp and SumSoftMaxWeight, "
+                             f"not to {reduction_op}")
+
+        self.formula = formula
+        self.formula2 = formula2
+        self.aliases = aliases
+        self.reduction_op = reduction_op
+        self.axis = axis
+        self.opt_arg = opt_arg
+        self.dtype_acc = "float64" if use_double_acc else dtype_acc
+        self.use_double_acc = bool(use_double_acc)
+        self.sum_scheme = sum_scheme
+
+        red = ctypes.c_int()
+        check(lib.sr_reduction_from_name(reduction_op.encode(), ctypes.byref(red)), None,
+              f"reduction {reduction_op}")
+        self._red = red.value
+
+        self._h = _Handle()
+        self._finalizer = weakref.finalize(self, _Handle.close, lib, self._h.ctx,
+                                           self._h.kernels)
+        self._expr = self._parse(formula, "formula")
+        self._weight = self._parse(formula2, "formula2") if formula2 is not None else None
+
+        self._args = _args_from(aliases, [formula, formula2])
+        self._check_args_with_parser()
+        self.nargs = 1 + max(self._args) if self._args else 0
+
+    # -- construction helpers
+
+    def _parse(self, text, what):
+        arr = (ctypes.c_char_p * max(1, len(self.aliases)))(
+            *[a.encode() for a in self.aliases]
+        )
+        out = ctypes.c_void_p()
+        st = lib.sr_parse(self._h.ctx, text.encode(), arr, len(self.aliases), ctypes.byref(out))
+        check(st, self._h.ctx, f"{what} {text!r}")
+        if not out.value:
+            raise SymredValueError(f"{what} {text!r}: the parser returned no expression")
+        return out
+
+    def _check_args_with_parser(self):
+        """Asks the C parser what each alias is, so that the shape checks, which guard the raw
+        pointers handed to C, can never disagree with the library: parsing an alias name
+        alone gives its variable, printed canonically as Var(index,dim,cat)."""
+        buf = ctypes.create_string_buffer(128)
+        for alias in self.aliases:
+            name = alias.split("=", 1)[0].strip()
+            out = ctypes.c_void_p()
+            arr = (ctypes.c_char_p * len(self.aliases))(*[a.encode() for a in self.aliases])
+            st = lib.sr_parse(self._h.ctx, name.encode(), arr, len(self.aliases),
+                              ctypes.byref(out))
+            if st != _lib.SR_OK or not out.value:
+                continue  # e.g. an alias named like an op: the regex reading stands
+            lib.sr_expr_print(out, buf, len(buf))
+            m = _VAR_RE.fullmatch(buf.value.decode(errors="replace"))
+            if not m:
+                continue
+            index, dim, cat = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            spec = self._args.get(index)
+            if spec is None or spec.dim != dim or spec.cat != cat:
+                raise SymredValueError(
+                    f"alias {alias!r}: the library reads it as Var({index},{dim},{cat}), which "
+                    f"these bindings did not expect; please report this"
+                )
+
+    def _kernel(self, sr_dtype, device):
+        key = (sr_dtype, device)
+        k = self._h.kernels.get(key)
+        if k is not None:
+            return k
+        desc = KernelDesc(
+            reduction=self._red,
+            axis=self.axis,
+            k=self.opt_arg or 1,
+            dtype=sr_dtype,
+            device=device,
+            weight=self._weight.value if self._weight is not None else None,
+        )
+        out = ctypes.c_void_p()
+        st = lib.sr_kernel_new(self._h.ctx, self._expr, ctypes.byref(desc), ctypes.byref(out))
+        check(st, self._h.ctx)
+        self._h.kernels[key] = out
+        return out
+
+    @staticmethod
+    def _device(backend):
+        if not isinstance(backend, str) or backend.lower() not in _BACKENDS:
+            raise ValueError(
+                f"backend must be 'auto', 'CPU', 'GPU' (or 'GPU_1D', 'GPU_2D') or 'reference', "
+                f"not {backend!r}"
+            )
+        return _BACKENDS[backend.lower()]
+
+    # -- public
+
+    def explain(self, dtype=None, backend="auto"):
+        """The C library's description of the kernel (sr_kernel_explain): the formula, the
+        reduction, the backend and its plan. ``dtype`` defaults to the Genred's dtype, else
+        float32."""
+        dt = _check_dtype_option(dtype) or self.dtype or np.dtype(np.float32)
+        device = self._device(backend)
+        with self._h.lock:
+            k = self._kernel(_DTYPES[dt], device)
+            return lib.sr_kernel_explain(k).decode(errors="replace")
+
+    def __repr__(self):
+        k = f", opt_arg={self.opt_arg}" if self.opt_arg is not None else ""
+        f2 = f", formula2={self.formula2!r}" if self.formula2 is not None else ""
+        return (f"Genred({self.formula!r}, {self.aliases!r}, reduction_op="
+                f"{self.reduction_op!r}, axis={self.axis}{k}{f2})")
+
+    def _prepare(self, args):
+        """Checked, contiguous arrays in one dtype, and nx, ny."""
+        if len(args) != self.nargs:
+            names = ", ".join(
+                self._args[i].name if i in self._args else f"<unused {i}>"
+                for i in range(self.nargs)
+            )
+            raise ValueError(
+                f"this Genred takes {self.nargs} arrays ({names}), {len(args)} were given"
+            )
+        # The dtype: the one given to Genred, else the one common to the arrays.
+        dtypes = {}
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                dt = a.dtype
+                if dt.kind == "f" and dt.itemsize in (4, 8) and not dt.isnative:
+                    dt = dt.newbyteorder("=")
+                if dt not in _DTYPES:
+                    what = self._args[i].describe() if i in self._args else f"argument {i}"
+                    raise TypeError(
+                        f"{what}: dtype {a.dtype.name} is not supported; use float32 or float64"
+                    )
+                dtypes[i] = dt
+        if len(set(dtypes.values())) > 1:
+            desc = ", ".join(f"argument {i} is {dt.name}" for i, dt in dtypes.items())
+            raise TypeError(f"mixed dtypes ({desc}): convert all arrays to one of float32 or "
+                            f"float64")
+        if self.dtype is not None:
+            dt = self.dtype
+            for i, adt in dtypes.items():
+                if adt != dt:
+                    raise TypeError(f"argument {i} is {adt.name} but this Genred was created "
+                                    f"with dtype={dt.name}")
+        elif dtypes:
+            dt = next(iter(dtypes.values()))
+        else:
+            dt = np.dtype(np.float32)
+
+        arrays = [None] * self.nargs
+        rows = {SR_CAT_I: {}, SR_CAT_J: {}}
+        for i, a in enumerate(args):
+            spec = self._args.get(i)
+            if spec is None:
+                continue  # an index no alias and no Var() uses: its array is not read
+            if not isinstance(a, np.ndarray):
+                if spec.cat == SR_CAT_PARAM and isinstance(a, (int, float, np.number, list,
+                                                               tuple)):
+                    a = np.asarray(a, dtype=dt)
+                else:
+                    raise TypeError(f"{spec.describe()} must be a NumPy array of shape "
+                                    f"{spec.expected_shape()}, not {type(a).__name__}")
+            if spec.cat == SR_CAT_PARAM:
+                if a.ndim == 0 and spec.dim == 1:
+                    a = a.reshape(1)
+                if a.shape != (spec.dim,):
+                    raise ValueError(f"{spec.describe()} must have shape {spec.expected_shape()}, "
+                                     f"got {a.shape}")
+            else:
+                if a.ndim != 2 or a.shape[1] != spec.dim:
+                    hint = ""
+                    if a.ndim == 1 and spec.dim == 1:
+                        hint = " (use a[:, None] for a 1-D array)"
+                    raise ValueError(f"{spec.describe()} must have shape {spec.expected_shape()}, "
+                                     f"got {a.shape}{hint}")
+                rows[spec.cat][i] = a.shape[0]
+            arrays[i] = np.ascontiguousarray(a, dtype=dt)
+        sizes = []
+        for cat, label in ((SR_CAT_I, "nx"), (SR_CAT_J, "ny")):
+            counts = rows[cat]
+            if len(set(counts.values())) > 1:
+                desc = ", ".join(f"{self._args[i].name} has {n}" for i, n in counts.items())
+                raise ValueError(f"all {_CAT_NAMES[cat]} arrays must have the same number of "
+                                 f"rows ({label}): {desc}")
+            # No variable of a category: one row, as in KeOps.
+            sizes.append(next(iter(counts.values())) if counts else 1)
+        return arrays, dt, sizes[0], sizes[1]
+
+    def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
+        """Runs the reduction on NumPy arrays given in alias-index order."""
+        device = self._device(backend)
+        if ranges is not None:
+            raise ValueError("ranges (block-sparse reductions) are not supported by symred")
+        if out is not None:
+            raise ValueError("out= (in-place output) is not supported by symred")
+        arrays, dt, nx, ny = self._prepare(args)
+        if self.dtype_acc == "float32" and dt == np.float64:
+            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        with self._h.lock:
+            k = self._kernel(_DTYPES[dt], device)
+            nargs_c = lib.sr_kernel_nargs(k)
+            out_dim = lib.sr_kernel_out_dim(k)
+            nout = nx if self.axis == 1 else ny
+            red = self.reduction_op
+            values = idx = None
+            if red not in _INDEX_ONLY:
+                values = np.empty((nout, out_dim), dtype=dt)
+            if red in _INDEX_ONLY or red in _VALUES_AND_INDICES:
+                idx = np.empty((nout, out_dim), dtype=np.int64)
+            ptrs = (ctypes.c_void_p * max(1, nargs_c))(
+                *[a.ctypes.data if a is not None else None for a in arrays[:nargs_c]]
+            )
+            run = RunDesc(
+                nx=nx,
+                ny=ny,
+                nargs=nargs_c,
+                args=ptrs,
+                out=values.ctypes.data if values is not None else None,
+                out_idx=idx.ctypes.data if idx is not None else None,
+            )
+            st = lib.sr_kernel_run_ex(k, ctypes.byref(run))
+            check(st, self._h.ctx)
+        return self._shape_output(values, idx, nout)
+
+    def _shape_output(self, values, idx, nout):
+        red = self.reduction_op
+        if red in _K_REDUCTIONS:
+            K = self.opt_arg
+
+            def kd(a):
+                a = a.reshape(nout, K, -1)
+                return a[:, :, 0] if a.shape[2] == 1 else a
+
+            if red == "KMin":
+                return kd(values)
+            if red == "ArgKMin":
+                return kd(idx)
+            return kd(values), kd(idx)
+        if red in _VALUES_AND_INDICES:
+            return values, idx
+        if red in _INDEX_ONLY:
+            return idx
+        return values

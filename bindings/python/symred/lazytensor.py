@@ -1,0 +1,671 @@
+"""LazyTensor: symbolic arrays with pykeops' shape convention, reduced through Genred.
+
+A LazyTensor holds KeOps formula text over generated variable names and the arrays behind
+them. Nothing is computed until a reduction (``.sum(dim=1)``, ``.argKmin(K, dim=0)``, ...):
+then the variables are renamed ``a0, a1, ...`` in order of appearance, declared as aliases,
+and the formula goes through the C parser and a :class:`~symred.Genred` (cached per formula,
+so a loop that rebuilds the same expression reuses the same kernel).
+"""
+
+import itertools
+import math
+import re
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from .genred import Genred
+
+__all__ = ["LazyTensor", "Vi", "Vj", "Pm"]
+
+_I, _J, _P = 0, 1, 2
+_CAT_TEXT = {_I: "Vi", _J: "Vj", _P: "Pm"}
+_serial = itertools.count()
+_TOKEN_RE = re.compile(r"\blzv\d+\b")
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+# Keyword arguments of a reduction that configure the Genred, and those of its call.
+_INIT_KWARGS = ("dtype_acc", "use_double_acc", "sum_scheme", "enable_chunks", "use_fast_math")
+_CALL_KWARGS = ("backend", "device_id")
+
+_cache = OrderedDict()
+_cache_lock = threading.Lock()
+_CACHE_SIZE = 128
+
+
+def _genred(formula, aliases, red, axis, K, formula2, init_kwargs):
+    key = (formula, tuple(aliases), red, axis, K, formula2, tuple(sorted(init_kwargs.items())))
+    with _cache_lock:
+        g = _cache.get(key)
+        if g is not None:
+            _cache.move_to_end(key)
+            return g
+    g = Genred(formula, aliases, reduction_op=red, axis=axis, opt_arg=K, formula2=formula2,
+               **init_kwargs)
+    with _cache_lock:
+        _cache[key] = g
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return g
+
+
+class _Leaf:
+    """One array (or list of numbers, for a parameter) behind a LazyTensor."""
+
+    __slots__ = ("token", "data", "cat", "dim")
+
+    def __init__(self, data, cat, dim):
+        self.token = f"lzv{next(_serial)}"
+        self.data, self.cat, self.dim = data, cat, dim
+
+
+def _is_int(x):
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_float(x):
+    return isinstance(x, (float, np.floating))
+
+
+def _const_text(v):
+    """KeOps text of a Python number: IntCst(n) for integers, a real literal otherwise."""
+    if _is_int(v):
+        v = int(v)
+        if abs(v) >= 2**63:
+            raise ValueError(f"integer constant {v} does not fit in 64 bits")
+        return f"IntCst({v})" if v >= 0 else f"(-IntCst({-v}))"
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"constant {v} is not finite; pass it as a parameter array instead")
+    if math.copysign(1.0, v) < 0:
+        return f"(-{-v!r})"
+    return repr(v)
+
+
+def _check_array_dtype(a, what):
+    if a.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{what}: dtype {a.dtype.name} is not supported; use float32 or float64")
+
+
+class LazyTensor:
+    """A symbolic array with pykeops' shape convention.
+
+    ``LazyTensor(x)`` with ``x`` of shape ``(n, 1, d)`` (``x[:, None, :]``) is indexed by i,
+    ``(1, m, d)`` (``y[None, :, :]``) by j, ``(1, 1, d)``, ``(d,)`` or a scalar array is a
+    parameter; a 2-D ``(n, d)`` array needs ``axis=0`` (i) or ``axis=1`` (j). A Python int is
+    the constant IntCst(n) and a Python float a real constant; a list of numbers is a
+    parameter. Arrays must be float32 or float64, all of one dtype.
+
+    Operations build formula text; reductions over ``dim=0`` (i, one result per j) or
+    ``dim=1`` (j, one result per i) run it and return NumPy arrays shaped as
+    :class:`~symred.Genred` documents (indices in int64).
+    """
+
+    # NumPy must leave `array + lazytensor` to our reflected operators.
+    __array_ufunc__ = None
+
+    def __init__(self, x=None, axis=None):
+        self.formula = None
+        self.ndim = None
+        self.leaves = {}
+        self.ni = None
+        self.nj = None
+        self.dtype = None
+        if x is None:
+            return
+        if isinstance(x, LazyTensor):
+            self._copy_from(x)
+            return
+        if isinstance(x, (bool, np.bool_)):
+            raise TypeError("LazyTensor: a bool is not a number; use 0 or 1")
+        if _is_int(x) or _is_float(x):
+            if axis not in (None, 2):
+                raise ValueError("LazyTensor: a number is a constant; axis must be None")
+            self.formula = _const_text(x)
+            self.ndim = 1
+            return
+        if isinstance(x, (list, tuple)):
+            if axis not in (None, 2):
+                raise ValueError("LazyTensor: a list of numbers is a parameter; axis must be "
+                                 "None or 2")
+            if not x or not all((_is_int(v) or _is_float(v)) and not isinstance(v, bool)
+                                for v in x):
+                raise TypeError("LazyTensor: a list must hold one or more numbers")
+            self._leaf(list(x), _P, len(x))
+            return
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"LazyTensor expects a NumPy array, a number or a list of numbers, "
+                            f"not {type(x).__name__}")
+        if x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
+        _check_array_dtype(x, f"LazyTensor(array of shape {x.shape})")
+        shape = x.shape
+        if x.ndim == 3:
+            if axis is not None:
+                raise ValueError("LazyTensor: axis must not be given for a 3-D array; its shape "
+                                 "(n,1,d), (1,m,d) or (1,1,d) says the category")
+            if shape[0] == 1 and shape[1] == 1:
+                self._leaf(x.reshape(shape[2]), _P, shape[2])
+            elif shape[1] == 1:
+                self._leaf(x.reshape(shape[0], shape[2]), _I, shape[2])
+            elif shape[0] == 1:
+                self._leaf(x.reshape(shape[1], shape[2]), _J, shape[2])
+            else:
+                raise ValueError(f"LazyTensor: a 3-D array must have shape (n,1,d) (i), (1,m,d) "
+                                 f"(j) or (1,1,d) (parameter), got {shape}")
+        elif x.ndim == 2:
+            if isinstance(axis, bool) or axis not in (0, 1):
+                raise ValueError(f"LazyTensor: a 2-D array of shape {shape} needs axis=0 (i) or "
+                                 f"axis=1 (j); or pass x[:, None, :] or x[None, :, :]")
+            self._leaf(x, axis, shape[1])
+        elif x.ndim <= 1:
+            if axis not in (None, 2):
+                raise ValueError("LazyTensor: a 0-D or 1-D array is a parameter; axis must be "
+                                 "None or 2")
+            x = x.reshape(-1)
+            if x.shape[0] == 0:
+                raise ValueError("LazyTensor: a parameter needs at least one value")
+            self._leaf(x, _P, x.shape[0])
+        else:
+            raise ValueError(f"LazyTensor: batch dimensions are not supported (array of shape "
+                             f"{shape}); use 2-D (with axis) or 3-D arrays")
+        if self.ndim == 0:
+            raise ValueError(f"LazyTensor: the last dimension of an array of shape {shape} must "
+                             f"be at least 1")
+        self.dtype = x.dtype
+
+    def _leaf(self, data, cat, dim):
+        leaf = _Leaf(data, cat, dim)
+        self.leaves = {leaf.token: leaf}
+        self.formula = leaf.token
+        self.ndim = dim
+        if cat == _I:
+            self.ni = data.shape[0]
+        elif cat == _J:
+            self.nj = data.shape[0]
+
+    def _copy_from(self, other):
+        self.formula, self.ndim = other.formula, other.ndim
+        self.leaves = dict(other.leaves)
+        self.ni, self.nj, self.dtype = other.ni, other.nj, other.dtype
+
+    # ---- combining ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _wrap(x):
+        return x if isinstance(x, LazyTensor) else LazyTensor(x)
+
+    def _join(self, *others):
+        res = LazyTensor()
+        res._copy_from(self)
+        for o in others:
+            for attr, what in (("ni", "rows indexed by i"), ("nj", "rows indexed by j")):
+                a, b = getattr(res, attr), getattr(o, attr)
+                if a is not None and b is not None and a != b:
+                    raise ValueError(f"incompatible LazyTensors: {a} and {b} {what}")
+                if a is None:
+                    setattr(res, attr, b)
+            if res.dtype is not None and o.dtype is not None and res.dtype != o.dtype:
+                raise TypeError(f"mixed dtypes: {res.dtype.name} and {o.dtype.name}; convert "
+                                f"the arrays to one of float32 or float64")
+            if res.dtype is None:
+                res.dtype = o.dtype
+            res.leaves.update(o.leaves)
+        return res
+
+    def _unary(self, name, dimres=None, *attrs):
+        res = LazyTensor()
+        res._copy_from(self)
+        extra = "".join(f",{a}" for a in attrs)
+        res.formula = f"{name}({self.formula}{extra})"
+        res.ndim = self.ndim if dimres is None else dimres
+        return res
+
+    def _operands(self, others, check, opname):
+        ops = [self] + [self._wrap(o) for o in others]
+        dims = [o.ndim for o in ops]
+        if check == "sameor1" and len(set(dims) - {1}) > 1:
+            raise ValueError(f"{opname}: operands must have the same dimension or dimension 1, "
+                             f"got {', '.join(map(str, dims))}")
+        if check == "same" and len(set(dims)) > 1:
+            raise ValueError(f"{opname}: operands must have the same dimension, got "
+                             f"{', '.join(map(str, dims))}")
+        return ops
+
+    def _function(self, name, others, dimres=None, check="sameor1", attrs=()):
+        ops = self._operands(others, check, name)
+        res = ops[0]._join(*ops[1:])
+        extra = "".join(f",{a}" for a in attrs)
+        res.formula = f"{name}({','.join(o.formula for o in ops)}{extra})"
+        res.ndim = max(o.ndim for o in ops) if dimres is None else dimres
+        return res
+
+    def _infix(self, op, other, reverse=False, check="sameor1", dimres=None):
+        a, b = self._operands([other], check, repr(op))
+        if reverse:
+            a, b = b, a
+        res = a._join(b)
+        res.formula = f"({a.formula}{op}{b.formula})"
+        res.ndim = max(a.ndim, b.ndim) if dimres is None else dimres
+        return res
+
+    # ---- arithmetic --------------------------------------------------------------------------
+
+    def __add__(self, o):
+        return self._infix("+", o)
+
+    def __radd__(self, o):
+        return self._infix("+", o, reverse=True)
+
+    def __sub__(self, o):
+        return self._infix("-", o)
+
+    def __rsub__(self, o):
+        return self._infix("-", o, reverse=True)
+
+    def __mul__(self, o):
+        return self._infix("*", o)
+
+    def __rmul__(self, o):
+        return self._infix("*", o, reverse=True)
+
+    def __truediv__(self, o):
+        return self._infix("/", o)
+
+    def __rtruediv__(self, o):
+        return self._infix("/", o, reverse=True)
+
+    def __neg__(self):
+        res = LazyTensor()
+        res._copy_from(self)
+        res.formula = f"(-{self.formula})"
+        return res
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return self._unary("Abs")
+
+    def __or__(self, o):
+        """``(x | y)``: the scalar product of two vectors of equal dimension."""
+        return self._infix("|", o, check="same", dimres=1)
+
+    def __ror__(self, o):
+        return self._infix("|", o, reverse=True, check="same", dimres=1)
+
+    def __pow__(self, o):
+        """``x**n`` (integer n: Pow, n = 2: Square), ``x**0.5`` (Sqrt), ``x**-0.5`` (Rsqrt),
+        another real or a LazyTensor: Powf."""
+        if isinstance(o, (bool, np.bool_)):
+            raise TypeError("the exponent must be a number or a LazyTensor, not a bool")
+        if _is_float(o) and float(o).is_integer() and abs(o) < 2**31:
+            o = int(o)
+        if _is_int(o):
+            if not -(2**31) <= o < 2**31:
+                raise ValueError(f"integer exponent {o} is out of range")
+            return self._unary("Square") if o == 2 else self._unary("Pow", None, int(o))
+        if _is_float(o):
+            if o == 0.5:
+                return self._unary("Sqrt")
+            if o == -0.5:
+                return self._unary("Rsqrt")
+        if isinstance(o, LazyTensor) or _is_float(o) or isinstance(o, np.ndarray):
+            return self._function("Powf", [o])
+        raise TypeError(f"the exponent must be a number or a LazyTensor, not {type(o).__name__}")
+
+    def __rpow__(self, o):
+        return self._wrap(o)._function("Powf", [self])
+
+    def power(self, o):
+        return self**o
+
+    # Comparisons give 1.0 or 0.0. == and != are not overloaded, so that LazyTensors stay
+    # hashable; use .equal() and .notequal().
+    def __lt__(self, o):
+        return self._function("Less", [o])
+
+    def __le__(self, o):
+        return self._function("LessEq", [o])
+
+    def __gt__(self, o):
+        return self._function("Greater", [o])
+
+    def __ge__(self, o):
+        return self._function("GreaterEq", [o])
+
+    def equal(self, o):
+        return self._function("Equal", [o])
+
+    def notequal(self, o):
+        return self._function("NotEqual", [o])
+
+    # ---- elementwise functions ---------------------------------------------------------------
+
+    def exp(self):
+        return self._unary("Exp")
+
+    def log(self):
+        return self._unary("Log")
+
+    def xlogx(self):
+        return self._unary("XLogX")
+
+    def sqrt(self):
+        return self._unary("Sqrt")
+
+    def rsqrt(self):
+        return self._unary("Rsqrt")
+
+    def square(self):
+        return self._unary("Square")
+
+    def inv(self):
+        return self._unary("Inv")
+
+    def sin(self):
+        return self._unary("Sin")
+
+    def cos(self):
+        return self._unary("Cos")
+
+    def asin(self):
+        return self._unary("Asin")
+
+    def acos(self):
+        return self._unary("Acos")
+
+    def atan(self):
+        return self._unary("Atan")
+
+    def atan2(self, x):
+        return self._function("Atan2", [x])
+
+    def abs(self):
+        return self._unary("Abs")
+
+    def sign(self):
+        return self._unary("Sign")
+
+    def step(self):
+        return self._unary("Step")
+
+    def relu(self):
+        return self._unary("ReLU")
+
+    def floor(self):
+        return self._unary("Floor")
+
+    def sinxdivx(self):
+        return self._unary("SinXDivX")
+
+    def round(self, decimals=0):
+        if not _is_int(decimals):
+            raise TypeError("round: decimals must be an int")
+        return self._unary("Round", None, int(decimals))
+
+    def clamp(self, lo, hi):
+        """Clamps to [lo, hi]; ClampInt when both bounds are ints."""
+        if _is_int(lo) and _is_int(hi):
+            return self._unary("ClampInt", None, int(lo), int(hi))
+        return self._function("Clamp", [lo, hi])
+
+    def ifelse(self, a, b):
+        """``a`` where self >= 0, else ``b``."""
+        return self._function("IfElse", [a, b])
+
+    def mod(self, modulus, offset=0):
+        """``self - modulus * floor((self - offset) / modulus)``."""
+        return self._function("Mod", [modulus, offset])
+
+    # ---- vector operations -------------------------------------------------------------------
+
+    def sqnorm2(self):
+        return self._unary("SqNorm2", 1)
+
+    def norm2(self):
+        return self._unary("Norm2", 1)
+
+    def norm(self, dim=-1):
+        if dim not in (-1, 2):
+            raise ValueError("norm: only the last dimension (-1) is supported")
+        return self.norm2()
+
+    def normalize(self):
+        return self._unary("Normalize")
+
+    def sqdist(self, other):
+        return self._function("SqDist", [other], dimres=1, check="same")
+
+    def weightedsqnorm(self, w):
+        """``WeightedSqNorm(w, self)``: w of dimension 1, D (diagonal) or D*D (full)."""
+        w = self._wrap(w)
+        D = self.ndim
+        if w.ndim not in (1, D, D * D):
+            raise ValueError(f"weightedsqnorm: weights must have dimension 1, {D} or {D * D} "
+                             f"for a vector of dimension {D}, got {w.ndim}")
+        return w._function("WeightedSqNorm", [self], dimres=1, check=None)
+
+    def weightedsqdist(self, g, w):
+        """``WeightedSqDist(w, self, g)``, i.e. ``(self - g).weightedsqnorm(w)``."""
+        w, g = self._wrap(w), self._wrap(g)
+        D = self.ndim
+        if g.ndim != D:
+            raise ValueError(f"weightedsqdist: both vectors must have dimension {D}, got {g.ndim}")
+        if w.ndim not in (1, D, D * D):
+            raise ValueError(f"weightedsqdist: weights must have dimension 1, {D} or {D * D}, "
+                             f"got {w.ndim}")
+        return w._function("WeightedSqDist", [self, g], dimres=1, check=None)
+
+    def elem(self, m):
+        if not _is_int(m) or not 0 <= m < self.ndim:
+            raise ValueError(f"elem: index {m!r} is out of [0, {self.ndim})")
+        return self._unary("Elem", 1, int(m))
+
+    def extract(self, start, length):
+        if not (_is_int(start) and _is_int(length)):
+            raise TypeError("extract: start and length must be ints")
+        if start < 0 or length < 1 or start + length > self.ndim:
+            raise ValueError(f"extract: [{start}, {start + length}) is not inside "
+                             f"[0, {self.ndim})")
+        return self._unary("Extract", int(length), int(start), int(length))
+
+    def __getitem__(self, key):
+        """``x[k]`` is elem(k), ``x[a:b]`` is extract(a, b - a): the last dimension only."""
+        if isinstance(key, tuple):
+            if len(key) == 3 and key[0] == slice(None) and key[1] == slice(None):
+                key = key[2]
+            else:
+                raise ValueError("LazyTensor indexing works on the last dimension only")
+        if isinstance(key, slice):
+            if key.step not in (None, 1):
+                raise ValueError("LazyTensor slices must have step 1")
+            start = 0 if key.start is None else key.start
+            stop = self.ndim if key.stop is None else key.stop
+            return self.extract(start, stop - start)
+        if _is_int(key):
+            return self.elem(key)
+        raise TypeError("LazyTensor indices must be ints or slices")
+
+    def concat(self, other):
+        other = self._wrap(other)
+        return self._function("Concat", [other], dimres=self.ndim + other.ndim, check=None)
+
+    def onehot(self, D):
+        if not _is_int(D) or D < 1:
+            raise ValueError(f"onehot: the dimension must be a positive int, not {D!r}")
+        if self.ndim != 1:
+            raise ValueError(f"onehot: the operand must be a scalar, got dimension {self.ndim}")
+        return self._unary("OneHot", int(D), int(D))
+
+    one_hot = onehot
+
+    def matvecmult(self, v):
+        """self is an m×n matrix (dimension m*n, row-major), v has n: result m."""
+        v = self._wrap(v)
+        if self.ndim % v.ndim:
+            raise ValueError(f"matvecmult: a matrix of dimension {self.ndim} cannot multiply a "
+                             f"vector of dimension {v.ndim}")
+        return self._function("MatVecMult", [v], dimres=self.ndim // v.ndim, check=None)
+
+    def vecmatmult(self, A):
+        """self has m, A is m×n (dimension m*n, row-major): result n."""
+        A = self._wrap(A)
+        if A.ndim % self.ndim:
+            raise ValueError(f"vecmatmult: a vector of dimension {self.ndim} cannot multiply a "
+                             f"matrix of dimension {A.ndim}")
+        return self._function("VecMatMult", [A], dimres=A.ndim // self.ndim, check=None)
+
+    def tensorprod(self, other):
+        other = self._wrap(other)
+        return self._function("TensorProd", [other], dimres=self.ndim * other.ndim, check=None)
+
+    # ---- reductions --------------------------------------------------------------------------
+
+    @staticmethod
+    def _axis(axis, dim):
+        ax = dim if dim is not None else axis
+        if isinstance(ax, bool) or ax not in (0, 1):
+            raise ValueError(f"reduction dimension must be 0 (over i, one result per j) or 1 "
+                             f"(over j, one result per i), not {ax!r}")
+        return ax
+
+    def _reduce(self, red, axis, dim, K=None, weight=None, kwargs=None):
+        ax = self._axis(axis, dim)
+        init_kwargs, call_kwargs = {}, {}
+        for key, val in (kwargs or {}).items():
+            if key in _INIT_KWARGS:
+                init_kwargs[key] = val
+            elif key in _CALL_KWARGS:
+                call_kwargs[key] = val
+            else:
+                raise TypeError(f"{red}: unexpected keyword argument {key!r}")
+        src = self._join(weight) if weight is not None else self
+        formula2 = weight.formula if weight is not None else None
+        names, leaves = {}, []
+
+        def rename(m):
+            tok = m.group(0)
+            if tok not in names:
+                names[tok] = f"a{len(names)}"
+                leaves.append(src.leaves[tok])
+            return names[tok]
+
+        formula = _TOKEN_RE.sub(rename, self.formula)
+        if formula2 is not None:
+            formula2 = _TOKEN_RE.sub(rename, formula2)
+        aliases = [f"{names[l.token]}={_CAT_TEXT[l.cat]}({l.dim})" for l in leaves]
+        g = _genred(formula, aliases, red, ax, K, formula2, init_kwargs)
+        dt = src.dtype if src.dtype is not None else np.dtype(np.float32)
+        arrays = [l.data if isinstance(l.data, np.ndarray) else np.asarray(l.data, dtype=dt)
+                  for l in leaves]
+        return g(*arrays, **call_kwargs)
+
+    def sum(self, axis=-1, dim=None, **kwargs):
+        """``sum(-1)``: the sum of the components (a LazyTensor); ``sum(dim=0|1)``: the Sum
+        reduction over i or j (an array)."""
+        if (dim if dim is not None else axis) in (-1, 2):
+            return self._unary("Sum", 1)
+        return self._reduce("Sum", axis, dim, kwargs=kwargs)
+
+    def min(self, axis=-1, dim=None, **kwargs):
+        if (dim if dim is not None else axis) in (-1, 2):
+            return self._unary("Min", 1)
+        return self._reduce("Min", axis, dim, kwargs=kwargs)
+
+    def max(self, axis=-1, dim=None, **kwargs):
+        if (dim if dim is not None else axis) in (-1, 2):
+            return self._unary("Max", 1)
+        return self._reduce("Max", axis, dim, kwargs=kwargs)
+
+    def argmin(self, axis=-1, dim=None, **kwargs):
+        if (dim if dim is not None else axis) in (-1, 2):
+            return self._unary("ArgMin", 1)
+        return self._reduce("ArgMin", axis, dim, kwargs=kwargs)
+
+    def argmax(self, axis=-1, dim=None, **kwargs):
+        if (dim if dim is not None else axis) in (-1, 2):
+            return self._unary("ArgMax", 1)
+        return self._reduce("ArgMax", axis, dim, kwargs=kwargs)
+
+    def min_argmin(self, axis=None, dim=None, **kwargs):
+        return self._reduce("Min_ArgMin", axis, dim, kwargs=kwargs)
+
+    def max_argmax(self, axis=None, dim=None, **kwargs):
+        return self._reduce("Max_ArgMax", axis, dim, kwargs=kwargs)
+
+    def Kmin(self, K, axis=None, dim=None, **kwargs):
+        return self._reduce("KMin", axis, dim, K=K, kwargs=kwargs)
+
+    def argKmin(self, K, axis=None, dim=None, **kwargs):
+        return self._reduce("ArgKMin", axis, dim, K=K, kwargs=kwargs)
+
+    def Kmin_argKmin(self, K, axis=None, dim=None, **kwargs):
+        return self._reduce("KMin_ArgKMin", axis, dim, K=K, kwargs=kwargs)
+
+    def logsumexp(self, axis=None, dim=None, weight=None, **kwargs):
+        if weight is not None:
+            raise ValueError("logsumexp: a weight is not supported by symred")
+        return self._reduce("LogSumExp", axis, dim, kwargs=kwargs)
+
+    def sumsoftmaxweight(self, weight, axis=None, dim=None, **kwargs):
+        """``sum exp(self) * weight / sum exp(self)`` over i (dim=0) or j (dim=1); self must
+        be scalar."""
+        return self._reduce("SumSoftMaxWeight", axis, dim, weight=self._wrap(weight),
+                            kwargs=kwargs)
+
+    # ---- description -------------------------------------------------------------------------
+
+    @property
+    def shape(self):
+        """(ni, nj, ndim) as pykeops reports it: 1 for a missing index, the last entry
+        dropped when ndim is 1."""
+        s = (self.ni or 1, self.nj or 1, self.ndim)
+        return s[:2] if self.ndim == 1 else s
+
+    def __repr__(self):
+        names = {}
+        text = _TOKEN_RE.sub(lambda m: names.setdefault(m.group(0), f"a{len(names)}"),
+                             self.formula or "")
+        decl = ", ".join(f"{names[t]}={_CAT_TEXT[self.leaves[t].cat]}({self.leaves[t].dim})"
+                         for t in names)
+        dt = self.dtype.name if self.dtype is not None else "any"
+        return (f"symred LazyTensor\n    formula: {text}\n    variables: {decl or '(none)'}"
+                f"\n    shape: {self.shape}\n    dtype: {dt}")
+
+    __str__ = __repr__
+
+
+def Vi(x):
+    """A variable indexed by i from an ``(n, d)`` array: ``LazyTensor(x, axis=0)``."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"Vi expects an (n, d) NumPy array, not {type(x).__name__} (symbolic "
+                        f"Vi(index, dim) variables are not supported)")
+    if x.ndim != 2:
+        raise ValueError(f"Vi expects an (n, d) array, got shape {x.shape}"
+                         + (" (use x[:, None] for a 1-D array)" if x.ndim == 1 else ""))
+    return LazyTensor(x, axis=0)
+
+
+def Vj(x):
+    """A variable indexed by j from an ``(m, d)`` array: ``LazyTensor(x, axis=1)``."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"Vj expects an (m, d) NumPy array, not {type(x).__name__} (symbolic "
+                        f"Vj(index, dim) variables are not supported)")
+    if x.ndim != 2:
+        raise ValueError(f"Vj expects an (m, d) array, got shape {x.shape}"
+                         + (" (use y[:, None] for a 1-D array)" if x.ndim == 1 else ""))
+    return LazyTensor(x, axis=1)
+
+
+def Pm(x):
+    """A parameter: a ``(d,)`` or 0-D array, a list of numbers, or a number (then a runtime
+    parameter of dimension 1, not a constant baked into the formula)."""
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError("Pm: a bool is not a number")
+    if _is_int(x) or _is_float(x):
+        return LazyTensor([x])
+    if isinstance(x, np.ndarray) and x.ndim > 1:
+        raise ValueError(f"Pm expects a (d,) array, got shape {x.shape}")
+    return LazyTensor(x)

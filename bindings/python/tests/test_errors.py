@@ -1,0 +1,185 @@
+"""Every bad input raises the documented exception with a message naming the problem; C
+errors carry sr_ctx_error's text; nothing crashes."""
+
+import numpy as np
+import pytest
+
+from symred import Genred, SymredError, SymredRuntimeError, SymredValueError
+
+AL = ["x = Vi(3)", "y = Vj(3)"]
+
+
+def xy(dtype=np.float64, nx=5, ny=6):
+    rng = np.random.default_rng(0)
+    return rng.random((nx, 3)).astype(dtype), rng.random((ny, 3)).astype(dtype)
+
+
+def test_error_classes():
+    assert issubclass(SymredValueError, ValueError) and issubclass(SymredValueError, SymredError)
+    assert issubclass(SymredRuntimeError, RuntimeError)
+    assert issubclass(SymredRuntimeError, SymredError)
+
+
+@pytest.mark.parametrize("formula,status", [
+    ("SqDist(x,", "EPARSE"),
+    ("Frobnicate(x)", "EPARSE"),
+    ("SqDist(x, z)", "EPARSE"),
+    ("x + IntCst(1", "EPARSE"),
+])
+def test_parse_errors(formula, status):
+    with pytest.raises(SymredValueError) as e:
+        Genred(formula, AL)
+    assert e.value.status_name == status
+    assert formula in str(e.value)  # which formula failed
+    assert len(str(e.value)) > len(formula) + 12  # and the C parser's own explanation
+
+
+def test_dimension_error_names_dims():
+    with pytest.raises(SymredValueError) as e:
+        Genred("x + y", ["x = Vi(3)", "y = Vj(2)"])
+    assert e.value.status_name == "EDIM"
+    assert "3" in str(e.value) and "2" in str(e.value)
+
+
+@pytest.mark.parametrize("aliases", [["x = Vk(3)"], ["x Vi(3)"], ["x = Vi(three)"]])
+def test_bad_alias(aliases):
+    with pytest.raises(ValueError):
+        Genred("x", aliases)
+
+
+def test_bad_construction_arguments():
+    with pytest.raises(ValueError, match="Sum, Min"):
+        Genred("SqDist(x,y)", AL, reduction_op="Average")
+    with pytest.raises(ValueError, match="axis"):
+        Genred("SqDist(x,y)", AL, axis=2)
+    with pytest.raises(ValueError, match="opt_arg"):
+        Genred("SqDist(x,y)", AL, reduction_op="ArgKMin")
+    with pytest.raises(ValueError, match=">= 1"):
+        Genred("SqDist(x,y)", AL, reduction_op="KMin", opt_arg=0)
+    with pytest.raises(TypeError, match="int"):
+        Genred("SqDist(x,y)", AL, reduction_op="KMin", opt_arg=2.5)
+    with pytest.raises(ValueError, match="takes none"):
+        Genred("SqDist(x,y)", AL, reduction_op="Sum", opt_arg=3)
+    with pytest.raises(ValueError, match="formula2"):
+        Genred("SqDist(x,y)", AL, reduction_op="SumSoftMaxWeight")
+    with pytest.raises(ValueError, match="formula2"):
+        Genred("SqDist(x,y)", AL, reduction_op="Sum", formula2="x")
+    with pytest.raises(TypeError, match="formula"):
+        Genred(3, AL)
+    with pytest.raises(TypeError, match="aliases"):
+        Genred("x", "x = Vi(3)")
+    with pytest.raises(ValueError, match="NUL"):
+        Genred("SqDist(x,y)\x00junk", AL)
+    with pytest.raises(TypeError, match="dtype"):
+        Genred("x", AL, dtype="float16")
+
+
+def test_bad_accuracy_options():
+    with pytest.raises(ValueError, match="dtype_acc"):
+        Genred("x", AL, dtype_acc="float128")
+    with pytest.raises(ValueError, match="contradicts"):
+        Genred("x", AL, dtype_acc="float32", use_double_acc=True)
+    with pytest.raises(ValueError, match="sum_scheme"):
+        Genred("x", AL, sum_scheme="pairwise")
+    with pytest.raises(ValueError, match="sum_scheme"):
+        Genred("x", AL, reduction_op="Min", sum_scheme="kahan_scheme")
+    x, y = xy()
+    with pytest.raises(ValueError, match="float32"):
+        Genred("x", AL, axis=1, dtype_acc="float32")(x, y)
+
+
+def test_weight_of_softmax_needs_scalar_formula():
+    with pytest.raises(SymredValueError, match="dimension"):
+        x, y = xy()
+        Genred("x - y", AL, "SumSoftMaxWeight", axis=1, formula2="y")(x, y)
+
+
+def test_k_larger_than_reduced_count():
+    x, y = xy(ny=3)
+    f = Genred("SqDist(x,y)", AL, "ArgKMin", axis=1, opt_arg=4)
+    with pytest.raises(SymredValueError, match="k = 4"):
+        f(x, y)
+
+
+def test_wrong_number_of_arrays():
+    x, y = xy()
+    with pytest.raises(ValueError, match="takes 2 arrays"):
+        Genred("SqDist(x,y)", AL)(x)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float16, np.complex128, np.bool_])
+def test_unsupported_dtypes(dtype):
+    x, y = xy()
+    with pytest.raises(TypeError, match=r"argument 0 \('x' = Vi\(3\)\).*float32 or float64"):
+        Genred("SqDist(x,y)", AL)(x.astype(dtype), y)
+
+
+def test_mixed_dtypes():
+    x, y = xy()
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        Genred("SqDist(x,y)", AL)(x.astype(np.float32), y)
+
+
+def test_dtype_option_enforced():
+    x, y = xy(np.float32)
+    with pytest.raises(TypeError, match="dtype=float64"):
+        Genred("SqDist(x,y)", AL, dtype="float64")(x, y)
+
+
+def test_wrong_shapes_name_argument_and_expected_shape():
+    x, y = xy()
+    f = Genred("SqDist(x,y)", AL)
+    with pytest.raises(ValueError, match=r"argument 1 \('y' = Vj\(3\)\).*\(ny, 3\).*\(6, 2\)"):
+        f(x, y[:, :2])
+    with pytest.raises(ValueError, match=r"\(nx, 3\), got \(5,\)"):
+        f(x[:, 0], y)
+    h = Genred("SqDist(x,y) * u", AL + ["u = Vj(1)"])
+    with pytest.raises(ValueError, match=r"\(ny, 1\), got \(6,\).*a\[:, None\]"):
+        h(x, y, np.ones(6))
+    g = Genred("SqDist(x,y) * p", AL + ["p = Pm(2)"])
+    with pytest.raises(ValueError, match=r"argument 2 \('p' = Pm\(2\)\) must have shape \(2,\)"):
+        g(x, y, np.ones(3))
+    with pytest.raises(TypeError, match="NumPy array"):
+        f(x.tolist(), y)
+
+
+def test_inconsistent_rows():
+    x, y = xy()
+    f = Genred("SqDist(x,y) * u", AL + ["u = Vi(1)"], axis=1)
+    with pytest.raises(ValueError, match="same number of rows"):
+        f(x, y, np.ones((4, 1)))
+
+
+def test_gpu_backend_raises_cleanly():
+    x, y = xy()
+    f = Genred("SqDist(x,y)", AL, axis=1)
+    try:
+        out = f(x, y, backend="GPU")
+    except SymredRuntimeError as e:  # no GPU, or no CUDA backend in this build
+        assert e.status_name == "ENODEV"
+        msg = str(e).lower()
+        assert "cuda" in msg or "gpu" in msg or "device" in msg, msg
+        assert isinstance(e, RuntimeError)
+    else:  # a machine with a GPU and a CUDA backend: then it must be right
+        np.testing.assert_allclose(out, f(x, y), rtol=1e-6)
+    # The Genred stays usable after a failed call.
+    assert f(x, y).shape == (5, 1)
+
+
+def test_unknown_backend_and_unsupported_options():
+    x, y = xy()
+    f = Genred("SqDist(x,y)", AL)
+    with pytest.raises(ValueError, match="backend"):
+        f(x, y, backend="TPU")
+    with pytest.raises(ValueError, match="ranges"):
+        f(x, y, ranges=(1, 2, 3, 4, 5, 6))
+    with pytest.raises(ValueError, match="out="):
+        f(x, y, out=np.empty((6, 1)))
+
+
+def test_many_failures_leave_the_library_usable():
+    x, y = xy()
+    for _ in range(50):
+        with pytest.raises(ValueError):
+            Genred("Exp(x", AL)
+    assert Genred("SqDist(x,y)", AL, axis=1)(x, y).shape == (5, 1)
