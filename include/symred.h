@@ -224,7 +224,7 @@ SR_API sr_expr *sr_mod(sr_ctx *ctx, sr_expr *a, sr_expr *modulus, sr_expr *offse
 /* Vector operations */
 SR_API sr_expr *sr_sqnorm2(sr_ctx *ctx, sr_expr *a);              /* sum a_k^2 -> 1 */
 SR_API sr_expr *sr_norm2(sr_ctx *ctx, sr_expr *a);                /* sqrt(sum a_k^2) -> 1 */
-SR_API sr_expr *sr_normalize(sr_ctx *ctx, sr_expr *a); /* a*Rsqrt(SqNorm2(a)) -> D */
+SR_API sr_expr *sr_normalize(sr_ctx *ctx, sr_expr *a);            /* a*Rsqrt(SqNorm2(a)) -> D */
 SR_API sr_expr *sr_sqdist(sr_ctx *ctx, sr_expr *a, sr_expr *b);   /* |a-b|^2 -> 1 */
 SR_API sr_expr *sr_scalprod(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* (a|b) -> 1 */
 SR_API sr_expr *sr_sum(sr_ctx *ctx, sr_expr *a);                  /* sum of components -> 1 */
@@ -298,6 +298,14 @@ typedef enum sr_device {
     SR_DEVICE_REFERENCE = 3 /* the portable interpreter (the test oracle) */
 } sr_device;
 
+/* How float32 Sum-type reductions accumulate (float64 kernels always accumulate in double). */
+typedef enum sr_acc {
+    SR_ACC_DEFAULT = 0, /* $SYMRED_ACC (block, kahan or f64), else block */
+    SR_ACC_BLOCK = 1,   /* float32 partial sums per tile, added together: fast, error ~ sqrt(n) */
+    SR_ACC_KAHAN = 2,   /* float32 with compensated summation of the tile sums */
+    SR_ACC_F64 = 3      /* a double accumulator */
+} sr_acc;
+
 typedef struct sr_kernel_desc {
     sr_reduction reduction;
     int axis; /* 1: reduce over j, one result per row i; 0: reduce over i */
@@ -306,9 +314,10 @@ typedef struct sr_kernel_desc {
     sr_device device;
     sr_expr *weight; /* SumSoftMaxWeight: the formula whose values are averaged (KeOps'
                         formula2); NULL for the other reductions */
+    sr_acc acc;      /* accumulation of float32 sums; SR_ACC_DEFAULT */
 } sr_kernel_desc;
 
-/* Sum over j (axis 1), float32, device AUTO, k = 1, no weight. */
+/* Sum over j (axis 1), float32, device AUTO, k = 1, no weight, SR_ACC_DEFAULT. */
 SR_API sr_kernel_desc sr_kernel_desc_default(void);
 
 /* Creates a kernel computing desc->reduction of f. Checks the formula (each variable index used

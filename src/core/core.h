@@ -27,6 +27,10 @@ struct sr_ctx {
      * failure of a builder chain. */
     sr_status pending;
     int log_level; /* SYMRED_LOG */
+    /* A malformed SYMRED_* variable seen by sr_ctx_new: every sr_kernel_new of the context
+     * fails with it, naming the variable, rather than silently using a default. */
+    sr_status env_status;
+    char env_msg[256];
     struct jit_ctx *jit; /* CPU JIT options and loaded modules (src/jit), created on use */
 };
 
@@ -36,6 +40,11 @@ sr_status sr__error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
 /* Same, also marking it as a builder failure (see sr_ctx.pending). */
 sr_status sr__builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Environment options. Unset or empty gives dflt; a malformed value records an SR_EINVAL
+ * naming the variable, the value and what was expected, and returns it (then *out = dflt). */
+sr_status sr__env_int(sr_ctx *ctx, const char *name, long lo, long hi, long dflt, long *out);
+sr_status sr__env_choice(sr_ctx *ctx, const char *name, const char *const *choices, int n, int dflt,
+                         int *out);
 /* Copies the current message of ctx (for callers that re-report it with context). */
 void sr__error_get(sr_ctx *ctx, char *buf, size_t cap);
 
@@ -106,6 +115,7 @@ struct sr_kernel {
     int k; /* 1 for the non-K reductions */
     sr_dtype dtype;
     sr_device device;
+    sr_acc acc;  /* the desc's choice; SR_ACC_DEFAULT leaves it to SYMRED_ACC */
     int fdim;    /* dim(F) */
     int out_dim; /* values per output row */
     int nargs;

@@ -1,6 +1,7 @@
 /* ctx.c — contexts, status strings, error messages. */
 #include "core.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,16 +21,39 @@ const char *sr_status_str(int status)
     return "unknown status";
 }
 
-static int env_int(const char *name, int dflt)
+sr_status sr__env_int(sr_ctx *ctx, const char *name, long lo, long hi, long dflt, long *out)
 {
+    *out = dflt;
     const char *s = getenv(name);
     if (!s || !*s)
-        return dflt;
+        return SR_OK;
     char *end;
+    errno = 0;
     long v = strtol(s, &end, 10);
-    if (*end || v < 0 || v > 1000)
-        return dflt;
-    return (int)v;
+    if (errno || end == s || *end || v < lo || v > hi)
+        return sr__error(ctx, SR_EINVAL, "%s=%.100s: expected an integer in [%ld, %ld]", name, s,
+                         lo, hi);
+    *out = v;
+    return SR_OK;
+}
+
+sr_status sr__env_choice(sr_ctx *ctx, const char *name, const char *const *choices, int n, int dflt,
+                         int *out)
+{
+    *out = dflt;
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return SR_OK;
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, choices[i]) == 0) {
+            *out = i;
+            return SR_OK;
+        }
+    char list[200] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                 choices[i]);
+    return sr__error(ctx, SR_EINVAL, "%s=%.100s: expected one of %s", name, s, list);
 }
 
 sr_status sr_ctx_new(sr_ctx **out)
@@ -45,7 +69,12 @@ sr_status sr_ctx_new(sr_ctx **out)
         return SR_ENOMEM;
     }
     expr_store_init(&ctx->store);
-    ctx->log_level = env_int("SYMRED_LOG", 0);
+    long level;
+    if (sr__env_int(ctx, "SYMRED_LOG", 0, 3, 0, &level) != SR_OK) {
+        ctx->env_status = SR_EINVAL;
+        sr__error_get(ctx, ctx->env_msg, sizeof ctx->env_msg);
+    }
+    ctx->log_level = (int)level;
     *out = ctx;
     return SR_OK;
 }
@@ -95,7 +124,9 @@ void sr__error_get(sr_ctx *ctx, char *buf, size_t cap)
     if (!cap)
         return;
     pthread_mutex_lock(&ctx->err_lock);
-    snprintf(buf, cap, "%s", ctx->err);
+    size_t n = strnlen(ctx->err, cap - 1); /* a shorter buffer gets the message's start */
+    memcpy(buf, ctx->err, n);
+    buf[n] = 0;
     pthread_mutex_unlock(&ctx->err_lock);
 }
 

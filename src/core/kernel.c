@@ -80,6 +80,8 @@ static sr_status desc_check(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc 
                          "axis must be 1 (reduce over j) or 0 (reduce over i), not %d", d->axis);
     if (d->dtype != SR_F32 && d->dtype != SR_F64)
         return sr__error(ctx, SR_EINVAL, "dtype must be SR_F32 or SR_F64, not %d", (int)d->dtype);
+    if ((int)d->acc < 0 || d->acc > SR_ACC_F64)
+        return sr__error(ctx, SR_EINVAL, "unknown accumulation mode %d", (int)d->acc);
     if ((int)d->device < 0 || d->device > SR_DEVICE_REFERENCE)
         return sr__error(ctx, SR_EINVAL, "unknown device %d", (int)d->device);
     if (ri->uses_k && (d->k < 1 || d->k > SR_MAX_K))
@@ -107,20 +109,13 @@ static const struct sr_backend_i *pick_backend(sr_ctx *ctx, sr_device dev, sr_st
 {
     *st = SR_OK;
     if (dev == SR_DEVICE_AUTO) {
-        const char *env = getenv("SYMRED_DEVICE");
-        if (env && *env) {
-            if (strcmp(env, "cpu") == 0)
-                dev = SR_DEVICE_CPU;
-            else if (strcmp(env, "cuda") == 0)
-                dev = SR_DEVICE_CUDA;
-            else if (strcmp(env, "reference") == 0)
-                dev = SR_DEVICE_REFERENCE;
-            else if (strcmp(env, "auto") != 0) {
-                *st = sr__error(ctx, SR_EINVAL,
-                                "SYMRED_DEVICE=%s: expected cpu, cuda, reference or auto", env);
-                return NULL;
-            }
-        }
+        /* the env spelling of each sr_device, in enum order */
+        static const char *const names[] = {"auto", "cpu", "cuda", "reference"};
+        int choice;
+        *st = sr__env_choice(ctx, "SYMRED_DEVICE", names, 4, SR_DEVICE_AUTO, &choice);
+        if (*st != SR_OK)
+            return NULL;
+        dev = (sr_device)choice;
     }
     if (dev == SR_DEVICE_CUDA) {
         *st = sr__error(ctx, SR_ENODEV,
@@ -190,6 +185,12 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
     }
     if (f->ctx != ctx)
         return sr__error(ctx, SR_EINVAL, "sr_kernel_new: the formula belongs to another context");
+    if (ctx->env_status != SR_OK)
+        return sr__error(ctx, ctx->env_status, "%s", ctx->env_msg);
+    static const char *const on_off[] = {"0", "1"};
+    int simplify;
+    if (sr__env_choice(ctx, "SYMRED_SIMPLIFY", on_off, 2, 1, &simplify) != SR_OK)
+        return SR_EINVAL;
     sr_status st = desc_check(ctx, f, desc);
     if (st != SR_OK)
         return st;
@@ -205,6 +206,7 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
     k->k = sr_reductions[desc->reduction].uses_k ? desc->k : 1;
     k->dtype = desc->dtype;
     k->device = desc->device;
+    k->acc = desc->acc;
     k->fdim = f->dim;
     k->out_dim = k->weight ? k->weight->dim : k->k * k->fdim;
     const sr_expr *roots[2] = {f, desc->weight};

@@ -55,18 +55,24 @@ static sr_status fall_back(sr_kernel *k, const char *why)
     return k->backend->prepare ? k->backend->prepare(k) : SR_OK;
 }
 
+_Static_assert(SR_ACC_BLOCK - 1 == JIT_ACC_BLOCK && SR_ACC_KAHAN - 1 == JIT_ACC_KAHAN &&
+                   SR_ACC_F64 - 1 == JIT_ACC_F64,
+               "sr_acc and enum jit_acc out of step");
+
 static sr_status jit_prepare(sr_kernel *k)
 {
     sr_ctx *ctx = k->ctx;
-    struct jit_ctx *jc = jit_ctx_get(ctx);
-    if (!jc)
-        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    struct jit_ctx *jc;
+    sr_status st0 = jit_ctx_get(ctx, &jc);
+    if (st0 != SR_OK)
+        return st0;
     if (jc->no_compiler)
         return fall_back(k, "no C compiler");
     struct jit_kernel *jk = calloc(1, sizeof *jk);
     if (!jk)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
-    jk->acc = jc->acc;
+    /* the kernel's own choice wins over SYMRED_ACC (sr_acc is enum jit_acc plus one) */
+    jk->acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
     struct expr_buf src = {0};
     sr_status st = jit_emit_c(k, (enum jit_acc)jk->acc, &src, &jk->plan);
     if (st == SR_OK && src.oom)

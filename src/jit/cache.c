@@ -8,8 +8,11 @@
  * a trailer (magic, payload length, payload hash), checked before dlopen: a truncated or
  * corrupt entry is rebuilt, never trusted. Entries are built in a private directory inside the
  * cache directory and rename()d into place, so concurrent processes only ever see whole files.
- * Loading a shared object runs its code, so a cache directory not owned by the user or writable
- * by group or others is refused (with a log line) and the kernel is compiled privately instead.
+ * Loading a shared object runs its code, so a cache directory that is not a directory, not owned
+ * by the user or writable by group or others is refused: kernel creation fails with SR_EIO and a
+ * message saying how to fix it (a security problem is not papered over). A cache that is merely
+ * unavailable (SYMRED_CACHE_DIR=off, no HOME, cannot be created) means compiling in a private
+ * temporary directory, with a log line.
  */
 #include "jit.h"
 
@@ -42,38 +45,31 @@ static void jlog(sr_ctx *ctx, int level, const char *fmt, ...)
     va_end(ap);
 }
 
-static int env_choice(const char *name, const char *const *choices, int n, int dflt)
+sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
 {
-    const char *s = getenv(name);
-    if (!s || !*s)
-        return dflt;
-    for (int i = 0; i < n; i++)
-        if (strcmp(s, choices[i]) == 0)
-            return i;
-    return dflt;
-}
-
-struct jit_ctx *jit_ctx_get(sr_ctx *ctx)
-{
+    *out = ctx->jit;
     if (ctx->jit)
-        return ctx->jit;
+        return SR_OK;
+    /* Options are read once per context; a malformed one fails every kernel of the context
+     * until it is fixed, rather than silently meaning the default. */
+    static const char *const keep_values[] = {"0", "1"};
+    int acc, keep;
+    long nt;
+    if (sr__env_choice(ctx, "SYMRED_ACC", jit_acc_names, 3, JIT_ACC_BLOCK, &acc) != SR_OK ||
+        sr__env_int(ctx, "SYMRED_NUM_THREADS", 1, 100000, 0, &nt) != SR_OK ||
+        sr__env_choice(ctx, "SYMRED_JIT_KEEP", keep_values, 2, 0, &keep) != SR_OK)
+        return SR_EINVAL;
     struct jit_ctx *jc = calloc(1, sizeof *jc);
     if (!jc)
-        return NULL;
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
     const char *cc = getenv("SYMRED_CC");
     snprintf(jc->cc, sizeof jc->cc, "%s", cc && *cc ? cc : "cc");
-    jc->acc = env_choice("SYMRED_ACC", jit_acc_names, 3, JIT_ACC_BLOCK);
-    const char *nt = getenv("SYMRED_NUM_THREADS");
-    if (nt && *nt) {
-        char *end;
-        long v = strtol(nt, &end, 10);
-        if (!*end && v > 0 && v < 100000)
-            jc->num_threads = (int)v;
-    }
-    const char *keep = getenv("SYMRED_JIT_KEEP");
-    jc->keep_source = keep && strcmp(keep, "1") == 0;
+    jc->acc = acc;
+    jc->num_threads = (int)nt;
+    jc->keep_source = keep;
     ctx->jit = jc;
-    return jc;
+    *out = jc;
+    return SR_OK;
 }
 
 void cpu_jit_ctx_free(sr_ctx *ctx)
@@ -148,9 +144,11 @@ static int mkdirs(const char *path)
     return 0;
 }
 
-/* The cache directory, or SR_EIO with the reason in why. */
-static sr_status cache_dir(char *dir, size_t cap, char *why, size_t whycap)
+/* The cache directory, or SR_EIO with the reason in why; *refused is set when the directory
+ * exists but is unsafe to load code from. */
+static sr_status cache_dir(char *dir, size_t cap, char *why, size_t whycap, bool *refused)
 {
+    *refused = false;
     const char *env = getenv("SYMRED_CACHE_DIR");
     if (env && strcmp(env, "off") == 0) {
         snprintf(why, whycap, "disabled (SYMRED_CACHE_DIR=off)");
@@ -171,6 +169,7 @@ static sr_status cache_dir(char *dir, size_t cap, char *why, size_t whycap)
         return SR_EIO;
     }
     struct stat sb;
+    *refused = true;
     if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
         snprintf(why, whycap, "refused %.400s: not a directory", dir);
         return SR_EIO;
@@ -183,6 +182,7 @@ static sr_status cache_dir(char *dir, size_t cap, char *why, size_t whycap)
         snprintf(why, whycap, "refused %.400s: writable by group or others", dir);
         return SR_EIO;
     }
+    *refused = false;
     return SR_OK;
 }
 
@@ -309,10 +309,11 @@ static struct jit_module *new_module(const char *key)
 sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_module **out,
                          struct jit_load_info *info)
 {
-    struct jit_ctx *jc = jit_ctx_get(ctx);
+    struct jit_ctx *jc;
     memset(info, 0, sizeof *info);
-    if (!jc)
-        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    sr_status st0 = jit_ctx_get(ctx, &jc);
+    if (st0 != SR_OK)
+        return st0;
     uint64_t ccid = jit_compiler_id(jc->cc);
     if (!ccid) {
         jc->no_compiler = true;
@@ -335,7 +336,8 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
     char dir[2048], why[512], path[2200], err[1024], tdir[2200], so[2300];
     double t0 = now_ms();
     sr_status st;
-    if (cache_dir(dir, sizeof dir, why, sizeof why) == SR_OK) {
+    bool refused;
+    if (cache_dir(dir, sizeof dir, why, sizeof why, &refused) == SR_OK) {
         snprintf(path, sizeof path, "%s/%s.so", dir, key);
         if (access(path, F_OK) == 0) {
             if (entry_ok(path) && jit_load(ctx, path, m, err, sizeof err) == SR_OK) {
@@ -379,6 +381,13 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
         snprintf(info->cache, sizeof info->cache, "miss (stored)");
         if (!info->path[0])
             snprintf(info->path, sizeof info->path, "%s", path);
+    } else if (refused) {
+        st = sr__error(ctx, SR_EIO,
+                       "kernel cache %s: loading compiled code from it would be unsafe; make it "
+                       "private (chmod 700), point SYMRED_CACHE_DIR at a directory of your own, "
+                       "or set SYMRED_CACHE_DIR=off to compile without a disk cache",
+                       why);
+        goto fail;
     } else {
         jlog(ctx, 1, "kernel cache %s; compiling in a private temporary directory", why);
         const char *tmp = getenv("TMPDIR");

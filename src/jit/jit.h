@@ -89,8 +89,9 @@ struct jit_ctx {
     unsigned long mem_hits, disk_hits, compiles;
 };
 
-/* The jit state of ctx, created on first use; NULL on out of memory. */
-struct jit_ctx *jit_ctx_get(sr_ctx *ctx);
+/* The jit state of ctx, created on first use. Fails with SR_ENOMEM, or SR_EINVAL (message
+ * naming the variable) when SYMRED_ACC, SYMRED_NUM_THREADS or SYMRED_JIT_KEEP is malformed. */
+sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out);
 
 /* How a module was obtained, for explain. */
 struct jit_load_info {

@@ -90,7 +90,12 @@ class KernelDesc(ctypes.Structure):
         ("dtype", ctypes.c_int),
         ("device", ctypes.c_int),
         ("weight", ctypes.c_void_p),
+        ("acc", ctypes.c_int),
     ]
+
+
+# enum sr_acc
+ACC_DEFAULT, ACC_BLOCK, ACC_KAHAN, ACC_F64 = 0, 1, 2, 3
 
 
 class RunDesc(ctypes.Structure):

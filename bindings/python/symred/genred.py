@@ -173,9 +173,13 @@ class Genred:
         opt_arg (int): K of KMin, ArgKMin and KMin_ArgKMin (required there, refused elsewhere).
         formula2 (str): the weight G of SumSoftMaxWeight, parsed with the same aliases:
             ``sum_j exp(F_ij) G_ij / sum_j exp(F_ij)``.
-        dtype_acc, use_double_acc, sum_scheme: pykeops' accuracy options, validated and kept
-            (``self.dtype_acc``, ...). They change nothing today: the reference backend
-            accumulates in double precision whatever the dtype.
+        dtype_acc, use_double_acc, sum_scheme: pykeops' accuracy options for float32 sums,
+            mapped to the kernel's accumulation mode (``sr_kernel_desc.acc``):
+            ``use_double_acc=True`` or ``dtype_acc="float64"`` accumulate in double;
+            ``sum_scheme="kahan_scheme"`` compensates; ``"block_sum"`` and ``"direct_sum"``
+            use block summation (symred has no plain running sum: block summation is as fast
+            and more accurate); ``"auto"`` leaves it to ``SYMRED_ACC``. The reference backend
+            always accumulates in double.
 
     Calling ``f(*args, backend="auto")`` returns, with ``n`` the number of output rows and
     ``D`` the dimension of F:
@@ -279,6 +283,14 @@ class Genred:
         self.dtype_acc = "float64" if use_double_acc else dtype_acc
         self.use_double_acc = bool(use_double_acc)
         self.sum_scheme = sum_scheme
+        if self.dtype_acc == "float64":
+            self._acc = _lib.ACC_F64
+        elif sum_scheme == "kahan_scheme":
+            self._acc = _lib.ACC_KAHAN
+        elif sum_scheme in ("block_sum", "direct_sum") or self.dtype_acc == "float32":
+            self._acc = _lib.ACC_BLOCK
+        else:
+            self._acc = _lib.ACC_DEFAULT
 
         red = ctypes.c_int()
         check(lib.sr_reduction_from_name(reduction_op.encode(), ctypes.byref(red)), None,
@@ -345,6 +357,7 @@ class Genred:
             dtype=sr_dtype,
             device=device,
             weight=self._weight.value if self._weight is not None else None,
+            acc=self._acc,
         )
         out = ctypes.c_void_p()
         st = lib.sr_kernel_new(self._h.ctx, self._expr, ctypes.byref(desc), ctypes.byref(out))

@@ -208,3 +208,25 @@ def test_threads_share_a_genred():
 def test_pykeops_import_path():
     from symred.numpy import Genred as G2, LazyTensor as L2
     assert G2 is Genred and L2 is symred.LazyTensor
+
+
+@pytest.mark.parametrize("opts, mode", [
+    ({}, None),
+    ({"use_double_acc": True}, "f64"),
+    ({"dtype_acc": "float64"}, "f64"),
+    ({"sum_scheme": "kahan_scheme"}, "kahan"),
+    ({"sum_scheme": "block_sum"}, "block"),
+])
+def test_accumulation_options_reach_the_kernel(opts, mode):
+    """pykeops' accuracy options select the C kernel's accumulation mode: the CPU kernel's
+    explain text names it, and every mode gives the double-precision sum to float32 accuracy."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, (3, 1)).astype(np.float32)
+    y = rng.uniform(-3, 3, (20000, 1)).astype(np.float32)
+    f = Genred("Exp(x*y)", ["x=Vi(1)", "y=Vj(1)"], reduction_op="Sum", axis=1, **opts)
+    out = f(x, y, backend="CPU")
+    exact = np.exp(x.astype(np.float64) * y.astype(np.float64).T).sum(1, keepdims=True)
+    np.testing.assert_allclose(out, exact, rtol=2e-5)
+    text = f.explain(backend="CPU")
+    if mode is not None and "backend: cpu-jit" in text:
+        assert f"accumulation: {mode}" in text, text
