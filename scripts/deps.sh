@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# deps.sh — installs the Debian packages that building, testing and the demo need, when missing.
+#
+# Only packages that are not installed are asked for, and `apt-get update` runs only then, so on
+# a machine that has everything this does nothing and needs no network. Works as root, or
+# through sudo when it is available.
+set -euo pipefail
+
+PACKAGES=(
+    build-essential   # gcc, make, libc headers; gcc is also the CPU JIT's compiler at run time
+    cmake
+    pkg-config        # CMake finds Criterion with it; the install test uses it
+    libcriterion-dev  # the C tests
+    gzip              # knn --fashion-mnist reads the data set through it
+    python3
+    python3-numpy     # the Python bindings
+    python3-pytest    # their tests
+    clang-format      # the style check of scripts/test.sh
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$pkg")
+    fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "deps.sh: all ${#PACKAGES[@]} packages are installed"
+    exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+    as_root=(env DEBIAN_FRONTEND=noninteractive)
+elif command -v sudo >/dev/null 2>&1; then
+    as_root=(sudo env DEBIAN_FRONTEND=noninteractive)
+else
+    echo "deps.sh: missing packages (${missing[*]}), and neither root nor sudo to install them" >&2
+    exit 1
+fi
+
+echo "deps.sh: installing ${missing[*]}"
+"${as_root[@]}" apt-get update -q
+"${as_root[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "deps.sh: done"

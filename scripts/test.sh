@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# test.sh — builds symred and runs every test: what CI runs (.ci/run).
+#
+# Steps: install missing Debian packages; a warnings-as-errors build in build-ci/ and ctest
+# there (unit tests, examples checked against brute force, the install test); the same with
+# AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/; clang-format on the C
+# sources; the Python tests when bindings/python/tests exists. Every step runs even after a
+# failure, and the last line says how many passed and failed. Exit status 0 only if all passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=$(nproc 2>/dev/null || echo 2)
+# The build folders are build-ci/ and build-asan/, under SYMRED_BUILD_ROOT if set.
+root=${SYMRED_BUILD_ROOT:-.}
+ci_dir=$root/build-ci
+asan_dir=$root/build-asan
+passed=()
+failed=()
+
+# step NAME COMMAND...: runs the command and records the outcome under NAME.
+step() {
+    local name=$1
+    shift
+    echo
+    echo "==== test.sh: $name"
+    if "$@"; then
+        passed+=("$name")
+    else
+        echo "==== test.sh: $name FAILED"
+        failed+=("$name")
+    fi
+}
+
+build() { # build DIR CMAKE-OPTIONS...
+    local dir=$1
+    shift
+    cmake -S . -B "$dir" -DSYMRED_WERROR=ON "$@" && cmake --build "$dir" -j "$jobs"
+}
+
+run_ctest() { # run_ctest DIR: needs the build of DIR to have succeeded
+    if [ ! -f "$1/.build-ok" ]; then
+        echo "test.sh: $1 did not build, so its tests cannot run"
+        return 1
+    fi
+    (cd "$1" && ctest --output-on-failure -j "$jobs")
+}
+
+build_and_mark() { # build, then leave a mark that run_ctest looks for
+    local dir=$1
+    rm -f "$dir/.build-ok"
+    build "$@" && touch "$dir/.build-ok"
+}
+
+format_check() {
+    local files
+    mapfile -t files < <(find include src tests examples -name '*.[ch]' | sort)
+    echo "clang-format --dry-run -Werror on ${#files[@]} files"
+    clang-format --dry-run -Werror "${files[@]}"
+}
+
+python_tests() {
+    local dir=bindings/python/tests
+    local ntests
+    ntests=$(find "$dir" -name 'test_*.py' -o -name '*_test.py' | wc -l)
+    # The bindings find the library built above.
+    SYMRED_LIB="$(cd "$ci_dir" && pwd)/libsymred.so" /usr/bin/python3 -m pytest -q "$dir"
+    local rc=$?
+    if [ "$rc" -eq 5 ] && [ "$ntests" -eq 0 ]; then
+        echo "test.sh: $dir has no test files yet"
+        return 0
+    fi
+    return "$rc"
+}
+
+step "deps" ./scripts/deps.sh
+step "build (warnings as errors)" build_and_mark "$ci_dir"
+step "ctest" run_ctest "$ci_dir"
+# Leak checking needs ptrace, which some containers forbid; ASAN_OPTIONS from the caller wins.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+step "build (ASan + UBSan)" build_and_mark "$asan_dir" -DSYMRED_ASAN=ON -DSYMRED_UBSAN=ON
+step "ctest (ASan + UBSan)" run_ctest "$asan_dir"
+step "clang-format" format_check
+if [ -d bindings/python/tests ]; then
+    step "python tests" python_tests
+fi
+
+echo
+if [ "${#failed[@]}" -eq 0 ]; then
+    echo "test.sh: ALL PASSED (${passed[*]})"
+else
+    (IFS=,; echo "test.sh: FAILED:${failed[*]/#/ }")
+fi
+echo "steps: ${#passed[@]} passed, ${#failed[@]} failed"
+[ "${#failed[@]}" -eq 0 ]
