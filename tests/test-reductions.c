@@ -264,7 +264,7 @@ static void check(const struct data *D, sr_expr *f, formula_fn ff, sr_expr *w, f
                  (long long)D->nx, (long long)D->ny, sr_ctx_error(ctx));
     int64_t nred = axis == 1 ? D->ny : D->nx;
     double *vals = malloc((size_t)(nred * fdim + 1) * sizeof *vals);
-    double *wv = malloc((size_t)(nred * wdim + 1) * sizeof *wv);
+    double *wv = calloc((size_t)(nred * wdim + 1), sizeof *wv); /* read only for SumSoftMaxWeight */
     double *ev = malloc((size_t)r.od * sizeof *ev);
     int64_t *ei = malloc((size_t)r.od * sizeof *ei);
     bool has_v = red != SR_ARGMIN && red != SR_ARGMAX && red != SR_ARGKMIN;
