@@ -129,6 +129,20 @@ SR_API void sr_ctx_free(sr_ctx *ctx);
  * A NULL ctx gives a static message. */
 SR_API const char *sr_ctx_error(const sr_ctx *ctx);
 
+/* Sets the memory budget of the context: the most workspace, in bytes, that a kernel of this
+ * context may use in one call (all its threads together: tiles, reduction states, partial
+ * results of a split, BLIS packing buffers), not counting the caller's inputs and outputs.
+ * 0 means unlimited. The initial value comes from SYMRED_MEM_LIMIT, a byte count with an
+ * optional unit: "67108864", "64MB" (10^6), "512KiB" (2^10), "1GB", "2GiB" (2^30); a malformed
+ * SYMRED_MEM_LIMIT makes every sr_kernel_new of the context fail with SR_EINVAL and a message
+ * naming the variable and its value. Kernels are planned at creation under the budget in force
+ * then (smaller tiles, fewer threads, no split of the reduced range), and sr_kernel_new fails
+ * with SR_EBUDGET and the number of bytes it needs when even the smallest plan does not fit.
+ * Returns SR_EINVAL for a NULL ctx or a negative value. Not thread-safe with other calls on ctx. */
+SR_API sr_status sr_ctx_set_mem_limit(sr_ctx *ctx, int64_t bytes);
+/* The context's memory budget in bytes; 0 = unlimited (also for a NULL ctx). */
+SR_API int64_t sr_ctx_mem_limit(const sr_ctx *ctx);
+
 /* ---- Expressions -------------------------------------------------------------------------- */
 
 /* Variable categories, numbered as KeOps' Var(index, dim, cat). */
@@ -359,9 +373,80 @@ typedef struct sr_run_desc {
 /* Runs the kernel with both outputs given separately and the argument count checked. */
 SR_API sr_status sr_kernel_run_ex(const sr_kernel *kernel, const sr_run_desc *run);
 
+/* Like sr_kernel_run_ex, for callers that keep data on the GPU: bit v of device_args set means
+ * args[v] is a device pointer (a CUdeviceptr cast to a pointer) on the kernel's GPU, used in
+ * place with no copy (indices >= 64 are always host arrays); device_out nonzero means out and
+ * out_idx are device pointers. Only for kernels created with SR_DEVICE_CUDA: SR_EINVAL for any
+ * other kernel when a flag is set. With both zero this is sr_kernel_run_ex. */
+SR_API sr_status sr_kernel_run_device(const sr_kernel *kernel, const sr_run_desc *run,
+                                      uint64_t device_args, int device_out);
+
 /* Text describing the kernel: the formula, the reduction, the backend and its plan. The pointer
  * is owned by the kernel and valid until sr_kernel_free. */
 SR_API const char *sr_kernel_explain(const sr_kernel *kernel);
+
+/* The most workspace in bytes one call of the kernel uses (all threads together), as planned at
+ * creation under the context's memory budget; sr_kernel_explain says how it is made up. 0 for a
+ * NULL kernel. */
+SR_API int64_t sr_kernel_workspace_bytes(const sr_kernel *kernel);
+
+/* Writes the values of the kernel's formula F (not the reduction) for the block of rows
+ * [i0, i0 + ni) and columns [j0, j0 + nj) into out, row-major ni x nj x dim(F) values of the
+ * kernel's dtype: out[((i - i0) * nj + (j - j0)) * dim(F) + c] = F(x_i, y_j)_c. args, nx and ny
+ * are as for sr_kernel_run (all nx rows of the i-variables and ny rows of the j-variables; only
+ * the block's rows are read); the block must lie inside [0, nx) x [0, ny). The values are those
+ * of the reference interpreter (docs/semantics.md, computed in float64 and rounded to the
+ * dtype), whatever the kernel's reduction and axis. This is the building block of
+ * split-and-accumulate algorithms (e.g. the K_uf K_fu product of sparse GPs,
+ * examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's own
+ * workspace is a few values per formula node and thread. Errors: SR_EINVAL (NULL or missing
+ * arrays, a block outside the matrix, negative sizes), SR_EOVERFLOW (ni * nj * dim(F) too large),
+ * SR_EBUDGET. Thread-safe like sr_kernel_run. */
+SR_API sr_status sr_kernel_eval_block(const sr_kernel *kernel, int64_t nx, int64_t ny,
+                                      const void *const *args, int64_t i0, int64_t ni, int64_t j0,
+                                      int64_t nj, void *out);
+
+/*
+ * Chains of kernel matrices and dense matrices (src/formulas/chain.c).
+ *
+ * A chain is a product M1 · M2 · ... · Mn whose factors are kernel matrices (K_ij = f(x_i, y_j),
+ * nx x ny, f a scalar formula with its arrays) and dense row-major matrices, e.g. K1·K2·V·W.
+ * sr_chain_eval computes the product in the cheapest order, found by matrix-chain dynamic
+ * programming over the sizes and the cost model (a kernel applied to a dense operand with c
+ * columns costs nx·ny·(flops per pair of f + 2c); a dense product 2·a·b·c). A kernel matrix is
+ * never materialised: it is only ever multiplied by a dense operand, through a Sum reduction
+ * (K·B over j, D·K over i), so a chain needs at least one dense factor. Intermediate products
+ * are dense. The kernels run on the default device with the chain's dtype; the dense products
+ * accumulate in float64.
+ *
+ *   sr_chain *c;
+ *   sr_chain_new(ctx, SR_F64, &c);
+ *   sr_chain_kernel(c, f1, n, m, 2, (const void *[]){x, y});   // K1: n x m
+ *   sr_chain_kernel(c, f2, m, m, 2, (const void *[]){y, y});   // K2: m x m
+ *   sr_chain_dense(c, m, 3, V);                                // V:  m x 3
+ *   sr_chain_eval(c, out);                                     // out: n x 3
+ *   puts(sr_chain_explain(c));                                 // order: (K1*(K2*M3))
+ *   sr_chain_free(c);
+ *
+ * sr_chain_kernel: f must have dimension 1 and take exactly nargs arrays (as sr_kernel_nargs
+ * would count them: 1 + the largest variable index); its Vi variables have nx rows, its Vj
+ * variables ny rows. The chain keeps the pointers (not copies) of args and of dense data until
+ * sr_chain_free. Each factor's rows must equal the previous factor's columns (SR_EDIM).
+ * sr_chain_plan chooses the order without evaluating (sr_chain_eval plans when needed);
+ * sr_chain_explain then names the factors K<position> (kernel) and M<position> (dense) and shows
+ * the order and its estimated cost. sr_chain_eval writes rows(M1) x cols(Mn) values of the dtype.
+ * Errors: SR_EINVAL (no dense factor, empty chain, NULL arguments, bad sizes), SR_EDIM, SR_ENOMEM,
+ * SR_EOVERFLOW, and those of sr_kernel_new / sr_kernel_run.
+ */
+typedef struct sr_chain sr_chain;
+SR_API sr_status sr_chain_new(sr_ctx *ctx, sr_dtype dtype, sr_chain **out);
+SR_API sr_status sr_chain_kernel(sr_chain *chain, const sr_expr *f, int64_t nx, int64_t ny,
+                                 int nargs, const void *const *args);
+SR_API sr_status sr_chain_dense(sr_chain *chain, int64_t rows, int64_t cols, const void *data);
+SR_API sr_status sr_chain_plan(sr_chain *chain);
+SR_API sr_status sr_chain_eval(sr_chain *chain, void *out);
+SR_API const char *sr_chain_explain(const sr_chain *chain);
+SR_API void sr_chain_free(sr_chain *chain);
 
 #ifdef __cplusplus
 }

@@ -429,6 +429,28 @@ Test(simplify, normalize_scalprod)
 
 /* ---- the cost-guarded rewrite ---- */
 
+Test(simplify, division_by_one_sided_terms)
+{
+    /* Naive cosine similarity: the norms become hoisted reciprocals. */
+    sr_expr *f = sr_div(ctx, sr_sum(ctx, sr_mul(ctx, X, Y)),
+                        sr_mul(ctx, sr_norm2(ctx, X), sr_norm2(ctx, Y)));
+    assert_fires(f, "div-onesided");
+    sr_expr *want = sr_mul(ctx, sr_mul(ctx, sr_scalprod(ctx, X, Y), sr_inv(ctx, sr_norm2(ctx, X))),
+                           sr_inv(ctx, sr_norm2(ctx, Y)));
+    assert_simp(f, want);
+    check_same_values(f, false, 11);
+    check_same_values(f, true, 12);
+    sr_expr *g = sr_div(ctx, sr_sqdist(ctx, X, Y), sr_add(ctx, S, P));
+    assert_fires(g, "div-onesided");
+    check_same_values(g, false, 13);
+    check_same_values(g, true, 14);
+    /* near misses: a pair denominator, a one-sided quotient */
+    assert_not_fires(sr_div(ctx, S, sr_sqdist(ctx, X, Y)), "div-onesided");
+    assert_not_fires(sr_div(ctx, sr_sqdist(ctx, X, Y), sr_mul(ctx, S, sr_scalprod(ctx, X, Y))),
+                     "div-onesided");
+    assert_not_fires(sr_div(ctx, S, sr_norm2(ctx, X)), "div-onesided");
+}
+
 Test(simplify, sqdist_gemm_only_for_large_dimension)
 {
     sr_expr *x64 = sr_vi(ctx, 0, 64), *y64 = sr_vj(ctx, 1, 64);
@@ -776,15 +798,20 @@ Test(simplify, sum_factoring_moves_i_only_factors_out)
     cr_assert_not_null(k->simp.outer, "%s", sr_kernel_explain(k));
     cr_assert_eq(k->simp.outer, simp(fi), "outer %s", pr(k->simp.outer));
     cr_assert_eq(k->simp.inner->deps & DEP_J, DEP_J);
-    cr_assert(strstr(sr_kernel_explain(k), "reduction factoring: Sum_j F = ("), "%s",
+    cr_assert(strstr(sr_kernel_explain(k), "reduction rewrite (sum-factor): Sum_j F = "), "%s",
               sr_kernel_explain(k));
     /* outer * inner is F */
     sr_expr *prod = sr_mul(ctx, (sr_expr *)k->simp.outer, (sr_expr *)k->simp.inner);
     cr_assert_eq(simp(prod), k->f, "%s vs %s", pr(simp(prod)), pr(k->f));
     sr_kernel_free(k);
-    /* Not for Min (the factor's sign matters) nor over i for a j-only... */
+    /* Min: the factor is never negative, so it moves out too (tests/test-rewrite.c checks the
+     * values); a factor of unknown sign does not. */
     k = kernel(f, SR_MIN);
-    cr_assert_null(k->simp.outer);
+    cr_assert_eq(k->simp.outer, simp(fi), "%s", sr_kernel_explain(k));
+    cr_assert_str_eq(k->simp.post_rule, "minmax-nonneg-factor");
+    sr_kernel_free(k);
+    k = kernel(sr_mul(ctx, S, g), SR_MIN);
+    cr_assert_null(k->simp.outer, "%s", sr_kernel_explain(k));
     sr_kernel_free(k);
 }
 

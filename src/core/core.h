@@ -31,6 +31,9 @@ struct sr_ctx {
      * fails with it, naming the variable, rather than silently using a default. */
     sr_status env_status;
     char env_msg[256];
+    /* The memory budget for kernel workspaces, in bytes (SYMRED_MEM_LIMIT or
+     * sr_ctx_set_mem_limit); 0 = unlimited. See src/core/budget.c. */
+    int64_t mem_limit;
     struct jit_ctx *jit; /* CPU JIT options and loaded modules (src/jit), created on use */
 };
 
@@ -45,6 +48,20 @@ sr_status sr__builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
 sr_status sr__env_int(sr_ctx *ctx, const char *name, long lo, long hi, long dflt, long *out);
 sr_status sr__env_choice(sr_ctx *ctx, const char *name, const char *const *choices, int n, int dflt,
                          int *out);
+/* Parses a byte count: digits with an optional unit B, KB, MB, GB, TB (powers of 1000) or KiB,
+ * MiB, GiB, TiB (powers of 1024), case-insensitive, spaces allowed before the unit. SR_EINVAL on
+ * anything else (nothing recorded), SR_EOVERFLOW past INT64_MAX. (budget.c) */
+sr_status sr__parse_bytes(const char *s, int64_t *out);
+/* Reads SYMRED_MEM_LIMIT into ctx->mem_limit at context creation; a malformed value is recorded
+ * like the other SYMRED_* errors (ctx->env_status). */
+void sr__mem_limit_init(sr_ctx *ctx);
+/* Fails with SR_EBUDGET (and the bytes needed) when kernel k's workspace exceeds the budget;
+ * kernel.c calls it after the backend's prepare. */
+sr_status sr__budget_check(struct sr_kernel *k);
+/* The reference interpreter's working set for kernel k, in bytes (one thread). */
+int64_t sr__reference_workspace(const struct sr_kernel *k);
+/* Appends the budget and the kernel's workspace to its explain text. */
+void sr__budget_explain(const struct sr_kernel *k, struct expr_buf *b);
 /* Copies the current message of ctx (for callers that re-report it with context). */
 void sr__error_get(sr_ctx *ctx, char *buf, size_t cap);
 
@@ -94,9 +111,14 @@ struct sr_cost {
 struct sr_simp_info {
     bool enabled; /* SYMRED_SIMPLIFY is not 0 */
     const sr_expr *f_user, *weight_user;
-    /* Sum only: f == outer * inner with outer independent of the reduced index, so the
-     * reduction is outer * Sum(inner). Both NULL when F has no such factor. */
-    const sr_expr *outer, *inner;
+    /* The reduction rewrite (src/formulas/simplify.c), all NULL when there is none: the
+     * reduction of F equals post evaluated once per output row, where post reads the output
+     * index's variables, the parameters and R = the reduction of inner (a variable of the
+     * output index at argument position nargs, dimension k * dim(inner)). outer is the part
+     * that moved out (factors for Sum/Min/Max/KMin, added terms for the shifts). Backends other
+     * than the reference run it through simp_post_backend, which kernel.c installs. */
+    const sr_expr *outer, *inner, *post;
+    const char *post_rule;
     /* Maximal non-trivial subexpressions of f and weight that do not depend on the pair: each
      * depends on i only, j only, or parameters only (see its deps), and may be computed once
      * per row, column or call instead of once per pair. */
@@ -131,6 +153,11 @@ static inline size_t sr_dtype_size(sr_dtype t) { return t == SR_F64 ? 8 : 4; }
 /* Backends. */
 extern const struct sr_backend_i cpu_reference_backend;
 extern const struct sr_backend_i cpu_jit_backend; /* falls back to the reference */
+extern const struct sr_backend_i cuda_backend;    /* src/jit/cuda-runtime.c: SR_ENODEV w/o GPU */
+/* The CUDA backend's run with device-pointer flags (sr_kernel_run_device); validated input,
+ * nout > 0, nred >= 0. */
+sr_status cuda_run_device(const struct sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
+                          int device_out);
 /* Unloads the context's JIT modules (ctx.c calls it from sr_ctx_free). */
 void cpu_jit_ctx_free(sr_ctx *ctx);
 

@@ -75,6 +75,7 @@ sr_status sr_ctx_new(sr_ctx **out)
         sr__error_get(ctx, ctx->env_msg, sizeof ctx->env_msg);
     }
     ctx->log_level = (int)level;
+    sr__mem_limit_init(ctx);
     *out = ctx;
     return SR_OK;
 }

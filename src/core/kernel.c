@@ -117,12 +117,10 @@ static const struct sr_backend_i *pick_backend(sr_ctx *ctx, sr_device dev, sr_st
             return NULL;
         dev = (sr_device)choice;
     }
-    if (dev == SR_DEVICE_CUDA) {
-        *st = sr__error(ctx, SR_ENODEV,
-                        "device cuda: this build of symred has no CUDA backend yet; use "
-                        "SR_DEVICE_CPU or SR_DEVICE_AUTO");
-        return NULL;
-    }
+    /* CUDA: its prepare fails with SR_ENODEV, naming what it looked for, without a GPU. AUTO
+     * stays on the CPU (docs/gpu.md: choosing by problem size is not implemented yet). */
+    if (dev == SR_DEVICE_CUDA)
+        return &cuda_backend;
     /* AUTO and CPU: the JIT, which falls back to the reference (saying so once at
      * SYMRED_LOG >= 1) when no C compiler can be run. */
     if (dev == SR_DEVICE_REFERENCE)
@@ -160,6 +158,7 @@ static void build_explain(sr_kernel *k)
     expr_buf_printf(&b, "\ndevice: %s\nbackend: %s\n", device_names[k->device], k->backend->name);
     if (k->backend->explain)
         k->backend->explain(k, &b);
+    sr__budget_explain(k, &b);
     k->explain = b.oom ? NULL : b.data;
     if (b.oom)
         free(b.data);
@@ -215,8 +214,16 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
         st = simp_kernel(k); /* k->f and k->weight become the simplified formulas */
     if (st == SR_OK)
         k->backend = pick_backend(ctx, desc->device, &st);
+    /* A reduction rewrite of the simplifier: a kernel on the chosen backend reduces the inner
+     * formula and the rest is applied after the reduction, on host arrays (src/formulas/post.c).
+     * The reference runs the formula as given; the GPU backend runs k->f whole for now. */
+    if (st == SR_OK && k->simp.post && k->backend == &cpu_jit_backend)
+        k->backend = &simp_post_backend;
     if (st == SR_OK && k->backend->prepare)
         st = k->backend->prepare(k);
+    /* The backends plan under the memory budget; this check is the guarantee. */
+    if (st == SR_OK && (st = sr__budget_check(k)) != SR_OK && k->backend->release)
+        k->backend->release(k);
     if (st != SR_OK) {
         simp_kernel_release(k);
         free(k->vars);
@@ -358,6 +365,30 @@ sr_status sr_kernel_run_ex(const sr_kernel *k, const sr_run_desc *r)
         return SR_OK;
     }
     return k->backend->run(k, r);
+}
+
+sr_status sr_kernel_run_device(const sr_kernel *k, const sr_run_desc *r, uint64_t device_args,
+                               int device_out)
+{
+    if (!device_args && !device_out)
+        return sr_kernel_run_ex(k, r);
+    if (!k)
+        return SR_EINVAL;
+    if (!r)
+        return sr__error(k->ctx, SR_EINVAL, "sr_kernel_run_device: run is NULL");
+    if (k->backend != &cuda_backend)
+        return sr__error(k->ctx, SR_EINVAL,
+                         "device pointers need a kernel created with SR_DEVICE_CUDA; this kernel "
+                         "runs on the %s backend",
+                         k->backend->name);
+    sr_status st = run_check(k, r);
+    if (st != SR_OK)
+        return st;
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    if (nout == 0)
+        return SR_OK;
+    /* An empty reduction too: the device writes the identity into device outputs. */
+    return cuda_run_device(k, r, device_args, device_out);
 }
 
 sr_status sr_kernel_run(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args,

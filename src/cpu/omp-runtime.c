@@ -44,6 +44,42 @@ static int max_threads(const sr_kernel *k)
     return nt < 1 ? 1 : nt;
 }
 
+/* Threads that fit in the memory budget, each with a workspace of per_thread bytes. */
+static int budget_threads(const sr_kernel *k, int64_t per_thread)
+{
+    int nt = max_threads(k);
+    int64_t lim = k->ctx->mem_limit;
+    if (lim > 0 && per_thread > 0 && (int64_t)nt * per_thread > lim)
+        nt = (int)(lim / per_thread) < 1 ? 1 : (int)(lim / per_thread);
+    return nt;
+}
+
+/* Whether splitting the reduced range (nt partial states of nout rows each, on top of the
+ * threads' workspaces) fits in the budget. */
+static bool split_fits(const sr_kernel *k, int nt, int64_t nout)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    int64_t lim = k->ctx->mem_limit;
+    return lim <= 0 || (int64_t)nt * (jk->plan.workspace_bytes + nout * jk->m->state_bytes) <= lim;
+}
+
+int64_t cpu_jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    int64_t pt = jk->plan.workspace_bytes;
+    int nt = budget_threads(k, pt);
+    /* The largest split: fewer than SPLIT_ROWS_PER_THREAD rows per thread, when it fits. */
+    int64_t split_rows = (int64_t)nt * SPLIT_ROWS_PER_THREAD - 1;
+    int64_t total = (int64_t)nt * pt;
+    if (nt > 1 && split_fits(k, nt, split_rows))
+        total = (int64_t)nt * (pt + split_rows * jk->m->state_bytes);
+    if (per_thread)
+        *per_thread = pt;
+    if (threads)
+        *threads = nt;
+    return total;
+}
+
 static sr_status fall_back(sr_kernel *k, const char *why)
 {
     struct jit_ctx *jc = k->ctx->jit;
@@ -73,6 +109,15 @@ static sr_status jit_prepare(sr_kernel *k)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     /* the kernel's own choice wins over SYMRED_ACC (sr_acc is enum jit_acc plus one) */
     jk->acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
+    /* High-dimensional inner products go to BLIS when the planner says so (src/cpu/gemm.c);
+     * SR_ENOTSUP means the direct strategy. */
+    sr_status sg = cpu_gemm_prepare(k, jk->acc);
+    if (sg != SR_ENOTSUP) {
+        free(jk);
+        return sg;
+    }
+    /* One thread's workspace must fit in the memory budget; the emitter shrinks the tiles. */
+    jk->plan.ws_limit = ctx->mem_limit;
     struct expr_buf src = {0};
     sr_status st = jit_emit_c(k, (enum jit_acc)jk->acc, &src, &jk->plan);
     if (st == SR_OK && src.oom)
@@ -83,6 +128,16 @@ static sr_status jit_prepare(sr_kernel *k)
         if (st == SR_ENOTSUP)
             return fall_back(k, "formula too large for the direct strategy");
         return sr__error(ctx, st, "CPU JIT: cannot emit the kernel source");
+    }
+    if (ctx->mem_limit > 0 && jk->plan.workspace_bytes > ctx->mem_limit) {
+        free(src.data);
+        int64_t need = jk->plan.workspace_bytes;
+        free(jk);
+        return sr__error(ctx, SR_EBUDGET,
+                         "memory budget exceeded: the smallest plan of this kernel needs %lld "
+                         "bytes of workspace (one thread, tiles of 16 reduced indices x 1 row), "
+                         "the budget is %lld bytes (SYMRED_MEM_LIMIT or sr_ctx_set_mem_limit)",
+                         (long long)need, (long long)ctx->mem_limit);
     }
     st = jit_module_get(ctx, src.data, src.len, &jk->m, &jk->info);
     free(src.data);
@@ -116,9 +171,10 @@ static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
     const struct jit_module *m = jk->m;
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
-    int nt = max_threads(k);
+    int nt = budget_threads(k, jk->plan.workspace_bytes);
     int failed = 0;
-    if (nt == 1 || nout >= (int64_t)nt * SPLIT_ROWS_PER_THREAD || nred < SPLIT_MIN_REDUCED) {
+    if (nt == 1 || nout >= (int64_t)nt * SPLIT_ROWS_PER_THREAD || nred < SPLIT_MIN_REDUCED ||
+        !split_fits(k, nt, nout)) {
         /* Row chunks: a few per thread for balance, at most one block of the module. */
         int64_t chunk = (nout + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
         if (chunk > m->rows_per_block)
@@ -182,10 +238,11 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "module: %s, cache %s, %.1f ms\n",
                     p->tile_j, p->rows_per_block, p->columns, p->fbuf, p->hoisted_outer,
                     p->hoisted_inner, p->pair_nodes, (long long)p->state_bytes,
-                    (long long)p->workspace_bytes, max_threads(k), SPLIT_ROWS_PER_THREAD,
-                    k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
+                    (long long)p->workspace_bytes, budget_threads(k, p->workspace_bytes),
+                    SPLIT_ROWS_PER_THREAD, k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
                     k->ctx->jit ? k->ctx->jit->cc : "cc", jit_cflags_text(), jk->info.origin,
                     jk->info.cache, jk->info.compile_ms);
+    cpu_gemm_explain_direct(k, b);
     if (jk->info.path[0])
         expr_buf_printf(b, "path: %s\n", jk->info.path);
 }

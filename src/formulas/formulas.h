@@ -95,6 +95,14 @@ bool simp_enabled(void);
 sr_status simp_kernel(sr_kernel *k);
 void simp_kernel_release(sr_kernel *k);
 void simp_kernel_explain(const sr_kernel *k, struct expr_buf *b);
+/* The backend of a kernel with a reduction rewrite (k->simp.post; post.c): an inner kernel on
+ * the user's device reduces k->simp.inner, then the post formula gives the output. kernel.c
+ * installs it in place of any backend but the reference. */
+extern const struct sr_backend_i simp_post_backend;
+/* The most workspace one run of such a kernel uses: the inner and post kernels' workspaces and
+ * the chunk of R (for the memory budget, src/core/budget.c; k->backend->run equals
+ * simp_post_backend.run for these kernels). */
+int64_t simp_post_workspace(const sr_kernel *k);
 
 /* ---- facts about nodes (rules.c) ---- */
 

@@ -659,6 +659,44 @@ static sr_expr *r_div_const(struct simp_state *s, sr_expr *e)
     return r ? mk2(s, OP_MUL, r, e->child[0]) : NULL;
 }
 
+/*
+ * a / b with b free of the pair (one-sided or parameter-only) and a of the pair -> a * Inv(b),
+ * and a / (b1 * ... * bn) with each bk free of the pair (while their product is not: an i-only
+ * times a j-only norm, say) -> a * Inv(b1) * ... * Inv(bn). The reciprocals are then hoisted
+ * (and an i-only one leaves a Sum), and the pair pays a multiplication instead of a division.
+ * Same NaN/Inf class: a / ±0 and a * Inv(±0) are both ±Inf (NaN for a = 0), a / Inf and
+ * a * Inv(Inf) both ±0; only the rounding (and a product's overflow) differ.
+ */
+static bool is_pair(const sr_expr *e) { return (e->deps & (DEP_I | DEP_J)) == (DEP_I | DEP_J); }
+static bool g_div_onesided(struct simp_state *s, sr_expr *e)
+{
+    sr_expr *b = e->child[1];
+    if (!is_pair(e) || is_cst(b))
+        return false;
+    if (!is_pair(b))
+        return true;
+    sr_expr *t[CHAIN_MAX];
+    int n = chain_gather(b, OP_MUL, t, CHAIN_MAX);
+    if (n < 2 || n >= CHAIN_MAX)
+        return false;
+    for (int i = 0; i < n; i++)
+        if (is_pair(t[i]))
+            return false;
+    return true;
+}
+static sr_expr *r_div_onesided(struct simp_state *s, sr_expr *e)
+{
+    sr_expr *b = e->child[1], *t[CHAIN_MAX];
+    int n = 1;
+    t[0] = b;
+    if (is_pair(b))
+        n = chain_gather(b, OP_MUL, t, CHAIN_MAX);
+    sr_expr *r = e->child[0];
+    for (int i = 0; i < n && r; i++)
+        r = mk2(s, OP_MUL, r, mk1(s, OP_INV, t[i]));
+    return r;
+}
+
 /* ---- identities ---- */
 
 /* Drops the chain terms equal to the constant v (x + 0, x * 1). */
@@ -1101,6 +1139,7 @@ const struct simp_rule simp_rules[] = {
     {"sqrt-sqdist", M, OP_SQRT, g_sqrt_sqdist, r_sqrt_sqdist},
     {"scalprod-self", M, OP_SCALPROD, g_scalprod_self, r_scalprod_self},
     {"scalprod-normalize", M, OP_SCALPROD, g_scalprod_normalize, r_scalprod_normalize},
+    {"div-onesided", M, OP_DIV, g_div_onesided, r_div_onesided},
     /* cost-guarded */
     {"sqdist-gemm", K, OP_SQDIST, g_sqdist_gemm, r_sqdist_gemm},
     {"norm2diff-gemm", K, OP_NORM2, g_norm2diff_gemm, r_norm2diff_gemm},

@@ -422,3 +422,12 @@ void jit_module_release(sr_ctx *ctx, struct jit_module *m)
     if (m && m->refs > 0)
         m->refs--;
 }
+
+/* The same directory, checks and trailer, for the CUDA backend's images (cuda-runtime.c). */
+sr_status jit_cache_dir(char *dir, size_t cap, char *why, size_t whycap)
+{
+    bool refused;
+    return cache_dir(dir, cap, why, whycap, &refused);
+}
+bool jit_cache_entry_ok(const char *path) { return entry_ok(path); }
+sr_status jit_cache_seal(const char *path) { return add_trailer(path); }

@@ -33,13 +33,15 @@ struct emitter {
     int outer_dep, inner_dep;
     const sr_expr **order;
     size_t n;
-    enum place *place; /* by position in order */
-    int *col;          /* inner frontier: first column in the tile, else -1 */
-    bool *in_loop;     /* needed inside the simd loop */
-    uint32_t *pos_of;  /* node id -> position + 1 (0: not in the DAG) */
-    enum place scope;  /* where the code being emitted runs */
-    sr_status fail;    /* set by ref() and friends */
-    char **strs;       /* expression strings, freed at the end */
+    enum place *place;        /* by position in order */
+    int *col;                 /* inner frontier: first column in the tile, else -1 */
+    bool *in_loop;            /* needed inside the simd loop */
+    uint32_t *pos_of;         /* node id -> position + 1 (0: not in the DAG) */
+    enum place scope;         /* where the code being emitted runs */
+    sr_status fail;           /* set by ref() and friends */
+    const sr_expr *gemm;      /* gemm-epilogue: this inner product is read from the tile sr_gt */
+    const char *const *spell; /* [OP_COUNT] other targets' templates (CUDA), NULL = C's */
+    char **strs;              /* expression strings, freed at the end */
     size_t nstr, capstr;
 };
 
@@ -387,6 +389,10 @@ static void sum_terms(struct emitter *E, const sr_expr *e, const char *acc, int 
 {
     if (loop) {
         const char *t = fn(E, e, "q_");
+        /* gemm-epilogue: the long row and column norms run outside any simd loop; let them
+         * vectorise along the vector (reassociated, as the gemm's own sums are). */
+        if (E->gemm && E->scope != PL_PAIR)
+            P("#pragma omp simd reduction(+:%s)\n", acc);
         P("        for (int q_ = 0; q_ < %d; q_++) { %s += %s; }\n", n, acc, t);
     } else {
         for (int c = 0; c < n; c++)
@@ -450,6 +456,13 @@ static void e_normalize(struct emitter *E, const sr_expr *e)
 static void e_pair(struct emitter *E, const sr_expr *e)
 {
     char n[32];
+    if (e == E->gemm) {
+        /* The gemm-epilogue strategy computed this inner product with BLIS: the runtime passes
+         * the tile of rows [o0, o1) x reduced indices [r0, r1), leading dimension SR_GLD. */
+        def(E, e, 0);
+        P("sr_gt[(o - o0) * SR_GLD + (rt - r0 + jj)];\n");
+        return;
+    }
     nm(e, 0, n);
     P("        %s %s_s = 0;\n", T(E), n);
     sum_terms(E, e, sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]),
@@ -614,10 +627,16 @@ static bool lazy_op(const sr_expr *e)
     return c_ops[e->op].ew || e->op == OP_ROUND || e->op == OP_EXTRACT || e->op == OP_CONCAT;
 }
 
+/* The elementwise template of op for the target: its override, else the C spelling. */
+static const char *ew_tmpl(const struct emitter *E, int op)
+{
+    return E->spell && E->spell[op] ? E->spell[op] : c_ops[op].ew;
+}
+
 static const char *lazy_expr(struct emitter *E, const sr_expr *e, const char *idx)
 {
     if (c_ops[e->op].ew)
-        return ew_expr(E, e, c_ops[e->op].ew, idx);
+        return ew_expr(E, e, ew_tmpl(E, e->op), idx);
     if (e->op == OP_ROUND)
         return round_expr(E, e, idx);
     return slice_expr(E, e, idx);
@@ -627,7 +646,7 @@ static void emit_node(struct emitter *E, const sr_expr *e)
 {
     const struct jit_cop *op = &c_ops[e->op];
     if (op->ew)
-        ew(E, e, op->ew);
+        ew(E, e, ew_tmpl(E, e->op));
     else
         op->fn(E, e);
 }
@@ -684,24 +703,50 @@ static int emit_scope(struct emitter *E, enum place pl)
     return n;
 }
 
-sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
-                     struct jit_plan *plan)
+/* The per-reduced-index pre-pass (r and jj in scope): the inner nodes, stored into their
+ * columns of the tile tb. Returns the number of nodes. */
+static int emit_inner(struct emitter *E)
 {
-    struct emitter E_ = {0}, *E = &E_;
-    E->k = k;
-    E->b = b;
-    E->f32 = k->dtype == SR_F32;
-    E->fs = E->f32 ? "f" : "";
-    E->outer_dep = k->axis == 1 ? DEP_I : DEP_J;
-    E->inner_dep = k->axis == 1 ? DEP_J : DEP_I;
-    if (!E->f32 && acc == JIT_ACC_F64)
-        acc = JIT_ACC_BLOCK; /* float64 kernels accumulate in float64 anyway */
-    const char *A = (E->f32 && acc != JIT_ACC_F64) ? "float" : "double";
-    const sr_reduction red = k->red;
-    const int D = k->fdim, K = k->k, DG = k->weight ? k->weight->dim : 0;
-    const int OUTD = k->out_dim;
-    sr_status st = SR_OK;
+    int nin = emit_scope(E, PL_INNER);
+    char n[32];
+    for (size_t i = 0; i < E->n; i++) {
+        const sr_expr *e = E->order[i];
+        if (E->col[i] < 0 || (big(e) && e->op != OP_VAR && !lazy_op(e)))
+            continue;
+        if (big(e))
+            P("        for (int q_ = 0; q_ < %d; q_++) tb[(%d + q_) * SR_TJ + jj] = %s;\n", e->dim,
+              E->col[i], ref(E, e, "q_"));
+        else
+            for (int c = 0; c < e->dim; c++)
+                P("        tb[%d * SR_TJ + jj] = %s;\n", E->col[i] + c, nm(e, c, n));
+    }
+    return nin;
+}
 
+/* The pair loop's body (jj in scope): the small columns loaded from the tile, then the pair
+ * nodes. Returns the number of pair nodes. */
+static int emit_pair(struct emitter *E)
+{
+    char n[32];
+    for (size_t i = 0; i < E->n; i++)
+        if (E->col[i] >= 0 && !big(E->order[i]))
+            for (int c = 0; c < E->order[i]->dim; c++)
+                P("        const sr_t %s = tb[%d * SR_TJ + jj];\n", nm(E->order[i], c, n),
+                  E->col[i] + c);
+    E->scope = PL_PAIR;
+    return emit_scope(E, PL_PAIR);
+}
+
+static void emitter_free(struct emitter *E);
+
+/* Orders the nodes of F and the weight, places each (per call, row, reduced index or pair),
+ * and gives the inner nodes the pair loop reads their columns in the tile. SR_ENOTSUP when the
+ * formula is too large for the direct strategy. */
+static sr_status analyse(struct emitter *E, int *ncol_out)
+{
+    const struct sr_kernel *k = E->k;
+    const int D = k->fdim, DG = k->weight ? k->weight->dim : 0;
+    sr_status st = SR_OK;
     /* Topological order of F and the weight together. */
     size_t nf = expr_toposort(k->f, NULL, 0),
            nw = k->weight ? expr_toposort(k->weight, NULL, 0) : 0;
@@ -713,7 +758,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     uint32_t max_id = 0;
     if (!tmp || !E->order || !E->place || !E->col || !E->in_loop) {
         st = SR_ENOMEM;
-        goto done;
+        goto out;
     }
     expr_toposort(k->f, tmp, nf);
     if (k->weight)
@@ -724,7 +769,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     E->pos_of = calloc((size_t)max_id + 1, sizeof *E->pos_of);
     if (!E->pos_of) {
         st = SR_ENOMEM;
-        goto done;
+        goto out;
     }
     /* Merge: F's order then the weight's new nodes (children still come first). */
     int64_t scalars = 0;
@@ -747,7 +792,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     }
     if (scalars > JIT_MAX_SCALARS || D + DG > 64) {
         st = SR_ENOTSUP;
-        goto done;
+        goto out;
     }
     /* What the simd loop needs: the pair nodes, the roots, and everything they reference. */
     const sr_expr *roots[2] = {k->f, k->weight};
@@ -767,8 +812,8 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
             E->col[i] = ncol;
             ncol += e->dim;
         }
-        if (E->place[i] != PL_PAIR)
-            continue;
+        if (E->place[i] != PL_PAIR || e == E->gemm)
+            continue; /* the gemm node reads the tile of inner products, not its operands */
         for (int c = 0; c < expr_arity(e); c++) {
             size_t p = pos(E, e->child[c]);
             if (E->place[p] == PL_INNER && E->col[p] < 0) {
@@ -777,6 +822,35 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
             }
         }
     }
+    *ncol_out = ncol;
+out:
+    free(tmp);
+    return st;
+}
+
+sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
+                     struct jit_plan *plan)
+{
+    struct emitter E_ = {0}, *E = &E_;
+    E->k = k;
+    E->b = b;
+    E->f32 = k->dtype == SR_F32;
+    E->fs = E->f32 ? "f" : "";
+    E->outer_dep = k->axis == 1 ? DEP_I : DEP_J;
+    E->inner_dep = k->axis == 1 ? DEP_J : DEP_I;
+    E->gemm = plan ? plan->gemm : NULL;
+    if (!E->f32 && acc == JIT_ACC_F64)
+        acc = JIT_ACC_BLOCK; /* float64 kernels accumulate in float64 anyway */
+    const char *A = (E->f32 && acc != JIT_ACC_F64) ? "float" : "double";
+    const sr_reduction red = k->red;
+    const int D = k->fdim, K = k->k, DG = k->weight ? k->weight->dim : 0;
+    const int OUTD = k->out_dim;
+    sr_status st = SR_OK;
+
+    int ncol = 0;
+    st = analyse(E, &ncol);
+    if (st != SR_OK)
+        goto done;
     bool fused_sum = red == SR_SUM;
     int nfb = fused_sum ? 0 : D + DG;
     /* Tile width: the tile (columns + buffered values) should stay in L2. */
@@ -795,8 +869,9 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
       sr_reductions[red].name, k->axis, K, T(E), jit_acc_names[acc]);
     prelude(E, A);
     const char *t = T(E), *f = E->fs;
-    P("#define SR_TJ %d\n#define SR_D %d\n#define SR_K %d\n#define SR_DG %d\n#define SR_OUTD %d\n",
-      TJ, D, K, DG, OUTD);
+    P("#define SR_D %d\n#define SR_K %d\n#define SR_DG %d\n#define SR_OUTD %d\n", D, K, DG, OUTD);
+    if (E->gemm)
+        P("#define SR_GLD %d\n", plan->gemm_ld);
     P("#define SR_INF __builtin_inf%s()\n#define SR_NAN __builtin_nan%s(\"\")\n\n", f, f);
 
     /* ---- state ---- */
@@ -857,9 +932,24 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
             break;
         }
     }
-    int RB = 64;
+    /* gemm-epilogue: one block for all the rows of a call, so the reduced-index terms are
+     * computed once per tile of inner products. */
+    int RB = E->gemm && plan->gemm_rows > 64 ? plan->gemm_rows : 64;
     while (RB > 1 && state_bytes * RB > (4 << 20))
         RB /= 2;
+    /* The memory budget (src/core/budget.c): halve whichever of the tile and the block of row
+     * states is larger until the per-thread workspace fits, down to 16 x 1. */
+    const int64_t es_ = E->f32 ? 4 : 8;
+    const int64_t kextra_ = sr_reductions[red].uses_k ? (int64_t)K * (es_ + 8) : 0;
+#define JIT_WS_(tj, rb)                                                                            \
+    ((int64_t)(tj) * (ncol + nfb) * es_ + 64 + (int64_t)(rb)*state_bytes + kextra_)
+    while (plan && plan->ws_limit > 0 && JIT_WS_(TJ, RB) > plan->ws_limit && (TJ > 16 || RB > 1)) {
+        if (TJ > 16 && (RB == 1 || (int64_t)TJ * (ncol + nfb) * es_ >= (int64_t)RB * state_bytes))
+            TJ /= 2;
+        else
+            RB /= 2;
+    }
+    P("#define SR_TJ %d\n", TJ);
     P("const int sr_abi_version = %d;\n", JIT_ABI_VERSION);
     P("const int64_t sr_state_bytes = (int64_t)sizeof(sr_state);\n");
     P("const int64_t sr_rows_per_block = %d;\n\n", RB);
@@ -1040,6 +1130,8 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         if (k->vars[v].dim)
             P("    const sr_t *restrict a%d = args[%d];\n", v, v);
     P("    (void)args;\n");
+    if (E->gemm)
+        P("    const sr_t *restrict sr_gt = args[%d];\n", plan->gemm_arg);
     /* Uniform nodes: constants and parameters, once per call. */
     int nout = 0, nin = 0, npair = 0;
     emit_scope(E, PL_UNIFORM);
@@ -1053,38 +1145,22 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     P("        const int nj = (int)(r1 - rt < SR_TJ ? r1 - rt : SR_TJ);\n");
     /* Pre-pass: inner nodes into the tile (structure of arrays). */
     if (ncol > 0) {
-        P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n        const int64_t r = "
-          "rt + jj;\n");
-        nin = emit_scope(E, PL_INNER);
-        char n[32];
-        for (size_t i = 0; i < E->n; i++) {
-            const sr_expr *e = E->order[i];
-            if (E->col[i] < 0 || (big(e) && e->op != OP_VAR && !lazy_op(e)))
-                continue;
-            if (big(e))
-                P("        for (int q_ = 0; q_ < %d; q_++) tb[(%d + q_) * SR_TJ + jj] = %s;\n",
-                  e->dim, E->col[i], ref(E, e, "q_"));
-            else
-                for (int c = 0; c < e->dim; c++)
-                    P("        tb[%d * SR_TJ + jj] = %s;\n", E->col[i] + c, nm(e, c, n));
-        }
+        /* gemm-epilogue: the inner nodes are the few reduced-index terms (norms of long
+         * vectors): vectorising along each vector beats gathers across the tile. */
+        if (!E->gemm)
+            P("#pragma omp simd\n");
+        P("        for (int jj = 0; jj < nj; jj++) {\n        const int64_t r = rt + jj;\n");
+        nin = emit_inner(E);
         P("        }\n");
     }
     P("        for (int64_t o = ob; o < oe; o++) {\n        sr_state *s = &st[o - o0];\n");
     nout = emit_scope(E, PL_OUTER);
     /* The simd loop body: load the columns, compute the pair nodes. */
-    char n[32];
     struct expr_buf body = {0};
     {
         struct expr_buf *save = E->b;
         E->b = &body;
-        for (size_t i = 0; i < E->n; i++)
-            if (E->col[i] >= 0 && !big(E->order[i]))
-                for (int c = 0; c < E->order[i]->dim; c++)
-                    P("        const sr_t %s = tb[%d * SR_TJ + jj];\n", nm(E->order[i], c, n),
-                      E->col[i] + c);
-        E->scope = PL_PAIR;
-        npair = emit_scope(E, PL_PAIR);
+        npair = emit_pair(E);
         E->b = save;
         if (body.oom) {
             free(body.data);
@@ -1224,8 +1300,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         plan->columns = ncol;
         plan->fbuf = nfb;
         plan->state_bytes = state_bytes;
-        plan->workspace_bytes =
-            (int64_t)TJ * (ncol + nfb) * (E->f32 ? 4 : 8) + (int64_t)RB * state_bytes;
+        plan->workspace_bytes = JIT_WS_(TJ, RB);
         plan->hoisted_outer = nout;
         plan->hoisted_inner = nin;
         plan->pair_nodes = npair;
@@ -1235,14 +1310,81 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     if (E->fail)
         st = E->fail;
 done:
+    emitter_free(E);
+    return st;
+}
+
+static void emitter_free(struct emitter *E)
+{
     for (size_t i = 0; i < E->nstr; i++)
         free(E->strs[i]);
     free(E->strs);
-    free(tmp);
     free(E->order);
     free(E->place);
     free(E->col);
     free(E->in_loop);
     free(E->pos_of);
+}
+
+/* Emits the pieces of the direct strategy for another target's skeleton (emit-cuda.c), with
+ * the same placement and spellings as the C kernels, except where spell overrides a template. */
+sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell, struct jit_nodes *out)
+{
+    struct emitter E_ = {0}, *E = &E_;
+    memset(out, 0, sizeof *out);
+    E->k = k;
+    E->f32 = k->dtype == SR_F32;
+    E->fs = E->f32 ? "f" : "";
+    E->outer_dep = k->axis == 1 ? DEP_I : DEP_J;
+    E->inner_dep = k->axis == 1 ? DEP_J : DEP_I;
+    E->spell = spell;
+    const int D = k->fdim, DG = k->weight ? k->weight->dim : 0;
+    sr_status st = analyse(E, &out->ncol);
+    if (st != SR_OK)
+        goto done;
+    out->f = calloc((size_t)D + 1, sizeof *out->f);
+    out->w = calloc((size_t)DG + 1, sizeof *out->w);
+    if (!out->f || !out->w) {
+        st = SR_ENOMEM;
+        goto done;
+    }
+    E->b = &out->uniform;
+    out->nuniform = emit_scope(E, PL_UNIFORM);
+    E->b = &out->outer;
+    out->nouter = emit_scope(E, PL_OUTER);
+    E->b = &out->inner;
+    out->ninner = emit_inner(E);
+    E->b = &out->pair;
+    out->npair = emit_pair(E);
+    for (int c = 0; c < D && !E->fail; c++)
+        if (!(out->f[c] = strdup(ref_c(E, k->f, c))))
+            st = SR_ENOMEM;
+    for (int c = 0; c < DG && !E->fail; c++)
+        if (!(out->w[c] = strdup(ref_c(E, k->weight, c))))
+            st = SR_ENOMEM;
+    if (out->uniform.oom || out->outer.oom || out->inner.oom || out->pair.oom)
+        st = SR_ENOMEM;
+    if (E->fail)
+        st = E->fail;
+done:
+    emitter_free(E);
+    if (st != SR_OK)
+        jit_nodes_free(out);
     return st;
+}
+
+void jit_nodes_free(struct jit_nodes *n)
+{
+    struct expr_buf *bufs[4] = {&n->uniform, &n->outer, &n->inner, &n->pair};
+    for (int i = 0; i < 4; i++) {
+        free(bufs[i]->data);
+        memset(bufs[i], 0, sizeof *bufs[i]);
+    }
+    for (int c = 0; n->f && n->f[c]; c++)
+        free(n->f[c]);
+    for (int c = 0; n->w && n->w[c]; c++)
+        free(n->w[c]);
+    free(n->f);
+    free(n->w);
+    n->f = n->w = NULL;
 }

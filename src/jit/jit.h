@@ -46,12 +46,38 @@ struct jit_plan {
     int64_t state_bytes;
     int64_t workspace_bytes; /* per thread: the tile and a block of row states */
     int hoisted_outer, hoisted_inner, pair_nodes;
+    /* Inputs, zero by default. ws_limit: the per-thread workspace to shrink the tiles under
+     * (0 = none). gemm: the inner-product node that the gemm-epilogue strategy (src/cpu/gemm.c)
+     * computes with BLIS; the generated code reads it from args[gemm_arg], a tile of rows
+     * [o0, o1) x reduced indices [r0, r1) with leading dimension gemm_ld, and at most
+     * gemm_rows rows. */
+    int64_t ws_limit;
+    const sr_expr *gemm;
+    int gemm_arg, gemm_ld, gemm_rows;
 };
 
 /* Emits the C source of kernel k with accumulation mode acc into b. SR_ENOTSUP when the
  * formula is too large for the direct strategy (the caller falls back), SR_ENOMEM. */
 sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
                      struct jit_plan *plan);
+
+/* The direct strategy's pieces, for a target other than C (emit-cuda.c). The code uses the C
+ * emitter's names: a<v> (argument v's array), o (output row), r and jj (reduced index and its
+ * slot in the tile), tb and SR_TJ (the structure-of-arrays tile), sr_t, sr_sq, int64_t. */
+struct jit_nodes {
+    struct expr_buf uniform; /* constants and parameters: once per call */
+    struct expr_buf outer;   /* the output row's nodes (o) */
+    struct expr_buf inner;   /* one reduced index's nodes (r, jj), stored into tb */
+    struct expr_buf pair;    /* the pair's nodes (jj), the tile's columns loaded first */
+    char **f, **w;           /* NULL-terminated: F's and the weight's components in pair scope */
+    int ncol, nuniform, nouter, ninner, npair;
+};
+
+/* Fills out for kernel k. spell[op] (OP_COUNT entries, NULL = the C spelling) overrides the
+ * elementwise templates. SR_ENOTSUP when the formula is too large, SR_ENOMEM. */
+sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell,
+                         struct jit_nodes *out);
+void jit_nodes_free(struct jit_nodes *n);
 
 typedef int (*jit_part_fn)(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args,
                            void *state);
@@ -124,6 +150,30 @@ uint64_t jit_compiler_id(const char *cc);
 /* 64-bit FNV-1a. */
 uint64_t jit_hash(uint64_t h, const void *data, size_t len);
 #define JIT_HASH_INIT 0xcbf29ce484222325ULL
+
+/* ---- budget and the gemm-epilogue strategy (src/cpu/omp-runtime.c, src/cpu/gemm.c) ---- */
+
+/* The most workspace one call of a JIT kernel uses, all threads together (with the partial
+ * states of a split of the reduced range when the budget allows one); the per-thread part and
+ * the thread count in *per_thread and *threads (either may be NULL). */
+int64_t cpu_jit_workspace(const struct sr_kernel *k, int64_t *per_thread, int *threads);
+/* Plans kernel k for the gemm-epilogue strategy: when F depends on the pair only through one
+ * inner product of an i-variable and a j-variable, the dimension is at least the measured
+ * threshold, and BLIS can be loaded. On SR_OK k->backend is cpu_gemm_backend; SR_ENOTSUP: not
+ * applicable (use the direct strategy); other errors (SR_EBUDGET, SR_ECOMPILE) are final. */
+sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
+int64_t cpu_gemm_workspace(const struct sr_kernel *k, int64_t *per_thread, int *threads);
+/* For a direct-strategy kernel whose F has a single inner product: why gemm-epilogue was not
+ * chosen, appended to explain (nothing otherwise). */
+void cpu_gemm_explain_direct(const struct sr_kernel *k, struct expr_buf *b);
+extern const struct sr_backend_i cpu_gemm_backend;
+
+/* The disk cache's rules for other binaries (the CUDA backend's cubin/PTX): the checked cache
+ * directory (SR_EIO and the reason in why when there is none or it is refused), whether the
+ * entry at path is whole (its trailer matches), and appending the trailer to a new file. */
+sr_status jit_cache_dir(char *dir, size_t cap, char *why, size_t whycap);
+bool jit_cache_entry_ok(const char *path);
+sr_status jit_cache_seal(const char *path);
 
 /* Loads the module from a shared object path and resolves its symbols. */
 sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap);

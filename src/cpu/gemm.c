@@ -1,0 +1,521 @@
+/*
+ * gemm.c — the gemm-epilogue strategy: tiles of inner products by BLIS, then the generated
+ * epilogue folds them into the reduction.
+ *
+ * When the simplified F depends on the pair (i, j) only through one inner product <x_i, y_j>
+ * of an i-variable and a j-variable (a Scalprod, directly or from the simplifier's rewrite
+ * SqDist -> SqNorm2 + SqNorm2 - 2 <x, y>), the pair work is a matrix product. Each thread takes
+ * a block of TI output rows and walks the reduced range in tiles of TJ indices: BLIS computes
+ * the TI x TJ tile of inner products into a per-thread buffer (it stays in L2), and the JIT
+ * module of the same formula, emitted with the inner product read from that tile instead of
+ * computed (jit_plan.gemm, see emit-c.c), evaluates the rest of F with its hoisted row and
+ * column terms and folds the tile into the reduction states with the module's own sr_part,
+ * sr_merge and sr_final, so every reduction the direct strategy supports (Sum, Min/ArgMin,
+ * KMin/ArgKMin, LogSumExp, SumSoftMaxWeight, ...) works here too, with the same tie rules. The
+ * n x m matrix is never built.
+ *
+ * BLIS is loaded with dlopen at first use (behind pthread_once): the library builds and runs
+ * without it and then uses the direct strategy. SYMRED_BLIS=off forces the direct strategy,
+ * SYMRED_BLIS=on uses BLIS whenever the formula allows it (tests), auto (default) when the
+ * dimension reaches the measured threshold below. BLIS runs single-threaded inside our OpenMP
+ * threads (bli_thread_set_num_threads(1)), so there is no oversubscription.
+ *
+ * BLIS configuration. Debian's BLIS 0.9.0 picks its sub-configuration from cpuid at bli_init:
+ * on Intel AVX-512 VMs `haswell` (issue 5 reports `skx` at 114 vs 67 GFLOP/s on one thread), on
+ * this AMD EPYC AVX-512 VM `zen3`, which measured 98 GFLOP/s on one idle core for our tile
+ * shape, as fast as OpenBLAS 0.3.21's AVX-512 (Cooperlake) kernels (94-95). The only way to
+ * choose another is the BLIS_ARCH_TYPE variable read at bli_init, and in this BLIS build *any*
+ * value of it (skx = 0, zen3 = 6, even the auto-detected one, or a name) aborts the process in
+ * bli_arch.c ("Accessed uninitialized context in gks"), measured here. So symred never sets
+ * it; when the user has set it and the loaded BLIS is 0.9.0, BLIS is not used at all (a library
+ * must not abort its host) and explain says why. A BLIS of another version gets the user's
+ * value, respected as it is.
+ */
+#include "../formulas/formulas.h"
+#include "../jit/jit.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/*
+ * The crossover, measured on this machine (2-core AMD EPYC with AVX-512, Debian BLIS 0.9.0
+ * picking zen3, 2 threads, other jobs running: load average 2-3) with bench/bench-gemm, which
+ * runs the same kernel with SYMRED_BLIS=off and =on: a Gaussian mat-vec written with the inner
+ * product, Exp(-(SqNorm2(x)+SqNorm2(y)-2(x|y))*g)*b, float32, N = M = sqrt(F / 2D), best of 3.
+ * Direct / gemm time ratio, F = 2e10 (bench/README.md has the times):
+ *     D = 8: 0.49   16: 0.80   24: 1.45   32: 2.58   64: 4.57   256: 4.52   1024: 4.98
+ * Two earlier runs under heavier load gave 1.05 / 2.58 and 0.54 / 1.07 at D = 16 / 24: the
+ * crossover is between 16 and 24 in every run, so gemm-epilogue is chosen from D = 24 on.
+ * (kNN, ArgKMin k = 10 of SqDist at D = 100, 10000 x 100000: direct 104.7 s, gemm 3.4 s.)
+ */
+#define GEMM_MIN_DIM 24
+
+/* ---- BLIS, loaded at run time ---------------------------------------------------------- */
+
+typedef int64_t blis_dim; /* dim_t and inc_t of Debian's BLIS (BLIS_INT_TYPE_SIZE 64) */
+typedef void (*blis_gemm_fn)(int transa, int transb, blis_dim m, blis_dim n, blis_dim k,
+                             const void *alpha, const void *a, blis_dim rsa, blis_dim csa,
+                             const void *b, blis_dim rsb, blis_dim csb, const void *beta, void *c,
+                             blis_dim rsc, blis_dim csc);
+
+static struct {
+    void *handle;
+    blis_gemm_fn sgemm, dgemm;
+    char version[32], arch[32];
+    char why[256]; /* why BLIS is not used, "" when it is */
+} blis;
+static pthread_once_t blis_once = PTHREAD_ONCE_INIT;
+
+static void blis_load(void)
+{
+    static const char *const names[] = {"libblis.so.4", "libblis.so"};
+    const char *user = getenv("SYMRED_BLIS_LIB");
+    void *h = NULL;
+    if (user && *user)
+        h = dlopen(user, RTLD_NOW | RTLD_LOCAL);
+    for (size_t t = 0; !h && t < sizeof names / sizeof *names; t++)
+        h = dlopen(names[t], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(blis.why, sizeof blis.why, "BLIS not found (libblis.so.4: %s)", dlerror());
+        return;
+    }
+    void (*init)(void) = (void (*)(void))dlsym(h, "bli_init");
+    void (*set_threads)(blis_dim) = (void (*)(blis_dim))dlsym(h, "bli_thread_set_num_threads");
+    int (*query_arch)(void) = (int (*)(void))dlsym(h, "bli_arch_query_id");
+    char *(*arch_string)(int) = (char *(*)(int))dlsym(h, "bli_arch_string");
+    char *(*version)(void) = (char *(*)(void))dlsym(h, "bli_info_get_version_str");
+    blis.sgemm = (blis_gemm_fn)dlsym(h, "bli_sgemm");
+    blis.dgemm = (blis_gemm_fn)dlsym(h, "bli_dgemm");
+    if (!init || !set_threads || !blis.sgemm || !blis.dgemm || !version) {
+        snprintf(blis.why, sizeof blis.why, "the loaded BLIS lacks the typed gemm API");
+        dlclose(h);
+        return;
+    }
+    snprintf(blis.version, sizeof blis.version, "%s", version());
+    const char *arch_env = getenv("BLIS_ARCH_TYPE");
+    if (arch_env && *arch_env && strncmp(blis.version, "0.9.0", 5) == 0) {
+        /* See the top of the file: this BLIS aborts on any BLIS_ARCH_TYPE. */
+        snprintf(blis.why, sizeof blis.why,
+                 "BLIS_ARCH_TYPE=%.40s is set and BLIS %s aborts on it; unset it to use BLIS",
+                 arch_env, blis.version);
+        dlclose(h);
+        return;
+    }
+    init();
+    /* One BLIS thread per OpenMP thread of ours: no oversubscription. */
+    set_threads(1);
+    if (query_arch && arch_string)
+        snprintf(blis.arch, sizeof blis.arch, "%s", arch_string(query_arch()));
+    blis.handle = h;
+}
+
+/* Whether BLIS can be used; else the reason in *why. */
+static bool blis_ready(const char **why)
+{
+    pthread_once(&blis_once, blis_load);
+    *why = blis.why;
+    return blis.handle != NULL;
+}
+
+/* ---- planning ------------------------------------------------------------------------------ */
+
+struct gemm_kernel {
+    struct jit_module *m;
+    struct jit_plan plan;
+    struct jit_load_info info;
+    const sr_expr *node; /* the inner product */
+    int va, vb;          /* its operands' argument indices: output-axis and reduced-axis variable */
+    int dim;             /* their dimension */
+    int ti, tj;          /* tile: ti output rows x tj reduced indices */
+    int64_t per_thread;  /* bytes: inner-product tile, two blocks of states, packing, module */
+    int acc;
+    int mode; /* SYMRED_BLIS: 0 auto, 1 on, 2 off */
+};
+
+/* The inner product of an output-axis variable and a reduced-axis variable through which F (and
+ * the weight) depend on the pair, if there is exactly one; NULL otherwise. *epi gets the cost
+ * model's flops per pair of the other pair nodes: the epilogue's work. */
+static const sr_expr *find_gemm_node(const sr_kernel *k, int *va, int *vb, double *epi)
+{
+    unsigned outer = k->axis == 1 ? DEP_I : DEP_J, inner = k->axis == 1 ? DEP_J : DEP_I;
+    const sr_expr *roots[2] = {k->f, k->weight}, *S = NULL;
+    *epi = 0;
+    for (int r = 0; r < 2; r++) {
+        if (!roots[r])
+            continue;
+        size_t n = expr_toposort(roots[r], NULL, 0);
+        const sr_expr **order = malloc((n ? n : 1) * sizeof *order);
+        if (!order)
+            return NULL;
+        expr_toposort(roots[r], order, n);
+        bool ok = true;
+        for (size_t t = 0; t < n && ok; t++) {
+            const sr_expr *e = order[t];
+            if (!((e->deps & outer) && (e->deps & inner)))
+                continue;
+            if (e->op == OP_SCALPROD && e->child[0]->op == OP_VAR && e->child[1]->op == OP_VAR) {
+                const sr_expr *a = e->child[0], *b = e->child[1];
+                if (b->deps & outer) {
+                    const sr_expr *s = a;
+                    a = b;
+                    b = s;
+                }
+                if (S && S != e) {
+                    ok = false; /* a second inner product: not one gemm */
+                } else if (!S) {
+                    S = e;
+                    *va = (int)a->iattr[0];
+                    *vb = (int)b->iattr[0];
+                }
+                continue;
+            }
+            *epi += simp_op_flops(e); /* nodes shared with F count twice: an upper bound */
+        }
+        free(order);
+        if (!ok)
+            return NULL;
+    }
+    return S;
+}
+
+/* BLIS's packed panels of one gemm call (it reserves more address space than it touches). */
+static int64_t pack_bytes(int ti, int tj, int dim, int64_t es)
+{
+    int64_t kc = dim < 512 ? dim : 512;
+    return ((int64_t)ti + tj + 32) * kc * es + (64 << 10);
+}
+
+static int64_t thread_bytes(const struct gemm_kernel *g, int ti, int tj, int64_t es, int64_t sb)
+{
+    return (int64_t)ti * tj * es + 2 * (int64_t)ti * sb + pack_bytes(ti, tj, g->dim, es) +
+           g->plan.workspace_bytes;
+}
+
+static int max_threads(const sr_kernel *k)
+{
+#ifdef _OPENMP
+    int nt = omp_get_max_threads();
+#else
+    int nt = 1;
+#endif
+    const struct jit_ctx *jc = k->ctx->jit;
+    if (jc && jc->num_threads > 0 && jc->num_threads < nt)
+        nt = jc->num_threads;
+    return nt < 1 ? 1 : nt;
+}
+
+static int budget_threads(const sr_kernel *k, int64_t per_thread)
+{
+    int nt = max_threads(k);
+    int64_t lim = k->ctx->mem_limit;
+    if (lim > 0 && (int64_t)nt * per_thread > lim)
+        nt = lim / per_thread < 1 ? 1 : (int)(lim / per_thread);
+    return nt;
+}
+
+static const char *const blis_modes[] = {"auto", "on", "off"};
+
+sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
+{
+    sr_ctx *ctx = k->ctx;
+    int mode;
+    sr_status st = sr__env_choice(ctx, "SYMRED_BLIS", blis_modes, 3, 0, &mode);
+    if (st != SR_OK)
+        return st;
+    int va = -1, vb = -1;
+    double epi = 0;
+    const sr_expr *S = mode == 2 ? NULL : find_gemm_node(k, &va, &vb, &epi);
+    if (!S)
+        return SR_ENOTSUP;
+    int dim = S->child[0]->dim;
+    /* The cost model: the gemm does 2 dim flops per pair at BLIS speed; the epilogue's pair
+     * work must stay small beside it, and dim must reach the measured crossover. */
+    if (mode == 0 && (dim < GEMM_MIN_DIM || epi > dim))
+        return SR_ENOTSUP;
+    const char *why;
+    if (!blis_ready(&why))
+        return SR_ENOTSUP;
+
+    struct gemm_kernel *g = calloc(1, sizeof *g);
+    if (!g)
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    g->node = S;
+    g->va = va;
+    g->vb = vb;
+    g->dim = dim;
+    g->acc = acc;
+    g->mode = mode;
+    int64_t es = (int64_t)sr_dtype_size(k->dtype);
+    /* The tile of inner products: 2 MiB, 512 x 1024 float32 (256 x 1024 float64). Measured on
+     * kNN at D = 784 (1152 x 60000, best of 3, 2 threads): 256x512 2.62 s, 576x512 2.19 s,
+     * 288x1024 2.45 s, 144x2048 2.50 s, 512x1024 1.90 s. Larger tiles amortise BLIS's packing
+     * and call overhead; the epilogue reads the tile once, so it need not stay in L1/L2. */
+    g->ti = k->dtype == SR_F64 ? 256 : 512;
+    g->tj = 1024;
+    int64_t lim = ctx->mem_limit;
+    for (;;) {
+        struct expr_buf src = {0};
+        memset(&g->plan, 0, sizeof g->plan);
+        g->plan.gemm = S;
+        g->plan.gemm_arg = k->nargs;
+        g->plan.gemm_ld = g->tj;
+        g->plan.gemm_rows = g->ti;
+        g->plan.ws_limit = lim > 0 ? lim / 4 : 0;
+        st = jit_emit_c(k, (enum jit_acc)acc, &src, &g->plan);
+        if (st == SR_OK && src.oom)
+            st = SR_ENOMEM;
+        if (st != SR_OK) {
+            free(src.data);
+            free(g);
+            return st == SR_ENOTSUP ? SR_ENOTSUP
+                                    : sr__error(ctx, st, "gemm-epilogue: cannot emit the epilogue");
+        }
+        int64_t sb = g->plan.state_bytes;
+        /* Shrink the tiles under the budget: rows first, then the reduced tile. */
+        while (lim > 0 && thread_bytes(g, g->ti, g->tj, es, sb) > lim &&
+               (g->ti > 8 || g->tj > 16)) {
+            if (g->ti > 8)
+                g->ti /= 2;
+            else
+                g->tj /= 2;
+        }
+        if (g->plan.gemm_ld != g->tj || g->plan.gemm_rows != g->ti) {
+            free(src.data); /* the leading dimension is compiled in: emit again */
+            continue;
+        }
+        g->per_thread = thread_bytes(g, g->ti, g->tj, es, sb);
+        if (lim > 0 && g->per_thread > lim) {
+            /* The direct strategy may need less: let it try (and fail with SR_EBUDGET). */
+            free(src.data);
+            free(g);
+            return SR_ENOTSUP;
+        }
+        st = jit_module_get(ctx, src.data, src.len, &g->m, &g->info);
+        free(src.data);
+        break;
+    }
+    if (st != SR_OK) {
+        free(g);
+        return st == SR_ENODEV ? SR_ENOTSUP : st;
+    }
+    k->backend = &cpu_gemm_backend;
+    k->backend_data = g;
+    return SR_OK;
+}
+
+int64_t cpu_gemm_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
+{
+    const struct gemm_kernel *g = k->backend_data;
+    int nt = budget_threads(k, g->per_thread);
+    if (per_thread)
+        *per_thread = g->per_thread;
+    if (threads)
+        *threads = nt;
+    /* The split of the reduced range (fewer row blocks than threads) adds partial states for
+     * up to nt * ti rows per thread when the budget allows it. */
+    int64_t split = (int64_t)nt * g->ti * g->m->state_bytes;
+    int64_t total = (int64_t)nt * g->per_thread;
+    int64_t lim = k->ctx->mem_limit;
+    if (nt > 1 && (lim <= 0 || total + (int64_t)nt * split <= lim))
+        total += (int64_t)nt * split;
+    return total;
+}
+
+/* ---- run ----------------------------------------------------------------------------------- */
+
+struct gemm_call {
+    const sr_kernel *k;
+    const struct gemm_kernel *g;
+    const sr_run_desc *r;
+    int64_t nred;
+};
+
+/* Folds reduced indices [r0, r1) into the states of output rows [o0, o1) (st), initialising
+ * them first. G: the thread's tile; tmp: scratch states; args: nargs + 1 pointers. */
+static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, int64_t r1, void *G,
+                void *st, void *tmp, const void **args)
+{
+    const struct gemm_kernel *g = c->g;
+    const sr_kernel *k = c->k;
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), D = g->dim;
+    const char *A = (const char *)c->r->args[g->va] + o0 * D * es;
+    args[k->nargs] = G;
+    if (r0 >= r1)
+        return g->m->part(o0, o1, r0, r0, args, st); /* initialise only */
+    static const float onef = 1, zerof = 0;
+    static const double oned = 1, zerod = 0;
+    for (int64_t rt = r0; rt < r1; rt += g->tj) {
+        int64_t nj = r1 - rt < g->tj ? r1 - rt : g->tj;
+        const char *B = (const char *)c->r->args[g->vb] + rt * D * es;
+        /* G (o1-o0 x nj, row stride tj) = A (o1-o0 x D) B^T, B stored nj x D row-major. */
+        if (k->dtype == SR_F64)
+            blis.dgemm(0, 0, o1 - o0, nj, D, &oned, A, D, 1, B, 1, D, &zerod, G, g->tj, 1);
+        else
+            blis.sgemm(0, 0, o1 - o0, nj, D, &onef, A, D, 1, B, 1, D, &zerof, G, g->tj, 1);
+        if (rt == r0) {
+            if (g->m->part(o0, o1, rt, rt + nj, args, st))
+                return 1;
+        } else {
+            if (g->m->part(o0, o1, rt, rt + nj, args, tmp))
+                return 1;
+            g->m->merge(st, tmp, o1 - o0);
+        }
+    }
+    return 0;
+}
+
+static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
+{
+    const struct gemm_kernel *g = k->backend_data;
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    int64_t nred = k->axis == 1 ? r->ny : r->nx;
+    int nt = budget_threads(k, g->per_thread);
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = g->m->state_bytes;
+    int64_t nblocks = (nout + g->ti - 1) / g->ti;
+    struct gemm_call c = {k, g, r, nred};
+    int64_t lim = k->ctx->mem_limit;
+    /* Few row blocks: split the reduced range over the threads too, when the partial states of
+     * every row fit in the budget. */
+    int nsplit = 1;
+    if (nblocks < nt && nred >= 4 * (int64_t)g->tj * nt &&
+        (lim <= 0 || (int64_t)nt * (g->per_thread + nout * sb) <= lim))
+        nsplit = nt;
+    char *partial = NULL;
+    if (nsplit > 1) {
+        partial = malloc((size_t)(nout * sb) * (size_t)nsplit);
+        if (!partial)
+            return sr__error(k->ctx, SR_ENOMEM, "gemm-epilogue: out of memory for partial states");
+    }
+    int failed = 0;
+    int64_t nitems = nblocks * nsplit, slice = (nred + nsplit - 1) / nsplit;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1 && nitems > 1)
+#endif
+    {
+        size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * sb);
+        char *buf = malloc(gbytes + 2 * sbytes + 64);
+        const void **args = malloc(((size_t)k->nargs + 1) * sizeof *args);
+        if (!buf || !args) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        } else {
+            for (int v = 0; v < k->nargs; v++)
+                args[v] = r->args[v];
+            void *G = buf, *st = buf + gbytes, *tmp = buf + gbytes + sbytes;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t it = 0; it < nitems; it++) {
+                int64_t b = it / nsplit, p = it % nsplit;
+                int64_t o0 = b * g->ti, o1 = o0 + g->ti < nout ? o0 + g->ti : nout;
+                int64_t r0 = p * slice < nred ? p * slice : nred;
+                int64_t r1 = r0 + slice < nred ? r0 + slice : nred;
+                void *dst = nsplit > 1 ? partial + (size_t)((p * nout + o0) * sb) : st;
+                if (fold(&c, o0, o1, r0, r1, G, dst, tmp, args)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                    failed = 1;
+                } else if (nsplit == 1) {
+                    g->m->final(st, o0, o1, r->out, r->out_idx);
+                }
+            }
+        }
+        free(buf);
+        free(args);
+    }
+    if (!failed && nsplit > 1) {
+        for (int p = 1; p < nsplit; p++)
+            g->m->merge(partial, partial + (size_t)(p * nout * sb), nout);
+        g->m->final(partial, 0, nout, r->out, r->out_idx);
+    }
+    free(partial);
+    if (failed)
+        return sr__error(k->ctx, SR_ENOMEM, "gemm-epilogue: out of memory for the workspace");
+    return SR_OK;
+}
+
+static void gemm_release(sr_kernel *k)
+{
+    struct gemm_kernel *g = k->backend_data;
+    if (!g)
+        return;
+    jit_module_release(k->ctx, g->m);
+    free(g);
+    k->backend_data = NULL;
+}
+
+static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
+{
+    const struct gemm_kernel *g = k->backend_data;
+    char why[128];
+    if (g->mode == 1)
+        snprintf(why, sizeof why, "SYMRED_BLIS=on");
+    else
+        snprintf(why, sizeof why,
+                 "at least %d, the measured crossover above which it beats the direct strategy",
+                 GEMM_MIN_DIM);
+    expr_buf_printf(b, "strategy: gemm-epilogue: F depends on the pair only through the inner "
+                       "product ");
+    expr_print_to(b, g->node);
+    expr_buf_printf(b,
+                    " of dimension %d (%s); BLIS %s (%s) %s computes tiles of %d output rows x "
+                    "%d reduced indices, single-threaded inside each OpenMP thread, and the "
+                    "generated epilogue folds each tile into the reduction\n",
+                    g->dim, why, blis.version, blis.arch[0] ? blis.arch : "?",
+                    k->dtype == SR_F64 ? "dgemm" : "sgemm", g->ti, g->tj);
+    expr_buf_printf(b,
+                    "epilogue: %d output-row nodes, %d reduced-index nodes, %d pair nodes; state "
+                    "%lld bytes per output row; epilogue tile %d reduced indices\n"
+                    "threads: %d (OpenMP over row blocks; the reduced range is split too when "
+                    "there are fewer row blocks than threads)\n"
+                    "module: %s, cache %s, %.1f ms\n",
+                    g->plan.hoisted_outer, g->plan.hoisted_inner, g->plan.pair_nodes,
+                    (long long)g->plan.state_bytes, g->plan.tile_j,
+                    budget_threads(k, g->per_thread), g->info.origin, g->info.cache,
+                    g->info.compile_ms);
+}
+
+const struct sr_backend_i cpu_gemm_backend = {
+    /* .name = */ "cpu-jit", /* the JIT backend with its gemm-epilogue strategy */
+    /* .prepare = */ NULL,
+    /* .run = */ gemm_run,
+    /* .release = */ gemm_release,
+    /* .explain = */ gemm_explain,
+};
+
+void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)
+{
+    int va, vb, mode = 0;
+    double epi;
+    const sr_expr *S = find_gemm_node(k, &va, &vb, &epi);
+    if (!S)
+        return; /* no single inner product: nothing to say */
+    const char *env = getenv("SYMRED_BLIS"), *why = NULL;
+    if (env && strcmp(env, "off") == 0)
+        mode = 2;
+    if (mode == 2)
+        expr_buf_printf(b, "gemm-epilogue: not used (SYMRED_BLIS=off)\n");
+    else if (S->child[0]->dim < GEMM_MIN_DIM)
+        expr_buf_printf(b,
+                        "gemm-epilogue: not used: the inner product has dimension %d, below the "
+                        "measured crossover %d\n",
+                        S->child[0]->dim, GEMM_MIN_DIM);
+    else if (epi > S->child[0]->dim)
+        expr_buf_printf(b,
+                        "gemm-epilogue: not used: the rest of F costs %.0f flops per pair, more "
+                        "than the inner product's dimension %d\n",
+                        epi, S->child[0]->dim);
+    else if (!blis_ready(&why))
+        expr_buf_printf(b, "gemm-epilogue: not used: %s\n", why);
+    else
+        expr_buf_printf(b, "gemm-epilogue: not used (the memory budget is too small for it)\n");
+}

@@ -1,0 +1,171 @@
+/*
+ * post.c — runs a kernel whose reduction the simplifier rewrote (k->simp.post): the kernel's
+ * backend reduces the inner formula into a temporary R, and the post formula (the part that
+ * moved out of the reduction: a factor, a shift, a linear map) is evaluated once per output row
+ * from R. Both are ordinary kernels, so every backend benefits: the inner kernel is created
+ * with the user's device and options, the post kernel is a Sum over a single reduced row on the
+ * reference interpreter (its work is O(output rows), not O(pairs)).
+ *
+ * The kernel's own backend pointer is a per-kernel copy of simp_post_backend named after the
+ * inner kernel's backend, so that `backend: cpu-jit` in explain and backend->name still say
+ * which backend does the pair work.
+ */
+#include "formulas.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct post_data {
+    struct sr_backend_i vt; /* k->backend points here */
+    sr_kernel *inner, *post;
+};
+
+static sr_status post_prepare(sr_kernel *k)
+{
+    sr_ctx *ctx = k->ctx;
+    struct post_data *d = calloc(1, sizeof *d);
+    if (!d)
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    sr_kernel_desc desc = sr_kernel_desc_default();
+    desc.reduction = k->red;
+    desc.axis = k->axis;
+    desc.k = k->k;
+    desc.dtype = k->dtype;
+    desc.device = k->device;
+    desc.acc = k->acc;
+    sr_status st = sr_kernel_new(ctx, (sr_expr *)k->simp.inner, &desc, &d->inner);
+    if (st == SR_OK) {
+        desc = sr_kernel_desc_default();
+        desc.axis = k->axis;
+        desc.dtype = k->dtype;
+        desc.device = SR_DEVICE_REFERENCE;
+        st = sr_kernel_new(ctx, (sr_expr *)k->simp.post, &desc, &d->post);
+    }
+    if (st == SR_OK &&
+        (d->inner->nargs > k->nargs || d->post->nargs != k->nargs + 1 ||
+         d->inner->out_dim != k->simp.inner->dim * k->k || d->post->out_dim != k->out_dim))
+        st = sr__error(ctx, SR_EINTERNAL, "reduction rewrite: inconsistent inner/post kernels");
+    if (st != SR_OK) {
+        sr_kernel_free(d->inner);
+        sr_kernel_free(d->post);
+        free(d);
+        return st;
+    }
+    d->vt = simp_post_backend;
+    d->vt.name = d->inner->backend->name;
+    k->backend_data = d;
+    k->backend = &d->vt;
+    return SR_OK;
+}
+
+/* Output rows per chunk: the temporary R stays within POST_CHUNK_BYTES (and a quarter of the
+ * context's memory budget, when there is one), so the rewrite costs no O(output) memory. */
+#define POST_CHUNK_BYTES ((int64_t)4 << 20)
+
+/* Output rows of R per chunk for nout output rows (at least 1). */
+static int64_t post_chunk(const sr_kernel *k, int64_t rdim, int64_t nout)
+{
+    int64_t esz = (int64_t)sr_dtype_size(k->dtype);
+    int64_t cap = POST_CHUNK_BYTES;
+    if (k->ctx->mem_limit > 0 && k->ctx->mem_limit / 4 < cap)
+        cap = k->ctx->mem_limit / 4;
+    int64_t chunk = cap / (rdim * esz);
+    if (chunk < 1)
+        chunk = 1;
+    return chunk > nout ? nout : chunk;
+}
+
+int64_t simp_post_workspace(const sr_kernel *k)
+{
+    const struct post_data *d = k->backend_data;
+    if (!d)
+        return 0;
+    int64_t rdim = d->inner->out_dim;
+    return sr_kernel_workspace_bytes(d->inner) + sr_kernel_workspace_bytes(d->post) +
+           post_chunk(k, rdim, INT64_MAX / 2) * rdim * (int64_t)sr_dtype_size(k->dtype);
+}
+
+static sr_status post_run(const sr_kernel *k, const sr_run_desc *r)
+{
+    const struct post_data *d = k->backend_data;
+    /* Device arrays never reach this backend: sr_kernel_run_device accepts them only for
+     * kernels whose backend is cuda_backend itself. */
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    int64_t esz = (int64_t)sr_dtype_size(k->dtype);
+    int64_t rdim = d->inner->out_dim;
+    int64_t chunk = post_chunk(k, rdim, nout);
+    void *red = malloc((size_t)(chunk * rdim * esz));
+    const void **args = malloc(((size_t)k->nargs + 1) * sizeof *args);
+    if (!red || !args) {
+        free(red);
+        free(args);
+        return sr__error(k->ctx, SR_ENOMEM, "out of memory for the %lld x %lld reduction result",
+                         (long long)chunk, (long long)rdim);
+    }
+    /* The variables of the output index advance with the chunk; the others stay. */
+    sr_cat out_cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    sr_status st = SR_OK;
+    for (int64_t o0 = 0; o0 < nout && st == SR_OK; o0 += chunk) {
+        int64_t n = nout - o0 < chunk ? nout - o0 : chunk;
+        for (int v = 0; v < k->nargs; v++) {
+            const struct expr_var *var = &k->vars[v];
+            args[v] = r->args[v];
+            if (var->dim && var->cat == out_cat && r->args[v])
+                args[v] = (const char *)r->args[v] + o0 * var->dim * esz;
+        }
+        args[k->nargs] = red;
+        sr_run_desc ri = {
+            .nx = k->axis == 1 ? n : r->nx,
+            .ny = k->axis == 1 ? r->ny : n,
+            .nargs = d->inner->nargs,
+            .args = args,
+            .out = red,
+        };
+        st = sr_kernel_run_ex(d->inner, &ri);
+        if (st != SR_OK)
+            break;
+        /* One reduced row: the post formula reads nothing of the reduced index. */
+        sr_run_desc rp = {
+            .nx = k->axis == 1 ? n : 1,
+            .ny = k->axis == 1 ? 1 : n,
+            .nargs = k->nargs + 1,
+            .args = args,
+            .out = (char *)r->out + o0 * k->out_dim * esz,
+        };
+        st = sr_kernel_run_ex(d->post, &rp);
+    }
+    free(red);
+    free(args);
+    return st;
+}
+
+static void post_release(sr_kernel *k)
+{
+    struct post_data *d = k->backend_data;
+    k->backend = &simp_post_backend;
+    if (!d)
+        return;
+    sr_kernel_free(d->inner);
+    sr_kernel_free(d->post);
+    free(d);
+    k->backend_data = NULL;
+}
+
+static void post_explain(const sr_kernel *k, struct expr_buf *b)
+{
+    const struct post_data *d = k->backend_data;
+    expr_buf_printf(b,
+                    "reduction rewrite applied: the %s backend reduces the inner formula, the "
+                    "reference evaluates the post formula once per output row\n",
+                    d->inner->backend->name);
+    if (d->inner->backend->explain)
+        d->inner->backend->explain(d->inner, b);
+}
+
+const struct sr_backend_i simp_post_backend = {
+    .name = "post",
+    .prepare = post_prepare,
+    .run = post_run,
+    .release = post_release,
+    .explain = post_explain,
+};

@@ -1,0 +1,437 @@
+/*
+ * cuda-runtime.c — the CUDA backend: prepares a kernel (emit CUDA C++, compile it with NVRTC
+ * or fetch the image from the disk cache, load it into the device's primary context) and runs
+ * it (copy host arrays in, launch, copy results out).
+ *
+ * Device pointers: sr_run_desc.device_args marks arguments that already live on the GPU and
+ * device_out marks the outputs; those are used in place. Everything else is copied per call.
+ * Failures of the driver become statuses with the driver's message: SR_ENOMEM for device out
+ * of memory, SR_EINTERNAL for a failed launch or copy, SR_ENODEV when there is no GPU.
+ *
+ * The disk cache follows the CPU cache's rules (jit_cache_dir, the same trailer, write to a
+ * temporary file and rename): <dir>/<key>.cuda holds a cubin or PTX image, the key hashing the
+ * emitted source, the NVRTC version, the target architecture and the symred version.
+ */
+#include "cuda.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CUDA_ABI_VERSION 1
+
+struct cuda_kernel {
+    const struct cuda_device *dev;
+    cu_module mod;
+    cu_function main, combine;
+    struct cuda_plan plan;
+    enum jit_acc acc;
+    struct cuda_image_info info;
+};
+
+bool jit_cuda_available(void)
+{
+    const struct cuda_device *d;
+    return jit_cuda_device(&d, NULL) == SR_OK;
+}
+
+/* ---- the image cache ------------------------------------------------------------------------ */
+
+static sr_status read_entry(const char *path, struct nvrtc_out *out)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return SR_EIO;
+    struct stat sb;
+    sr_status st = SR_EIO;
+    if (fstat(fd, &sb) != 0 || sb.st_size <= 24)
+        goto done;
+    size_t n = (size_t)sb.st_size - 24; /* the trailer (cache.c) */
+    out->image = malloc(n + 1);
+    if (!out->image) {
+        st = SR_ENOMEM;
+        goto done;
+    }
+    size_t off = 0;
+    while (off < n) {
+        ssize_t got = read(fd, out->image + off, n - off);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            goto done;
+        off += (size_t)got;
+    }
+    out->image[n] = 0;
+    out->size = n;
+    out->cubin = n >= 4 && memcmp(out->image, "\177ELF", 4) == 0;
+    st = SR_OK;
+done:
+    close(fd);
+    if (st != SR_OK) {
+        free(out->image);
+        out->image = NULL;
+    }
+    return st;
+}
+
+static sr_status store_entry(const char *dir, const char *path, const struct nvrtc_out *img)
+{
+    char tmp[2300];
+    snprintf(tmp, sizeof tmp, "%s/tmp-XXXXXX", dir);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return SR_EIO;
+    size_t off = 0;
+    while (off < img->size) {
+        ssize_t n = write(fd, img->image + off, img->size - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    bool ok = off == img->size;
+    if (close(fd) != 0)
+        ok = false;
+    if (ok && jit_cache_seal(tmp) == SR_OK && rename(tmp, path) == 0)
+        return SR_OK;
+    unlink(tmp);
+    return SR_EIO;
+}
+
+sr_status jit_cuda_image(sr_ctx *ctx, const char *src, const char *arch, struct nvrtc_out *out,
+                         struct cuda_image_info *info)
+{
+    memset(out, 0, sizeof *out);
+    memset(info, 0, sizeof *info);
+    const struct nvrtc_api *nv;
+    const char *why;
+    if (jit_nvrtc_get(&nv, &why) != SR_OK)
+        return sr__error(ctx, SR_ENODEV, "device cuda: %s", why);
+    uint64_t h[2] = {JIT_HASH_INIT, 0x84222325cbf29ce4ULL};
+    int abi[4] = {CUDA_ABI_VERSION, nv->major, nv->minor, 0};
+    for (int i = 0; i < 2; i++) {
+        abi[3] = i;
+        h[i] = jit_hash(h[i], src, strlen(src));
+        h[i] = jit_hash(h[i], arch, strlen(arch));
+        h[i] = jit_hash(h[i], abi, sizeof abi);
+        h[i] = jit_hash(h[i], SYMRED_VERSION_STRING, strlen(SYMRED_VERSION_STRING));
+    }
+    char dir[2048], path[2200];
+    snprintf(info->key, sizeof info->key, "%016llx%016llx", (unsigned long long)h[0],
+             (unsigned long long)h[1]);
+    bool cached = jit_cache_dir(dir, sizeof dir, info->cache, sizeof info->cache) == SR_OK;
+    if (cached) {
+        snprintf(path, sizeof path, "%s/%s.cuda", dir, info->key);
+        if (access(path, F_OK) == 0) {
+            if (jit_cache_entry_ok(path) && read_entry(path, out) == SR_OK) {
+                info->origin = "disk";
+                snprintf(info->cache, sizeof info->cache, "hit");
+                snprintf(info->path, sizeof info->path, "%s", path);
+                return SR_OK;
+            }
+            unlink(path); /* corrupt or unreadable: rebuilt, never trusted */
+        }
+    }
+    sr_status st = jit_nvrtc_compile(src, "symred-kernel.cu", arch, false, out);
+    info->compile_ms = out->compile_ms;
+    if (st == SR_ECOMPILE)
+        return sr__error(ctx, SR_ECOMPILE,
+                         "NVRTC (%s) failed to compile the CUDA kernel for %s: %.1500s", nv->path,
+                         arch, out->log ? out->log : "(no log)");
+    if (st != SR_OK)
+        return sr__error(ctx, st, "NVRTC (%s) failed for %s: %s", nv->path, arch,
+                         sr_status_str(st));
+    info->origin = "compiled";
+    if (cached) {
+        if (store_entry(dir, path, out) == SR_OK) {
+            snprintf(info->cache, sizeof info->cache, "miss (stored)");
+            snprintf(info->path, sizeof info->path, "%s", path);
+        } else {
+            snprintf(info->cache, sizeof info->cache, "miss (could not store in %.200s)", dir);
+        }
+    } else {
+        char tmp[sizeof info->cache];
+        snprintf(tmp, sizeof tmp, "%s", info->cache);
+        snprintf(info->cache, sizeof info->cache, "off: %.200s", tmp);
+    }
+    return SR_OK;
+}
+
+/* ---- prepare / release ---------------------------------------------------------------------- */
+
+static sr_status cu_fail(sr_ctx *ctx, cu_result r, const char *what)
+{
+    if (r == CU_ERROR_OUT_OF_MEMORY)
+        return sr__error(ctx, SR_ENOMEM, "CUDA: out of device memory (%s)", what);
+    return sr__error(ctx, SR_EINTERNAL, "CUDA: %s failed: %s (error %d)", what, jit_cuda_error(r),
+                     r);
+}
+
+static void cuda_release(sr_kernel *k)
+{
+    struct cuda_kernel *ck = k->backend_data;
+    if (!ck)
+        return;
+    if (ck->mod) {
+        ck->dev->api->ctx_set_current(ck->dev->ctx);
+        ck->dev->api->module_unload(ck->mod);
+    }
+    free(ck);
+    k->backend_data = NULL;
+}
+
+static sr_status cuda_prepare(sr_kernel *k)
+{
+    sr_ctx *ctx = k->ctx;
+    const struct cuda_device *dev;
+    const char *why;
+    if (jit_cuda_device(&dev, &why) != SR_OK)
+        return sr__error(ctx, SR_ENODEV, "device cuda: %s", why);
+    const struct nvrtc_api *nv;
+    if (jit_nvrtc_get(&nv, &why) != SR_OK)
+        return sr__error(ctx, SR_ENODEV, "device cuda: %s", why);
+    struct jit_ctx *jc;
+    sr_status st = jit_ctx_get(ctx, &jc);
+    if (st != SR_OK)
+        return st;
+    struct cuda_kernel *ck = calloc(1, sizeof *ck);
+    if (!ck)
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    ck->dev = dev;
+    ck->acc = k->acc != SR_ACC_DEFAULT ? (enum jit_acc)(k->acc - 1) : (enum jit_acc)jc->acc;
+    struct expr_buf src = {0};
+    st = jit_emit_cuda(k, ck->acc, &src, &ck->plan);
+    if (st == SR_ENOTSUP) {
+        st =
+            sr__error(ctx, SR_ENOTSUP,
+                      "device cuda: the formula does not fit the direct CUDA strategy (its "
+                      "reduced-index terms exceed shared memory, it is too large, or K*dim > 256)");
+        goto fail;
+    }
+    if (st != SR_OK || src.oom) {
+        st = sr__error(ctx, SR_ENOMEM, "out of memory emitting the CUDA kernel");
+        goto fail;
+    }
+    char arch[16];
+    snprintf(arch, sizeof arch, "sm_%d%d", dev->cc_major, dev->cc_minor);
+    struct nvrtc_out img;
+    st = jit_cuda_image(ctx, src.data, arch, &img, &ck->info);
+    if (st != SR_OK) {
+        free(img.image);
+        free(img.log);
+        goto fail;
+    }
+    ck->info.cubin = img.cubin;
+    ck->info.bytes = img.size;
+    snprintf(ck->info.arch, sizeof ck->info.arch, "%s", arch);
+    const struct cuda_api *cu = dev->api;
+    cu_result r = cu->ctx_set_current(dev->ctx);
+    if (r == CU_SUCCESS)
+        r = cu->module_load_data(&ck->mod, img.image);
+    free(img.image);
+    free(img.log);
+    if (r != CU_SUCCESS) {
+        ck->mod = NULL;
+        st = cu_fail(ctx, r, "cuModuleLoadData");
+        goto fail;
+    }
+    if ((r = cu->module_get_function(&ck->main, ck->mod, CUDA_KERNEL_MAIN)) != CU_SUCCESS ||
+        (r = cu->module_get_function(&ck->combine, ck->mod, CUDA_KERNEL_COMBINE)) != CU_SUCCESS) {
+        st = cu_fail(ctx, r, "cuModuleGetFunction");
+        goto fail;
+    }
+    free(src.data);
+    k->backend_data = ck;
+    return SR_OK;
+fail:
+    free(src.data);
+    k->backend_data = ck;
+    cuda_release(k);
+    return st;
+}
+
+/* ---- run ------------------------------------------------------------------------------------ */
+
+/* Device buffers of one call, freed together. */
+struct allocs {
+    cu_deviceptr p[72];
+    int n;
+};
+
+static sr_status dalloc(sr_ctx *ctx, const struct cuda_api *cu, struct allocs *a, size_t bytes,
+                        cu_deviceptr *out, const char *what)
+{
+    cu_result r = cu->mem_alloc(out, bytes ? bytes : 1);
+    if (r != CU_SUCCESS) {
+        char w[160];
+        snprintf(w, sizeof w, "cuMemAlloc of %zu bytes for %s", bytes, what);
+        return cu_fail(ctx, r, w);
+    }
+    a->p[a->n++] = *out;
+    return SR_OK;
+}
+
+/* Split-j: how many chunks of the reduced range, so that the grid has a few blocks per SM. */
+static int split_count(const sr_kernel *k, const struct cuda_kernel *ck, int64_t nout, int64_t nred)
+{
+    int64_t blocks = (nout + ck->plan.block - 1) / ck->plan.block;
+    int64_t want = 4 * (int64_t)(ck->dev->sm_count > 0 ? ck->dev->sm_count : 1);
+    if (blocks >= want / 2)
+        return 1;
+    int64_t ns = (want + blocks - 1) / blocks;
+    int64_t most = nred / (4 * (int64_t)ck->plan.tile); /* at least 4 tiles per chunk */
+    if (ns > most)
+        ns = most;
+    if (ns > 1024)
+        ns = 1024;
+    /* The partial states are workspace: they stay under the memory budget. */
+    int64_t lim = k->ctx->mem_limit;
+    while (ns > 1 && lim > 0 && ns * nout * ck->plan.state_bytes > lim)
+        ns /= 2;
+    return ns > 1 ? (int)ns : 1;
+}
+
+sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
+                          int device_out)
+{
+    const struct cuda_kernel *ck = k->backend_data;
+    const struct cuda_api *cu = ck->dev->api;
+    sr_ctx *ctx = k->ctx;
+    const size_t esz = sr_dtype_size(k->dtype);
+    const int64_t nout = k->axis == 1 ? run->nx : run->ny;
+    const int64_t nred = k->axis == 1 ? run->ny : run->nx;
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    struct allocs a = {.n = 0};
+    sr_status st = SR_OK;
+    cu_result r = cu->ctx_set_current(ck->dev->ctx);
+    if (r != CU_SUCCESS)
+        return cu_fail(ctx, r, "cuCtxSetCurrent");
+
+    cu_deviceptr *argp = calloc((size_t)k->nargs + 1, sizeof *argp);
+    if (!argp)
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    for (int v = 0; v < k->nargs; v++) {
+        const struct expr_var *var = &k->vars[v];
+        if (!var->dim)
+            continue;
+        int64_t rows = var->cat == SR_CAT_I ? run->nx : var->cat == SR_CAT_J ? run->ny : 1;
+        if (v < 64 && (device_args >> v & 1)) {
+            argp[v] = (cu_deviceptr)(uintptr_t)run->args[v];
+            continue;
+        }
+        size_t bytes = (size_t)rows * (size_t)var->dim * esz;
+        char what[64];
+        snprintf(what, sizeof what, "argument %d", v);
+        if (a.n >= 64) {
+            st = sr__error(ctx, SR_ENOTSUP, "device cuda: more than 64 host arrays");
+            goto out;
+        }
+        if ((st = dalloc(ctx, cu, &a, bytes, &argp[v], what)) != SR_OK)
+            goto out;
+        if (bytes && (r = cu->memcpy_htod(argp[v], run->args[v], bytes)) != CU_SUCCESS) {
+            st = cu_fail(ctx, r, "cuMemcpyHtoD");
+            goto out;
+        }
+    }
+    size_t nvals = (size_t)nout * (size_t)k->out_dim;
+    cu_deviceptr dout = 0, didx = 0, dpart = 0;
+    if (ri->values) {
+        if (device_out)
+            dout = (cu_deviceptr)(uintptr_t)run->out;
+        else if ((st = dalloc(ctx, cu, &a, nvals * esz, &dout, "the values")) != SR_OK)
+            goto out;
+    }
+    if (ri->indices) {
+        if (device_out)
+            didx = (cu_deviceptr)(uintptr_t)run->out_idx;
+        else if ((st = dalloc(ctx, cu, &a, nvals * 8, &didx, "the indices")) != SR_OK)
+            goto out;
+    }
+    int nsplit = nred > 0 ? split_count(k, ck, nout, nred) : 1;
+    long long no = nout, nr = nred, chunk = nred;
+    if (nsplit > 1) {
+        int64_t tj = ck->plan.tile;
+        chunk = ((nred + nsplit - 1) / nsplit + tj - 1) / tj * tj;
+        nsplit = (int)((nred + chunk - 1) / chunk);
+    }
+    if (nsplit > 1 &&
+        (st = dalloc(ctx, cu, &a, (size_t)nsplit * (size_t)nout * (size_t)ck->plan.state_bytes,
+                     &dpart, "the split-j partial results")) != SR_OK)
+        goto out;
+    {
+        unsigned gx = (unsigned)((nout + ck->plan.block - 1) / ck->plan.block);
+        void *params[] = {argp, &no, &nr, &chunk, &dout, &didx, &dpart};
+        r = cu->launch(ck->main, gx, (unsigned)nsplit, 1, (unsigned)ck->plan.block, 1, 1, 0, NULL,
+                       params, NULL);
+        if (r != CU_SUCCESS) {
+            st = cu_fail(ctx, r, "cuLaunchKernel (" CUDA_KERNEL_MAIN ")");
+            goto out;
+        }
+        if (nsplit > 1) {
+            void *cparams[] = {&dpart, &no, &nsplit, &dout, &didx};
+            r = cu->launch(ck->combine, (unsigned)((nout + 255) / 256), 1, 1, 256, 1, 1, 0, NULL,
+                           cparams, NULL);
+            if (r != CU_SUCCESS) {
+                st = cu_fail(ctx, r, "cuLaunchKernel (" CUDA_KERNEL_COMBINE ")");
+                goto out;
+            }
+        }
+        if ((r = cu->ctx_synchronize()) != CU_SUCCESS) {
+            st = cu_fail(ctx, r, "the kernel (cuCtxSynchronize)");
+            goto out;
+        }
+    }
+    if (!device_out) {
+        if (ri->values && (r = cu->memcpy_dtoh(run->out, dout, nvals * esz)) != CU_SUCCESS) {
+            st = cu_fail(ctx, r, "cuMemcpyDtoH");
+            goto out;
+        }
+        if (ri->indices && (r = cu->memcpy_dtoh(run->out_idx, didx, nvals * 8)) != CU_SUCCESS) {
+            st = cu_fail(ctx, r, "cuMemcpyDtoH");
+            goto out;
+        }
+    }
+out:
+    for (int i = 0; i < a.n; i++)
+        cu->mem_free(a.p[i]);
+    free(argp);
+    return st;
+}
+
+static sr_status cuda_run(const sr_kernel *k, const sr_run_desc *run)
+{
+    return cuda_run_device(k, run, 0, 0);
+}
+
+static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
+{
+    const struct cuda_kernel *ck = k->backend_data;
+    const struct cuda_plan *p = &ck->plan;
+    expr_buf_printf(b,
+                    "cuda: %s (%s, %d SMs); strategy direct, %d threads per block (one output row "
+                    "each), tile %d reduced indices in shared memory (%d columns, %d bytes), "
+                    "row state %d bytes, split-j over the reduced indices when there are fewer "
+                    "than %d blocks; nodes: %d per pair, %d per output row, %d per reduced "
+                    "index; accumulation %s\n",
+                    ck->dev->name, ck->info.arch, ck->dev->sm_count, p->block, p->tile, p->columns,
+                    p->shared_bytes, p->state_bytes, 2 * ck->dev->sm_count, p->pair_nodes,
+                    p->hoisted_outer, p->hoisted_inner,
+                    k->dtype == SR_F64 ? "float64" : jit_acc_names[ck->acc]);
+    expr_buf_printf(b, "cuda image: %s, %zu bytes, %s (cache %s, %.1f ms)%s%s\n",
+                    ck->info.cubin ? "cubin" : "PTX", ck->info.bytes, ck->info.origin,
+                    ck->info.cache, ck->info.compile_ms, ck->info.path[0] ? "\npath: " : "",
+                    ck->info.path);
+}
+
+const struct sr_backend_i cuda_backend = {
+    /* .name = */ "cuda",
+    /* .prepare = */ cuda_prepare,
+    /* .run = */ cuda_run,
+    /* .release = */ cuda_release,
+    /* .explain = */ cuda_explain,
+};

@@ -1,0 +1,449 @@
+/*
+ * emit-cuda.c — lowers a kernel to CUDA C++ for NVRTC: the direct strategy.
+ *
+ * The formula's code comes from the C emitter (jit_emit_nodes in emit-c.c): the same placement
+ * of every node (per call, per output row, per reduced index, per pair), the same names and the
+ * same op spellings, with a few CUDA overrides (cuda_spell). This file only writes the skeleton
+ * around it:
+ *   - each thread owns one output row o (threads of a block: consecutive rows);
+ *   - the reduced indices are walked in tiles of SR_TJ: the block computes the inner nodes of a
+ *     tile cooperatively into shared memory (structure of arrays, tb[column * SR_TJ + jj]),
+ *     then every thread folds the tile into its row's state, which lives in registers;
+ *   - Sum accumulates each tile into a partial sum first (block summation; Kahan or a double
+ *     accumulator on request), Min/Max/Arg keep the first extreme or the first NaN, KMin/ArgKMin
+ *     keep a sorted list in registers (insertion by bubbling, ties keep the lower index),
+ *     LogSumExp and SumSoftMaxWeight rescale online by the running maximum — each with the
+ *     rules of docs/semantics.md, as the C kernels implement them;
+ *   - split-j: blockIdx.y takes a chunk of the reduced indices and writes its row states to a
+ *     workspace; sr_cuda_combine merges the chunks of each row in index order and finalises.
+ *     The runtime uses it when there are too few rows to fill the GPU.
+ */
+#include "cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define P(...) expr_buf_printf(b, __VA_ARGS__)
+
+/* CUDA spellings that differ from C's: rsqrt is a hardware-assisted libdevice function with
+ * at most 2 ulp error (float) / 1 ulp (double), within what Rsqrt's users expect. The other
+ * fast intrinsics (__expf, __logf, __sinf, ...) lose accuracy for large arguments, so the
+ * libdevice functions (the C spellings) stay. */
+static const char *const cuda_spell[OP_COUNT] = {
+    [OP_RSQRT] = "$a == 0 ? ($T)0 : rsqrt$F($a)",
+};
+
+/* Largest K * D of the K-reductions: their state lives in registers (or local memory). */
+#define CUDA_MAX_KD 256
+/* Static shared memory we allow ourselves (every device has 48 KiB per block). */
+#define CUDA_SHARED_MAX (40 << 10)
+
+static void prelude(struct expr_buf *b, bool f32, const char *acc_t)
+{
+    const char *t = f32 ? "float" : "double";
+    P("#define int64_t long long\n");
+    P("typedef %s sr_t;\ntypedef %s sr_acc;\n", t, acc_t);
+    if (f32)
+        P("#define SR_INF __int_as_float(0x7f800000)\n#define SR_NAN __int_as_float(0x7fc00000)\n");
+    else
+        P("#define SR_INF __longlong_as_double(0x7ff0000000000000LL)\n"
+          "#define SR_NAN __longlong_as_double(0x7ff8000000000000LL)\n");
+    /* The C emitter spells infinite and NaN constants with GCC builtins, which NVRTC lacks. */
+    P("#define __builtin_inf() __longlong_as_double(0x7ff0000000000000LL)\n"
+      "#define __builtin_nan(s) __longlong_as_double(0x7ff8000000000000LL)\n"
+      "#define __builtin_inff() __int_as_float(0x7f800000)\n"
+      "#define __builtin_nanf(s) __int_as_float(0x7fc00000)\n");
+    P("static __device__ __forceinline__ sr_t sr_sq(sr_t a) { return a * a; }\n\n");
+}
+
+sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
+                        struct cuda_plan *plan)
+{
+    const bool f32 = k->dtype == SR_F32;
+    const sr_reduction red = k->red;
+    const int D = k->fdim, K = k->k, DG = k->weight ? k->weight->dim : 0;
+    const int ts = f32 ? 4 : 8;
+    if (!f32 && acc == JIT_ACC_F64)
+        acc = JIT_ACC_BLOCK; /* float64 kernels accumulate in float64 anyway */
+    const char *A = (f32 && acc != JIT_ACC_F64) ? "float" : "double";
+    const char *fs = f32 ? "f" : "";
+    bool kred = red == SR_KMIN || red == SR_ARGKMIN || red == SR_KMIN_ARGKMIN;
+    if (kred && (int64_t)K * D > CUDA_MAX_KD)
+        return SR_ENOTSUP;
+
+    struct jit_nodes nd;
+    sr_status st = jit_emit_nodes(k, cuda_spell, &nd);
+    if (st != SR_OK)
+        return st;
+
+    /* Tile: one reduced index per thread when the columns fit in shared memory. */
+    int BS = 128, TJ = 128;
+    int ncol = nd.ncol;
+    while (TJ > 8 && (int64_t)TJ * ncol * ts > CUDA_SHARED_MAX)
+        TJ /= 2;
+    if ((int64_t)TJ * ncol * ts > CUDA_SHARED_MAX) {
+        jit_nodes_free(&nd);
+        return SR_ENOTSUP;
+    }
+
+    P("/* symred generated CUDA kernel\n * formula: ");
+    expr_print_to(b, k->f);
+    if (k->weight) {
+        P("\n * weight: ");
+        expr_print_to(b, k->weight);
+    }
+    P("\n * reduction: %s, axis %d, k %d, dtype %s, accumulation %s\n */\n",
+      sr_reductions[red].name, k->axis, K, f32 ? "float" : "double", jit_acc_names[acc]);
+    prelude(b, f32, A);
+    P("#define SR_TJ %d\n#define SR_BS %d\n#define SR_D %d\n#define SR_K %d\n#define SR_DG %d\n"
+      "#define SR_OUTD %d\n#define SR_NCOL %d\n\n",
+      TJ, BS, D, K, DG, k->out_dim, ncol > 0 ? ncol : 1);
+    P("struct sr_args { const void *p[%d]; };\n", k->nargs + 1);
+
+    /* ---- the row state; 8-byte members first so the host's bound holds ---- */
+    bool is_max = red == SR_MAX || red == SR_ARGMAX || red == SR_MAX_ARGMAX;
+    const char *cmp = is_max ? ">" : "<";
+    int scalars; /* members, for the host's upper bound of sizeof(sr_state) */
+    switch (red) {
+    case SR_SUM:
+        P("struct sr_state { sr_acc s[SR_D], c[SR_D]; };\n");
+        scalars = 2 * D;
+        break;
+    case SR_MIN:
+    case SR_MAX:
+        P("struct sr_state { sr_t m[SR_D]; };\n");
+        scalars = D;
+        break;
+    case SR_ARGMIN:
+    case SR_ARGMAX:
+    case SR_MIN_ARGMIN:
+    case SR_MAX_ARGMAX:
+        P("struct sr_state { long long i[SR_D]; sr_t m[SR_D]; };\n");
+        scalars = 2 * D;
+        break;
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        P("struct sr_state { long long i[SR_D][SR_K]; sr_t m[SR_D][SR_K]; };\n");
+        scalars = 2 * D * K;
+        break;
+    case SR_LOGSUMEXP:
+        P("struct sr_state { sr_acc s[SR_D]; sr_t m[SR_D]; };\n");
+        scalars = 2 * D;
+        break;
+    default:
+        P("struct sr_state { sr_acc s; sr_acc w[SR_DG]; sr_t m; };\n");
+        scalars = 2 + DG;
+        break;
+    }
+
+    /* ---- init ---- */
+    P("static __device__ __forceinline__ void st_init(sr_state *s)\n{\n");
+    switch (red) {
+    case SR_SUM:
+        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++) s->s[c] = s->c[c] = 0;\n");
+        break;
+    case SR_MIN:
+    case SR_MAX:
+        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++) s->m[c] = %sSR_INF;\n",
+          is_max ? "-" : "");
+        break;
+    case SR_ARGMIN:
+    case SR_ARGMAX:
+    case SR_MIN_ARGMIN:
+    case SR_MAX_ARGMAX:
+        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++) { s->m[c] = %sSR_INF; s->i[c] = -1; "
+          "}\n",
+          is_max ? "-" : "");
+        break;
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++)\n#pragma unroll\n"
+          "    for (int q = 0; q < SR_K; q++) { s->m[c][q] = SR_INF; s->i[c][q] = -1; }\n");
+        break;
+    case SR_LOGSUMEXP:
+        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++) { s->m[c] = -SR_INF; s->s[c] = 0; "
+          "}\n");
+        break;
+    default:
+        P("    s->m = -SR_INF; s->s = 0;\n#pragma unroll\n"
+          "    for (int c = 0; c < SR_DG; c++) s->w[c] = 0;\n");
+        break;
+    }
+    P("}\n\n");
+
+    /* ---- fold helpers: the C kernels' rules ---- */
+    if (red == SR_LOGSUMEXP)
+        P("/* Folds (m2, s2) = (max, sum of exp(v - max)) into (*m, *s). NaN sticks; an +inf "
+          "term\n * makes the result +inf; -inf terms contribute nothing. */\n"
+          "static __device__ void lse_fold(sr_t *m, sr_acc *s, sr_t m2, sr_acc s2)\n{\n"
+          "    if (*m != *m || m2 == -SR_INF) return;\n"
+          "    if (m2 != m2) { *m = m2; return; }\n"
+          "    if (*m == -SR_INF) { *m = m2; *s = s2; return; }\n"
+          "    if (*m == SR_INF) return;\n"
+          "    if (m2 == SR_INF) { *m = m2; *s = 1; return; }\n"
+          "    if (m2 > *m) { *s = *s * (sr_acc)exp%s(*m - m2) + s2; *m = m2; }\n"
+          "    else *s += s2 * (sr_acc)exp%s(m2 - *m);\n}\n\n",
+          fs, fs);
+    if (red == SR_SUMSOFTMAXWEIGHT)
+        P("static __device__ void ssmw_fold(sr_state *d, sr_t m2, sr_acc s2, const sr_acc *w2)\n{\n"
+          "    const sr_t mm = m2 > d->m ? m2 : d->m;\n"
+          "    const sr_acc sa = d->m == mm ? (sr_acc)1 : (sr_acc)exp%s(d->m - mm);\n"
+          "    const sr_acc sb = m2 == mm ? (sr_acc)1 : (sr_acc)exp%s(m2 - mm);\n"
+          "    d->m = mm;\n    d->s = d->s * sa + s2 * sb;\n"
+          "#pragma unroll\n"
+          "    for (int c = 0; c < SR_DG; c++) d->w[c] = d->w[c] * sa + w2[c] * sb;\n}\n\n",
+          fs, fs);
+    if (kred)
+        P("/* v before slot (m, i) in NumPy's sort order: empty slots last, NaN after +inf, equal\n"
+          " * values in index order (so the strict comparison). */\n"
+          "#define SR_KLT(v, m, i) ((i) < 0 || (v) < (m) || ((v) == (v) && (m) != (m)))\n\n");
+
+    /* ---- merge: s covers reduced indices after d's ---- */
+    P("static __device__ void st_merge(sr_state *d, const sr_state *s)\n{\n");
+    switch (red) {
+    case SR_SUM:
+        P("    for (int c = 0; c < SR_D; c++) {\n"
+          "        sr_acc y = s->s[c] - (d->c[c] + s->c[c]);\n"
+          "        sr_acc t = d->s[c] + y;\n"
+          "        d->c[c] = %s;\n        d->s[c] = t;\n    }\n",
+          acc == JIT_ACC_KAHAN ? "(t - d->s[c]) - y" : "0");
+        break;
+    case SR_MIN:
+    case SR_MAX:
+        P("    for (int c = 0; c < SR_D; c++) {\n"
+          "        sr_t v = s->m[c], m = d->m[c];\n"
+          "        if (m == m && (v %s m || v != v)) d->m[c] = v;\n    }\n",
+          cmp);
+        break;
+    case SR_ARGMIN:
+    case SR_ARGMAX:
+    case SR_MIN_ARGMIN:
+    case SR_MAX_ARGMAX:
+        P("    for (int c = 0; c < SR_D; c++) {\n"
+          "        sr_t v = s->m[c], m = d->m[c];\n"
+          "        if (s->i[c] >= 0 && (d->i[c] < 0 || (m == m && (v %s m || v != v)))) {\n"
+          "            d->m[c] = v; d->i[c] = s->i[c];\n        }\n    }\n",
+          cmp);
+        break;
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        P("    for (int c = 0; c < SR_D; c++) {\n"
+          "        sr_t tm[SR_K]; long long ti[SR_K];\n"
+          "        const sr_t *am = d->m[c], *bm = s->m[c];\n"
+          "        const long long *ai = d->i[c], *bi = s->i[c];\n"
+          "        int x = 0, y = 0;\n"
+          "        for (int q = 0; q < SR_K; q++) {\n"
+          "            const bool takeb = bi[y] >= 0 && SR_KLT(bm[y], am[x], ai[x]);\n"
+          "            if (takeb) { tm[q] = bm[y]; ti[q] = bi[y]; y++; }\n"
+          "            else { tm[q] = am[x]; ti[q] = ai[x]; x++; }\n"
+          "        }\n"
+          "        for (int q = 0; q < SR_K; q++) { d->m[c][q] = tm[q]; d->i[c][q] = ti[q]; }\n"
+          "    }\n");
+        break;
+    case SR_LOGSUMEXP:
+        P("    for (int c = 0; c < SR_D; c++) lse_fold(&d->m[c], &d->s[c], s->m[c], s->s[c]);\n");
+        break;
+    default:
+        P("    ssmw_fold(d, s->m, s->s, s->w);\n");
+        break;
+    }
+    P("}\n\n");
+
+    /* ---- final ---- */
+    bool wv = sr_reductions[red].values, wi = sr_reductions[red].indices;
+    P("static __device__ void st_final(const sr_state *s, long long o, sr_t *out, long long "
+      "*out_idx)\n{\n    (void)out; (void)out_idx;\n");
+    if (wv)
+        P("    sr_t *ov = out + o * SR_OUTD;\n");
+    if (wi)
+        P("    long long *oi = out_idx + o * SR_OUTD;\n");
+    switch (red) {
+    case SR_SUM:
+        P("    for (int c = 0; c < SR_D; c++) ov[c] = (sr_t)s->s[c];\n");
+        break;
+    case SR_MIN:
+    case SR_MAX:
+        P("    for (int c = 0; c < SR_D; c++) ov[c] = s->m[c];\n");
+        break;
+    case SR_ARGMIN:
+    case SR_ARGMAX:
+    case SR_MIN_ARGMIN:
+    case SR_MAX_ARGMAX:
+        P("    for (int c = 0; c < SR_D; c++) {%s%s }\n", wv ? " ov[c] = s->m[c];" : "",
+          wi ? " oi[c] = s->i[c];" : "");
+        break;
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        P("    for (int q = 0; q < SR_K; q++) for (int c = 0; c < SR_D; c++) {%s%s }\n",
+          wv ? " ov[q * SR_D + c] = s->m[c][q];" : "", wi ? " oi[q * SR_D + c] = s->i[c][q];" : "");
+        break;
+    case SR_LOGSUMEXP:
+        P("    for (int c = 0; c < SR_D; c++) {\n"
+          "        const sr_t m = s->m[c];\n"
+          "        ov[c] = (m != m || m == SR_INF || m == -SR_INF) ? m : m + "
+          "(sr_t)log%s((sr_t)s->s[c]);\n"
+          "    }\n",
+          fs);
+        break;
+    default:
+        P("    for (int c = 0; c < SR_DG; c++) ov[c] = (sr_t)(s->w[c] / s->s);\n");
+        break;
+    }
+    P("}\n\n");
+
+    /* ---- the main kernel ---- */
+    P("extern \"C\" __global__ void __launch_bounds__(SR_BS)\n" CUDA_KERNEL_MAIN
+      "(const sr_args sr_a, const long long no, const long long nr, const long long chunk,\n"
+      "             sr_t *__restrict__ out, long long *__restrict__ out_idx, sr_state *part)\n{\n");
+    P("    __shared__ sr_t tb[SR_NCOL * SR_TJ];\n");
+    for (int v = 0; v < k->nargs; v++)
+        if (k->vars[v].dim)
+            P("    const sr_t *__restrict__ a%d = (const sr_t *)sr_a.p[%d];\n", v, v);
+    P("    const long long sr_o = (long long)blockIdx.x * SR_BS + threadIdx.x;\n"
+      "    const bool sr_active = sr_o < no;\n"
+      "    /* Threads past the last row compute row no-1 (so they read valid memory and can\n"
+      "     * help load the tiles) and write nothing. */\n"
+      "    const long long o = sr_active ? sr_o : no - 1;\n"
+      "    const long long sr_r0 = (long long)blockIdx.y * chunk;\n"
+      "    const long long sr_r1 = nr < sr_r0 + chunk ? nr : sr_r0 + chunk;\n"
+      "    (void)o; (void)tb;\n");
+    P("    /* per call */\n%s", nd.uniform.data ? nd.uniform.data : "");
+    P("    /* per output row */\n%s", nd.outer.data ? nd.outer.data : "");
+    P("    sr_state st;\n    st_init(&st);\n");
+    P("    for (long long rt = sr_r0; rt < sr_r1; rt += SR_TJ) {\n"
+      "      const int nj = (int)(sr_r1 - rt < SR_TJ ? sr_r1 - rt : SR_TJ);\n"
+      "      __syncthreads();\n"
+      "      for (int jj = threadIdx.x; jj < nj; jj += SR_BS) {\n"
+      "        const long long r = rt + jj;\n        (void)r;\n%s"
+      "      }\n"
+      "      __syncthreads();\n"
+      "      if (!sr_active) continue;\n",
+      nd.inner.data ? nd.inner.data : "");
+    const char *pair = nd.pair.data ? nd.pair.data : "";
+    if (red == SR_SUM) {
+        P("      sr_acc ");
+        for (int c = 0; c < D; c++)
+            P("%ssr_p%d = 0", c ? ", " : "", c);
+        P(";\n      for (int jj = 0; jj < nj; jj++) {\n%s", pair);
+        for (int c = 0; c < D; c++)
+            P("        sr_p%d += (sr_acc)(%s);\n", c, nd.f[c]);
+        P("      }\n");
+        for (int c = 0; c < D; c++) {
+            if (acc == JIT_ACC_KAHAN)
+                P("      { sr_acc y = sr_p%d - st.c[%d]; sr_acc t = st.s[%d] + y; st.c[%d] = (t - "
+                  "st.s[%d]) - y; st.s[%d] = t; }\n",
+                  c, c, c, c, c, c);
+            else
+                P("      st.s[%d] += sr_p%d;\n", c, c);
+        }
+    } else {
+        P("      for (int jj = 0; jj < nj; jj++) {\n%s", pair);
+        P("        const long long sr_r = rt + jj;\n        (void)sr_r;\n");
+        for (int c = 0; c < D; c++) {
+            P("        {\n        const sr_t sr_v = %s;\n", nd.f[c]);
+            switch (red) {
+            case SR_MIN:
+            case SR_MAX:
+                P("        if (st.m[%d] == st.m[%d] && (sr_v %s st.m[%d] || sr_v != sr_v)) "
+                  "st.m[%d] = "
+                  "sr_v;\n",
+                  c, c, cmp, c, c);
+                break;
+            case SR_ARGMIN:
+            case SR_ARGMAX:
+            case SR_MIN_ARGMIN:
+            case SR_MAX_ARGMAX:
+                P("        if (st.i[%d] < 0 || (st.m[%d] == st.m[%d] && (sr_v %s st.m[%d] || sr_v "
+                  "!= "
+                  "sr_v))) { st.m[%d] = sr_v; st.i[%d] = sr_r; }\n",
+                  c, c, c, cmp, c, c, c);
+                break;
+            case SR_KMIN:
+            case SR_ARGKMIN:
+            case SR_KMIN_ARGKMIN:
+                /* The new index is the largest so far: put it last and bubble it up while it
+                 * sorts before its neighbour; sorted neighbours never swap. */
+                P("        sr_t *M = st.m[%d]; long long *I = st.i[%d];\n"
+                  "        if (SR_KLT(sr_v, M[SR_K - 1], I[SR_K - 1])) {\n"
+                  "          M[SR_K - 1] = sr_v; I[SR_K - 1] = sr_r;\n"
+                  "#pragma unroll\n"
+                  "          for (int p = SR_K - 1; p > 0; p--)\n"
+                  "            if (SR_KLT(M[p], M[p - 1], I[p - 1])) {\n"
+                  "              const sr_t tm = M[p]; M[p] = M[p - 1]; M[p - 1] = tm;\n"
+                  "              const long long ti = I[p]; I[p] = I[p - 1]; I[p - 1] = ti;\n"
+                  "            }\n"
+                  "        }\n",
+                  c, c);
+                break;
+            case SR_LOGSUMEXP:
+                /* The common case (a value at most the finite running maximum) costs one exp;
+                 * everything else takes the general rule. */
+                P("        const sr_t m = st.m[%d];\n"
+                  "        if (sr_v <= m && m > -SR_INF && m < SR_INF) st.s[%d] += "
+                  "(sr_acc)exp%s(sr_v - m);\n"
+                  "        else lse_fold(&st.m[%d], &st.s[%d], sr_v, (sr_acc)1);\n",
+                  c, c, fs, c, c);
+                break;
+            default: /* SumSoftMaxWeight: D == 1 */
+                P("        sr_acc sr_g[SR_DG];\n");
+                for (int g = 0; g < DG; g++)
+                    P("        sr_g[%d] = (sr_acc)(%s);\n", g, nd.w[g]);
+                /* NaN or +inf anywhere makes the result NaN (semantics.md); -inf has weight 0,
+                 * and 0 times an infinite weight is NaN, as in the formula. */
+                P("        if (sr_v != sr_v || sr_v == SR_INF) st.s = (sr_acc)SR_NAN;\n"
+                  "        else if (sr_v == -SR_INF) {\n"
+                  "#pragma unroll\n"
+                  "          for (int g = 0; g < SR_DG; g++) st.w[g] += (sr_acc)0 * sr_g[g];\n"
+                  "        } else if (sr_v > st.m) {\n"
+                  "          const sr_acc sc = st.m == -SR_INF ? (sr_acc)0 : (sr_acc)exp%s(st.m - "
+                  "sr_v);\n"
+                  "          st.s = st.s * sc + (sr_acc)1;\n"
+                  "#pragma unroll\n"
+                  "          for (int g = 0; g < SR_DG; g++) st.w[g] = st.w[g] * sc + sr_g[g];\n"
+                  "          st.m = sr_v;\n"
+                  "        } else {\n"
+                  "          const sr_acc e = (sr_acc)exp%s(sr_v - st.m);\n"
+                  "          st.s += e;\n"
+                  "#pragma unroll\n"
+                  "          for (int g = 0; g < SR_DG; g++) st.w[g] += e * sr_g[g];\n"
+                  "        }\n",
+                  fs, fs);
+                break;
+            }
+            P("        }\n");
+        }
+        P("      }\n");
+    }
+    P("    }\n"
+      "    if (!sr_active) return;\n"
+      "    if (part) part[(long long)blockIdx.y * no + o] = st;\n"
+      "    else st_final(&st, o, out, out_idx);\n}\n\n");
+
+    /* ---- the combine kernel of split-j ---- */
+    P("extern \"C\" __global__ void " CUDA_KERNEL_COMBINE
+      "(const sr_state *part, const long long no, const int nsplit,\n"
+      "             sr_t *out, long long *out_idx)\n{\n"
+      "    const long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+      "    if (o >= no) return;\n"
+      "    sr_state d = part[o];\n"
+      "    for (int y = 1; y < nsplit; y++) st_merge(&d, &part[(long long)y * no + o]);\n"
+      "    st_final(&d, o, out, out_idx);\n}\n");
+
+    if (plan) {
+        plan->block = BS;
+        plan->tile = TJ;
+        plan->columns = nd.ncol;
+        plan->shared_bytes = (ncol > 0 ? ncol : 1) * TJ * ts;
+        plan->state_bytes = 8 * scalars;
+        plan->pair_nodes = nd.npair;
+        plan->hoisted_outer = nd.nouter;
+        plan->hoisted_inner = nd.ninner;
+    }
+    jit_nodes_free(&nd);
+    return b->oom ? SR_ENOMEM : SR_OK;
+}

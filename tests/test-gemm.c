@@ -1,0 +1,269 @@
+/*
+ * test-gemm.c — the gemm-epilogue strategy (src/cpu/gemm.c) against the reference interpreter.
+ *
+ * Every reduction the strategy serves (Sum with vector weights, Min, ArgMin, KMin, ArgKMin,
+ * LogSumExp, SumSoftMaxWeight), D at and around the threshold (32, 100, 784), both axes, both
+ * dtypes, sizes that are not multiples of any tile (1, 7, primes above the tile sizes), a budget
+ * that shrinks the tiles, and the direct path when BLIS is switched off (SYMRED_BLIS=off) or
+ * the formula does not qualify. Inputs are multiples of 1/8 in [-1, 1]: inner products and
+ * norms are exact in float32, so distances, ties and arg indices match the reference exactly.
+ * Where BLIS is not installed the strategy is never chosen and the results must still match.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "symred.h"
+#include "util.h"
+
+static sr_ctx *ctx;
+static bool have_blis;
+
+static void setup(void)
+{
+    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    unsetenv("SYMRED_BLIS");
+    unsetenv("SYMRED_MEM_LIMIT");
+    unsetenv("SYMRED_NUM_THREADS");
+    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    have_blis = h != NULL && !getenv("BLIS_ARCH_TYPE");
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+}
+static void teardown(void)
+{
+    sr_ctx_free(ctx);
+    unsetenv("SYMRED_BLIS");
+}
+TestSuite(gemm, .init = setup, .fini = teardown);
+
+/* Multiples of 1/8 in [-1, 1]. */
+static void *grid(sr_dtype dt, int64_t n, uint64_t *s)
+{
+    size_t esz = dt == SR_F64 ? 8 : 4;
+    void *p = malloc(esz * (size_t)(n > 0 ? n : 1));
+    for (int64_t t = 0; t < n; t++) {
+        double v = round(tu_uniform(s, -1, 1) * 8) / 8;
+        if (dt == SR_F64)
+            ((double *)p)[t] = v;
+        else
+            ((float *)p)[t] = (float)v;
+    }
+    return p;
+}
+
+enum form { KNN, GAUSS_SUM, LSE_DOT, SSMW_DOT };
+
+struct gcase {
+    enum form form;
+    sr_reduction red;
+    int D, K, axis;
+    int64_t nx, ny;
+    sr_dtype dt;
+    bool expect_gemm;
+};
+
+/* Builds the formula of c in ctx: its argument dims are x (Vi D), y (Vj D), then b (Vj 3) for
+ * the Gaussian sum and the weights, g (Pm 1) for the scaled products. */
+static sr_expr *formula(const struct gcase *c, sr_expr **weight)
+{
+    sr_expr *x = sr_vi(ctx, 0, c->D), *y = sr_vj(ctx, 1, c->D);
+    *weight = NULL;
+    switch (c->form) {
+    case KNN:
+        return sr_sqdist(ctx, x, y);
+    case GAUSS_SUM: {
+        /* exp(-|x-y|^2 / D) b, b of dimension 3: Sum with vector weights. */
+        sr_expr *g = sr_pm(ctx, 3, 1);
+        return sr_mul(ctx, sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, sr_sqdist(ctx, x, y), g))),
+                      sr_vj(ctx, 2, 3));
+    }
+    case LSE_DOT:
+        return sr_mul(ctx, sr_scalprod(ctx, x, y), sr_pm(ctx, 3, 1));
+    default:
+        *weight = sr_vj(ctx, 2, 3);
+        return sr_mul(ctx, sr_scalprod(ctx, x, y), sr_pm(ctx, 3, 1));
+    }
+}
+
+static void run_case(const struct gcase *c)
+{
+    uint64_t s = 1234 + (uint64_t)c->D * 7 + (uint64_t)c->red;
+    sr_expr *w;
+    sr_expr *f = formula(c, &w);
+    cr_assert_not_null(f, "%s", sr_ctx_error(ctx));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = c->red;
+    d.k = c->K;
+    d.axis = c->axis;
+    d.dtype = c->dt;
+    d.weight = w;
+    sr_kernel *kg, *kr;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kg), SR_OK, "%s", sr_ctx_error(ctx));
+    d.device = SR_DEVICE_REFERENCE;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kr), SR_OK, "%s", sr_ctx_error(ctx));
+    const char *ex = sr_kernel_explain(kg);
+    bool gemm = strstr(ex, "strategy: gemm-epilogue") != NULL;
+    if (c->expect_gemm && have_blis)
+        cr_assert(gemm, "expected the gemm-epilogue strategy:\n%s", ex);
+    if (!c->expect_gemm || !have_blis)
+        cr_assert(!gemm, "expected the direct strategy:\n%s", ex);
+
+    int nargs = sr_kernel_nargs(kg);
+    void *x = grid(c->dt, c->nx * c->D, &s), *y = grid(c->dt, c->ny * c->D, &s);
+    void *b = grid(c->dt, c->ny * 3, &s);
+    double g64 = 1.0 / c->D;
+    float g32 = (float)g64;
+    const void *args[4] = {x, y, b, c->dt == SR_F64 ? (const void *)&g64 : (const void *)&g32};
+    int64_t nout = c->axis == 1 ? c->nx : c->ny;
+    int od = sr_kernel_out_dim(kg);
+    bool idx = c->red == SR_ARGMIN || c->red == SR_ARGKMIN;
+    size_t esz = idx ? 8 : c->dt == SR_F64 ? 8 : 4;
+    void *o1 = calloc((size_t)(nout * od), esz), *o2 = calloc((size_t)(nout * od), esz);
+    cr_assert_eq(nargs, c->form == KNN ? 2 : 4);
+    cr_assert_eq(sr_kernel_run(kg, c->nx, c->ny, args, o1), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run(kr, c->nx, c->ny, args, o2), SR_OK, "%s", sr_ctx_error(ctx));
+    double rtol = c->dt == SR_F64 ? 1e-11 : 2e-5;
+    for (int64_t t = 0; t < nout * od; t++) {
+        if (idx) {
+            int64_t a = ((int64_t *)o1)[t], e = ((int64_t *)o2)[t];
+            cr_assert_eq(a, e, "D %d red %d [%lld]: index %lld, reference %lld", c->D, c->red,
+                         (long long)t, (long long)a, (long long)e);
+        } else {
+            double a = c->dt == SR_F64 ? ((double *)o1)[t] : ((float *)o1)[t];
+            double e = c->dt == SR_F64 ? ((double *)o2)[t] : ((float *)o2)[t];
+            cr_assert(tu_close(a, e, rtol, rtol), "D %d red %d [%lld]: %.9g, reference %.9g", c->D,
+                      c->red, (long long)t, a, e);
+        }
+    }
+    sr_kernel_free(kg);
+    sr_kernel_free(kr);
+    free(x);
+    free(y);
+    free(b);
+    free(o1);
+    free(o2);
+}
+
+#define CASE(name, ...)                                                                            \
+    Test(gemm, name)                                                                               \
+    {                                                                                              \
+        struct gcase c = {__VA_ARGS__};                                                            \
+        run_case(&c);                                                                              \
+    }
+
+/* kNN-type reductions of SqDist (rewritten to norms + inner product from D = 32). */
+CASE(argkmin_d32, KNN, SR_ARGKMIN, 32, 10, 1, 523, 1031, SR_F32, true)
+CASE(argkmin_d100, KNN, SR_ARGKMIN, 100, 7, 1, 7, 1031, SR_F32, true)
+CASE(argkmin_d784, KNN, SR_ARGKMIN, 784, 10, 1, 7, 1031, SR_F32, true)
+CASE(kmin_d100, KNN, SR_KMIN, 100, 5, 1, 13, 2053, SR_F32, true)
+CASE(kmin_d784_one_row, KNN, SR_KMIN, 784, 3, 1, 1, 1031, SR_F32, true)
+CASE(argmin_d32, KNN, SR_ARGMIN, 32, 1, 1, 131, 1031, SR_F32, true)
+CASE(argmin_d784_one_col, KNN, SR_ARGMIN, 784, 1, 1, 7, 1, SR_F32, true)
+CASE(min_d100_axis0, KNN, SR_MIN, 100, 1, 0, 1031, 7, SR_F32, true)
+CASE(argkmin_d100_f64, KNN, SR_ARGKMIN, 100, 4, 1, 300, 257, SR_F64, true)
+CASE(argmin_d100_split, KNN, SR_ARGMIN, 100, 1, 1, 3, 20011, SR_F32, true)
+/* Sum with vector weights, LogSumExp, SumSoftMaxWeight. */
+CASE(sum_gauss_d32, GAUSS_SUM, SR_SUM, 32, 1, 1, 523, 1031, SR_F32, true)
+CASE(sum_gauss_d784, GAUSS_SUM, SR_SUM, 784, 1, 1, 7, 1031, SR_F32, true)
+CASE(sum_gauss_d100_f64_axis0, GAUSS_SUM, SR_SUM, 100, 1, 0, 1031, 13, SR_F64, true)
+CASE(lse_d32, LSE_DOT, SR_LOGSUMEXP, 32, 1, 1, 131, 1031, SR_F32, true)
+CASE(lse_d784, LSE_DOT, SR_LOGSUMEXP, 784, 1, 1, 7, 1031, SR_F32, true)
+CASE(lse_d100_split, LSE_DOT, SR_LOGSUMEXP, 100, 1, 1, 2, 20011, SR_F32, true)
+CASE(ssmw_d32, SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 32, 1, 1, 131, 1031, SR_F32, true)
+CASE(ssmw_d784, SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 784, 1, 1, 7, 1031, SR_F32, true)
+CASE(ssmw_d100_f64, SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 100, 1, 1, 67, 300, SR_F64, true)
+/* Below the threshold: the direct strategy. */
+CASE(below_threshold_direct, LSE_DOT, SR_LOGSUMEXP, 16, 1, 1, 131, 1031, SR_F32, false)
+CASE(just_below_threshold_direct, LSE_DOT, SR_LOGSUMEXP, 23, 1, 1, 131, 1031, SR_F32, false)
+CASE(at_threshold_gemm, LSE_DOT, SR_LOGSUMEXP, 24, 1, 1, 131, 1031, SR_F32, true)
+
+Test(gemm, forced_on_below_threshold)
+{
+    setenv("SYMRED_BLIS", "on", 1);
+    struct gcase c = {LSE_DOT, SR_LOGSUMEXP, 7, 1, 1, 61, 1031, SR_F32, true};
+    run_case(&c);
+}
+
+Test(gemm, blis_off_direct)
+{
+    setenv("SYMRED_BLIS", "off", 1);
+    struct gcase c = {KNN, SR_ARGKMIN, 100, 10, 1, 61, 1031, SR_F32, false};
+    run_case(&c);
+    struct gcase c2 = {SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 100, 1, 1, 61, 1031, SR_F32, false};
+    run_case(&c2);
+}
+
+Test(gemm, blis_malformed)
+{
+    setenv("SYMRED_BLIS", "sometimes", 1);
+    sr_expr *f = sr_scalprod(ctx, sr_vi(ctx, 0, 64), sr_vj(ctx, 1, 64));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_EINVAL);
+    cr_assert(strstr(sr_ctx_error(ctx), "SYMRED_BLIS"), "%s", sr_ctx_error(ctx));
+}
+
+/* Two different inner products, or one of expressions: not one gemm, the direct strategy. */
+Test(gemm, not_qualifying_direct)
+{
+    sr_expr *x = sr_vi(ctx, 0, 64), *y = sr_vj(ctx, 1, 64), *z = sr_vj(ctx, 2, 64);
+    sr_expr *f = sr_add(ctx, sr_scalprod(ctx, x, y), sr_scalprod(ctx, x, z));
+    sr_expr *f2 = sr_scalprod(ctx, sr_exp(ctx, x), y);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert(strstr(sr_kernel_explain(k), "strategy: direct"), "%s", sr_kernel_explain(k));
+    sr_kernel_free(k);
+    cr_assert_eq(sr_kernel_new(ctx, f2, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert(strstr(sr_kernel_explain(k), "strategy: direct"), "%s", sr_kernel_explain(k));
+    sr_kernel_free(k);
+}
+
+/* A budget that shrinks the tiles: same results, workspace within the budget. */
+Test(gemm, small_budget)
+{
+    sr_ctx_set_mem_limit(ctx, 600 << 10);
+    struct gcase c = {KNN, SR_ARGKMIN, 100, 10, 1, 523, 1031, SR_F32, true};
+    run_case(&c);
+    sr_expr *f = sr_sqdist(ctx, sr_vi(ctx, 0, 100), sr_vj(ctx, 1, 100));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_ARGKMIN;
+    d.k = 10;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_leq(sr_kernel_workspace_bytes(k), 600 << 10, "%s", sr_kernel_explain(k));
+    sr_kernel_free(k);
+}
+
+/* A user's BLIS_ARCH_TYPE makes Debian's BLIS 0.9.0 abort at initialisation: symred must not
+ * initialise it then (direct strategy, no crash), and explain says why. */
+Test(gemm, user_blis_arch_type_no_abort)
+{
+    setenv("BLIS_ARCH_TYPE", "0", 1);
+    sr_expr *f = sr_sqdist(ctx, sr_vi(ctx, 0, 100), sr_vj(ctx, 1, 100));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_ARGMIN;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    const char *ex = sr_kernel_explain(k);
+    float x[200], y[300];
+    int64_t out[2];
+    for (int t = 0; t < 300; t++)
+        y[t] = (float)(t % 7);
+    for (int t = 0; t < 200; t++)
+        x[t] = (float)(t % 5);
+    const void *args[] = {x, y};
+    cr_assert_eq(sr_kernel_run(k, 2, 3, args, out), SR_OK, "%s", sr_ctx_error(ctx));
+    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    char *(*ver)(void) = h ? (char *(*)(void))dlsym(h, "bli_info_get_version_str") : NULL;
+    if (ver && strncmp(ver(), "0.9.0", 5) == 0)
+        cr_assert(strstr(ex, "strategy: direct") && strstr(ex, "BLIS_ARCH_TYPE"), "%s", ex);
+    sr_kernel_free(k);
+    unsetenv("BLIS_ARCH_TYPE");
+}

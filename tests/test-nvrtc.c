@@ -1,0 +1,448 @@
+/*
+ * test-nvrtc.c — the CUDA backend on a machine without a GPU: every op and every reduction
+ * (both axes, float32 and float64) is emitted as CUDA C++ and compiled by NVRTC to PTX for
+ * compute_80 and compute_90; the PTX has the expected entry points; the image cache stores and
+ * reuses; asking for the GPU without one gives SR_ENODEV with a message naming what was
+ * looked for, and the context stays usable. ctest label: nvrtc. The tests skip (saying so)
+ * only when libnvrtc cannot be loaded.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+
+#include <math.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "jit/cuda.h"
+#include "symred.h"
+#include "util.h"
+
+static const char *const archs[] = {"compute_80", "compute_90"};
+
+static void need_nvrtc(void)
+{
+    const struct nvrtc_api *nv;
+    const char *why;
+    if (jit_nvrtc_get(&nv, &why) != SR_OK)
+        cr_skip_test("libnvrtc is not available, NVRTC compile tests skipped: %s", why);
+}
+
+/* Builds kernel (formula, reduction, axis, dtype) on the reference device, emits its CUDA and
+ * compiles it for both architectures; fails the test with NVRTC's log. Returns the PTX of the
+ * last compile when ptx is not NULL. */
+static void compile_kernel(sr_ctx *ctx, sr_expr *f, sr_expr *w, sr_reduction red, int axis,
+                           sr_dtype dt, char **ptx)
+{
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = red;
+    d.axis = axis;
+    d.dtype = dt;
+    d.k = 3;
+    d.weight = w;
+    d.device = SR_DEVICE_REFERENCE;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s: %s", sr_reduction_name(red),
+                 sr_ctx_error(ctx));
+    for (int acc = 0; acc < (red == SR_SUM && dt == SR_F32 ? 3 : 1); acc++) {
+        struct expr_buf b = {0};
+        struct cuda_plan plan;
+        sr_status st = jit_emit_cuda(k, (enum jit_acc)acc, &b, &plan);
+        cr_assert_eq(st, SR_OK, "emit %s axis %d: status %d", sr_reduction_name(red), axis, st);
+        cr_assert(plan.block > 0 && plan.tile > 0 && plan.state_bytes > 0);
+        for (int a = 0; a < 2; a++) {
+            struct nvrtc_out o;
+            st = jit_nvrtc_compile(b.data, "t.cu", archs[a], false, &o);
+            cr_assert_eq(st, SR_OK, "%s axis %d %s acc %d for %s: status %d\n%s\nsource:\n%s",
+                         sr_reduction_name(red), axis, dt == SR_F64 ? "f64" : "f32", acc, archs[a],
+                         st, o.log ? o.log : "", b.data);
+            cr_assert(!o.cubin && o.size > 0);
+            if (ptx && a == 1) {
+                free(*ptx);
+                *ptx = o.image;
+            } else {
+                free(o.image);
+            }
+            free(o.log);
+        }
+        free(b.data);
+    }
+    sr_kernel_free(k);
+}
+
+/* Marks the ops of the DAG of e. */
+static void ops_of(const sr_expr *e, bool *seen)
+{
+    size_t n = expr_toposort(e, NULL, 0);
+    const sr_expr **v = malloc(n * sizeof *v);
+    cr_assert(v);
+    expr_toposort(e, v, n);
+    for (size_t i = 0; i < n; i++)
+        seen[v[i]->op] = true;
+    free(v);
+}
+
+/* Every op, batched into a few formulas (Concat of scalars), each small (unrolled) and with
+ * dimension 20 vectors (the emitter's loop / lazy paths). The simplifier is off so that every
+ * op reaches the emitter as written. */
+static const char *const small_aliases[] = {"x=Vi(3)", "y=Vj(3)", "p=Pm(1)", "A=Pm(9)", "M=Pm(6)"};
+static const char *const small_terms[] = {"Sum(x+y)",
+                                          "Sum(x-y)",
+                                          "Sum(x*y)",
+                                          "Sum(x/y)",
+                                          "Sum(-x+y)",
+                                          "Sum(Powf(Abs(x-y), y))",
+                                          "Sum(Atan2(x, y))",
+                                          "Sum(Less(x, y))",
+                                          "Sum(LessEq(x, y))",
+                                          "Sum(Greater(x, y))",
+                                          "Sum(GreaterEq(x, y))",
+                                          "Sum(Equal(x, y))",
+                                          "Sum(NotEqual(x, y))",
+                                          "Sum(Inv(x-y))",
+                                          "Sum(Square(x-y))",
+                                          "Sum(Sqrt(x*y))",
+                                          "Sum(Rsqrt(x*y))",
+                                          NULL,
+                                          "Sum(Exp(x-y))",
+                                          "Sum(Log(x*y))",
+                                          "Sum(XLogX(x*y))",
+                                          "Sum(Sin(x-y))",
+                                          "Sum(Cos(x-y))",
+                                          "Sum(Asin(x-y))",
+                                          "Sum(Acos(x-y))",
+                                          "Sum(Atan(x-y))",
+                                          "Sum(Abs(x-y))",
+                                          "Sum(Sign(x-y))",
+                                          "Sum(Step(x-y))",
+                                          "Sum(ReLU(x-y))",
+                                          "Sum(Floor(x-y))",
+                                          "Sum(SinXDivX(x-y))",
+                                          "Sum(Pow(x-y, 3))",
+                                          "Sum(Pow(x-y, -2))",
+                                          "Sum(Pow(x-y, 20))",
+                                          "Sum(Round(x-y, 2))",
+                                          NULL,
+                                          "Sum(ClampInt(x-y, -1, 1))",
+                                          "Sum(Clamp(x, y, x+p))",
+                                          "Sum(IfElse(x-y, x, y))",
+                                          "Sum(Mod(x, y, p))",
+                                          "SqNorm2(x-y)",
+                                          "Norm2(x-y)",
+                                          "Sum(Normalize(x-y))",
+                                          "SqDist(x, y)",
+                                          "(x|y)",
+                                          "Max(x-y)",
+                                          "Min(x-y)",
+                                          "ArgMax(x-y)",
+                                          "ArgMin(x-y)",
+                                          "Elem(x-y, 1)",
+                                          "Sum(Extract(x-y, 1, 2))",
+                                          "Sum(OneHot(Elem(x-y, 0), 4))",
+                                          "Sum(MatVecMult(A, x-y))",
+                                          "Sum(VecMatMult(x-y, M))",
+                                          "Sum(TensorProd(x, y))",
+                                          "WeightedSqNorm(A, x-y)",
+                                          "WeightedSqDist(p, x, y)",
+                                          "WeightedSqDist(x, x, y)",
+                                          "IntCst(3)*RatCst(1, 3)*x",
+                                          "p*2.5",
+                                          NULL,
+                                          NULL};
+static const char *const big_aliases[] = {"x=Vi(20)", "y=Vj(20)", "p=Pm(1)", "W=Pm(400)"};
+static const char *const big_terms[] = {"Sum(Exp(x-y)*Sqrt(x*y)+Pow(x, 2)-Round(y, 1))",
+                                        "(Normalize(x)|Normalize(y))",
+                                        "Max(Concat(x, y))",
+                                        "ArgMin(Extract(x-y, 2, 17))",
+                                        "SqDist(x, y)",
+                                        "(x|y)",
+                                        "WeightedSqNorm(W, x-y)",
+                                        "WeightedSqDist(x, x, y)",
+                                        "Norm2(Clamp(x, y, x+p))",
+                                        "Sum(IfElse(x-y, Sin(x), Mod(x, y, p)))",
+                                        "Sum(OneHot(Elem(x, 3), 20)*y)",
+                                        NULL,
+                                        NULL};
+
+/* Concat(t0, Concat(t1, ... tn)) of the terms up to the next NULL; *pos moves past it. */
+static char *batch(const char *const *terms, int *pos)
+{
+    struct expr_buf b = {0};
+    int n = 0;
+    for (; terms[*pos]; (*pos)++, n++)
+        expr_buf_printf(&b, "%s%s%s", terms[*pos + 1] ? "Concat(" : "", terms[*pos],
+                        terms[*pos + 1] ? ", " : "");
+    (*pos)++;
+    for (int i = 1; i < n; i++)
+        expr_buf_printf(&b, ")");
+    cr_assert(!b.oom && n > 0);
+    return b.data;
+}
+
+Test(nvrtc, every_op_compiles_for_sm80_and_sm90)
+{
+    need_nvrtc();
+    setenv("SYMRED_SIMPLIFY", "0", 1);
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    bool seen[OP_COUNT] = {false};
+    for (int big = 0; big < 2; big++) {
+        const char *const *al = big ? big_aliases : small_aliases;
+        int nal = big ? 4 : 5;
+        const char *const *terms = big ? big_terms : small_terms;
+        for (int pos = 0; terms[pos];) {
+            char *text = batch(terms, &pos);
+            sr_expr *f;
+            cr_assert_eq(sr_parse(ctx, text, al, nal, &f), SR_OK, "%s: %s", text,
+                         sr_ctx_error(ctx));
+            free(text);
+            ops_of(f, seen);
+            /* float32 over j and float64 over i: both skeletons, both dtypes. */
+            compile_kernel(ctx, f, NULL, SR_SUM, 1, SR_F32, NULL);
+            compile_kernel(ctx, f, NULL, SR_SUM, 0, SR_F64, NULL);
+        }
+    }
+    for (int op = 0; op < OP_COUNT; op++)
+        cr_expect(seen[op], "op %s is not covered by the batches", expr_ops[op].name);
+    sr_ctx_free(ctx);
+}
+
+Test(nvrtc, every_reduction_both_axes_both_dtypes)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(2)", "g=Pm(1)", "c=Vi(1)"};
+    sr_expr *vec, *sca, *w;
+    cr_assert_eq(sr_parse(ctx, "Concat(Exp(-SqDist(x,y)*g)*c, Sum(x*y))", al, 5, &vec), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "-SqDist(x,y)*g", al, 5, &sca), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "b*c", al, 5, &w), SR_OK, "%s", sr_ctx_error(ctx));
+    for (int red = 0; red < SR_REDUCTION_COUNT; red++)
+        for (int axis = 0; axis < 2; axis++)
+            for (int dt = 0; dt < 2; dt++) {
+                bool ssmw = red == SR_SUMSOFTMAXWEIGHT;
+                compile_kernel(ctx, ssmw ? sca : vec, ssmw ? w : NULL, (sr_reduction)red, axis,
+                               (sr_dtype)dt, NULL);
+            }
+    sr_ctx_free(ctx);
+}
+
+Test(nvrtc, ptx_has_the_entry_points)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f;
+    cr_assert_eq(sr_parse(ctx, "Exp(-SqDist(x,y)*g)*b", al, 4, &f), SR_OK);
+    char *ptx = NULL;
+    compile_kernel(ctx, f, NULL, SR_SUM, 1, SR_F32, &ptx);
+    cr_assert(ptx);
+    cr_expect(strstr(ptx, ".entry " CUDA_KERNEL_MAIN) != NULL, "no .entry %s in the PTX",
+              CUDA_KERNEL_MAIN);
+    cr_expect(strstr(ptx, ".entry " CUDA_KERNEL_COMBINE) != NULL, "no .entry %s in the PTX",
+              CUDA_KERNEL_COMBINE);
+    cr_expect(strstr(ptx, ".target sm_90") != NULL, "PTX not for sm_90");
+    cr_expect(strstr(ptx, ".shared") != NULL, "no shared-memory tile in the PTX");
+    free(ptx);
+    sr_ctx_free(ctx);
+}
+
+/* lit() spells infinite and NaN constants with __builtin_inf / __builtin_nan, which NVRTC
+ * lacks: the CUDA prelude defines them. A kernel appended to an emitted module uses them. */
+Test(nvrtc, special_constants_compile)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    for (int dt = 0; dt < 2; dt++) {
+        sr_expr *f = sr_mul(ctx, sr_vi(ctx, 0, 1), sr_vj(ctx, 1, 1));
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.device = SR_DEVICE_REFERENCE;
+        d.dtype = (sr_dtype)dt;
+        sr_kernel *k;
+        cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+        struct expr_buf b = {0};
+        cr_assert_eq(jit_emit_cuda(k, JIT_ACC_BLOCK, &b, NULL), SR_OK);
+        expr_buf_printf(&b,
+                        "extern \"C\" __global__ void k(sr_t *o) {\n"
+                        "  o[0] = (sr_t)__builtin_nan(\"\"); o[1] = (sr_t)(-__builtin_inf());\n"
+                        "  o[2] = (sr_t)__builtin_nanf(\"\"); o[3] = (sr_t)(__builtin_inff());\n"
+                        "  o[4] = (sr_t)0x1.8p+1; o[5] = (sr_t)-0x1.5555555555555p-2;\n}\n");
+        for (int a = 0; a < 2; a++) {
+            struct nvrtc_out o;
+            sr_status st = jit_nvrtc_compile(b.data, "c.cu", archs[a], false, &o);
+            cr_expect_eq(st, SR_OK, "%s: %s", archs[a], o.log ? o.log : "");
+            free(o.image);
+            free(o.log);
+        }
+        free(b.data);
+        sr_kernel_free(k);
+    }
+    sr_ctx_free(ctx);
+}
+
+Test(nvrtc, compile_errors_report_the_log)
+{
+    need_nvrtc();
+    struct nvrtc_out o;
+    sr_status st = jit_nvrtc_compile("this is not CUDA", "bad.cu", "compute_80", false, &o);
+    cr_assert_eq(st, SR_ECOMPILE, "status %d", st);
+    cr_assert(o.log && strstr(o.log, "error"), "log: %s", o.log ? o.log : "(none)");
+    free(o.image);
+    free(o.log);
+}
+
+Test(nvrtc, image_cache_stores_and_reuses)
+{
+    need_nvrtc();
+    char dir[] = "/tmp/symred-nvrtc-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    setenv("SYMRED_CACHE_DIR", dir, 1);
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    const char *src = "extern \"C\" __global__ void sr_cache_probe(float *o) { o[0] = 1; }\n";
+    struct nvrtc_out a, b;
+    struct cuda_image_info ia, ib;
+    cr_assert_eq(jit_cuda_image(ctx, src, "compute_80", &a, &ia), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_expect_str_eq(ia.origin, "compiled");
+    cr_expect(strstr(ia.cache, "stored") != NULL, "cache: %s", ia.cache);
+    cr_assert_eq(jit_cuda_image(ctx, src, "compute_80", &b, &ib), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_expect_str_eq(ib.origin, "disk");
+    cr_assert_eq(a.size, b.size);
+    cr_expect(memcmp(a.image, b.image, a.size) == 0, "the cached image differs");
+    /* Another architecture is another entry. */
+    struct nvrtc_out c;
+    struct cuda_image_info ic;
+    cr_assert_eq(jit_cuda_image(ctx, src, "compute_90", &c, &ic), SR_OK);
+    cr_expect_str_eq(ic.origin, "compiled");
+    /* A corrupt entry is rebuilt, never trusted. */
+    FILE *fp = fopen(ib.path, "r+b");
+    cr_assert(fp, "cannot open %s", ib.path);
+    fputs("garbage", fp);
+    fclose(fp);
+    struct nvrtc_out d;
+    struct cuda_image_info id;
+    cr_assert_eq(jit_cuda_image(ctx, src, "compute_80", &d, &id), SR_OK);
+    cr_expect_str_eq(id.origin, "compiled");
+    cr_expect(memcmp(a.image, d.image, a.size) == 0);
+    struct stat sb;
+    cr_expect(stat(ib.path, &sb) == 0, "the rebuilt entry was stored");
+    free(a.image), free(b.image), free(c.image), free(d.image);
+    free(a.log), free(b.log), free(c.log), free(d.log);
+    unlink(ib.path);
+    unlink(ic.path);
+    rmdir(dir);
+    sr_ctx_free(ctx);
+}
+
+/* Runs a small Gaussian mat-vec on the CPU: the context still works after a failure. */
+static void context_still_usable(sr_ctx *ctx, sr_expr *f)
+{
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.device = SR_DEVICE_CPU;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    float x[6] = {0, 0, 0, 1, 1, 1}, y[3] = {0, 0, 0}, b = 2, g = 1, out[2];
+    const void *args[] = {x, y, &b, &g};
+    cr_assert_eq(sr_kernel_run(k, 2, 1, args, out), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_expect(tu_close(out[0], 2.0, 1e-6, 0) && tu_close(out[1], 2.0 * exp(-3.0), 1e-5, 0),
+              "out = %g %g", out[0], out[1]);
+    sr_kernel_free(k);
+}
+
+static sr_expr *gauss(sr_ctx *ctx)
+{
+    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f;
+    cr_assert_eq(sr_parse(ctx, "Exp(-SqDist(x,y)*g)*b", al, 4, &f), SR_OK);
+    return f;
+}
+
+Test(nvrtc, cuda_without_gpu_is_enodev)
+{
+    if (jit_cuda_available())
+        cr_skip_test("a GPU is present: the no-GPU path is not testable here");
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    sr_expr *f = gauss(ctx);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.device = SR_DEVICE_CUDA;
+    sr_kernel *k = (sr_kernel *)1;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_ENODEV, "status: %s", sr_ctx_error(ctx));
+    cr_expect_null(k);
+    const char *msg = sr_ctx_error(ctx);
+    /* Either the driver was not found (the names tried) or it failed (the call and why). */
+    cr_expect(strstr(msg, "libcuda.so.1") != NULL || strstr(msg, "cuInit") != NULL ||
+                  strstr(msg, "device(s)") != NULL,
+              "message does not say what was looked for: %s", msg);
+    cr_expect(strstr(msg, "cuda") != NULL, "message: %s", msg);
+    context_still_usable(ctx, f);
+    /* Twice: the process-wide set-up is not retried into a crash. */
+    cr_expect_eq(sr_kernel_new(ctx, f, &d, &k), SR_ENODEV);
+    sr_ctx_free(ctx);
+}
+
+Test(nvrtc, symred_device_cuda_env_without_gpu)
+{
+    if (jit_cuda_available())
+        cr_skip_test("a GPU is present");
+    setenv("SYMRED_DEVICE", "cuda", 1);
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    sr_expr *f = gauss(ctx);
+    sr_kernel_desc d = sr_kernel_desc_default(); /* AUTO: the environment decides */
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_ENODEV, "%s", sr_ctx_error(ctx));
+    unsetenv("SYMRED_DEVICE");
+    context_still_usable(ctx, f);
+    sr_ctx_free(ctx);
+}
+
+/* The toolkit's stub libcuda loads but its cuInit fails: SR_ENODEV, not a crash. */
+Test(nvrtc, stub_driver_is_enodev)
+{
+    const char *stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
+    if (access(stub, R_OK) != 0)
+        cr_skip_test("no stub driver at %s", stub);
+    setenv("SYMRED_LIBCUDA", stub, 1);
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    sr_expr *f = gauss(ctx);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.device = SR_DEVICE_CUDA;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_ENODEV, "%s", sr_ctx_error(ctx));
+    const char *msg = sr_ctx_error(ctx);
+    cr_expect(strstr(msg, "cuInit") && strstr(msg, stub), "message: %s", msg);
+    context_still_usable(ctx, f);
+    sr_ctx_free(ctx);
+}
+
+Test(nvrtc, device_pointers_need_a_cuda_kernel)
+{
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    sr_expr *f = gauss(ctx);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.device = SR_DEVICE_CPU;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    float x[3] = {0}, y[3] = {0}, b = 1, g = 1, out[1] = {-1};
+    const void *args[] = {x, y, &b, &g};
+    sr_run_desc r = {.nx = 1, .ny = 1, .nargs = 4, .args = args, .out = out};
+    cr_expect_eq(sr_kernel_run_device(k, &r, 1, 0), SR_EINVAL);
+    cr_expect(strstr(sr_ctx_error(ctx), "SR_DEVICE_CUDA") != NULL, "%s", sr_ctx_error(ctx));
+    cr_expect_eq(sr_kernel_run_device(k, &r, 0, 1), SR_EINVAL);
+    cr_expect_eq(out[0], -1.0f, "the output was written: %g", out[0]);
+    /* No flags: an ordinary run. */
+    cr_expect_eq(sr_kernel_run_device(k, &r, 0, 0), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_expect(tu_close(out[0], 1.0, 1e-6, 0), "out = %g", out[0]);
+    sr_kernel_free(k);
+    sr_ctx_free(ctx);
+}
