@@ -12,6 +12,8 @@ PACKAGES=(
     pkg-config        # CMake finds Criterion with it; the install test uses it
     libcriterion-dev  # the C tests
     gzip              # knn --fashion-mnist reads the data set through it
+    dataset-fashion-mnist # real data for the kNN demo and the Python kNN example's test
+    libblis4-openmp   # BLIS, loaded at run time by the high-dimensional gemm-epilogue path
     python3
     python3-numpy     # the Python bindings
     python3-pytest    # their tests
