@@ -466,13 +466,14 @@ Test(simplify, sqdist_gemm_only_for_large_dimension)
     /* Both operands on the same side: no matrix product to win. */
     sr_expr *z64 = sr_vi(ctx, 2, 64);
     assert_not_fires(sr_sqdist(ctx, x64, z64), "sqdist-gemm");
-    /* the threshold comes from the cost model */
-    cr_assert_eq(simp_cost_gemm_min_dim(), 32);
-    sr_expr *x31 = sr_vi(ctx, 0, 31), *y31 = sr_vj(ctx, 1, 31);
-    assert_not_fires(sr_sqdist(ctx, x31, y31), "sqdist-gemm");
-    sr_expr *x32 = sr_vi(ctx, 3, 32), *y32 = sr_vj(ctx, 4, 32);
-    assert_fires(sr_sqdist(ctx, x32, y32), "sqdist-gemm");
-    assert_fires(sr_norm2(ctx, sr_sub(ctx, x32, y32)), "norm2diff-gemm");
+    /* the threshold is the backend's measured gemm crossover */
+    cr_assert_eq(simp_cost_gemm_min_dim(), SR_GEMM_MIN_DIM);
+    int t = SR_GEMM_MIN_DIM;
+    sr_expr *xb = sr_vi(ctx, 0, t - 1), *yb = sr_vj(ctx, 1, t - 1);
+    assert_not_fires(sr_sqdist(ctx, xb, yb), "sqdist-gemm");
+    sr_expr *xt = sr_vi(ctx, 3, t), *yt = sr_vj(ctx, 4, t);
+    assert_fires(sr_sqdist(ctx, xt, yt), "sqdist-gemm");
+    assert_fires(sr_norm2(ctx, sr_sub(ctx, xt, yt)), "norm2diff-gemm");
 }
 
 /* ---- fixed point ---- */

@@ -43,18 +43,8 @@
 #include <omp.h>
 #endif
 
-/*
- * The crossover, measured on this machine (2-core AMD EPYC with AVX-512, Debian BLIS 0.9.0
- * picking zen3, 2 threads, other jobs running: load average 2-3) with bench/bench-gemm, which
- * runs the same kernel with SYMRED_BLIS=off and =on: a Gaussian mat-vec written with the inner
- * product, Exp(-(SqNorm2(x)+SqNorm2(y)-2(x|y))*g)*b, float32, N = M = sqrt(F / 2D), best of 3.
- * Direct / gemm time ratio, F = 2e10 (bench/README.md has the times):
- *     D = 8: 0.49   16: 0.80   24: 1.45   32: 2.58   64: 4.57   256: 4.52   1024: 4.98
- * Two earlier runs under heavier load gave 1.05 / 2.58 and 0.54 / 1.07 at D = 16 / 24: the
- * crossover is between 16 and 24 in every run, so gemm-epilogue is chosen from D = 24 on.
- * (kNN, ArgKMin k = 10 of SqDist at D = 100, 10000 x 100000: direct 104.7 s, gemm 3.4 s.)
- */
-#define GEMM_MIN_DIM 24
+/* The crossover (SR_GEMM_MIN_DIM) is measured and explained in core.h. */
+#define GEMM_MIN_DIM SR_GEMM_MIN_DIM
 
 /* ---- BLIS, loaded at run time ---------------------------------------------------------- */
 

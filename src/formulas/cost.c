@@ -148,15 +148,11 @@ void simp_cost_estimate(const sr_expr *const *roots, int nroots, unsigned red_de
 }
 
 /*
- * Direct SqDist costs 3D flop-equivalents per pair at the vector rate. The rewritten form
- * computes the inner product as a GEMM tile, GEMM_SPEEDUP times faster per flop than the
- * direct loop, and pays GEMM_EPILOGUE per pair for storing and reloading the tile and adding
- * the hoisted norms. It wins when 3D > 2D / GEMM_SPEEDUP + GEMM_EPILOGUE.
+ * The rewritten form SqNorm2(x) + SqNorm2(y) - 2(x|y) only pays when the backend computes the
+ * inner products as BLIS tiles, and the backend takes that path from SR_GEMM_MIN_DIM on: the
+ * crossover measured with bench/bench-gemm (see core.h). Below it the direct SqDist is cheaper.
  */
-#define GEMM_SPEEDUP  4.0
-#define GEMM_EPILOGUE 80.0
-
-int simp_cost_gemm_min_dim(void) { return (int)ceil(GEMM_EPILOGUE / (3.0 - 2.0 / GEMM_SPEEDUP)); }
+int simp_cost_gemm_min_dim(void) { return SR_GEMM_MIN_DIM; }
 
 bool simp_cost_gemm_wins(const sr_expr *a, const sr_expr *b, const struct simp_opts *o)
 {
