@@ -32,23 +32,7 @@
 
 static const char *prog = "gp-matvec";
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A deterministic generator (xorshift64), so that runs are reproducible from the seed. */
-static double uniform01(uint64_t *s)
-{
-    uint64_t x = *s ? *s : 0x9e3779b97f4a7c15ULL;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return (double)(x >> 11) * (1.0 / 9007199254740992.0);
-}
+#include "example.h"
 
 static void usage(void)
 {
@@ -57,68 +41,6 @@ static void usage(void)
             "       [--check] [--tol T] [--quiet] [nx [ny]]\n",
             prog);
     exit(2);
-}
-
-static int64_t parse_size(const char *s)
-{
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (*end || v < 0) {
-        fprintf(stderr, "%s: '%s' is not a size (a non-negative integer)\n", prog, s);
-        exit(2);
-    }
-    return (int64_t)v;
-}
-
-static double parse_real(const char *s)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (*end || !*s) {
-        fprintf(stderr, "%s: '%s' is not a number\n", prog, s);
-        exit(2);
-    }
-    return v;
-}
-
-static int parse_device(const char *s, sr_device *dev)
-{
-    static const struct {
-        const char *name;
-        sr_device dev;
-    } names[] = {{"auto", SR_DEVICE_AUTO},
-                 {"cpu", SR_DEVICE_CPU},
-                 {"reference", SR_DEVICE_REFERENCE},
-                 {"cuda", SR_DEVICE_CUDA}};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (strcmp(s, names[i].name) == 0) {
-            *dev = names[i].dev;
-            return 1;
-        }
-    return 0;
-}
-
-/* Prints what failed with symred's own message, and exits. */
-static void fail(sr_ctx *ctx, const char *what, sr_status st)
-{
-    fprintf(stderr, "%s: %s failed: %s: %s\n", prog, what, sr_status_str(st), sr_ctx_error(ctx));
-    exit(1);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "%s: out of memory (%zu bytes)\n", prog, n);
-        exit(1);
-    }
-    return p;
-}
-
-/* The value at index i of an array of the given dtype, as a double. */
-static double get(const void *a, int f64, int64_t i)
-{
-    return f64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
 }
 
 /* The next row to check: i + step, but the last row is always checked. */

@@ -35,23 +35,7 @@
 
 static const char *prog = "sgpr";
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A deterministic generator (xorshift64), so that runs are reproducible from the seed. */
-static double uniform01(uint64_t *s)
-{
-    uint64_t x = *s ? *s : 0x9e3779b97f4a7c15ULL;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return (double)(x >> 11) * (1.0 / 9007199254740992.0);
-}
+#include "example.h"
 
 static void usage(void)
 {
@@ -60,11 +44,6 @@ static void usage(void)
             "       [n [m [D]]]\n",
             prog);
     exit(2);
-}
-
-static double get(const void *a, int f64, size_t i)
-{
-    return f64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
 }
 
 int main(int argc, char **argv)
