@@ -34,6 +34,7 @@ struct sr_ctx {
     /* The memory budget for kernel workspaces, in bytes (SYMRED_MEM_LIMIT or
      * sr_ctx_set_mem_limit); 0 = unlimited. See src/core/budget.c. */
     int64_t mem_limit;
+    int num_threads;     /* SYMRED_NUM_THREADS; 0 = as many as OpenMP offers */
     struct jit_ctx *jit; /* CPU JIT options and loaded modules (src/jit), created on use */
 };
 
@@ -52,6 +53,9 @@ sr_status sr__env_choice(sr_ctx *ctx, const char *name, const char *const *choic
  * MiB, GiB, TiB (powers of 1024), case-insensitive, spaces allowed before the unit. SR_EINVAL on
  * anything else (nothing recorded), SR_EOVERFLOW past INT64_MAX. (budget.c) */
 sr_status sr__parse_bytes(const char *s, int64_t *out);
+/* How many threads a kernel of ctx runs: OpenMP's maximum, capped by SYMRED_NUM_THREADS and by
+ * the memory budget when each thread needs per_thread bytes of workspace; at least 1. */
+int sr__threads(const sr_ctx *ctx, int64_t per_thread);
 /* Reads SYMRED_MEM_LIMIT into ctx->mem_limit at context creation; a malformed value is recorded
  * like the other SYMRED_* errors (ctx->env_status). */
 void sr__mem_limit_init(sr_ctx *ctx);

@@ -2,6 +2,9 @@
 #include "core.h"
 
 #include <errno.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,9 +78,31 @@ sr_status sr_ctx_new(sr_ctx **out)
         sr__error_get(ctx, ctx->env_msg, sizeof ctx->env_msg);
     }
     ctx->log_level = (int)level;
+    long nt;
+    if (sr__env_int(ctx, "SYMRED_NUM_THREADS", 1, 100000, 0, &nt) != SR_OK &&
+        ctx->env_status == SR_OK) {
+        ctx->env_status = SR_EINVAL;
+        sr__error_get(ctx, ctx->env_msg, sizeof ctx->env_msg);
+    }
+    ctx->num_threads = (int)nt;
     sr__mem_limit_init(ctx);
     *out = ctx;
     return SR_OK;
+}
+
+int sr__threads(const sr_ctx *ctx, int64_t per_thread)
+{
+#ifdef _OPENMP
+    int nt = omp_get_max_threads();
+#else
+    int nt = 1;
+#endif
+    if (ctx->num_threads > 0 && ctx->num_threads < nt)
+        nt = ctx->num_threads;
+    int64_t lim = ctx->mem_limit;
+    if (lim > 0 && per_thread > 0 && (int64_t)nt * per_thread > lim)
+        nt = (int)(lim / per_thread);
+    return nt < 1 ? 1 : nt;
 }
 
 void sr_ctx_free(sr_ctx *ctx)

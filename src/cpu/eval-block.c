@@ -73,13 +73,7 @@ sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const
                          "memory budget exceeded: sr_kernel_eval_block needs %lld bytes of "
                          "workspace, the budget is %lld bytes",
                          (long long)per_thread, (long long)lim);
-#ifdef _OPENMP
-    int nt = omp_get_max_threads();
-#else
-    int nt = 1;
-#endif
-    if (lim > 0 && (int64_t)nt * per_thread > lim)
-        nt = (int)(lim / per_thread);
+    int nt = sr__threads(k->ctx, per_thread);
     if (nt > ni)
         nt = (int)ni;
     if (nt < 1)

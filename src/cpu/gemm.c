@@ -187,28 +187,6 @@ static int64_t thread_bytes(const struct gemm_kernel *g, int ti, int tj, int64_t
            g->plan.workspace_bytes;
 }
 
-static int max_threads(const sr_kernel *k)
-{
-#ifdef _OPENMP
-    int nt = omp_get_max_threads();
-#else
-    int nt = 1;
-#endif
-    const struct jit_ctx *jc = k->ctx->jit;
-    if (jc && jc->num_threads > 0 && jc->num_threads < nt)
-        nt = jc->num_threads;
-    return nt < 1 ? 1 : nt;
-}
-
-static int budget_threads(const sr_kernel *k, int64_t per_thread)
-{
-    int nt = max_threads(k);
-    int64_t lim = k->ctx->mem_limit;
-    if (lim > 0 && (int64_t)nt * per_thread > lim)
-        nt = lim / per_thread < 1 ? 1 : (int)(lim / per_thread);
-    return nt;
-}
-
 static const char *const blis_modes[] = {"auto", "on", "off"};
 
 sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
@@ -302,7 +280,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
 int64_t cpu_gemm_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
 {
     const struct gemm_kernel *g = k->backend_data;
-    int nt = budget_threads(k, g->per_thread);
+    int nt = sr__threads(k->ctx, g->per_thread);
     if (per_thread)
         *per_thread = g->per_thread;
     if (threads)
@@ -365,7 +343,7 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
     const struct gemm_kernel *g = k->backend_data;
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
-    int nt = budget_threads(k, g->per_thread);
+    int nt = sr__threads(k->ctx, g->per_thread);
     int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = g->m->state_bytes;
     int64_t nblocks = (nout + g->ti - 1) / g->ti;
     struct gemm_call c = {k, g, r, nred};
@@ -470,7 +448,7 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
                     "module: %s, cache %s, %.1f ms\n",
                     g->plan.hoisted_outer, g->plan.hoisted_inner, g->plan.pair_nodes,
                     (long long)g->plan.state_bytes, g->plan.tile_j,
-                    budget_threads(k, g->per_thread), g->info.origin, g->info.cache,
+                    sr__threads(k->ctx, g->per_thread), g->info.origin, g->info.cache,
                     g->info.compile_ms);
 }
 

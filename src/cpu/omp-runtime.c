@@ -31,29 +31,6 @@ struct jit_kernel {
 /* Reduced ranges shorter than this are never split. */
 #define SPLIT_MIN_REDUCED 4096
 
-static int max_threads(const sr_kernel *k)
-{
-#ifdef _OPENMP
-    int nt = omp_get_max_threads();
-#else
-    int nt = 1;
-#endif
-    const struct jit_ctx *jc = k->ctx->jit;
-    if (jc && jc->num_threads > 0 && jc->num_threads < nt)
-        nt = jc->num_threads;
-    return nt < 1 ? 1 : nt;
-}
-
-/* Threads that fit in the memory budget, each with a workspace of per_thread bytes. */
-static int budget_threads(const sr_kernel *k, int64_t per_thread)
-{
-    int nt = max_threads(k);
-    int64_t lim = k->ctx->mem_limit;
-    if (lim > 0 && per_thread > 0 && (int64_t)nt * per_thread > lim)
-        nt = (int)(lim / per_thread) < 1 ? 1 : (int)(lim / per_thread);
-    return nt;
-}
-
 /* Whether splitting the reduced range (nt partial states of nout rows each, on top of the
  * threads' workspaces) fits in the budget. */
 static bool split_fits(const sr_kernel *k, int nt, int64_t nout)
@@ -67,7 +44,7 @@ int64_t cpu_jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
 {
     const struct jit_kernel *jk = k->backend_data;
     int64_t pt = jk->plan.workspace_bytes;
-    int nt = budget_threads(k, pt);
+    int nt = sr__threads(k->ctx, pt);
     /* The largest split: fewer than SPLIT_ROWS_PER_THREAD rows per thread, when it fits. */
     int64_t split_rows = (int64_t)nt * SPLIT_ROWS_PER_THREAD - 1;
     int64_t total = (int64_t)nt * pt;
@@ -171,7 +148,7 @@ static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
     const struct jit_module *m = jk->m;
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
-    int nt = budget_threads(k, jk->plan.workspace_bytes);
+    int nt = sr__threads(k->ctx, jk->plan.workspace_bytes);
     int failed = 0;
     if (nt == 1 || nout >= (int64_t)nt * SPLIT_ROWS_PER_THREAD || nred < SPLIT_MIN_REDUCED ||
         !split_fits(k, nt, nout)) {
@@ -238,7 +215,7 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "module: %s, cache %s, %.1f ms\n",
                     p->tile_j, p->rows_per_block, p->columns, p->fbuf, p->hoisted_outer,
                     p->hoisted_inner, p->pair_nodes, (long long)p->state_bytes,
-                    (long long)p->workspace_bytes, budget_threads(k, p->workspace_bytes),
+                    (long long)p->workspace_bytes, sr__threads(k->ctx, p->workspace_bytes),
                     SPLIT_ROWS_PER_THREAD, k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
                     k->ctx->jit ? k->ctx->jit->cc : "cc", jit_cflags_text(), jk->info.origin,
                     jk->info.cache, jk->info.compile_ms);

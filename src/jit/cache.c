@@ -54,9 +54,7 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
      * until it is fixed, rather than silently meaning the default. */
     static const char *const keep_values[] = {"0", "1"};
     int acc, keep;
-    long nt;
     if (sr__env_choice(ctx, "SYMRED_ACC", jit_acc_names, 3, JIT_ACC_BLOCK, &acc) != SR_OK ||
-        sr__env_int(ctx, "SYMRED_NUM_THREADS", 1, 100000, 0, &nt) != SR_OK ||
         sr__env_choice(ctx, "SYMRED_JIT_KEEP", keep_values, 2, 0, &keep) != SR_OK)
         return SR_EINVAL;
     struct jit_ctx *jc = calloc(1, sizeof *jc);
@@ -65,7 +63,6 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
     const char *cc = getenv("SYMRED_CC");
     snprintf(jc->cc, sizeof jc->cc, "%s", cc && *cc ? cc : "cc");
     jc->acc = acc;
-    jc->num_threads = (int)nt;
     jc->keep_source = keep;
     ctx->jit = jc;
     *out = jc;

@@ -107,7 +107,6 @@ struct jit_module {
 struct jit_ctx {
     char cc[512];         /* SYMRED_CC, default "cc" */
     int acc;              /* SYMRED_ACC */
-    int num_threads;      /* SYMRED_NUM_THREADS, 0 = no cap */
     int keep_source;      /* SYMRED_JIT_KEEP=1: keep the generated source next to the cache */
     bool no_compiler;     /* the compiler could not be started: use the reference */
     bool logged_fallback; /* said so once */
