@@ -332,7 +332,8 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, i
         } else {
             if (g->m->part(o0, o1, rt, rt + nj, args, tmp))
                 return 1;
-            g->m->merge(st, tmp, o1 - o0);
+            if (g->m->merge(st, tmp, o1 - o0))
+                return 1;
         }
     }
     return 0;
@@ -401,9 +402,10 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
         free(args);
     }
     if (!failed && nsplit > 1) {
-        for (int p = 1; p < nsplit; p++)
-            g->m->merge(partial, partial + (size_t)(p * nout * sb), nout);
-        g->m->final(partial, 0, nout, r->out, r->out_idx);
+        for (int p = 1; p < nsplit && !failed; p++)
+            failed = g->m->merge(partial, partial + (size_t)(p * nout * sb), nout) != 0;
+        if (!failed)
+            g->m->final(partial, 0, nout, r->out, r->out_idx);
     }
     free(partial);
     if (failed)

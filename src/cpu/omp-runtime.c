@@ -185,9 +185,10 @@ static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
                 failed = 1;
         }
         if (!failed) {
-            for (int p = 1; p < nt; p++)
-                m->merge(states, states + rowbytes * (size_t)p, nout);
-            m->final(states, 0, nout, r->out, r->out_idx);
+            for (int p = 1; p < nt && !failed; p++)
+                failed = m->merge(states, states + rowbytes * (size_t)p, nout) != 0;
+            if (!failed)
+                m->final(states, 0, nout, r->out, r->out_idx);
         }
         free(states);
     }

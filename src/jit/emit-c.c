@@ -1023,7 +1023,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     }
 
     /* ---- merge ---- */
-    P("void sr_merge(void *dst_, const void *src_, int64_t n)\n{\n"
+    P("int sr_merge(void *dst_, const void *src_, int64_t n)\n{\n"
       "    sr_state *d = dst_; const sr_state *s = src_;\n");
     switch (red) {
     case SR_SUM:
@@ -1055,7 +1055,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     case SR_KMIN_ARGKMIN:
         P("    sr_t *tm = malloc(sizeof(sr_t) * SR_K); int64_t *ti = malloc(sizeof(int64_t) * "
           "SR_K);\n"
-          "    if (!tm || !ti) { free(tm); free(ti); return; }\n"
+          "    if (!tm || !ti) { free(tm); free(ti); return 1; }\n"
           "    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
           "        const sr_t *am = d[q].m[c], *bm = s[q].m[c];\n"
           "        const int64_t *ai = d[q].i[c], *bi = s[q].i[c];\n"
@@ -1077,7 +1077,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         P("    for (int64_t q = 0; q < n; q++) ssmw_fold(&d[q], s[q].m, s[q].s, s[q].w);\n");
         break;
     }
-    P("}\n\n");
+    P("    return 0;\n}\n\n");
 
     /* ---- final ---- */
     bool wv = sr_reductions[red].values, wi = sr_reductions[red].indices;

@@ -13,9 +13,10 @@
  *   int  sr_part(o0, o1, r0, r1, args, state)
  *        initialises the states of output rows [o0, o1) (state points at row o0's) and folds
  *        the reduced indices [r0, r1) into them; returns nonzero when out of memory.
- *   void sr_merge(dst, src, n)
+ *   int  sr_merge(dst, src, n)
  *        combines n row states: src must cover reduced indices after those of dst (ties keep
- *        dst's lower indices, as the reference does).
+ *        dst's lower indices, as the reference does); nonzero when out of memory (the
+ *        K-reductions need scratch room for K values), dst then unspecified.
  *   void sr_final(state, o0, o1, out, out_idx)
  *        writes the outputs of rows [o0, o1) from their states.
  *   int  sr_run(o0, o1, nr, args, out, out_idx)
@@ -31,7 +32,7 @@
 
 #include <stdint.h>
 
-#define JIT_ABI_VERSION 1
+#define JIT_ABI_VERSION 2
 
 enum jit_acc { JIT_ACC_BLOCK = 0, JIT_ACC_KAHAN = 1, JIT_ACC_F64 = 2 };
 
@@ -81,7 +82,7 @@ void jit_nodes_free(struct jit_nodes *n);
 
 typedef int (*jit_part_fn)(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args,
                            void *state);
-typedef void (*jit_merge_fn)(void *dst, const void *src, int64_t n);
+typedef int (*jit_merge_fn)(void *dst, const void *src, int64_t n);
 typedef void (*jit_final_fn)(const void *state, int64_t o0, int64_t o1, void *out,
                              int64_t *out_idx);
 typedef int (*jit_run_fn)(int64_t o0, int64_t o1, int64_t nr, const void *const *args, void *out,
