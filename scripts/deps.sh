@@ -17,6 +17,8 @@ PACKAGES=(
     python3
     python3-numpy     # the Python bindings
     python3-pytest    # their tests
+    python3-pip       # the offline install of the bindings (tested)
+    python3-setuptools
     clang-format      # the style check of scripts/test.sh
 )
 
