@@ -168,6 +168,9 @@ CASE(argmin_d784_one_col, KNN, SR_ARGMIN, 784, 1, 1, 7, 1, SR_F32, true)
 CASE(min_d100_axis0, KNN, SR_MIN, 100, 1, 0, 1031, 7, SR_F32, true)
 CASE(argkmin_d100_f64, KNN, SR_ARGKMIN, 100, 4, 1, 300, 257, SR_F64, true)
 CASE(argmin_d100_split, KNN, SR_ARGMIN, 100, 1, 1, 3, 20011, SR_F32, true)
+/* Three row blocks of 1024 rebalanced to four of 525 for two threads, states kept across tiles
+ * of 512 reduced indices (the K-th value rejects whole blocks of candidates; ties on the grid). */
+CASE(argkmin_d32_row_blocks, KNN, SR_ARGKMIN, 32, 10, 1, 2100, 1543, SR_F32, true)
 /* Sum with vector weights, LogSumExp, SumSoftMaxWeight. */
 CASE(sum_gauss_d32, GAUSS_SUM, SR_SUM, 32, 1, 1, 523, 1031, SR_F32, true)
 CASE(sum_gauss_d784, GAUSS_SUM, SR_SUM, 784, 1, 1, 7, 1031, SR_F32, true)

@@ -123,7 +123,7 @@ struct gemm_kernel {
     int va, vb;          /* its operands' argument indices: output-axis and reduced-axis variable */
     int dim;             /* their dimension */
     int ti, tj;          /* tile: ti output rows x tj reduced indices */
-    int64_t per_thread;  /* bytes: inner-product tile, two blocks of states, packing, module */
+    int64_t per_thread;  /* bytes: inner-product tile, a block of states, packing, module */
     int acc;
     int mode; /* SYMRED_BLIS: 0 auto, 1 on, 2 off */
 };
@@ -183,7 +183,7 @@ static int64_t pack_bytes(int ti, int tj, int dim, int64_t es)
 
 static int64_t thread_bytes(const struct gemm_kernel *g, int ti, int tj, int64_t es, int64_t sb)
 {
-    return (int64_t)ti * tj * es + 2 * (int64_t)ti * sb + pack_bytes(ti, tj, g->dim, es) +
+    return (int64_t)ti * tj * es + (int64_t)ti * sb + pack_bytes(ti, tj, g->dim, es) +
            g->plan.workspace_bytes;
 }
 
@@ -220,12 +220,16 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     g->acc = acc;
     g->mode = mode;
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
-    /* The tile of inner products: 2 MiB, 512 x 1024 float32 (256 x 1024 float64). Measured on
-     * kNN at D = 784 (1152 x 60000, best of 3, 2 threads): 256x512 2.62 s, 576x512 2.19 s,
-     * 288x1024 2.45 s, 144x2048 2.50 s, 512x1024 1.90 s. Larger tiles amortise BLIS's packing
-     * and call overhead; the epilogue reads the tile once, so it need not stay in L1/L2. */
-    g->ti = k->dtype == SR_F64 ? 256 : 512;
-    g->tj = 1024;
+    /* The tile of inner products: 2 MiB, 1024 x 512 float32 (256 x 1024 float64). Measured on
+     * Fashion-MNIST kNN (ArgKMin k = 10, 10 000 x 60 000, D = 784, 2 threads, one run each
+     * under load, the states kept across tiles): ti x tj = 512x1024 7.9 s, 512x512 6.2 s,
+     * 768x512 5.9 s, 1024x1024 6.1 s, 1024x768 5.7 s, 1024x256 7.9 s, 1536x512 5.7 s,
+     * 2048x1024 6.0 s, 2048x512 5.8 s, 1024x512 5.4-5.5 s. Many rows per call amortise BLIS's
+     * packing of the reduced-side panel; the epilogue reads the tile once, so it need not stay
+     * in L2. (Before the states were kept across tiles, 1152 x 60 000 favoured 512x1024 over
+     * 256x512, 576x512, 288x1024 and 144x2048; float64 keeps that shape.) */
+    g->ti = k->dtype == SR_F64 ? 256 : 1024;
+    g->tj = k->dtype == SR_F64 ? 1024 : 512;
     int64_t lim = ctx->mem_limit;
     for (;;) {
         struct expr_buf src = {0};
@@ -305,14 +309,19 @@ struct gemm_call {
 };
 
 /* Folds reduced indices [r0, r1) into the states of output rows [o0, o1) (st), initialising
- * them first. G: the thread's tile; tmp: scratch states; args: nargs + 1 pointers. */
+ * them first. G: the thread's tile; args: nargs + 2 pointers, the last one the thread's init
+ * flag. Every tile after the first folds into the same states (the module's init flag, see
+ * jit.h): no scratch states, no merge, and the K-reductions keep their K-th value as a
+ * rejection threshold across the tiles. */
 static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, int64_t r1, void *G,
-                void *st, void *tmp, const void **args)
+                void *st, const void **args)
 {
     const struct gemm_kernel *g = c->g;
     const sr_kernel *k = c->k;
     int64_t es = (int64_t)sr_dtype_size(k->dtype), D = g->dim;
     const char *A = (const char *)c->r->args[g->va] + o0 * D * es;
+    int *init = (int *)args[k->nargs + 1];
+    *init = 1;
     args[k->nargs] = G;
     if (r0 >= r1)
         return g->m->part(o0, o1, r0, r0, args, st); /* initialise only */
@@ -326,15 +335,9 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, i
             blis.dgemm(0, 0, o1 - o0, nj, D, &oned, A, D, 1, B, 1, D, &zerod, G, g->tj, 1);
         else
             blis.sgemm(0, 0, o1 - o0, nj, D, &onef, A, D, 1, B, 1, D, &zerof, G, g->tj, 1);
-        if (rt == r0) {
-            if (g->m->part(o0, o1, rt, rt + nj, args, st))
-                return 1;
-        } else {
-            if (g->m->part(o0, o1, rt, rt + nj, args, tmp))
-                return 1;
-            if (g->m->merge(st, tmp, o1 - o0))
-                return 1;
-        }
+        *init = rt == r0;
+        if (g->m->part(o0, o1, rt, rt + nj, args, st))
+            return 1;
     }
     return 0;
 }
@@ -346,7 +349,14 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
     int nt = sr__threads(k->ctx, g->per_thread);
     int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = g->m->state_bytes;
+    /* Row blocks of at most ti rows, as many as a multiple of the threads and all of one
+     * size, so that no thread idles while the other finishes a last block (10 000 queries in
+     * blocks of 512 would make 20 blocks, the last one of 272 rows). */
     int64_t nblocks = (nout + g->ti - 1) / g->ti;
+    if (nblocks > nt)
+        nblocks = (nblocks + nt - 1) / nt * nt;
+    int64_t ti = (nout + nblocks - 1) / nblocks;
+    nblocks = (nout + ti - 1) / ti;
     struct gemm_call c = {k, g, r, nred};
     int64_t lim = k->ctx->mem_limit;
     /* Few row blocks: split the reduced range over the threads too, when the partial states of
@@ -368,8 +378,8 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
 #endif
     {
         size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * sb);
-        char *buf = malloc(gbytes + 2 * sbytes + 64);
-        const void **args = malloc(((size_t)k->nargs + 1) * sizeof *args);
+        char *buf = malloc(gbytes + sbytes + 64);
+        const void **args = malloc(((size_t)k->nargs + 2) * sizeof *args);
         if (!buf || !args) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -378,17 +388,19 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
         } else {
             for (int v = 0; v < k->nargs; v++)
                 args[v] = r->args[v];
-            void *G = buf, *st = buf + gbytes, *tmp = buf + gbytes + sbytes;
+            void *G = buf, *st = buf + gbytes;
+            int init = 1;
+            args[k->nargs + 1] = &init;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
             for (int64_t it = 0; it < nitems; it++) {
                 int64_t b = it / nsplit, p = it % nsplit;
-                int64_t o0 = b * g->ti, o1 = o0 + g->ti < nout ? o0 + g->ti : nout;
+                int64_t o0 = b * ti, o1 = o0 + ti < nout ? o0 + ti : nout;
                 int64_t r0 = p * slice < nred ? p * slice : nred;
                 int64_t r1 = r0 + slice < nred ? r0 + slice : nred;
                 void *dst = nsplit > 1 ? partial + (size_t)((p * nout + o0) * sb) : st;
-                if (fold(&c, o0, o1, r0, r1, G, dst, tmp, args)) {
+                if (fold(&c, o0, o1, r0, r1, G, dst, args)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif

@@ -668,6 +668,8 @@ static void prelude(struct emitter *E, const char *A)
 {
     const char *t = T(E), *f = E->fs;
     P("#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
+    /* The target's spellings for the shared state code (emit-state.c). */
+    P("#define SR_FN static inline\n#define SR_UNROLL\n\n");
     P("typedef %s sr_t;\ntypedef %s sr_acc;\n\n", t, A);
     /* Vector variants from libmvec: the declarations carry `declare simd`, and the file is
      * compiled with -fno-math-errno so gcc may call them. math.h is not included so these are
@@ -874,64 +876,11 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         P("#define SR_GLD %d\n", plan->gemm_ld);
     P("#define SR_INF __builtin_inf%s()\n#define SR_NAN __builtin_nan%s(\"\")\n\n", f, f);
 
-    /* ---- state ---- */
-    switch (red) {
-    case SR_SUM:
-        P("typedef struct { sr_acc s[SR_D], c[SR_D]; } sr_state;\n");
-        break;
-    case SR_MIN:
-    case SR_MAX:
-        P("typedef struct { sr_t m[SR_D]; } sr_state;\n");
-        break;
-    case SR_ARGMIN:
-    case SR_ARGMAX:
-    case SR_MIN_ARGMIN:
-    case SR_MAX_ARGMAX:
-        P("typedef struct { sr_t m[SR_D]; int64_t i[SR_D]; } sr_state;\n");
-        break;
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        P("typedef struct { sr_t m[SR_D][SR_K]; int64_t i[SR_D][SR_K]; } sr_state;\n");
-        break;
-    case SR_LOGSUMEXP:
-        P("typedef struct { sr_t m[SR_D]; sr_acc s[SR_D]; } sr_state;\n");
-        break;
-    case SR_SUMSOFTMAXWEIGHT:
-        P("typedef struct { sr_t m; sr_acc s; sr_acc w[SR_DG]; } sr_state;\n");
-        break;
-    default:
-        st = SR_EINTERNAL;
+    /* ---- state, init, fold helpers, per-row merge and final: shared with CUDA ---- */
+    st = jit_emit_state(k, acc, b);
+    if (st != SR_OK)
         goto done;
-    }
-    int64_t state_bytes;
-    {
-        /* Mirror of the struct sizes above (padding: 8-byte members come last or are 8). */
-        int64_t ts = E->f32 ? 4 : 8, as = strcmp(A, "float") == 0 ? 4 : 8;
-        switch (red) {
-        case SR_SUM:
-            state_bytes = 2 * D * as;
-            break;
-        case SR_MIN:
-        case SR_MAX:
-            state_bytes = D * ts;
-            break;
-        case SR_KMIN:
-        case SR_ARGKMIN:
-        case SR_KMIN_ARGKMIN:
-            state_bytes = (int64_t)D * K * (ts + 8);
-            break;
-        case SR_LOGSUMEXP:
-            state_bytes = D * (ts + as);
-            break;
-        case SR_SUMSOFTMAXWEIGHT:
-            state_bytes = ts + as + DG * as;
-            break;
-        default:
-            state_bytes = D * (ts + 8);
-            break;
-        }
-    }
+    const int64_t state_bytes = jit_state_bytes(k, acc);
     /* gemm-epilogue: one block for all the rows of a call, so the reduced-index terms are
      * computed once per tile of inner products. */
     int RB = E->gemm && plan->gemm_rows > 64 ? plan->gemm_rows : 64;
@@ -958,170 +907,23 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     bool is_max = red == SR_MAX || red == SR_ARGMAX || red == SR_MAX_ARGMAX;
     const char *cmp = is_max ? ">" : "<";
 
-    /* ---- init ---- */
-    P("static void st_init(sr_state *s)\n{\n");
-    switch (red) {
-    case SR_SUM:
-        P("    for (int c = 0; c < SR_D; c++) s->s[c] = s->c[c] = 0;\n");
-        break;
-    case SR_MIN:
-    case SR_MAX:
-        P("    for (int c = 0; c < SR_D; c++) s->m[c] = %sSR_INF;\n", is_max ? "-" : "");
-        break;
-    case SR_ARGMIN:
-    case SR_ARGMAX:
-    case SR_MIN_ARGMIN:
-    case SR_MAX_ARGMAX:
-        P("    for (int c = 0; c < SR_D; c++) { s->m[c] = %sSR_INF; s->i[c] = -1; }\n",
-          is_max ? "-" : "");
-        break;
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        P("    for (int c = 0; c < SR_D; c++) for (int q = 0; q < SR_K; q++) { s->m[c][q] = "
-          "SR_INF; "
-          "s->i[c][q] = -1; }\n");
-        break;
-    case SR_LOGSUMEXP:
-        P("    for (int c = 0; c < SR_D; c++) { s->m[c] = -SR_INF; s->s[c] = 0; }\n");
-        break;
-    default:
-        P("    s->m = -SR_INF; s->s = 0; for (int c = 0; c < SR_DG; c++) s->w[c] = 0;\n");
-        break;
-    }
-    P("}\n\n");
-
-    /* ---- helpers for the online max-shift reductions ---- */
-    if (red == SR_LOGSUMEXP) {
-        P("/* Folds a partial (m2, s2) = (max, sum of exp(v - max)) into (*m, *s). NaN sticks; an\n"
-          " * +inf term makes the result +inf; -inf terms contribute nothing. */\n");
-        P("static void lse_fold(sr_t *m, sr_acc *s, sr_t m2, sr_acc s2)\n{\n"
-          "    if (*m != *m || m2 == -SR_INF) return;\n"
-          "    if (m2 != m2) { *m = m2; return; }\n"
-          "    if (*m == -SR_INF) { *m = m2; *s = s2; return; }\n"
-          "    if (*m == SR_INF) return;\n"
-          "    if (m2 == SR_INF) { *m = m2; *s = 1; return; }\n"
-          "    if (m2 > *m) { *s = *s * (sr_acc)exp%s(*m - m2) + s2; *m = m2; }\n"
-          "    else *s += s2 * (sr_acc)exp%s(m2 - *m);\n}\n\n",
-          f, f);
-    }
-    if (red == SR_SUMSOFTMAXWEIGHT) {
-        /* The reference's combine rule (src/cpu/cpu.h), in the kernel's types. */
-        P("static void ssmw_fold(sr_state *d, sr_t m2, sr_acc s2, const sr_acc *w2)\n{\n"
-          "    const sr_t mm = m2 > d->m ? m2 : d->m;\n"
-          "    const sr_acc sa = d->m == mm ? (sr_acc)1 : (sr_acc)exp%s(d->m - mm);\n"
-          "    const sr_acc sb = m2 == mm ? (sr_acc)1 : (sr_acc)exp%s(m2 - mm);\n"
-          "    d->m = mm;\n    d->s = d->s * sa + s2 * sb;\n"
-          "    for (int c = 0; c < SR_DG; c++) d->w[c] = d->w[c] * sa + w2[c] * sb;\n}\n\n",
-          f, f);
-    }
-    if (red == SR_KMIN || red == SR_ARGKMIN || red == SR_KMIN_ARGKMIN) {
-        P("/* v before slot (m, i) in the order of NumPy's sort: empty slots last, NaN after "
-          "+inf,\n"
-          " * equal values keep index order (so the strict comparison). */\n");
-        P("#define SR_KLT(v, m, i) ((i) < 0 || (v) < (m) || ((v) == (v) && (m) != (m)))\n\n");
-    }
-
-    /* ---- merge ---- */
-    P("int sr_merge(void *dst_, const void *src_, int64_t n)\n{\n"
-      "    sr_state *d = dst_; const sr_state *s = src_;\n");
-    switch (red) {
-    case SR_SUM:
-        P("    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
-          "        sr_acc y = s[q].s[c] - (d[q].c[c] + s[q].c[c]);\n"
-          "        sr_acc t = d[q].s[c] + y;\n"
-          "        d[q].c[c] = %s;\n        d[q].s[c] = t;\n    }\n",
-          acc == JIT_ACC_KAHAN ? "(t - d[q].s[c]) - y" : "0");
-        break;
-    case SR_MIN:
-    case SR_MAX:
-        P("    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
-          "        sr_t v = s[q].m[c], m = d[q].m[c];\n"
-          "        if (m == m && (v %s m || v != v)) d[q].m[c] = v;\n    }\n",
-          cmp);
-        break;
-    case SR_ARGMIN:
-    case SR_ARGMAX:
-    case SR_MIN_ARGMIN:
-    case SR_MAX_ARGMAX:
-        P("    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
-          "        sr_t v = s[q].m[c], m = d[q].m[c];\n"
-          "        if (s[q].i[c] >= 0 && (d[q].i[c] < 0 || (m == m && (v %s m || v != v)))) {\n"
-          "            d[q].m[c] = v; d[q].i[c] = s[q].i[c];\n        }\n    }\n",
-          cmp);
-        break;
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        P("    sr_t *tm = malloc(sizeof(sr_t) * SR_K); int64_t *ti = malloc(sizeof(int64_t) * "
+    /* ---- merge and final over ranges of rows ---- */
+    if (sr_reductions[red].uses_k)
+        P("int sr_merge(void *dst_, const void *src_, int64_t n)\n{\n"
+          "    sr_state *d = dst_; const sr_state *s = src_;\n"
+          "    sr_t *tm = malloc(sizeof(sr_t) * SR_K); int64_t *ti = malloc(sizeof(int64_t) * "
           "SR_K);\n"
           "    if (!tm || !ti) { free(tm); free(ti); return 1; }\n"
-          "    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++) {\n"
-          "        const sr_t *am = d[q].m[c], *bm = s[q].m[c];\n"
-          "        const int64_t *ai = d[q].i[c], *bi = s[q].i[c];\n"
-          "        int x = 0, y = 0;\n"
-          "        for (int o = 0; o < SR_K; o++) {\n"
-          "            int takeb = bi[y] >= 0 && SR_KLT(bm[y], am[x], ai[x]);\n"
-          "            if (takeb) { tm[o] = bm[y]; ti[o] = bi[y]; y++; }\n"
-          "            else { tm[o] = am[x]; ti[o] = ai[x]; x++; }\n"
-          "        }\n"
-          "        memcpy(d[q].m[c], tm, sizeof(sr_t) * SR_K);\n"
-          "        memcpy(d[q].i[c], ti, sizeof(int64_t) * SR_K);\n"
-          "    }\n    free(tm); free(ti);\n");
-        break;
-    case SR_LOGSUMEXP:
-        P("    for (int64_t q = 0; q < n; q++) for (int c = 0; c < SR_D; c++)\n"
-          "        lse_fold(&d[q].m[c], &d[q].s[c], s[q].m[c], s[q].s[c]);\n");
-        break;
-    default:
-        P("    for (int64_t q = 0; q < n; q++) ssmw_fold(&d[q], s[q].m, s[q].s, s[q].w);\n");
-        break;
-    }
-    P("    return 0;\n}\n\n");
-
-    /* ---- final ---- */
-    bool wv = sr_reductions[red].values, wi = sr_reductions[red].indices;
-    P("void sr_final(const void *state_, int64_t o0, int64_t o1, void *out_, int64_t *out_idx)\n{\n"
-      "    const sr_state *st = state_;\n    sr_t *out = out_;\n    (void)out; (void)out_idx;\n"
-      "    for (int64_t o = o0; o < o1; o++) {\n        const sr_state *s = &st[o - o0];\n");
-    if (wv)
-        P("        sr_t *ov = out + o * SR_OUTD;\n");
-    if (wi)
-        P("        int64_t *oi = out_idx + o * SR_OUTD;\n");
-    switch (red) {
-    case SR_SUM:
-        P("        for (int c = 0; c < SR_D; c++) ov[c] = (sr_t)s->s[c];\n");
-        break;
-    case SR_MIN:
-    case SR_MAX:
-        P("        for (int c = 0; c < SR_D; c++) ov[c] = s->m[c];\n");
-        break;
-    case SR_ARGMIN:
-    case SR_ARGMAX:
-    case SR_MIN_ARGMIN:
-    case SR_MAX_ARGMAX:
-        P("        for (int c = 0; c < SR_D; c++) {%s%s }\n", wv ? " ov[c] = s->m[c];" : "",
-          wi ? " oi[c] = s->i[c];" : "");
-        break;
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        P("        for (int q = 0; q < SR_K; q++) for (int c = 0; c < SR_D; c++) {%s%s }\n",
-          wv ? " ov[q * SR_D + c] = s->m[c][q];" : "", wi ? " oi[q * SR_D + c] = s->i[c][q];" : "");
-        break;
-    case SR_LOGSUMEXP:
-        P("        for (int c = 0; c < SR_D; c++) {\n"
-          "            sr_t m = s->m[c];\n"
-          "            ov[c] = (m != m || m == SR_INF || m == -SR_INF) ? m : m + "
-          "(sr_t)log%s((sr_t)s->s[c]);\n"
-          "        }\n",
-          f);
-        break;
-    default:
-        P("        for (int c = 0; c < SR_DG; c++) ov[c] = (sr_t)(s->w[c] / s->s);\n");
-        break;
-    }
-    P("    }\n}\n\n");
+          "    for (int64_t q = 0; q < n; q++) st_merge(&d[q], &s[q], tm, ti);\n"
+          "    free(tm); free(ti);\n    return 0;\n}\n\n");
+    else
+        P("int sr_merge(void *dst_, const void *src_, int64_t n)\n{\n"
+          "    sr_state *d = dst_; const sr_state *s = src_;\n"
+          "    for (int64_t q = 0; q < n; q++) st_merge(&d[q], &s[q], 0, 0);\n"
+          "    return 0;\n}\n\n");
+    P("void sr_final(const void *state_, int64_t o0, int64_t o1, void *out, int64_t *out_idx)\n"
+      "{\n    const sr_state *st = state_;\n"
+      "    for (int64_t o = o0; o < o1; o++) st_final(&st[o - o0], o, out, out_idx);\n}\n\n");
 
     /* ---- part: the tiled loops ---- */
     P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
@@ -1131,14 +933,18 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
             P("    const sr_t *restrict a%d = args[%d];\n", v, v);
     P("    (void)args;\n");
     if (E->gemm)
-        P("    const sr_t *restrict sr_gt = args[%d];\n", plan->gemm_arg);
+        P("    const sr_t *restrict sr_gt = args[%d];\n"
+          "    const int sr_ginit = *(const int *)args[%d];\n",
+          plan->gemm_arg, plan->gemm_arg + 1);
     /* Uniform nodes: constants and parameters, once per call. */
     int nout = 0, nin = 0, npair = 0;
     emit_scope(E, PL_UNIFORM);
     P("    sr_t *tb = malloc(sizeof(sr_t) * SR_TJ * %d + 64);\n    if (!tb) return 1;\n",
       ncol + nfb);
     P("    sr_t *fb = tb + SR_TJ * %d;\n    (void)fb;\n", ncol);
-    P("    for (int64_t o = o0; o < o1; o++) st_init(&st[o - o0]);\n");
+    /* gemm-epilogue: the caller folds tile after tile into the same states (see jit.h). */
+    P("    %sfor (int64_t o = o0; o < o1; o++) st_init(&st[o - o0]);\n",
+      E->gemm ? "if (sr_ginit) " : "");
     P("    for (int64_t ob = o0; ob < o1; ob += %d) {\n", RB);
     P("      const int64_t oe = ob + %d < o1 ? ob + %d : o1;\n", RB, RB);
     P("      for (int64_t rt = r0; rt < r1; rt += SR_TJ) {\n");
@@ -1268,9 +1074,25 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         } else {
             P("        for (int c = 0; c < SR_D; c++) {\n"
               "          const sr_t *fv = fb + c * SR_TJ;\n"
-              "          sr_t *M = s->m[c]; int64_t *I = s->i[c];\n"
-              "          for (int jj = 0; jj < nj; jj++) {\n"
-              "            const sr_t v = fv[jj];\n"
+              "          sr_t *M = s->m[c]; int64_t *I = s->i[c];\n");
+            if (E->gemm) {
+                /* gemm-epilogue (long reduced ranges, the state persists across tiles): most
+                 * values lose to the current K-th one; reject blocks of 64 with one vectorised
+                 * comparison against it and scan only a block holding a candidate. A NaN v
+                 * never enters a full state with a number as K-th value, so v < thr is exact. */
+                P("          for (int jb = 0; jb < nj; jb += 64) {\n"
+                  "          const int je = jb + 64 < nj ? jb + 64 : nj;\n"
+                  "          if (I[SR_K - 1] >= 0 && M[SR_K - 1] == M[SR_K - 1]) {\n"
+                  "            const sr_t thr = M[SR_K - 1]; int any = 0;\n"
+                  "#pragma omp simd reduction(|:any)\n"
+                  "            for (int jj = jb; jj < je; jj++) any |= fv[jj] < thr;\n"
+                  "            if (!any) continue;\n"
+                  "          }\n"
+                  "          for (int jj = jb; jj < je; jj++) {\n");
+            } else {
+                P("          for (int jj = 0; jj < nj; jj++) {\n");
+            }
+            P("            const sr_t v = fv[jj];\n"
               "            if (!SR_KLT(v, M[SR_K - 1], I[SR_K - 1])) continue;\n"
               "            int p = SR_K - 1;\n"
               "            while (p > 0 && SR_KLT(v, M[p - 1], I[p - 1])) { M[p] = M[p - 1]; I[p] "
@@ -1278,7 +1100,9 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
               "I[p - 1]; p--; }\n"
               "            M[p] = v; I[p] = rt + jj;\n"
               "          }\n"
-              "        }\n");
+              "%s"
+              "        }\n",
+              E->gemm ? "          }\n" : "");
         }
     }
     free(body.data);

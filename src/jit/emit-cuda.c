@@ -42,7 +42,9 @@ static const char *const cuda_spell[OP_COUNT] = {
 static void prelude(struct expr_buf *b, bool f32, const char *acc_t)
 {
     const char *t = f32 ? "float" : "double";
-    P("#define int64_t long long\n");
+    /* NVRTC has no stdint.h; the shared state code (emit-state.c) uses int64_t. */
+    P("typedef long long int64_t;\n");
+    P("#define SR_FN static __device__ __forceinline__\n#define SR_UNROLL _Pragma(\"unroll\")\n");
     P("typedef %s sr_t;\ntypedef %s sr_acc;\n", t, acc_t);
     if (f32)
         P("#define SR_INF __int_as_float(0x7f800000)\n#define SR_NAN __int_as_float(0x7fc00000)\n");
@@ -101,200 +103,14 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
       TJ, BS, D, K, DG, k->out_dim, ncol > 0 ? ncol : 1);
     P("struct sr_args { const void *p[%d]; };\n", k->nargs + 1);
 
-    /* ---- the row state; 8-byte members first so the host's bound holds ---- */
+    /* ---- state, init, fold helpers, per-row merge and final: shared with C ---- */
     bool is_max = red == SR_MAX || red == SR_ARGMAX || red == SR_MAX_ARGMAX;
     const char *cmp = is_max ? ">" : "<";
-    int scalars; /* members, for the host's upper bound of sizeof(sr_state) */
-    switch (red) {
-    case SR_SUM:
-        P("struct sr_state { sr_acc s[SR_D], c[SR_D]; };\n");
-        scalars = 2 * D;
-        break;
-    case SR_MIN:
-    case SR_MAX:
-        P("struct sr_state { sr_t m[SR_D]; };\n");
-        scalars = D;
-        break;
-    case SR_ARGMIN:
-    case SR_ARGMAX:
-    case SR_MIN_ARGMIN:
-    case SR_MAX_ARGMAX:
-        P("struct sr_state { long long i[SR_D]; sr_t m[SR_D]; };\n");
-        scalars = 2 * D;
-        break;
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        P("struct sr_state { long long i[SR_D][SR_K]; sr_t m[SR_D][SR_K]; };\n");
-        scalars = 2 * D * K;
-        break;
-    case SR_LOGSUMEXP:
-        P("struct sr_state { sr_acc s[SR_D]; sr_t m[SR_D]; };\n");
-        scalars = 2 * D;
-        break;
-    default:
-        P("struct sr_state { sr_acc s; sr_acc w[SR_DG]; sr_t m; };\n");
-        scalars = 2 + DG;
-        break;
+    st = jit_emit_state(k, acc, b);
+    if (st != SR_OK) {
+        jit_nodes_free(&nd);
+        return st;
     }
-
-    /* ---- init ---- */
-    P("static __device__ __forceinline__ void st_init(sr_state *s)\n{\n");
-    switch (red) {
-    case SR_SUM:
-        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++) s->s[c] = s->c[c] = 0;\n");
-        break;
-    case SR_MIN:
-    case SR_MAX:
-        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++) s->m[c] = %sSR_INF;\n",
-          is_max ? "-" : "");
-        break;
-    case SR_ARGMIN:
-    case SR_ARGMAX:
-    case SR_MIN_ARGMIN:
-    case SR_MAX_ARGMAX:
-        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++) { s->m[c] = %sSR_INF; s->i[c] = -1; "
-          "}\n",
-          is_max ? "-" : "");
-        break;
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++)\n#pragma unroll\n"
-          "    for (int q = 0; q < SR_K; q++) { s->m[c][q] = SR_INF; s->i[c][q] = -1; }\n");
-        break;
-    case SR_LOGSUMEXP:
-        P("#pragma unroll\n    for (int c = 0; c < SR_D; c++) { s->m[c] = -SR_INF; s->s[c] = 0; "
-          "}\n");
-        break;
-    default:
-        P("    s->m = -SR_INF; s->s = 0;\n#pragma unroll\n"
-          "    for (int c = 0; c < SR_DG; c++) s->w[c] = 0;\n");
-        break;
-    }
-    P("}\n\n");
-
-    /* ---- fold helpers: the C kernels' rules ---- */
-    if (red == SR_LOGSUMEXP)
-        P("/* Folds (m2, s2) = (max, sum of exp(v - max)) into (*m, *s). NaN sticks; an +inf "
-          "term\n * makes the result +inf; -inf terms contribute nothing. */\n"
-          "static __device__ void lse_fold(sr_t *m, sr_acc *s, sr_t m2, sr_acc s2)\n{\n"
-          "    if (*m != *m || m2 == -SR_INF) return;\n"
-          "    if (m2 != m2) { *m = m2; return; }\n"
-          "    if (*m == -SR_INF) { *m = m2; *s = s2; return; }\n"
-          "    if (*m == SR_INF) return;\n"
-          "    if (m2 == SR_INF) { *m = m2; *s = 1; return; }\n"
-          "    if (m2 > *m) { *s = *s * (sr_acc)exp%s(*m - m2) + s2; *m = m2; }\n"
-          "    else *s += s2 * (sr_acc)exp%s(m2 - *m);\n}\n\n",
-          fs, fs);
-    if (red == SR_SUMSOFTMAXWEIGHT)
-        P("static __device__ void ssmw_fold(sr_state *d, sr_t m2, sr_acc s2, const sr_acc *w2)\n{\n"
-          "    const sr_t mm = m2 > d->m ? m2 : d->m;\n"
-          "    const sr_acc sa = d->m == mm ? (sr_acc)1 : (sr_acc)exp%s(d->m - mm);\n"
-          "    const sr_acc sb = m2 == mm ? (sr_acc)1 : (sr_acc)exp%s(m2 - mm);\n"
-          "    d->m = mm;\n    d->s = d->s * sa + s2 * sb;\n"
-          "#pragma unroll\n"
-          "    for (int c = 0; c < SR_DG; c++) d->w[c] = d->w[c] * sa + w2[c] * sb;\n}\n\n",
-          fs, fs);
-    if (kred)
-        P("/* v before slot (m, i) in NumPy's sort order: empty slots last, NaN after +inf, equal\n"
-          " * values in index order (so the strict comparison). */\n"
-          "#define SR_KLT(v, m, i) ((i) < 0 || (v) < (m) || ((v) == (v) && (m) != (m)))\n\n");
-
-    /* ---- merge: s covers reduced indices after d's ---- */
-    P("static __device__ void st_merge(sr_state *d, const sr_state *s)\n{\n");
-    switch (red) {
-    case SR_SUM:
-        P("    for (int c = 0; c < SR_D; c++) {\n"
-          "        sr_acc y = s->s[c] - (d->c[c] + s->c[c]);\n"
-          "        sr_acc t = d->s[c] + y;\n"
-          "        d->c[c] = %s;\n        d->s[c] = t;\n    }\n",
-          acc == JIT_ACC_KAHAN ? "(t - d->s[c]) - y" : "0");
-        break;
-    case SR_MIN:
-    case SR_MAX:
-        P("    for (int c = 0; c < SR_D; c++) {\n"
-          "        sr_t v = s->m[c], m = d->m[c];\n"
-          "        if (m == m && (v %s m || v != v)) d->m[c] = v;\n    }\n",
-          cmp);
-        break;
-    case SR_ARGMIN:
-    case SR_ARGMAX:
-    case SR_MIN_ARGMIN:
-    case SR_MAX_ARGMAX:
-        P("    for (int c = 0; c < SR_D; c++) {\n"
-          "        sr_t v = s->m[c], m = d->m[c];\n"
-          "        if (s->i[c] >= 0 && (d->i[c] < 0 || (m == m && (v %s m || v != v)))) {\n"
-          "            d->m[c] = v; d->i[c] = s->i[c];\n        }\n    }\n",
-          cmp);
-        break;
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        P("    for (int c = 0; c < SR_D; c++) {\n"
-          "        sr_t tm[SR_K]; long long ti[SR_K];\n"
-          "        const sr_t *am = d->m[c], *bm = s->m[c];\n"
-          "        const long long *ai = d->i[c], *bi = s->i[c];\n"
-          "        int x = 0, y = 0;\n"
-          "        for (int q = 0; q < SR_K; q++) {\n"
-          "            const bool takeb = bi[y] >= 0 && SR_KLT(bm[y], am[x], ai[x]);\n"
-          "            if (takeb) { tm[q] = bm[y]; ti[q] = bi[y]; y++; }\n"
-          "            else { tm[q] = am[x]; ti[q] = ai[x]; x++; }\n"
-          "        }\n"
-          "        for (int q = 0; q < SR_K; q++) { d->m[c][q] = tm[q]; d->i[c][q] = ti[q]; }\n"
-          "    }\n");
-        break;
-    case SR_LOGSUMEXP:
-        P("    for (int c = 0; c < SR_D; c++) lse_fold(&d->m[c], &d->s[c], s->m[c], s->s[c]);\n");
-        break;
-    default:
-        P("    ssmw_fold(d, s->m, s->s, s->w);\n");
-        break;
-    }
-    P("}\n\n");
-
-    /* ---- final ---- */
-    bool wv = sr_reductions[red].values, wi = sr_reductions[red].indices;
-    P("static __device__ void st_final(const sr_state *s, long long o, sr_t *out, long long "
-      "*out_idx)\n{\n    (void)out; (void)out_idx;\n");
-    if (wv)
-        P("    sr_t *ov = out + o * SR_OUTD;\n");
-    if (wi)
-        P("    long long *oi = out_idx + o * SR_OUTD;\n");
-    switch (red) {
-    case SR_SUM:
-        P("    for (int c = 0; c < SR_D; c++) ov[c] = (sr_t)s->s[c];\n");
-        break;
-    case SR_MIN:
-    case SR_MAX:
-        P("    for (int c = 0; c < SR_D; c++) ov[c] = s->m[c];\n");
-        break;
-    case SR_ARGMIN:
-    case SR_ARGMAX:
-    case SR_MIN_ARGMIN:
-    case SR_MAX_ARGMAX:
-        P("    for (int c = 0; c < SR_D; c++) {%s%s }\n", wv ? " ov[c] = s->m[c];" : "",
-          wi ? " oi[c] = s->i[c];" : "");
-        break;
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        P("    for (int q = 0; q < SR_K; q++) for (int c = 0; c < SR_D; c++) {%s%s }\n",
-          wv ? " ov[q * SR_D + c] = s->m[c][q];" : "", wi ? " oi[q * SR_D + c] = s->i[c][q];" : "");
-        break;
-    case SR_LOGSUMEXP:
-        P("    for (int c = 0; c < SR_D; c++) {\n"
-          "        const sr_t m = s->m[c];\n"
-          "        ov[c] = (m != m || m == SR_INF || m == -SR_INF) ? m : m + "
-          "(sr_t)log%s((sr_t)s->s[c]);\n"
-          "    }\n",
-          fs);
-        break;
-    default:
-        P("    for (int c = 0; c < SR_DG; c++) ov[c] = (sr_t)(s->w[c] / s->s);\n");
-        break;
-    }
-    P("}\n\n");
 
     /* ---- the main kernel ---- */
     P("extern \"C\" __global__ void __launch_bounds__(SR_BS)\n" CUDA_KERNEL_MAIN
@@ -431,7 +247,8 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
       "    const long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
       "    if (o >= no) return;\n"
       "    sr_state d = part[o];\n"
-      "    for (int y = 1; y < nsplit; y++) st_merge(&d, &part[(long long)y * no + o]);\n"
+      "    sr_t tm[SR_K]; int64_t ti[SR_K]; /* st_merge's scratch (K-reductions) */\n"
+      "    for (int y = 1; y < nsplit; y++) st_merge(&d, &part[(long long)y * no + o], tm, ti);\n"
       "    st_final(&d, o, out, out_idx);\n}\n");
 
     if (plan) {
@@ -439,7 +256,7 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
         plan->tile = TJ;
         plan->columns = nd.ncol;
         plan->shared_bytes = (ncol > 0 ? ncol : 1) * TJ * ts;
-        plan->state_bytes = 8 * scalars;
+        plan->state_bytes = (int)jit_state_bytes(k, acc);
         plan->pair_nodes = nd.npair;
         plan->hoisted_outer = nd.nouter;
         plan->hoisted_inner = nd.ninner;

@@ -51,7 +51,10 @@ struct jit_plan {
      * (0 = none). gemm: the inner-product node that the gemm-epilogue strategy (src/cpu/gemm.c)
      * computes with BLIS; the generated code reads it from args[gemm_arg], a tile of rows
      * [o0, o1) x reduced indices [r0, r1) with leading dimension gemm_ld, and at most
-     * gemm_rows rows. */
+     * gemm_rows rows; args[gemm_arg + 1] points to an int: nonzero, sr_part initialises the
+     * states first (as it always does outside gemm mode); zero, it folds the tile into the
+     * states as they are, so one block of states runs through all the tiles of a row block
+     * without a merge per tile. */
     int64_t ws_limit;
     const sr_expr *gemm;
     int gemm_arg, gemm_ld, gemm_rows;
@@ -79,6 +82,19 @@ struct jit_nodes {
 sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell,
                          struct jit_nodes *out);
 void jit_nodes_free(struct jit_nodes *n);
+
+/* The reduction state of one output row, shared by every target (emit-state.c), so that the
+ * tie and NaN rules of docs/semantics.md are spelled once. jit_emit_state writes sr_state (with
+ * a compile-time check that its size is jit_state_bytes), st_init(s), the fold helpers
+ * (lse_fold, ssmw_fold, SR_KLT), st_merge(d, s, tm, ti) (s covers reduced indices after d's;
+ * tm and ti are scratch of SR_K entries, used by the K-reductions only) and
+ * st_final(s, o, out, out_idx) (writes row o's outputs). The target's prelude defines sr_t,
+ * sr_acc, int64_t, SR_D, SR_K, SR_DG, SR_OUTD, SR_INF, SR_NAN, the function qualifier SR_FN
+ * and the loop hint SR_UNROLL (empty, or an unroll pragma). SR_EINTERNAL for a reduction the
+ * JIT does not know, SR_ENOMEM. */
+sr_status jit_emit_state(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b);
+/* sizeof(sr_state) of kernel k with accumulation acc, on every target. */
+int64_t jit_state_bytes(const struct sr_kernel *k, enum jit_acc acc);
 
 typedef int (*jit_part_fn)(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args,
                            void *state);
