@@ -183,29 +183,42 @@ static sr_status cache_dir(char *dir, size_t cap, char *why, size_t whycap, bool
     return SR_OK;
 }
 
+/* Reads all of the open file fd (at most 256 MiB) into a malloc'd buffer with extra bytes of
+ * room after it; NULL on any failure. */
+static char *read_all(int fd, size_t extra, size_t *size)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || sb.st_size <= 0 || sb.st_size > (256 << 20))
+        return NULL;
+    char *data = malloc((size_t)sb.st_size + extra);
+    if (!data)
+        return NULL;
+    size_t off = 0;
+    while (off < (size_t)sb.st_size) {
+        ssize_t n = read(fd, data + off, (size_t)sb.st_size - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            free(data);
+            return NULL;
+        }
+        off += (size_t)n;
+    }
+    *size = off;
+    return data;
+}
+
 /* Reads path and checks its trailer. */
 static bool entry_ok(const char *path)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return false;
-    struct stat sb;
     bool ok = false;
-    char *data = NULL;
-    if (fstat(fd, &sb) != 0 || sb.st_size <= TRAILER_BYTES || sb.st_size > (256 << 20))
-        goto out;
-    data = malloc((size_t)sb.st_size);
-    if (!data)
-        goto out;
     size_t off = 0;
-    while (off < (size_t)sb.st_size) {
-        ssize_t n = read(fd, data + off, (size_t)sb.st_size - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            goto out;
-        off += (size_t)n;
-    }
+    char *data = read_all(fd, 0, &off);
+    if (!data || off <= TRAILER_BYTES)
+        goto out;
     size_t plen = off - TRAILER_BYTES;
     uint64_t len, hash;
     memcpy(&len, data + plen + 8, 8);
@@ -224,23 +237,11 @@ static sr_status add_trailer(const char *path)
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return SR_EIO;
-    struct stat sb;
     sr_status st = SR_EIO;
-    char *data = NULL;
-    if (fstat(fd, &sb) != 0 || sb.st_size <= 0)
-        goto out;
-    data = malloc((size_t)sb.st_size + TRAILER_BYTES);
+    size_t off = 0;
+    char *data = read_all(fd, 0, &off);
     if (!data)
         goto out;
-    size_t off = 0;
-    while (off < (size_t)sb.st_size) {
-        ssize_t n = read(fd, data + off, (size_t)sb.st_size - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            goto out;
-        off += (size_t)n;
-    }
     uint64_t len = off, hash = jit_hash(JIT_HASH_INIT, data, off);
     char tr[TRAILER_BYTES];
     memcpy(tr, TRAILER_MAGIC, 8);

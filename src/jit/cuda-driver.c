@@ -32,11 +32,7 @@ const char *jit_cuda_error(cu_result r)
 
 static bool resolve(void *h, const char *path)
 {
-    struct {
-        void **slot;
-        const char *name;
-        bool optional;
-    } syms[] = {
+    const struct jit_sym syms[] = {
         {(void **)&cu.init, "cuInit", false},
         {(void **)&cu.driver_version, "cuDriverGetVersion", false},
         {(void **)&cu.device_count, "cuDeviceGetCount", false},
@@ -57,16 +53,24 @@ static bool resolve(void *h, const char *path)
         {(void **)&cu.error_string, "cuGetErrorString", false},
         {(void **)&cu.pointer_attr, "cuPointerGetAttribute", true},
     };
-    for (size_t i = 0; i < sizeof syms / sizeof *syms; i++) {
-        *syms[i].slot = dlsym(h, syms[i].name);
-        if (!*syms[i].slot && !syms[i].optional) {
-            snprintf(cu_why, sizeof cu_why, "%s has no symbol %s (driver too old?)", path,
-                     syms[i].name);
-            memset(&cu, 0, sizeof cu);
-            return false;
-        }
+    const char *missing = jit_resolve(h, syms, sizeof syms / sizeof *syms);
+    if (missing) {
+        snprintf(cu_why, sizeof cu_why, "%s has no symbol %s (driver too old?)", path, missing);
+        memset(&cu, 0, sizeof cu);
+        return false;
     }
     return true;
+}
+
+const char *jit_resolve(void *h, const struct jit_sym *syms, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        /* POSIX allows converting dlsym's object pointer to a function pointer this way. */
+        *syms[i].slot = dlsym(h, syms[i].name);
+        if (!*syms[i].slot && !syms[i].optional)
+            return syms[i].name;
+    }
+    return NULL;
 }
 
 /* A failed driver call during set-up: the reason, with the driver's own words. */

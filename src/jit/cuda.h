@@ -124,6 +124,16 @@ sr_status jit_cuda_device(const struct cuda_device **out, const char **why);
 /* The driver's text for r ("out of memory"), never NULL. */
 const char *jit_cuda_error(cu_result r);
 
+/* One entry point of a dlopen'ed library: where to store it, its name, whether it may lack. */
+struct jit_sym {
+    void **slot;
+    const char *name;
+    bool optional;
+};
+/* Resolves syms[0..n) in h (optional ones missing are left NULL). Returns NULL when every
+ * required symbol was found, else the name of the first missing one. */
+const char *jit_resolve(void *h, const struct jit_sym *syms, size_t n);
+
 /* ---- CUDA emitter (emit-cuda.c) ----------------------------------------------------------- */
 
 /* What emit-cuda decided, for launch and explain. */

@@ -24,11 +24,7 @@ static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
 /* Resolves every entry point of h into nv; false (and why) if one is missing. */
 static bool resolve(void *h, const char *path)
 {
-    struct {
-        void **slot;
-        const char *name;
-        bool optional;
-    } syms[] = {
+    const struct jit_sym syms[] = {
         {(void **)&nv.version, "nvrtcVersion", false},
         {(void **)&nv.create, "nvrtcCreateProgram", false},
         {(void **)&nv.destroy, "nvrtcDestroyProgram", false},
@@ -41,16 +37,12 @@ static bool resolve(void *h, const char *path)
         {(void **)&nv.log, "nvrtcGetProgramLog", false},
         {(void **)&nv.error_string, "nvrtcGetErrorString", false},
     };
-    for (size_t i = 0; i < sizeof syms / sizeof *syms; i++) {
-        /* POSIX allows converting dlsym's object pointer to a function pointer this way. */
-        *syms[i].slot = dlsym(h, syms[i].name);
-        if (!*syms[i].slot && !syms[i].optional) {
-            size_t l = strlen(nv_why);
-            snprintf(nv_why + l, sizeof nv_why - l, "%s%s: no symbol %s", l ? "; " : "", path,
-                     syms[i].name);
-            memset(&nv, 0, sizeof nv);
-            return false;
-        }
+    const char *missing = jit_resolve(h, syms, sizeof syms / sizeof *syms);
+    if (missing) {
+        size_t l = strlen(nv_why);
+        snprintf(nv_why + l, sizeof nv_why - l, "%s%s: no symbol %s", l ? "; " : "", path, missing);
+        memset(&nv, 0, sizeof nv);
+        return false;
     }
     if (!nv.cubin_size || !nv.cubin)
         nv.cubin_size = NULL, nv.cubin = NULL;
