@@ -8,7 +8,8 @@
  *   matvec: Gaussian kernel mat-vec out_i = sum_j exp(-(|x_i|^2 + |y_j|^2 - 2 <x_i, y_j>) / D) b_j
  *           written with the inner product (so both strategies apply at every D), float32;
  *   knn:    ArgKMin (k = 10) of SqDist, random uniform data, float32 (SqDist is rewritten to
- *           norms + inner product from D = 32; below, only the direct strategy applies).
+ *           norms + inner product from D = SR_GEMM_MIN_DIM = 24; below, only the direct
+ *           strategy applies).
  *
  * Usage: bench-gemm [--quick] [--knn-n N]...  Prints a table; times are the best of 3 runs.
  */

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Exact kNN on Fashion-MNIST: symred (gemm-epilogue strategy) against FAISS IndexFlatL2.
+"""Exact kNN: symred against FAISS IndexFlatL2, on Fashion-MNIST or on random data.
 
 Both run in this one process on the same float32 arrays: 60000 training images (the points) and
 10000 test images (the queries), D = 784 (pixels / 255), k = 10. Prints both times, the ratio,
@@ -8,6 +8,8 @@ differ only in points at the same distance as the k-th neighbour, distances reco
 float64).
 
     SYMRED_LIB=build/libsymred.so /usr/bin/python3 bench/knn_faiss.py [--train N] [--test M]
+    SYMRED_LIB=build/libsymred.so /usr/bin/python3 bench/knn_faiss.py --random 100000,1000000 \
+        --dims 3,10,100      # uniform random points and queries in [0,1)^D, every (n, D)
 
 Needs Debian's dataset-fashion-mnist and python3-faiss. FAISS uses the system BLAS
 (libblas.so.3); its threads are FAISS's OpenMP threads and that BLAS's own, as installed.
@@ -36,43 +38,32 @@ def read_idx(path, count):
         return np.frombuffer(f.read(count * item), dtype=np.uint8).reshape(count, item)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--train", type=int, default=60000)
-    ap.add_argument("--test", type=int, default=10000)
-    ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--reps", type=int, default=1, help="runs of each; the best is reported")
-    a = ap.parse_args()
-    try:
-        import faiss
-    except ImportError:
-        sys.exit("knn_faiss: python3-faiss is not installed (apt-get install python3-faiss)")
-    xtr = np.ascontiguousarray(read_idx(os.path.join(DIR, "train-images-idx3-ubyte.gz"),
-                                        a.train).astype(np.float32) / 255.0)
-    xte = np.ascontiguousarray(read_idx(os.path.join(DIR, "t10k-images-idx3-ubyte.gz"),
-                                        a.test).astype(np.float32) / 255.0)
+def compare(name, xtr, xte, k, reps, faiss):
+    """Times symred's ArgKMin of SqDist and FAISS IndexFlatL2 on the same arrays, prints both,
+    the ratio, and the neighbour-set check. Returns the number of sets that differ by more than
+    exact ties."""
     n, d = xtr.shape
     m = xte.shape[0]
-    print(f"Fashion-MNIST exact kNN: {n} points x {m} queries, D = {d}, k = {a.k}, float32")
-
+    print(f"{name}: {n} points x {m} queries, D = {d}, k = {k}, float32")
     knn = Genred("SqDist(q, p)", [f"q = Vi({d})", f"p = Vj({d})"], reduction_op="ArgKMin",
-                 axis=1, opt_arg=a.k)
+                 axis=1, opt_arg=k)
     t0 = time.perf_counter()
     knn(xte[:8], xtr[:64])  # compiles (or loads from the cache) the kernel: not timed
     t_first = time.perf_counter() - t0
+    strategy = "gemm-epilogue" if "gemm-epilogue" in knn.explain(backend="CPU") else "direct"
     ts = []
-    for _ in range(a.reps):
+    for _ in range(reps):
         t0 = time.perf_counter()
-        idx_s = knn(xte, xtr).reshape(m, a.k)
+        idx_s = knn(xte, xtr).reshape(m, k)
         ts.append(time.perf_counter() - t0)
     t_s = min(ts)
 
     index = faiss.IndexFlatL2(d)
     index.add(xtr)
     tf = []
-    for _ in range(a.reps):
+    for _ in range(reps):
         t0 = time.perf_counter()
-        _, idx_f = index.search(xte, a.k)
+        _, idx_f = index.search(xte, k)
         tf.append(time.perf_counter() - t0)
     t_f = min(tf)
 
@@ -90,12 +81,43 @@ def main():
         if np.allclose(ds, df, rtol=1e-5, atol=1e-5):
             tie_only += 1
     real = differ - tie_only
-    print(f"symred: {t_s:.3f} s ({2.0 * n * m * d / t_s / 1e9:.1f} GFLOP/s equivalent; "
-          f"first call on a tiny input {t_first * 1e3:.0f} ms)")
+    print(f"symred ({strategy}): {t_s:.3f} s ({2.0 * n * m * d / t_s / 1e9:.1f} GFLOP/s "
+          f"equivalent; first call on a tiny input {t_first * 1e3:.0f} ms)")
     print(f"FAISS IndexFlatL2 ({faiss.omp_get_max_threads()} OpenMP threads): {t_f:.3f} s")
     print(f"speedup symred / FAISS: {t_f / t_s:.2f}x")
     print(f"neighbour sets: {m - differ} identical, {tie_only} differ only by exact ties, "
           f"{real} differ otherwise")
+    return real
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", type=int, default=60000)
+    ap.add_argument("--test", type=int, default=10000)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=1, help="runs of each; the best is reported")
+    ap.add_argument("--random", help="comma-separated point counts: random data instead")
+    ap.add_argument("--dims", default="3,10,100", help="with --random: comma-separated D")
+    a = ap.parse_args()
+    try:
+        import faiss
+    except ImportError:
+        sys.exit("knn_faiss: python3-faiss is not installed (apt-get install python3-faiss)")
+    if a.random:
+        rng = np.random.default_rng(0)
+        bad = 0
+        for n in [int(v) for v in a.random.split(",")]:
+            for d in [int(v) for v in a.dims.split(",")]:
+                xtr = rng.random((n, d), dtype=np.float32)
+                xte = rng.random((a.test, d), dtype=np.float32)
+                bad += compare("random uniform kNN", xtr, xte, a.k, a.reps, faiss)
+                print()
+        return 0 if bad == 0 else 1
+    xtr = np.ascontiguousarray(read_idx(os.path.join(DIR, "train-images-idx3-ubyte.gz"),
+                                        a.train).astype(np.float32) / 255.0)
+    xte = np.ascontiguousarray(read_idx(os.path.join(DIR, "t10k-images-idx3-ubyte.gz"),
+                                        a.test).astype(np.float32) / 255.0)
+    real = compare("Fashion-MNIST exact kNN", xtr, xte, a.k, a.reps, faiss)
     return 0 if real == 0 else 1
 
 
