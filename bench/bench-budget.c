@@ -14,6 +14,8 @@
 
 #include <symred.h>
 
+#include "bench.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,22 +24,11 @@
 #include <sys/resource.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double *randd(int64_t n, uint64_t *s)
 {
-    double *p = malloc(sizeof *p * (size_t)n);
-    for (int64_t t = 0; t < n; t++) {
-        *s ^= *s << 13;
-        *s ^= *s >> 7;
-        *s ^= *s << 17;
-        p[t] = (double)(*s >> 11) * (1.0 / 9007199254740992.0);
-    }
+    double *p = bench_alloc(sizeof *p * (size_t)n);
+    for (int64_t t = 0; t < n; t++)
+        p[t] = bench_uniform(s);
     return p;
 }
 
@@ -75,14 +66,14 @@ int main(int argc, char **argv)
     }
     uint64_t s = 7;
     double *x = randd(n * D, &s), *y = randd(n * D, &s), *b = randd(n, &s), g = 2.0;
-    double *out = malloc(sizeof *out * (size_t)n);
+    double *out = bench_alloc(sizeof *out * (size_t)n);
     const void *args[] = {x, y, b, &g};
-    double t0 = now_s();
+    double t0 = bench_now();
     if (sr_kernel_run(k, n, n, args, out) != SR_OK) {
         fprintf(stderr, "bench-budget: %s\n", sr_ctx_error(ctx));
         return 1;
     }
-    double dt = now_s() - t0;
+    double dt = bench_now() - t0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double inputs_mb = (double)(2 * n * D + 2 * n) * 8 / 1e6;

@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include "symred.h"
 
+#include "bench.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,13 +24,6 @@
 
 void bench_hand_gauss(int64_t n, int64_t m, const float *x, const float *y, const float *b, float g,
                       float *out);
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *aliases[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
 static const char *formula = "Exp(-SqDist(x,y)*g)*b";
@@ -42,12 +37,12 @@ static sr_kernel *make(sr_ctx **ctx, double *seconds)
     }
     sr_kernel_desc d = sr_kernel_desc_default();
     sr_kernel *k;
-    double t0 = now();
+    double t0 = bench_now();
     if (sr_kernel_new(*ctx, f, &d, &k) != SR_OK) {
         fprintf(stderr, "sr_kernel_new: %s\n", sr_ctx_error(*ctx));
         exit(1);
     }
-    *seconds = now() - t0;
+    *seconds = bench_now() - t0;
     return k;
 }
 
@@ -66,9 +61,9 @@ int main(int argc, char **argv)
     }
     setenv("SYMRED_CACHE_DIR", dir, 1);
 
-    float *x = malloc(sizeof(float) * 3 * n), *y = malloc(sizeof(float) * 3 * n);
-    float *b = malloc(sizeof(float) * n), *o1 = malloc(sizeof(float) * n);
-    float *o2 = malloc(sizeof(float) * n), g = 2.0f;
+    float *x = bench_alloc(sizeof(float) * 3 * n), *y = bench_alloc(sizeof(float) * 3 * n);
+    float *b = bench_alloc(sizeof(float) * n), *o1 = bench_alloc(sizeof(float) * n);
+    float *o2 = bench_alloc(sizeof(float) * n), g = 2.0f;
     uint64_t s = 88172645463325252ULL;
     for (int64_t i = 0; i < 3 * n; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -86,9 +81,9 @@ int main(int argc, char **argv)
     sr_ctx *ctx;
     double t_cold_new;
     sr_kernel *k = make(&ctx, &t_cold_new);
-    double t0 = now();
+    double t0 = bench_now();
     sr_kernel_run(k, n, n, args, o1);
-    double t_first_run = now() - t0;
+    double t_first_run = bench_now() - t0;
 
     /* Warm: a new context, the same kernel, from the disk cache. */
     sr_ctx *ctx2;
@@ -99,13 +94,13 @@ int main(int argc, char **argv)
     double best_sr = 1e30, best_hand = 1e30;
     bench_hand_gauss(n, n, x, y, b, g, o2); /* warm up the OpenMP threads */
     for (int r = 0; r < reps; r++) {
-        t0 = now();
+        t0 = bench_now();
         sr_kernel_run(k2, n, n, args, o1);
-        double t = now() - t0;
+        double t = bench_now() - t0;
         best_sr = t < best_sr ? t : best_sr;
-        t0 = now();
+        t0 = bench_now();
         bench_hand_gauss(n, n, x, y, b, g, o2);
-        t = now() - t0;
+        t = bench_now() - t0;
         best_hand = t < best_hand ? t : best_hand;
     }
     double maxrel = 0;

@@ -17,6 +17,8 @@
 
 #include <symred.h>
 
+#include "bench.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,22 +26,11 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static float *randf(int64_t n, uint64_t *s)
 {
-    float *p = malloc(sizeof *p * (size_t)n);
-    for (int64_t t = 0; t < n; t++) {
-        *s ^= *s << 13;
-        *s ^= *s >> 7;
-        *s ^= *s << 17;
-        p[t] = (float)((double)(*s >> 11) * (1.0 / 9007199254740992.0));
-    }
+    float *p = bench_alloc(sizeof *p * (size_t)n);
+    for (int64_t t = 0; t < n; t++)
+        p[t] = (float)bench_uniform(s);
     return p;
 }
 
@@ -57,12 +48,12 @@ static double timed(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const char
     snprintf(strat, 16, "%s", s && strncmp(s + 10, "gemm", 4) == 0 ? "gemm" : "direct");
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         if (sr_kernel_run(k, nx, ny, args, out) != SR_OK) {
             fprintf(stderr, "bench-gemm: %s\n", sr_ctx_error(ctx));
             exit(1);
         }
-        double t = now_s() - t0;
+        double t = bench_now() - t0;
         best = t < best ? t : best;
     }
     sr_kernel_free(k);
@@ -111,7 +102,7 @@ int main(int argc, char **argv)
             return 1;
         }
         float *x = randf(n * D, &seed), *y = randf(n * D, &seed), *b = randf(n, &seed);
-        float g = 1.0f / (float)D, *out = malloc(sizeof *out * (size_t)n);
+        float g = 1.0f / (float)D, *out = bench_alloc(sizeof *out * (size_t)n);
         const void *args[] = {x, y, b, &g};
         sr_kernel_desc d = sr_kernel_desc_default();
         char s1[16], s2[16], s3[16];
@@ -134,7 +125,7 @@ int main(int argc, char **argv)
             int D = kdims[t];
             sr_expr *f = sr_sqdist(ctx, sr_vi(ctx, 0, D), sr_vj(ctx, 1, D));
             float *xq = randf(nq * D, &seed), *xp = randf(np * D, &seed);
-            int64_t *idx = malloc(sizeof *idx * (size_t)(nq * 10));
+            int64_t *idx = bench_alloc(sizeof *idx * (size_t)(nq * 10));
             const void *args[] = {xq, xp};
             sr_kernel_desc d = sr_kernel_desc_default();
             d.reduction = SR_ARGKMIN;

@@ -9,18 +9,13 @@
 #define _GNU_SOURCE
 #include "symred.h"
 
+#include "bench.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void fill(float *a, int64_t n, uint64_t *s)
 {
@@ -35,12 +30,12 @@ static double best_run(sr_ctx *ctx, sr_kernel *k, const sr_run_desc *r)
 {
     double best = -1;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (sr_kernel_run_ex(k, r) != SR_OK) {
             fprintf(stderr, "bench-gpu: %s\n", sr_ctx_error(ctx));
             return -1;
         }
-        double t = now() - t0;
+        double t = bench_now() - t0;
         if (best < 0 || t < best)
             best = t;
     }
@@ -82,8 +77,9 @@ int main(int argc, char **argv)
     const char *sep = "";
     uint64_t s = 1;
     for (int64_t n = 100000; n <= nmax; n *= 10) {
-        float *x = malloc((size_t)n * 12), *y = malloc((size_t)n * 12), *b = malloc((size_t)n * 4);
-        float *out = malloc((size_t)n * 4), g = 1.0f;
+        float *x = bench_alloc((size_t)n * 12), *y = bench_alloc((size_t)n * 12),
+              *b = bench_alloc((size_t)n * 4);
+        float *out = bench_alloc((size_t)n * 4), g = 1.0f;
         if (!x || !y || !b || !out)
             return 1;
         fill(x, 3 * n, &s), fill(y, 3 * n, &s), fill(b, n, &s);
@@ -112,8 +108,8 @@ int main(int argc, char **argv)
             printf("knn D=%d: not supported: %s\n", D, sr_ctx_error(ctx));
             continue;
         }
-        float *qs = malloc((size_t)(nq * D) * 4), *ps = malloc((size_t)(np * D) * 4);
-        int64_t *idx = malloc((size_t)nq * 10 * 8);
+        float *qs = bench_alloc((size_t)(nq * D) * 4), *ps = bench_alloc((size_t)(np * D) * 4);
+        int64_t *idx = bench_alloc((size_t)nq * 10 * 8);
         if (!qs || !ps || !idx)
             return 1;
         fill(qs, nq * D, &s), fill(ps, np * D, &s);

@@ -18,6 +18,8 @@
 #define _GNU_SOURCE
 #include "symred.h"
 
+#include "bench.h"
+
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,31 +27,12 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static uint64_t rng_state = 88172645463325252ULL;
-static float frand(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0);
-}
-
 static float *rand_array(int64_t n, float lo, float hi)
 {
-    float *a = malloc((size_t)n * sizeof *a);
-    if (!a) {
-        fprintf(stderr, "out of memory\n");
-        exit(1);
-    }
+    float *a = bench_alloc((size_t)n * sizeof *a);
     for (int64_t t = 0; t < n; t++)
-        a[t] = lo + (hi - lo) * frand();
+        a[t] = lo + (hi - lo) * (float)bench_uniform(&rng_state);
     return a;
 }
 
@@ -124,12 +107,12 @@ static void free_kernel(struct bk *b)
 static double run_once(const struct bk *b, const struct inputs *in, float *out)
 {
     const void *all[5] = {in->x, in->y, in->b, in->g, in->w};
-    double t0 = now();
+    double t0 = bench_now();
     if (sr_kernel_run(b->k, in->n, in->m, all, out) != SR_OK) {
         fprintf(stderr, "run: %s\n", sr_ctx_error(b->ctx));
         exit(1);
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 /* Best-of-reps times of two kernels, their runs interleaved (a warm-up run each first) so that
@@ -180,7 +163,7 @@ static void compare(const char *name, int d, const char *naive, const char *cano
 {
     struct inputs in;
     inputs_make(&in, n, n, d);
-    float *o1 = malloc((size_t)n * sizeof *o1), *o2 = malloc((size_t)n * sizeof *o2);
+    float *o1 = bench_alloc((size_t)n * sizeof *o1), *o2 = bench_alloc((size_t)n * sizeof *o2);
     struct bk kn = make_kernel(naive, d, 1), kc = make_kernel(canon, d, 1);
     char s1[4096], s2[4096];
     bool same = strcmp(simplified(&kn, s1, sizeof s1), simplified(&kc, s2, sizeof s2)) == 0;
@@ -231,7 +214,7 @@ int main(int argc, char **argv)
         int64_t n = (int64_t)(scale * sqrt(1.5e9 / (d + 2.0)));
         struct inputs in;
         inputs_make(&in, n, n, d);
-        float *o1 = malloc((size_t)n * sizeof *o1), *o2 = malloc((size_t)n * sizeof *o2);
+        float *o1 = bench_alloc((size_t)n * sizeof *o1), *o2 = bench_alloc((size_t)n * sizeof *o2);
         const char *f = "Exp(Sqrt(SqNorm2(x)))*Exp(-SqDist(x,y))*b";
         struct bk koff = make_kernel(f, d, 0), kon = make_kernel(f, d, 1);
         /* The floor: the same kernel without the i-only factor. */

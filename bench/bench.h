@@ -1,0 +1,42 @@
+/*
+ * bench.h — what the benchmark programs share: a monotonic clock, an allocator that exits with a
+ * message instead of returning NULL, and a reproducible uniform generator. Not part of the
+ * library.
+ */
+#ifndef SYMRED_BENCH_H
+#define SYMRED_BENCH_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* Seconds on a monotonic clock. */
+static inline double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* malloc that never returns NULL: a benchmark that cannot get its arrays stops with a message. */
+static inline void *bench_alloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "benchmark: out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+/* Uniform in [0, 1) from an xorshift64 state, so runs are reproducible from the seed. */
+static inline double bench_uniform(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return (double)(*s >> 11) * (1.0 / 9007199254740992.0);
+}
+
+#endif /* SYMRED_BENCH_H */
