@@ -580,16 +580,19 @@ static sr_expr *r_sort_args(struct simp_state *s, sr_expr *e)
 static bool g_neg_neg(struct simp_state *s, sr_expr *e) { return e->child[0]->op == OP_MINUS; }
 static sr_expr *r_neg_neg(struct simp_state *s, sr_expr *e) { return e->child[0]->child[0]; }
 
-/* a + b + (-c) + (-d) -> (a + b) - (c + d); all negated: -(c + d). */
-static bool g_add_neg(struct simp_state *s, sr_expr *e)
+/* Whether a term of the op-chain at e (a flattened sum or product) is a negation. */
+static bool chain_has_minus(sr_expr *e, enum expr_op op)
 {
     sr_expr *t[CHAIN_MAX];
-    int n = chain_gather(e, OP_ADD, t, CHAIN_MAX);
+    int n = chain_gather(e, op, t, CHAIN_MAX);
     for (int i = 0; i < n; i++)
         if (t[i]->op == OP_MINUS)
             return true;
     return false;
 }
+
+/* a + b + (-c) + (-d) -> (a + b) - (c + d); all negated: -(c + d). */
+static bool g_add_neg(struct simp_state *s, sr_expr *e) { return chain_has_minus(e, OP_ADD); }
 static sr_expr *r_add_neg(struct simp_state *s, sr_expr *e)
 {
     sr_expr *t[CHAIN_MAX], *pos[CHAIN_MAX], *neg[CHAIN_MAX];
@@ -622,15 +625,7 @@ static sr_expr *r_sub_neg_left(struct simp_state *s, sr_expr *e)
 }
 
 /* Minus factors leave a product: (-a) * b -> -(a * b), exact in IEEE arithmetic. */
-static bool g_mul_neg(struct simp_state *s, sr_expr *e)
-{
-    sr_expr *t[CHAIN_MAX];
-    int n = chain_gather(e, OP_MUL, t, CHAIN_MAX);
-    for (int i = 0; i < n; i++)
-        if (t[i]->op == OP_MINUS)
-            return true;
-    return false;
-}
+static bool g_mul_neg(struct simp_state *s, sr_expr *e) { return chain_has_minus(e, OP_MUL); }
 static sr_expr *r_mul_neg(struct simp_state *s, sr_expr *e)
 {
     sr_expr *t[CHAIN_MAX];
