@@ -186,10 +186,6 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
         return sr__error(ctx, SR_EINVAL, "sr_kernel_new: the formula belongs to another context");
     if (ctx->env_status != SR_OK)
         return sr__error(ctx, ctx->env_status, "%s", ctx->env_msg);
-    static const char *const on_off[] = {"0", "1"};
-    int simplify;
-    if (sr__env_choice(ctx, "SYMRED_SIMPLIFY", on_off, 2, 1, &simplify) != SR_OK)
-        return SR_EINVAL;
     sr_status st = desc_check(ctx, f, desc);
     if (st != SR_OK)
         return st;

@@ -127,7 +127,12 @@ sr_status sr_chain_kernel(sr_chain *c, const sr_expr *f, int64_t nx, int64_t ny,
         cf.args[v] = args[v];
     /* Flops per pair of f as the simplifier will run it. */
     sr_expr *fs = (sr_expr *)f;
-    if (simp_enabled())
+    bool simplify;
+    if (simp_enabled(ctx, &simplify) != SR_OK) {
+        free(cf.args);
+        return SR_EINVAL;
+    }
+    if (simplify)
         simp_expr(ctx, (sr_expr *)f, NULL, &fs, NULL);
     struct sr_cost cost;
     const sr_expr *roots[1] = {fs};

@@ -87,8 +87,9 @@ extern const int simp_nrules;
 int simp_expr(sr_ctx *ctx, sr_expr *e, const struct simp_opts *o, sr_expr **out,
               struct expr_buf *log);
 
-/* Whether SYMRED_SIMPLIFY allows the simplifier (anything but "0"). */
-bool simp_enabled(void);
+/* Whether SYMRED_SIMPLIFY (0 or 1, default 1) allows the simplifier; SR_EINVAL, naming the
+ * variable, for any other value (then *on is true). */
+sr_status simp_enabled(sr_ctx *ctx, bool *on);
 
 /* Kernel hooks, called by kernel.c: simp_kernel replaces k->f and k->weight by their simplified
  * forms and fills k->simp; release frees what it allocated; explain appends its text. */

@@ -24,10 +24,13 @@ const char *const simp_pass_names[SIMP_PASS_COUNT] = {
 
 void simp_opts_default(struct simp_opts *o) { o->gemm_min_dim = simp_cost_gemm_min_dim(); }
 
-bool simp_enabled(void)
+sr_status simp_enabled(sr_ctx *ctx, bool *on)
 {
-    const char *v = getenv("SYMRED_SIMPLIFY");
-    return !(v && strcmp(v, "0") == 0);
+    static const char *const on_off[] = {"0", "1"};
+    int v;
+    sr_status st = sr__env_choice(ctx, "SYMRED_SIMPLIFY", on_off, 2, 1, &v);
+    *on = v == 1;
+    return st;
 }
 
 /* ---- the memo ---- */
@@ -544,7 +547,9 @@ sr_status simp_kernel(sr_kernel *k)
 {
     k->simp.f_user = k->f;
     k->simp.weight_user = k->weight;
-    k->simp.enabled = simp_enabled();
+    sr_status st0 = simp_enabled(k->ctx, &k->simp.enabled);
+    if (st0 != SR_OK)
+        return st0;
     if (k->simp.enabled) {
         struct simp_opts o;
         simp_opts_default(&o);
