@@ -1,8 +1,10 @@
 /*
- * test-cuda.c — the GPU differential suite: every reduction, both axes, both dtypes, on the
- * CUDA backend against the reference interpreter, at sizes that take the one-row-per-thread
- * path, partial tiles and the split-j path; device pointers. Needs an NVIDIA GPU: every test
- * skips, saying why, where there is none (NOT run on the machine this was written on).
+ * test-cuda.c — the GPU differential suite: the CUDA backend against the reference interpreter
+ * through the shared harness (diff.c: every op, every reduction on both axes in both dtypes,
+ * sizes 0, 1, primes, nx << ny and nx >> ny, ties, NaN and Inf), plus what only the GPU has:
+ * K up to the register limit, device pointers used in place (no copy crosses PCIe), the memory
+ * budget on the device, out-of-memory and illegal-address errors that leave the next kernel
+ * running. Needs an NVIDIA GPU: every test skips, saying why, where there is none.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -13,9 +15,20 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "diff.h"
 #include "jit/cuda.h"
 #include "symred.h"
 #include "util.h"
+
+static sr_ctx *ctx;
+
+static void setup(void)
+{
+    unsetenv("SYMRED_MEM_LIMIT");
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+}
+static void teardown(void) { sr_ctx_free(ctx); }
+TestSuite(cuda, .init = setup, .fini = teardown);
 
 static const struct cuda_device *need_gpu(void)
 {
@@ -26,120 +39,350 @@ static const struct cuda_device *need_gpu(void)
     return dev;
 }
 
-/* Runs f with reduction red on CUDA and on the reference; compares. */
-static void diff(sr_ctx *ctx, sr_expr *f, sr_expr *w, sr_reduction red, int axis, sr_dtype dt,
-                 int64_t nx, int64_t ny)
+/* ---- the shared differential harness ------------------------------------------------------ */
+
+#define OPS(name, grp)                                                                             \
+    Test(cuda, ops_##name##_f32)                                                                   \
+    {                                                                                              \
+        need_gpu();                                                                                \
+        diff_op_group(ctx, SR_DEVICE_CUDA, grp, SR_F32);                                           \
+    }                                                                                              \
+    Test(cuda, ops_##name##_f64)                                                                   \
+    {                                                                                              \
+        need_gpu();                                                                                \
+        diff_op_group(ctx, SR_DEVICE_CUDA, grp, SR_F64);                                           \
+    }
+DIFF_OP_TESTS(OPS)
+
+#define RED(R, name)                                                                               \
+    Test(cuda, red_##name##_f32)                                                                   \
+    {                                                                                              \
+        need_gpu();                                                                                \
+        diff_reduction(ctx, SR_DEVICE_CUDA, R, SR_F32);                                            \
+    }                                                                                              \
+    Test(cuda, red_##name##_f64)                                                                   \
+    {                                                                                              \
+        need_gpu();                                                                                \
+        diff_reduction(ctx, SR_DEVICE_CUDA, R, SR_F64);                                            \
+    }
+DIFF_RED_TESTS(RED)
+
+#define SPECIAL(name, R, gen, k, f)                                                                \
+    Test(cuda, name)                                                                               \
+    {                                                                                              \
+        need_gpu();                                                                                \
+        diff_special(ctx, SR_DEVICE_CUDA, R, gen, k, f);                                           \
+    }
+DIFF_SPECIAL_TESTS(SPECIAL)
+
+/* A vector formula with an i-only factor and a weight, every reduction, at sizes that take one
+ * block, partial tiles, many blocks and (few rows, many columns) the split-j path. */
+Test(cuda, every_reduction_vector_formula_split_j)
 {
+    need_gpu();
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(2)", "g=Pm(1)", "c=Vi(1)"};
+    sr_expr *vec = diff_parse(ctx, "Concat(Exp(-SqDist(x,y)*g)*c, Sum(x*y))", al, 5);
+    sr_expr *sca = diff_parse(ctx, "-SqDist(x,y)*g", al, 5);
+    sr_expr *w = diff_parse(ctx, "b*c", al, 5);
+    const int64_t sizes[][2] = {{1, 5}, {37, 300}, {1000, 777}, {5, 100000}};
+    for (int red = 0; red < SR_REDUCTION_COUNT; red++)
+        for (int axis = 0; axis < 2; axis++)
+            for (int dt = 0; dt < 2; dt++) {
+                sr_kernel_desc d = sr_kernel_desc_default();
+                bool ssmw = red == SR_SUMSOFTMAXWEIGHT;
+                d.reduction = (sr_reduction)red;
+                d.axis = axis;
+                d.dtype = (sr_dtype)dt;
+                d.k = 3;
+                d.weight = ssmw ? w : NULL;
+                sr_kernel *kc = diff_kernel(ctx, ssmw ? sca : vec, d, SR_DEVICE_CUDA);
+                sr_kernel *kr = diff_kernel(ctx, ssmw ? sca : vec, d, SR_DEVICE_REFERENCE);
+                for (int s = 0; s < 4; s++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "%s axis %d %s", sr_reduction_name(d.reduction),
+                             axis, dt ? "f64" : "f32");
+                    diff_run(ctx, kc, kr, axis ? sizes[s][0] : sizes[s][1],
+                             axis ? sizes[s][1] : sizes[s][0], DIFF_UNIFORM, -1, 1, 42 + s,
+                             diff_tol_of(d.dtype), what);
+                }
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
+/* K-min keeps K * dim(F) values per row in registers: up to 256. Ties (small integers) check
+ * the order of equal values, NaN-free grid values the K smallest themselves. */
+Test(cuda, kmin_up_to_the_limit)
+{
+    need_gpu();
+    static const char *al[] = {"x=Vi(1)", "y=Vj(1)"};
+    sr_expr *f1 = diff_parse(ctx, "Abs(x - y)", al, 2);
+    sr_expr *f2 = diff_parse(ctx, "Concat(Abs(x - y), x * y)", al, 2);
+    const struct {
+        sr_expr *f;
+        int k;
+        sr_dtype dt;
+    } cases[] = {{f1, 256, SR_F32}, {f2, 128, SR_F64}, {f1, 57, SR_F32}, {f1, 57, SR_F64}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.reduction = SR_KMIN_ARGKMIN;
+        d.k = cases[c].k;
+        d.dtype = cases[c].dt;
+        sr_kernel *kc = diff_kernel(ctx, cases[c].f, d, SR_DEVICE_CUDA);
+        sr_kernel *kr = diff_kernel(ctx, cases[c].f, d, SR_DEVICE_REFERENCE);
+        char what[64];
+        snprintf(what, sizeof what, "KMin_ArgKMin k=%d %s", d.k, d.dtype == SR_F64 ? "f64" : "f32");
+        diff_run(ctx, kc, kr, 37, 1000, DIFF_GRID, -4, 4, 3, diff_tol_of(d.dtype), what);
+        diff_run(ctx, kc, kr, 3, 9001, DIFF_SMALLINT, 0, 4, 4, diff_tol_of(d.dtype), what);
+        sr_kernel_free(kc);
+        sr_kernel_free(kr);
+    }
+    /* One more than the limit: a clear error, not a kernel that spills or fails to launch. */
     sr_kernel_desc d = sr_kernel_desc_default();
-    d.reduction = red;
-    d.axis = axis;
-    d.dtype = dt;
-    d.k = 3;
-    d.weight = w;
-    sr_kernel *kc, *kr;
+    d.reduction = SR_ARGKMIN;
+    d.k = 257;
     d.device = SR_DEVICE_CUDA;
-    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kc), SR_OK, "%s", sr_ctx_error(ctx));
-    d.device = SR_DEVICE_REFERENCE;
-    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kr), SR_OK, "%s", sr_ctx_error(ctx));
-    int nargs = sr_kernel_nargs(kc);
-    void *bufs[8] = {0};
-    const void *args[8];
-    uint64_t rng = 42;
-    size_t esz = dt == SR_F64 ? 8 : 4;
-    for (int v = 0; v < nargs; v++) {
-        const struct expr_var *var = &kc->vars[v];
-        int64_t rows = var->cat == SR_CAT_I ? nx : var->cat == SR_CAT_J ? ny : 1;
-        bufs[v] = malloc((size_t)(rows * var->dim) * esz + 8);
-        tu_fill(bufs[v], dt, rows * var->dim, -1, 1, &rng);
-        args[v] = bufs[v];
-    }
-    int64_t nout = (axis == 1 ? nx : ny) * sr_kernel_out_dim(kc);
-    void *vc = calloc((size_t)nout, 8), *vr = calloc((size_t)nout, 8);
-    int64_t *ic = calloc((size_t)nout, 8), *ir = calloc((size_t)nout, 8);
-    const struct sr_reduction_info *ri = &sr_reductions[red];
-    sr_run_desc rc = {nx, ny, nargs, args, ri->values ? vc : NULL, ri->indices ? ic : NULL};
-    sr_run_desc rr = {nx, ny, nargs, args, ri->values ? vr : NULL, ri->indices ? ir : NULL};
-    cr_assert_eq(sr_kernel_run_ex(kc, &rc), SR_OK, "%s", sr_ctx_error(ctx));
-    cr_assert_eq(sr_kernel_run_ex(kr, &rr), SR_OK, "%s", sr_ctx_error(ctx));
-    double rtol = dt == SR_F64 ? 1e-10 : 2e-4, atol = dt == SR_F64 ? 1e-10 : 1e-4;
-    for (int64_t q = 0; q < nout; q++) {
-        if (ri->values) {
-            double a = dt == SR_F64 ? ((double *)vc)[q] : ((float *)vc)[q];
-            double b = dt == SR_F64 ? ((double *)vr)[q] : ((float *)vr)[q];
-            cr_assert(tu_close(a, b, rtol, atol) || (isnan(a) && isnan(b)),
-                      "%s axis %d nx %lld ny %lld [%lld]: cuda %.9g reference %.9g", ri->name, axis,
-                      (long long)nx, (long long)ny, (long long)q, a, b);
+    sr_kernel *k = NULL;
+    cr_assert_eq(sr_kernel_new(ctx, f1, &d, &k), SR_ENOTSUP, "k = 257: %s", sr_ctx_error(ctx));
+    cr_assert_null(k);
+    cr_assert(strstr(sr_ctx_error(ctx), "K*dim > 256"), "message: %s", sr_ctx_error(ctx));
+}
+
+/* ---- device pointers ------------------------------------------------------------------------ */
+
+static sr_kernel *gauss_kernel(sr_dtype dt)
+{
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f = diff_parse(ctx, "Exp(-SqDist(x,y)*g)*b", al, 4);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.dtype = dt;
+    return diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
+}
+
+enum { NX = 300, NY = 200 };
+
+struct gauss_data {
+    float x[NX * 3], y[NY * 3], b[NY], g, ref[NX];
+};
+
+static void gauss_data(struct gauss_data *gd)
+{
+    uint64_t rng = 7;
+    tu_fill(gd->x, SR_F32, NX * 3, -1, 1, &rng);
+    tu_fill(gd->y, SR_F32, NY * 3, -1, 1, &rng);
+    tu_fill(gd->b, SR_F32, NY, -1, 1, &rng);
+    gd->g = 0.5f;
+    for (int i = 0; i < NX; i++) {
+        double s = 0;
+        for (int j = 0; j < NY; j++) {
+            double d2 = 0;
+            for (int c = 0; c < 3; c++) {
+                double t = (double)gd->x[3 * i + c] - gd->y[3 * j + c];
+                d2 += t * t;
+            }
+            s += exp(-d2 * gd->g) * gd->b[j];
         }
-        if (ri->indices)
-            cr_assert_eq(ic[q], ir[q], "%s axis %d [%lld]: cuda %lld reference %lld", ri->name,
-                         axis, (long long)q, (long long)ic[q], (long long)ir[q]);
+        gd->ref[i] = (float)s;
     }
-    for (int v = 0; v < nargs; v++)
-        free(bufs[v]);
-    free(vc), free(vr), free(ic), free(ir);
+}
+
+static void check_gauss(const float *out, const struct gauss_data *gd, const char *what)
+{
+    for (int i = 0; i < NX; i++)
+        cr_assert(tu_close(out[i], gd->ref[i], 1e-5, 1e-5), "%s [%d]: %g vs %g", what, i, out[i],
+                  gd->ref[i]);
+}
+
+Test(cuda, device_pointers_in_place_no_copies)
+{
+    const struct cuda_device *dev = need_gpu();
+    const struct cuda_api *cu = dev->api;
+    sr_kernel *k = gauss_kernel(SR_F32);
+    struct gauss_data gd;
+    gauss_data(&gd);
+    float out[NX];
+    /* Host arrays: every input crosses once, the output once. */
+    const void *hargs[] = {gd.x, gd.y, gd.b, &gd.g};
+    cr_assert_eq(sr_kernel_run(k, NX, NY, hargs, out), SR_OK, "%s", sr_ctx_error(ctx));
+    check_gauss(out, &gd, "host arrays");
+    uint64_t h0, d0, h1, d1;
+    cuda_kernel_copies(k, &h0, &d0);
+    cr_assert_eq(h0, sizeof gd.x + sizeof gd.y + sizeof gd.b + sizeof gd.g, "htod %llu",
+                 (unsigned long long)h0);
+    cr_assert_eq(d0, sizeof out, "dtoh %llu", (unsigned long long)d0);
+
+    /* Everything on the device: nothing crosses. */
+    cr_assert_eq(cu->ctx_set_current(dev->ctx), CU_SUCCESS);
+    cu_deviceptr dx, dy, db, dg, dout;
+    cr_assert_eq(cu->mem_alloc(&dx, sizeof gd.x), CU_SUCCESS);
+    cr_assert_eq(cu->mem_alloc(&dy, sizeof gd.y), CU_SUCCESS);
+    cr_assert_eq(cu->mem_alloc(&db, sizeof gd.b), CU_SUCCESS);
+    cr_assert_eq(cu->mem_alloc(&dg, sizeof gd.g), CU_SUCCESS);
+    cr_assert_eq(cu->mem_alloc(&dout, sizeof out), CU_SUCCESS);
+    cr_assert_eq(cu->memcpy_htod(dx, gd.x, sizeof gd.x), CU_SUCCESS);
+    cr_assert_eq(cu->memcpy_htod(dy, gd.y, sizeof gd.y), CU_SUCCESS);
+    cr_assert_eq(cu->memcpy_htod(db, gd.b, sizeof gd.b), CU_SUCCESS);
+    cr_assert_eq(cu->memcpy_htod(dg, &gd.g, sizeof gd.g), CU_SUCCESS);
+    const void *dargs[] = {(const void *)(uintptr_t)dx, (const void *)(uintptr_t)dy,
+                           (const void *)(uintptr_t)db, (const void *)(uintptr_t)dg};
+    sr_run_desc r = {.nx = NX, .ny = NY, .nargs = 4, .args = dargs, .out = (void *)(uintptr_t)dout};
+    cr_assert_eq(sr_kernel_run_device(k, &r, 0xf, 1), SR_OK, "%s", sr_ctx_error(ctx));
+    cuda_kernel_copies(k, &h1, &d1);
+    cr_assert_eq(h1, h0, "device pointers: %llu bytes copied to the device",
+                 (unsigned long long)(h1 - h0));
+    cr_assert_eq(d1, d0, "device pointers: %llu bytes copied back", (unsigned long long)(d1 - d0));
+    memset(out, 0, sizeof out);
+    cr_assert_eq(cu->memcpy_dtoh(out, dout, sizeof out), CU_SUCCESS);
+    check_gauss(out, &gd, "device arrays");
+
+    /* Mixed: y on the device, the rest on the host; the output on the device. */
+    const void *margs[] = {gd.x, (const void *)(uintptr_t)dy, gd.b, &gd.g};
+    r.args = margs;
+    cr_assert_eq(sr_kernel_run_device(k, &r, 1u << 1, 1), SR_OK, "%s", sr_ctx_error(ctx));
+    cuda_kernel_copies(k, &h0, &d0);
+    cr_assert_eq(h0 - h1, sizeof gd.x + sizeof gd.b + sizeof gd.g, "mixed: htod %llu",
+                 (unsigned long long)(h0 - h1));
+    cr_assert_eq(d0, d1, "mixed: the device output was copied back");
+    cr_assert_eq(cu->memcpy_dtoh(out, dout, sizeof out), CU_SUCCESS);
+    check_gauss(out, &gd, "mixed");
+    cu->mem_free(dx), cu->mem_free(dy), cu->mem_free(db), cu->mem_free(dg), cu->mem_free(dout);
+    sr_kernel_free(k);
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+/* Under a budget the output rows go through the device in passes; the result is the same. */
+Test(cuda, memory_budget_passes)
+{
+    need_gpu();
+    struct gauss_data gd;
+    gauss_data(&gd);
+    const void *hargs[] = {gd.x, gd.y, gd.b, &gd.g};
+    float out[NX];
+    /* y and b copied whole (2400 + 800 + 4 bytes), then 16 bytes a row: 1000 bytes of rows. */
+    const int64_t budgets[] = {3204 + 1000, 3204 + 16, 3204 + 16 * 299, 1 << 20};
+    for (size_t t = 0; t < sizeof budgets / sizeof *budgets; t++) {
+        cr_assert_eq(sr_ctx_set_mem_limit(ctx, budgets[t]), SR_OK);
+        sr_kernel *k = gauss_kernel(SR_F32);
+        memset(out, 0, sizeof out);
+        cr_assert_eq(sr_kernel_run(k, NX, NY, hargs, out), SR_OK, "budget %lld: %s",
+                     (long long)budgets[t], sr_ctx_error(ctx));
+        char what[64];
+        snprintf(what, sizeof what, "budget %lld", (long long)budgets[t]);
+        check_gauss(out, &gd, what);
+        sr_kernel_free(k);
+    }
+    /* Too small for the arrays copied whole: SR_EBUDGET saying how much is needed. */
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 3000), SR_OK);
+    sr_kernel *k = gauss_kernel(SR_F32);
+    sr_status st = sr_kernel_run(k, NX, NY, hargs, out);
+    cr_assert_eq(st, SR_EBUDGET, "status %d: %s", st, sr_ctx_error(ctx));
+    cr_assert(strstr(sr_ctx_error(ctx), "3204 bytes"), "message: %s", sr_ctx_error(ctx));
+    /* The split-j workspace stays under the budget too: few rows, many columns. */
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    sr_kernel_free(k);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 200000 * 16 + 4 + 5 * 16 + 4 * 5 * 8), SR_OK);
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f = diff_parse(ctx, "Exp(-SqDist(x,y)*g)*b", al, 4);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *kc = diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
+    sr_kernel *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
+    diff_run(ctx, kc, kr, 5, 200000, DIFF_UNIFORM, -1, 1, 9, (struct diff_tol){2e-4, 1e-4},
+             "split-j under a budget");
     sr_kernel_free(kc);
     sr_kernel_free(kr);
 }
 
-Test(cuda, every_reduction_matches_the_reference)
+/* More device memory than the card has: SR_ENOMEM with the driver's figures; the context and
+ * the device stay usable. The host array is never read: the allocation fails first. */
+Test(cuda, out_of_device_memory)
 {
     need_gpu();
-    sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(2)", "g=Pm(1)", "c=Vi(1)"};
-    sr_expr *vec, *sca, *w;
-    cr_assert_eq(sr_parse(ctx, "Concat(Exp(-SqDist(x,y)*g)*c, Sum(x*y))", al, 5, &vec), SR_OK);
-    cr_assert_eq(sr_parse(ctx, "-SqDist(x,y)*g", al, 5, &sca), SR_OK);
-    cr_assert_eq(sr_parse(ctx, "b*c", al, 5, &w), SR_OK);
-    /* one block, partial tiles, many blocks; few rows and many columns: split-j */
-    const int64_t sizes[][2] = {{1, 5}, {37, 300}, {1000, 777}, {5, 100000}};
-    for (int s = 0; s < 4; s++)
-        for (int red = 0; red < SR_REDUCTION_COUNT; red++)
-            for (int axis = 0; axis < 2; axis++)
-                for (int dt = 0; dt < 2; dt++) {
-                    bool ssmw = red == SR_SUMSOFTMAXWEIGHT;
-                    int64_t nx = axis ? sizes[s][0] : sizes[s][1];
-                    int64_t ny = axis ? sizes[s][1] : sizes[s][0];
-                    diff(ctx, ssmw ? sca : vec, ssmw ? w : NULL, (sr_reduction)red, axis,
-                         (sr_dtype)dt, nx, ny);
-                }
-    sr_ctx_free(ctx);
+    if (getenv("SYMRED_TEST_NO_FAULTS"))
+        cr_skip_test("SYMRED_TEST_NO_FAULTS is set (a planted fault is not run under a sanitizer)");
+    sr_kernel *k = gauss_kernel(SR_F32);
+    struct gauss_data gd;
+    gauss_data(&gd);
+    float out[NX];
+    const void *hargs[] = {gd.x, gd.y, gd.b, &gd.g};
+    /* 2^40 points of y: 12 TiB. */
+    sr_run_desc r = {.nx = NX, .ny = (int64_t)1 << 40, .nargs = 4, .args = hargs, .out = out};
+    sr_status st = sr_kernel_run_ex(k, &r);
+    cr_assert_eq(st, SR_ENOMEM, "status %d: %s", st, sr_ctx_error(ctx));
+    cr_assert(strstr(sr_ctx_error(ctx), "out of device memory"), "message: %s", sr_ctx_error(ctx));
+    cr_assert(strstr(sr_ctx_error(ctx), "bytes free"), "message: %s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run(k, NX, NY, hargs, out), SR_OK, "after OOM: %s", sr_ctx_error(ctx));
+    check_gauss(out, &gd, "after out-of-memory");
+    sr_kernel_free(k);
 }
 
-Test(cuda, device_pointers_in_place)
+/* Device pointers are checked before the launch: one the driver does not know, and one whose
+ * allocation is too small, are SR_EINVAL with a message, and nothing faults on the GPU. */
+Test(cuda, bad_device_pointers_are_refused_before_launch)
 {
     const struct cuda_device *dev = need_gpu();
+    if (getenv("SYMRED_TEST_NO_FAULTS"))
+        cr_skip_test("SYMRED_TEST_NO_FAULTS is set (the driver errors planted here would be "
+                     "reported by the sanitizer)");
     const struct cuda_api *cu = dev->api;
-    sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
-    sr_expr *f;
-    cr_assert_eq(sr_parse(ctx, "Exp(-SqDist(x,y)*g)*b", al, 4, &f), SR_OK);
-    sr_kernel_desc d = sr_kernel_desc_default();
-    d.device = SR_DEVICE_CUDA;
-    sr_kernel *k;
-    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
-    enum { NX = 300, NY = 200 };
-    float x[NX * 3], y[NY * 3], b[NY], g = 0.5f, out[NX], ref[NX];
-    uint64_t rng = 7;
-    tu_fill(x, SR_F32, NX * 3, -1, 1, &rng);
-    tu_fill(y, SR_F32, NY * 3, -1, 1, &rng);
-    tu_fill(b, SR_F32, NY, -1, 1, &rng);
-    const void *hargs[] = {x, y, b, &g};
-    cr_assert_eq(sr_kernel_run(k, NX, NY, hargs, ref), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_kernel *k = gauss_kernel(SR_F32);
+    struct gauss_data gd;
+    gauss_data(&gd);
+    float out[NX];
+    const void *bad[] = {gd.x, (const void *)(uintptr_t)0x100, gd.b, &gd.g};
+    sr_run_desc r = {.nx = NX, .ny = NY, .nargs = 4, .args = bad, .out = out};
+    sr_status st = sr_kernel_run_device(k, &r, 1u << 1, 0);
+    cr_assert_eq(st, SR_EINVAL, "status %d: %s", st, sr_ctx_error(ctx));
+    cr_assert(strstr(sr_ctx_error(ctx), "argument 1 (0x100) is marked as a device pointer"),
+              "message: %s", sr_ctx_error(ctx));
+    /* y needs NY * 3 floats; give one row less. */
     cr_assert_eq(cu->ctx_set_current(dev->ctx), CU_SUCCESS);
     cu_deviceptr dy, dout;
-    cr_assert_eq(cu->mem_alloc(&dy, sizeof y), CU_SUCCESS);
-    cr_assert_eq(cu->mem_alloc(&dout, sizeof out), CU_SUCCESS);
-    cr_assert_eq(cu->memcpy_htod(dy, y, sizeof y), CU_SUCCESS);
-    const void *args[] = {x, (const void *)(uintptr_t)dy, b, &g};
-    sr_run_desc r = {.nx = NX, .ny = NY, .nargs = 4, .args = args, .out = (void *)(uintptr_t)dout};
-    cr_assert_eq(sr_kernel_run_device(k, &r, 1u << 1, 1), SR_OK, "%s", sr_ctx_error(ctx));
-    cr_assert_eq(cu->memcpy_dtoh(out, dout, sizeof out), CU_SUCCESS);
-    for (int i = 0; i < NX; i++)
-        cr_assert(tu_close(out[i], ref[i], 1e-5, 1e-6), "[%d] %g vs %g", i, out[i], ref[i]);
+    cr_assert_eq(cu->mem_alloc(&dy, sizeof gd.y - 12), CU_SUCCESS);
+    cr_assert_eq(cu->mem_alloc(&dout, sizeof out - 4), CU_SUCCESS);
+    const void *small[] = {gd.x, (const void *)(uintptr_t)dy, gd.b, &gd.g};
+    r.args = small;
+    st = sr_kernel_run_device(k, &r, 1u << 1, 0);
+    cr_assert_eq(st, SR_EINVAL, "status %d: %s", st, sr_ctx_error(ctx));
+    cr_assert(strstr(sr_ctx_error(ctx), "needs 2400 bytes"), "message: %s", sr_ctx_error(ctx));
+    const void *hargs[] = {gd.x, gd.y, gd.b, &gd.g};
+    r.args = hargs;
+    r.out = (void *)(uintptr_t)dout;
+    st = sr_kernel_run_device(k, &r, 0, 1);
+    cr_assert_eq(st, SR_EINVAL, "status %d: %s", st, sr_ctx_error(ctx));
+    cr_assert(strstr(sr_ctx_error(ctx), "the values"), "message: %s", sr_ctx_error(ctx));
+    /* Nothing faulted: the kernel runs. */
+    cr_assert_eq(sr_kernel_run(k, NX, NY, hargs, out), SR_OK, "after: %s", sr_ctx_error(ctx));
+    check_gauss(out, &gd, "after refused device pointers");
     cu->mem_free(dy);
     cu->mem_free(dout);
     sr_kernel_free(k);
-    sr_ctx_free(ctx);
+}
+
+/* After a sticky driver error (an illegal address inside a kernel) CUDA cannot recover the
+ * context; symred then fails every GPU run at once with the first error's text, and the CPU
+ * backends of the same context keep working. The fault itself cannot be planted through the
+ * public API any more (pointers are checked), so the test records it as the runtime does. Each
+ * Criterion test runs in its own process, so the others are not affected. */
+Test(cuda, lost_context_is_reported_and_cpu_still_works)
+{
+    need_gpu();
+    sr_kernel *k = gauss_kernel(SR_F32);
+    struct gauss_data gd;
+    gauss_data(&gd);
+    float out[NX];
+    const void *hargs[] = {gd.x, gd.y, gd.b, &gd.g};
+    jit_cuda_mark_lost(700, "the kernel (cuCtxSynchronize)");
+    sr_status st = sr_kernel_run(k, NX, NY, hargs, out);
+    cr_assert_eq(st, SR_EINTERNAL, "status %d: %s", st, sr_ctx_error(ctx));
+    cr_assert(strstr(sr_ctx_error(ctx), "lost earlier in this process") &&
+                  strstr(sr_ctx_error(ctx), "error 700"),
+              "message: %s", sr_ctx_error(ctx));
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f = diff_parse(ctx, "Exp(-SqDist(x,y)*g)*b", al, 4);
+    sr_kernel *kc = diff_kernel(ctx, f, sr_kernel_desc_default(), SR_DEVICE_CPU);
+    cr_assert_eq(sr_kernel_run(kc, NX, NY, hargs, out), SR_OK, "cpu: %s", sr_ctx_error(ctx));
+    check_gauss(out, &gd, "cpu after a lost GPU context");
+    sr_kernel_free(kc);
+    sr_kernel_free(k);
 }

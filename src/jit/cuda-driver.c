@@ -21,6 +21,9 @@ static struct cuda_device cudev;
 static sr_status cu_status = SR_ENODEV;
 static char cu_why[1024];
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+/* Set once a sticky driver error has made the context unusable (jit_cuda_mark_lost). */
+static pthread_mutex_t cu_lost_lock = PTHREAD_MUTEX_INITIALIZER;
+static char cu_lost[512];
 
 const char *jit_cuda_error(cu_result r)
 {
@@ -52,6 +55,7 @@ static bool resolve(void *h, const char *path)
         {(void **)&cu.ctx_synchronize, "cuCtxSynchronize", false},
         {(void **)&cu.error_string, "cuGetErrorString", false},
         {(void **)&cu.pointer_attr, "cuPointerGetAttribute", true},
+        {(void **)&cu.mem_get_info, "cuMemGetInfo_v2", false},
     };
     const char *missing = jit_resolve(h, syms, sizeof syms / sizeof *syms);
     if (missing) {
@@ -171,4 +175,30 @@ sr_status jit_cuda_device(const struct cuda_device **out, const char **why)
     if (why)
         *why = cu_status == SR_OK ? "" : cu_why;
     return cu_status;
+}
+
+bool jit_cuda_sticky(cu_result r)
+{
+    /* CUDA_ERROR_ILLEGAL_ADDRESS (700), LAUNCH_TIMEOUT (702), HARDWARE_STACK_ERROR (714),
+     * ILLEGAL_INSTRUCTION (715), MISALIGNED_ADDRESS (716), INVALID_ADDRESS_SPACE (717),
+     * INVALID_PC (718), LAUNCH_FAILED (719). */
+    return r == 700 || r == 702 || (r >= 714 && r <= 719);
+}
+
+void jit_cuda_mark_lost(cu_result r, const char *what)
+{
+    pthread_mutex_lock(&cu_lost_lock);
+    if (!cu_lost[0])
+        snprintf(cu_lost, sizeof cu_lost, "%s failed: %s (error %d)", what, jit_cuda_error(r), r);
+    pthread_mutex_unlock(&cu_lost_lock);
+}
+
+bool jit_cuda_lost(char *why, size_t cap)
+{
+    pthread_mutex_lock(&cu_lost_lock);
+    bool lost = cu_lost[0] != 0;
+    if (lost)
+        snprintf(why, cap, "%s", cu_lost);
+    pthread_mutex_unlock(&cu_lost_lock);
+    return lost;
 }

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,17 @@ struct cuda_kernel {
     struct cuda_plan plan;
     enum jit_acc acc;
     struct cuda_image_info info;
+    /* Bytes copied between host and device by this kernel's runs (tests use them to prove that
+     * device pointers are used in place). */
+    _Atomic uint64_t htod_bytes, dtoh_bytes;
 };
+
+void cuda_kernel_copies(const sr_kernel *k, uint64_t *htod, uint64_t *dtoh)
+{
+    const struct cuda_kernel *ck = k->backend == &cuda_backend ? k->backend_data : NULL;
+    *htod = ck ? atomic_load(&ck->htod_bytes) : 0;
+    *dtoh = ck ? atomic_load(&ck->dtoh_bytes) : 0;
+}
 
 bool jit_cuda_available(void)
 {
@@ -166,6 +177,14 @@ sr_status jit_cuda_image(sr_ctx *ctx, const char *src, const char *arch, struct 
 
 static sr_status cu_fail(sr_ctx *ctx, cu_result r, const char *what)
 {
+    if (jit_cuda_sticky(r)) {
+        jit_cuda_mark_lost(r, what);
+        return sr__error(ctx, SR_EINTERNAL,
+                         "CUDA: %s failed: %s (error %d); the GPU context is lost for the rest of "
+                         "this process (CUDA cannot recover from this error: restart the process; "
+                         "the CPU backends still work)",
+                         what, jit_cuda_error(r), r);
+    }
     if (r == CU_ERROR_OUT_OF_MEMORY)
         return sr__error(ctx, SR_ENOMEM, "CUDA: out of device memory (%s)", what);
     return sr__error(ctx, SR_EINTERNAL, "CUDA: %s failed: %s (error %d)", what, jit_cuda_error(r),
@@ -221,9 +240,9 @@ static sr_status cuda_prepare(sr_kernel *k)
     snprintf(arch, sizeof arch, "sm_%d%d", dev->cc_major, dev->cc_minor);
     struct nvrtc_out img;
     st = jit_cuda_image(ctx, src.data, arch, &img, &ck->info);
+    free(img.log);
     if (st != SR_OK) {
         free(img.image);
-        free(img.log);
         goto fail;
     }
     ck->info.cubin = img.cubin;
@@ -234,7 +253,6 @@ static sr_status cuda_prepare(sr_kernel *k)
     if (r == CU_SUCCESS)
         r = cu->module_load_data(&ck->mod, img.image);
     free(img.image);
-    free(img.log);
     if (r != CU_SUCCESS) {
         ck->mod = NULL;
         st = cu_fail(ctx, r, "cuModuleLoadData");
@@ -266,22 +284,54 @@ struct allocs {
 static sr_status dalloc(sr_ctx *ctx, const struct cuda_api *cu, struct allocs *a, size_t bytes,
                         cu_deviceptr *out, const char *what)
 {
+    if (a->n >= (int)(sizeof a->p / sizeof *a->p))
+        return sr__error(ctx, SR_ENOTSUP, "device cuda: too many device buffers in one call");
     cu_result r = cu->mem_alloc(out, bytes ? bytes : 1);
     if (r != CU_SUCCESS) {
-        char w[160];
-        snprintf(w, sizeof w, "cuMemAlloc of %zu bytes for %s", bytes, what);
+        char w[200];
+        size_t free_b = 0, total_b = 0;
+        if (r == CU_ERROR_OUT_OF_MEMORY && cu->mem_get_info(&free_b, &total_b) == CU_SUCCESS)
+            snprintf(w, sizeof w, "cuMemAlloc of %zu bytes for %s; %zu of %zu bytes free", bytes,
+                     what, free_b, total_b);
+        else
+            snprintf(w, sizeof w, "cuMemAlloc of %zu bytes for %s", bytes, what);
         return cu_fail(ctx, r, w);
     }
     a->p[a->n++] = *out;
     return SR_OK;
 }
 
-/* Split-j: how many chunks of the reduced range, so that the grid has a few blocks per SM. */
-static int split_count(const sr_kernel *k, const struct cuda_kernel *ck, int64_t nout, int64_t nred)
+static sr_status htod(sr_ctx *ctx, struct cuda_kernel *ck, cu_deviceptr dst, const void *src,
+                      size_t bytes)
+{
+    if (!bytes)
+        return SR_OK;
+    cu_result r = ck->dev->api->memcpy_htod(dst, src, bytes);
+    if (r != CU_SUCCESS)
+        return cu_fail(ctx, r, "cuMemcpyHtoD");
+    atomic_fetch_add(&ck->htod_bytes, bytes);
+    return SR_OK;
+}
+
+static sr_status dtoh(sr_ctx *ctx, struct cuda_kernel *ck, void *dst, cu_deviceptr src,
+                      size_t bytes)
+{
+    if (!bytes)
+        return SR_OK;
+    cu_result r = ck->dev->api->memcpy_dtoh(dst, src, bytes);
+    if (r != CU_SUCCESS)
+        return cu_fail(ctx, r, "cuMemcpyDtoH");
+    atomic_fetch_add(&ck->dtoh_bytes, bytes);
+    return SR_OK;
+}
+
+/* Split-j: how many chunks of the reduced range, so that the grid has a few blocks per SM, with
+ * their partial states within room bytes (room < 0: no bound). */
+static int split_count(const struct cuda_kernel *ck, int64_t nout, int64_t nred, int64_t room)
 {
     int64_t blocks = (nout + ck->plan.block - 1) / ck->plan.block;
     int64_t want = 4 * (int64_t)(ck->dev->sm_count > 0 ? ck->dev->sm_count : 1);
-    if (blocks >= want / 2)
+    if (blocks >= want / 2 || nout <= 0)
         return 1;
     int64_t ns = (want + blocks - 1) / blocks;
     int64_t most = nred / (4 * (int64_t)ck->plan.tile); /* at least 4 tiles per chunk */
@@ -289,83 +339,198 @@ static int split_count(const sr_kernel *k, const struct cuda_kernel *ck, int64_t
         ns = most;
     if (ns > 1024)
         ns = 1024;
-    /* The partial states are workspace: they stay under the memory budget. */
-    int64_t lim = k->ctx->mem_limit;
-    while (ns > 1 && lim > 0 && ns * nout * ck->plan.state_bytes > lim)
+    while (ns > 1 && room >= 0 && ns * nout * ck->plan.state_bytes > room)
         ns /= 2;
     return ns > 1 ? (int)ns : 1;
+}
+
+/* A device pointer from the caller: memory the driver knows (cuMemAlloc, cudaMalloc, a block of
+ * a caching allocator such as PyTorch's, managed or mapped host memory) with at least bytes from
+ * p to the end of its allocation. Checked before the launch, because a kernel that faults on a
+ * bad pointer loses the context for the whole process. */
+static sr_status check_devptr(sr_ctx *ctx, const struct cuda_api *cu, cu_deviceptr p, size_t bytes,
+                              const char *what)
+{
+    if (!cu->pointer_attr || !bytes)
+        return SR_OK;
+    cu_deviceptr start = 0;
+    size_t size = 0;
+    cu_result r = cu->pointer_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START, p);
+    if (r == CU_SUCCESS)
+        r = cu->pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+    if (r != CU_SUCCESS)
+        return sr__error(ctx, SR_EINVAL,
+                         "device cuda: %s (0x%llx) is marked as a device pointer but is not memory "
+                         "the CUDA driver knows: %s (error %d)",
+                         what, (unsigned long long)p, jit_cuda_error(r), r);
+    if (p < start || p - start > size || size - (p - start) < bytes)
+        return sr__error(ctx, SR_EINVAL,
+                         "device cuda: %s (0x%llx) needs %zu bytes, but its allocation (0x%llx, "
+                         "%zu bytes) ends %llu bytes after it",
+                         what, (unsigned long long)p, bytes, (unsigned long long)start, size,
+                         (unsigned long long)(start + size - p));
+    return SR_OK;
+}
+
+/* How one call uses device memory: the arrays copied whole (parameters and the variables of
+ * the reduced index), and per output row (the output side's variables and the outputs). */
+struct run_plan {
+    int64_t nout, nred;
+    int64_t whole;   /* bytes of host arrays copied whole */
+    int64_t per_row; /* bytes per output row: host row variables + host outputs */
+    int64_t rows;    /* output rows per pass */
+};
+
+static sr_status plan_run(const sr_kernel *k, const struct cuda_kernel *ck, const sr_run_desc *run,
+                          uint64_t device_args, int device_out, struct run_plan *p)
+{
+    const size_t esz = sr_dtype_size(k->dtype);
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    const sr_cat out_cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    p->nout = k->axis == 1 ? run->nx : run->ny;
+    p->nred = k->axis == 1 ? run->ny : run->nx;
+    p->whole = p->per_row = 0;
+    for (int v = 0; v < k->nargs; v++) {
+        const struct expr_var *var = &k->vars[v];
+        if (!var->dim || (v < 64 && (device_args >> v & 1)))
+            continue;
+        if (var->cat == out_cat)
+            p->per_row += (int64_t)var->dim * (int64_t)esz;
+        else
+            p->whole += (var->cat == SR_CAT_PARAM ? 1 : p->nred) * var->dim * (int64_t)esz;
+    }
+    if (!device_out)
+        p->per_row +=
+            (int64_t)k->out_dim * ((ri->values ? (int64_t)esz : 0) + (ri->indices ? 8 : 0));
+    p->rows = p->nout > 0 ? p->nout : 1;
+    int64_t lim = k->ctx->mem_limit;
+    if (lim <= 0)
+        return SR_OK;
+    /* Within the budget: the whole arrays, then as many rows as fit (at least one block's
+     * worth when there are that many, so the GPU stays busy). */
+    int64_t room = lim - p->whole;
+    int64_t row_cost = p->per_row > 0 ? p->per_row : 1;
+    if (room < row_cost || (p->per_row == 0 && room < 0))
+        return sr__error(k->ctx, SR_EBUDGET,
+                         "memory budget exceeded: the cuda backend copies the parameters and the "
+                         "variables of the reduced index whole (%lld bytes) and needs %lld bytes "
+                         "per output row, the budget is %lld bytes (SYMRED_MEM_LIMIT or "
+                         "sr_ctx_set_mem_limit; pass device pointers to use arrays in place)",
+                         (long long)p->whole, (long long)p->per_row, (long long)lim);
+    if (p->per_row > 0 && room / p->per_row < p->rows)
+        p->rows = room / p->per_row;
+    return SR_OK;
 }
 
 sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
                           int device_out)
 {
-    const struct cuda_kernel *ck = k->backend_data;
+    struct cuda_kernel *ck = k->backend_data;
     const struct cuda_api *cu = ck->dev->api;
     sr_ctx *ctx = k->ctx;
     const size_t esz = sr_dtype_size(k->dtype);
-    const int64_t nout = k->axis == 1 ? run->nx : run->ny;
-    const int64_t nred = k->axis == 1 ? run->ny : run->nx;
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    struct allocs a = {.n = 0};
-    sr_status st = SR_OK;
-    cu_result r = cu->ctx_set_current(ck->dev->ctx);
-    if (r != CU_SUCCESS)
-        return cu_fail(ctx, r, "cuCtxSetCurrent");
-
+    const sr_cat out_cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    char lost[512];
+    if (jit_cuda_lost(lost, sizeof lost))
+        return sr__error(ctx, SR_EINTERNAL,
+                         "CUDA: the GPU context was lost earlier in this process (%s); restart the "
+                         "process to use the GPU again",
+                         lost);
+    struct run_plan p;
+    sr_status st = plan_run(k, ck, run, device_args, device_out, &p);
+    if (st != SR_OK || p.nout == 0)
+        return st;
     cu_deviceptr *argp = calloc((size_t)k->nargs + 1, sizeof *argp);
-    if (!argp)
+    cu_deviceptr *base = calloc((size_t)k->nargs + 1, sizeof *base);
+    if (!argp || !base) {
+        free(argp);
+        free(base);
         return sr__error(ctx, SR_ENOMEM, "out of memory");
+    }
+    struct allocs a = {.n = 0};
+    cu_result r = CU_SUCCESS;
+    if ((r = cu->ctx_set_current(ck->dev->ctx)) != CU_SUCCESS) {
+        st = cu_fail(ctx, r, "cuCtxSetCurrent");
+        goto out;
+    }
+    /* Parameters and reduced-side variables: copied once. Output-side variables: a buffer of
+     * p.rows rows, filled per pass (or the caller's device array, offset per pass). */
     for (int v = 0; v < k->nargs; v++) {
         const struct expr_var *var = &k->vars[v];
         if (!var->dim)
             continue;
-        int64_t rows = var->cat == SR_CAT_I ? run->nx : var->cat == SR_CAT_J ? run->ny : 1;
         if (v < 64 && (device_args >> v & 1)) {
-            argp[v] = (cu_deviceptr)(uintptr_t)run->args[v];
+            base[v] = (cu_deviceptr)(uintptr_t)run->args[v];
+            int64_t n = var->cat == SR_CAT_I ? run->nx : var->cat == SR_CAT_J ? run->ny : 1;
+            char what[64];
+            snprintf(what, sizeof what, "argument %d", v);
+            if ((st = check_devptr(ctx, cu, base[v], (size_t)n * (size_t)var->dim * esz, what)))
+                goto out;
             continue;
         }
+        bool row = var->cat == out_cat;
+        int64_t rows = row ? p.rows : var->cat == SR_CAT_PARAM ? 1 : p.nred;
         size_t bytes = (size_t)rows * (size_t)var->dim * esz;
         char what[64];
         snprintf(what, sizeof what, "argument %d", v);
-        if (a.n >= 64) {
-            st = sr__error(ctx, SR_ENOTSUP, "device cuda: more than 64 host arrays");
+        if ((st = dalloc(ctx, cu, &a, bytes, &base[v], what)) != SR_OK)
             goto out;
-        }
-        if ((st = dalloc(ctx, cu, &a, bytes, &argp[v], what)) != SR_OK)
+        if (!row && (st = htod(ctx, ck, base[v], run->args[v], bytes)) != SR_OK)
             goto out;
-        if (bytes && (r = cu->memcpy_htod(argp[v], run->args[v], bytes)) != CU_SUCCESS) {
-            st = cu_fail(ctx, r, "cuMemcpyHtoD");
-            goto out;
-        }
     }
-    size_t nvals = (size_t)nout * (size_t)k->out_dim;
+    const size_t vrow = (size_t)k->out_dim * esz, irow = (size_t)k->out_dim * 8;
     cu_deviceptr dout = 0, didx = 0, dpart = 0;
-    if (ri->values) {
-        if (device_out)
-            dout = (cu_deviceptr)(uintptr_t)run->out;
-        else if ((st = dalloc(ctx, cu, &a, nvals * esz, &dout, "the values")) != SR_OK)
+    if (device_out) {
+        dout = ri->values ? (cu_deviceptr)(uintptr_t)run->out : 0;
+        didx = ri->indices ? (cu_deviceptr)(uintptr_t)run->out_idx : 0;
+        if ((dout && (st = check_devptr(ctx, cu, dout, (size_t)p.nout * vrow, "the values"))) ||
+            (didx && (st = check_devptr(ctx, cu, didx, (size_t)p.nout * irow, "the indices"))))
+            goto out;
+    } else {
+        if (ri->values &&
+            (st = dalloc(ctx, cu, &a, (size_t)p.rows * vrow, &dout, "the values")) != SR_OK)
+            goto out;
+        if (ri->indices &&
+            (st = dalloc(ctx, cu, &a, (size_t)p.rows * irow, &didx, "the indices")) != SR_OK)
             goto out;
     }
-    if (ri->indices) {
-        if (device_out)
-            didx = (cu_deviceptr)(uintptr_t)run->out_idx;
-        else if ((st = dalloc(ctx, cu, &a, nvals * 8, &didx, "the indices")) != SR_OK)
-            goto out;
-    }
-    int nsplit = nred > 0 ? split_count(k, ck, nout, nred) : 1;
-    long long no = nout, nr = nred, chunk = nred;
+    int64_t lim = ctx->mem_limit;
+    int64_t room = lim > 0 ? lim - p.whole - p.rows * p.per_row : -1;
+    int nsplit = p.nred > 0 ? split_count(ck, p.rows, p.nred, room) : 1;
+    long long nr = p.nred, chunk = p.nred;
     if (nsplit > 1) {
         int64_t tj = ck->plan.tile;
-        chunk = ((nred + nsplit - 1) / nsplit + tj - 1) / tj * tj;
-        nsplit = (int)((nred + chunk - 1) / chunk);
+        chunk = ((p.nred + nsplit - 1) / nsplit + tj - 1) / tj * tj;
+        nsplit = (int)((p.nred + chunk - 1) / chunk);
     }
     if (nsplit > 1 &&
-        (st = dalloc(ctx, cu, &a, (size_t)nsplit * (size_t)nout * (size_t)ck->plan.state_bytes,
+        (st = dalloc(ctx, cu, &a, (size_t)nsplit * (size_t)p.rows * (size_t)ck->plan.state_bytes,
                      &dpart, "the split-j partial results")) != SR_OK)
         goto out;
-    {
-        unsigned gx = (unsigned)((nout + ck->plan.block - 1) / ck->plan.block);
-        void *params[] = {argp, &no, &nr, &chunk, &dout, &didx, &dpart};
+    for (int64_t r0 = 0; r0 < p.nout; r0 += p.rows) {
+        long long no = p.nout - r0 < p.rows ? p.nout - r0 : p.rows;
+        for (int v = 0; v < k->nargs; v++) {
+            const struct expr_var *var = &k->vars[v];
+            argp[v] = base[v];
+            if (!var->dim || var->cat != out_cat)
+                continue;
+            size_t rb = (size_t)var->dim * esz;
+            if (v < 64 && (device_args >> v & 1)) {
+                argp[v] = base[v] + (cu_deviceptr)r0 * rb;
+                continue;
+            }
+            if ((st = htod(ctx, ck, base[v], (const char *)run->args[v] + (size_t)r0 * rb,
+                           (size_t)no * rb)) != SR_OK)
+                goto out;
+        }
+        cu_deviceptr o = dout, oi = didx;
+        if (device_out) {
+            o = dout ? dout + (cu_deviceptr)r0 * vrow : 0;
+            oi = didx ? didx + (cu_deviceptr)r0 * irow : 0;
+        }
+        unsigned gx = (unsigned)((no + ck->plan.block - 1) / ck->plan.block);
+        void *params[] = {argp, &no, &nr, &chunk, &o, &oi, &dpart};
         r = cu->launch(ck->main, gx, (unsigned)nsplit, 1, (unsigned)ck->plan.block, 1, 1, 0, NULL,
                        params, NULL);
         if (r != CU_SUCCESS) {
@@ -373,8 +538,8 @@ sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t d
             goto out;
         }
         if (nsplit > 1) {
-            void *cparams[] = {&dpart, &no, &nsplit, &dout, &didx};
-            r = cu->launch(ck->combine, (unsigned)((nout + 255) / 256), 1, 1, 256, 1, 1, 0, NULL,
+            void *cparams[] = {&dpart, &no, &nsplit, &o, &oi};
+            r = cu->launch(ck->combine, (unsigned)((no + 255) / 256), 1, 1, 256, 1, 1, 0, NULL,
                            cparams, NULL);
             if (r != CU_SUCCESS) {
                 st = cu_fail(ctx, r, "cuLaunchKernel (" CUDA_KERNEL_COMBINE ")");
@@ -385,21 +550,20 @@ sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t d
             st = cu_fail(ctx, r, "the kernel (cuCtxSynchronize)");
             goto out;
         }
-    }
-    if (!device_out) {
-        if (ri->values && (r = cu->memcpy_dtoh(run->out, dout, nvals * esz)) != CU_SUCCESS) {
-            st = cu_fail(ctx, r, "cuMemcpyDtoH");
-            goto out;
-        }
-        if (ri->indices && (r = cu->memcpy_dtoh(run->out_idx, didx, nvals * 8)) != CU_SUCCESS) {
-            st = cu_fail(ctx, r, "cuMemcpyDtoH");
-            goto out;
+        if (!device_out && no > 0) {
+            if (ri->values && (st = dtoh(ctx, ck, (char *)run->out + (size_t)r0 * vrow, dout,
+                                         (size_t)no * vrow)) != SR_OK)
+                goto out;
+            if (ri->indices && (st = dtoh(ctx, ck, (char *)run->out_idx + (size_t)r0 * irow, didx,
+                                          (size_t)no * irow)) != SR_OK)
+                goto out;
         }
     }
 out:
     for (int i = 0; i < a.n; i++)
         cu->mem_free(a.p[i]);
     free(argp);
+    free(base);
     return st;
 }
 
@@ -422,6 +586,13 @@ static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
                     p->shared_bytes, p->state_bytes, 2 * ck->dev->sm_count, p->pair_nodes,
                     p->hoisted_outer, p->hoisted_inner,
                     k->dtype == SR_F64 ? "float64" : jit_acc_names[ck->acc]);
+    expr_buf_printf(b,
+                    "cuda memory: host arrays of parameters and of the reduced index are copied "
+                    "whole, output-side rows %s; device pointers (sr_kernel_run_device) are used "
+                    "in place\n",
+                    k->ctx->mem_limit > 0 ? "and outputs go through the device in passes that "
+                                            "fit the memory budget with the split-j states"
+                                          : "and outputs in one pass (no memory budget)");
     expr_buf_printf(b, "cuda image: %s, %zu bytes, %s (cache %s, %.1f ms)%s%s\n",
                     ck->info.cubin ? "cubin" : "PTX", ck->info.bytes, ck->info.origin,
                     ck->info.cache, ck->info.compile_ms, ck->info.path[0] ? "\npath: " : "",

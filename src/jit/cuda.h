@@ -74,12 +74,15 @@ typedef unsigned long long cu_deviceptr;
 #define CU_ERROR_NO_DEVICE               100
 #define CU_ERROR_INVALID_PTX             218
 #define CU_ERROR_STUB_LIBRARY            34
+#define CU_ERROR_NOT_SUPPORTED           801
 #define CU_ATTR_MAX_THREADS_PER_BLOCK    1
 #define CU_ATTR_MAX_SHARED_PER_BLOCK     8
 #define CU_ATTR_MULTIPROCESSOR_COUNT     16
 #define CU_ATTR_CC_MAJOR                 75
 #define CU_ATTR_CC_MINOR                 76
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_RANGE_START 11
+#define CU_POINTER_ATTRIBUTE_RANGE_SIZE  12
 #define CU_MEMORYTYPE_DEVICE             2
 
 struct cuda_api {
@@ -104,6 +107,7 @@ struct cuda_api {
     cu_result (*ctx_synchronize)(void);
     cu_result (*error_string)(cu_result r, const char **s);
     cu_result (*pointer_attr)(void *data, int attr, cu_deviceptr p); /* may be NULL */
+    cu_result (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);
 };
 
 /* The device the CUDA backend uses: device 0 (or $SYMRED_CUDA_DEVICE), its primary context. */
@@ -120,6 +124,19 @@ struct cuda_device {
  * process. SR_ENODEV with the reason in why (the library names tried, or the failing call and
  * the driver's error string) when there is no usable GPU. Thread-safe. */
 sr_status jit_cuda_device(const struct cuda_device **out, const char **why);
+
+/* True for the driver errors after which the context is unusable for every later call
+ * (illegal address, launch failure, misaligned address, illegal instruction, ...). */
+bool jit_cuda_sticky(cu_result r);
+
+/* Records that a sticky error (r, in call what) has lost the device's context: the CUDA
+ * documentation says the process must be restarted, and on the H100 driver 580 a reset of the
+ * primary context did not bring it back (cuDevicePrimaryCtxRetain kept returning error 700).
+ * Later runs fail at once with jit_cuda_lost's message instead of a confusing driver error.
+ * Thread-safe; the first error is kept. */
+void jit_cuda_mark_lost(cu_result r, const char *what);
+/* True (and the first sticky error's text in why) once the context has been lost. */
+bool jit_cuda_lost(char *why, size_t cap);
 
 /* The driver's text for r ("out of memory"), never NULL. */
 const char *jit_cuda_error(cu_result r);
@@ -169,6 +186,10 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
 
 /* True when a usable GPU is present (loads the driver once per process). */
 bool jit_cuda_available(void);
+
+/* Bytes the runs of kernel k have copied host to device and device to host so far (0 for a
+ * kernel of another backend). Thread-safe. */
+void cuda_kernel_copies(const struct sr_kernel *k, uint64_t *htod, uint64_t *dtoh);
 
 /* Where a kernel's image came from, for explain and tests. */
 struct cuda_image_info {

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# gpu-check.sh — everything symred checks on a machine with an NVIDIA GPU, in one call.
+#
+#   scripts/gpu-check.sh bundle     on a build machine: builds build-gpu/ (tests + benchmarks,
+#                                   warnings as errors) and packs .gpu-bundle/: the GPU test and
+#                                   benchmark programs plus every shared library they load that a
+#                                   bare GPU machine may lack (Criterion and its dependencies,
+#                                   BLIS), so that machine needs no package and no network.
+#   scripts/gpu-check.sh run [DIR]  on the GPU machine: uses .gpu-bundle/ when it is there, else
+#                                   builds (then Criterion must be installed); runs the NVRTC
+#                                   compile tests, the CUDA differential suite, the same suite
+#                                   under compute-sanitizer memcheck, the examples on the GPU and
+#                                   the benchmarks. Logs go to DIR (default gpu-logs/, or $OUT
+#                                   when set), one file per step, and a summary line per step.
+#
+# Every step runs even after a failure; the exit status is 0 only when all passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+mode=${1:-run}
+bundle=.gpu-bundle
+
+programs=(tests/test-cuda tests/test-nvrtc bench/bench-gpu gp-matvec knn)
+
+do_bundle() {
+    local jobs
+    jobs=$(nproc 2>/dev/null || echo 2)
+    cmake -S . -B build-gpu -DSYMRED_WERROR=ON -DSYMRED_BUILD_BENCH=ON \
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+        cmake --build build-gpu -j "$jobs" || return 1
+    rm -rf "$bundle"
+    mkdir -p "$bundle/bin" "$bundle/lib"
+    local p libs
+    for p in "${programs[@]}"; do
+        cp "build-gpu/$p" "$bundle/bin/" || return 1
+    done
+    cp build-gpu/libsymred.so* "$bundle/lib/"
+    # Shared libraries the programs link, except the C library's own, which the GPU machine has
+    # (a newer glibc runs programs built against an older one).
+    libs=$(for p in "$bundle"/bin/*; do ldd "$p"; done | awk '/=> \// {print $3}' | sort -u |
+        grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so')
+    for p in $libs; do
+        cp -L "$p" "$bundle/lib/"
+    done
+    # BLIS is dlopen()ed by name at run time (the gemm-epilogue path), so ldd does not list it.
+    if [ -e /usr/lib/x86_64-linux-gnu/libblis.so.4 ]; then
+        cp -L /usr/lib/x86_64-linux-gnu/libblis.so.4 "$bundle/lib/"
+    fi
+    du -sh "$bundle"
+}
+
+# step NAME TIMEOUT COMMAND...: runs COMMAND with its output in $logs/NAME.log.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "==== gpu-check: $name"
+    local t0=$SECONDS rc
+    timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+    rc=$?
+    tail -n 15 "$logs/$name.log"
+    if [ "$rc" -eq 0 ]; then
+        passed+=("$name")
+        echo "==== gpu-check: $name ok ($((SECONDS - t0)) s)"
+    else
+        failed+=("$name")
+        echo "==== gpu-check: $name FAILED rc=$rc ($((SECONDS - t0)) s)"
+    fi
+}
+
+do_run() {
+    logs=${1:-${OUT:-gpu-logs}}
+    mkdir -p "$logs"
+    passed=()
+    failed=()
+    local bin
+    if [ -d "$bundle/bin" ]; then
+        bin=$bundle/bin
+        export LD_LIBRARY_PATH="$PWD/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    else
+        cmake -S . -B build-gpu -DSYMRED_WERROR=ON -DSYMRED_BUILD_BENCH=ON >/dev/null &&
+            cmake --build build-gpu -j "$(nproc)" >"$logs/build.log" 2>&1 ||
+            { echo "gpu-check: build failed (build.log)"; return 1; }
+        mkdir -p build-gpu/flat
+        for p in "${programs[@]}"; do ln -sf "$PWD/build-gpu/$p" build-gpu/flat/; done
+        bin=build-gpu/flat
+    fi
+    # A cache of this run's own, so no kernel compiled elsewhere is reused.
+    export SYMRED_CACHE_DIR=${SYMRED_CACHE_DIR:-$(mktemp -d)}
+    nvidia-smi >"$logs/nvidia-smi.log" 2>&1
+    head -n 12 "$logs/nvidia-smi.log"
+    # Limits keep the whole run inside ten minutes; GPU_CHECK_BENCH_ARGS narrows the benchmark
+    # (for example "--max 1000000").
+    step nvrtc 120 "$bin/test-nvrtc" --jobs 1 --verbose
+    step cuda 240 "$bin/test-cuda" --jobs 1 --verbose
+    step example-gp 60 "$bin/gp-matvec" --check --device cuda 20011 30011
+    step example-knn 60 "$bin/knn" --check --device cuda 10007 2003 16 --k 10
+    # shellcheck disable=SC2086
+    step bench 200 "$bin/bench-gpu" --json "$logs/bench-gpu.json" ${GPU_CHECK_BENCH_ARGS:-}
+    if command -v compute-sanitizer >/dev/null 2>&1; then
+        # Criterion forks a child per test; the sanitizer follows it (--target-processes all).
+        SYMRED_TEST_NO_FAULTS=1 step memcheck 400 compute-sanitizer --tool memcheck --target-processes all \
+            --error-exitcode 99 "$bin/test-cuda" --jobs 1
+    fi
+    echo
+    echo "gpu-check: passed: ${passed[*]:-none}"
+    echo "gpu-check: failed: ${failed[*]:-none}"
+    [ "${#failed[@]}" -eq 0 ]
+}
+
+case "$mode" in
+bundle) do_bundle ;;
+run) do_run "${2:-}" ;;
+*)
+    echo "usage: $0 bundle | run [LOGDIR]" >&2
+    exit 2
+    ;;
+esac
