@@ -377,7 +377,14 @@ SR_API sr_status sr_kernel_run_ex(const sr_kernel *kernel, const sr_run_desc *ru
  * args[v] is a device pointer (a CUdeviceptr cast to a pointer) on the kernel's GPU, used in
  * place with no copy (indices >= 64 are always host arrays); device_out nonzero means out and
  * out_idx are device pointers. Only for kernels created with SR_DEVICE_CUDA: SR_EINVAL for any
- * other kernel when a flag is set. With both zero this is sr_kernel_run_ex. */
+ * other kernel when a flag is set. Each device pointer is checked before the launch: one the
+ * driver does not know, or whose allocation is smaller than the rows the call reads or writes,
+ * is SR_EINVAL with a message naming the argument (a kernel faulting on it would lose the GPU
+ * context for the whole process). Device arrays do not count against the memory budget; the
+ * copies of host arrays do (SR_EBUDGET when the parameters and reduced-side arrays alone do not
+ * fit). SR_ENOMEM when the device is out of memory; SR_EINTERNAL with the driver's message for
+ * other driver failures. Thread-safe like sr_kernel_run. With both zero this is
+ * sr_kernel_run_ex. */
 SR_API sr_status sr_kernel_run_device(const sr_kernel *kernel, const sr_run_desc *run,
                                       uint64_t device_args, int device_out);
 
