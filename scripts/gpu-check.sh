@@ -67,6 +67,14 @@ step() {
     fi
 }
 
+# The Python tests that use the GPU (names with cuda or gpu); none selected is not a failure.
+pytest_gpu() {
+    python3 -m pytest -q -rs -k "cuda or gpu" bindings/python/tests
+    local rc=$?
+    [ "$rc" -eq 5 ] && echo "gpu-check: no GPU Python tests selected" && rc=0
+    return "$rc"
+}
+
 do_run() {
     logs=${1:-${OUT:-gpu-logs}}
     mkdir -p "$logs"
@@ -96,6 +104,16 @@ do_run() {
     step example-knn 60 "$bin/knn" --check --device cuda 10007 2003 16 --k 10
     # shellcheck disable=SC2086
     step bench 200 "$bin/bench-gpu" --json "$logs/bench-gpu.json" ${GPU_CHECK_BENCH_ARGS:-}
+    # PyTorch on the same card, through the Python binding (torch is on the GPU machines).
+    local lib
+    lib=$(ls "$PWD/$bundle/lib/libsymred.so" "$PWD/build-gpu/libsymred.so" 2>/dev/null | head -n 1)
+    if python3 -c 'import torch, numpy' >/dev/null 2>&1; then
+        SYMRED_LIB=$lib step torch-bench 300 python3 bench/gpu_torch.py \
+            --json "$logs/gpu-torch.json" ${GPU_CHECK_TORCH_ARGS:-}
+        if [ -d bindings/python/tests ]; then
+            SYMRED_LIB=$lib step pytest-gpu 300 pytest_gpu
+        fi
+    fi
     if command -v compute-sanitizer >/dev/null 2>&1; then
         # Criterion forks a child per test; the sanitizer follows it (--target-processes all).
         SYMRED_TEST_NO_FAULTS=1 step memcheck 400 compute-sanitizer --tool memcheck --target-processes all \
