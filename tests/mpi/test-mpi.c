@@ -67,6 +67,8 @@ typedef struct data {
 
 static size_t esz(sr_dtype dt) { return dt == SR_F64 ? sizeof(double) : sizeof(float); }
 
+/* ties: 1 for points on an integer grid (exactly equal distances); 2 for NaN and infinities
+ * in a few coordinates as well. */
 static void data_make(data *d, sr_dtype dt, int64_t nx, int64_t ny, int ties, uint64_t seed)
 {
     d->dtype = dt;
@@ -87,6 +89,21 @@ static void data_make(data *d, sr_dtype dt, int64_t nx, int64_t ny, int ties, ui
     for (int64_t e = 0; ties && e < ny * 3; e++)
         dt == SR_F64 ? (((double *)d->y)[e] = floor(((double *)d->y)[e]))
                      : (((float *)d->y)[e] = floorf(((float *)d->y)[e]));
+    /* IEEE specials in rows that land in different shards: NaN and +-inf distances, NaN
+     * products, -inf and NaN LogSumExp terms. */
+    static const struct {
+        int y; /* 1: y, 0: x */
+        int64_t row;
+        double v;
+    } specials[] = {
+        {0, 2, NAN}, {1, 4, INFINITY}, {1, 9, NAN}, {1, 30, -INFINITY}, {0, 20, INFINITY}};
+    for (size_t t = 0; ties == 2 && t < sizeof specials / sizeof *specials; t++) {
+        void *a = specials[t].y ? d->y : d->x;
+        int64_t n = specials[t].y ? ny : nx, e = specials[t].row * 3 + 1;
+        if (specials[t].row < n)
+            dt == SR_F64 ? (((double *)a)[e] = specials[t].v)
+                         : (((float *)a)[e] = (float)specials[t].v);
+    }
 }
 
 static void data_free(data *d)
@@ -139,10 +156,11 @@ static void check_case(sr_ctx *ctx, sr_mpi *m, sr_reduction red, int axis, sr_dt
                        sr_device dev, int k, int64_t nx, int64_t ny, int last_only, int ties)
 {
     char what[160];
-    snprintf(what, sizeof what, "%s axis %d %s %s k %d nx %lld ny %lld%s%s", sr_reduction_name(red),
-             axis, dt == SR_F64 ? "f64" : "f32",
+    snprintf(what, sizeof what, "%s axis %d %s %s k %d nx %lld ny %lld%s%s%s",
+             sr_reduction_name(red), axis, dt == SR_F64 ? "f64" : "f32",
              dev == SR_DEVICE_REFERENCE ? "reference" : "default device", k, (long long)nx,
-             (long long)ny, last_only ? " (one rank holds all)" : "", ties ? " (ties)" : "");
+             (long long)ny, last_only ? " (one rank holds all)" : "", ties ? " (ties)" : "",
+             ties == 2 ? " (NaN, inf)" : "");
     sr_kernel_desc desc = sr_kernel_desc_default();
     desc.reduction = red;
     desc.axis = axis;
@@ -326,6 +344,11 @@ int main(int argc, char **argv)
     for (size_t t = 0; t < sizeof tied / sizeof *tied; t++)
         for (int axis = 0; axis <= 1; axis++)
             check_case(ctx, m, tied[t], axis, SR_F64, SR_DEVICE_REFERENCE, 5, 29, 41, 0, 1);
+    /* NaN and infinities: NaN before numbers for Min/Max indices, after +inf in K-lists, -inf
+     * and NaN terms of LogSumExp and SumSoftMaxWeight, as one process has them. */
+    for (int r = 0; r < SR_REDUCTION_COUNT; r++)
+        for (int axis = 0; axis <= 1; axis++)
+            check_case(ctx, m, (sr_reduction)r, axis, SR_F64, SR_DEVICE_REFERENCE, 4, 31, 43, 0, 2);
     /* Blocks shorter than K (and empty blocks: one rank holds all the reduced rows). */
     check_case(ctx, m, SR_KMIN_ARGKMIN, 1, SR_F64, SR_DEVICE_REFERENCE, 7, 11, 9, 0, 0);
     check_case(ctx, m, SR_KMIN_ARGKMIN, 0, SR_F32, SR_DEVICE_REFERENCE, 4, 10, 13, 1, 0);
