@@ -44,7 +44,8 @@ static void *xcalloc(size_t n, size_t size)
 }
 
 /* The first row and the row count of rank p's shard of n rows: uneven (rank p gets a share
- * growing with p), or everything on the last rank when `last_only`. */
+ * growing with p), or everything on the last rank when `last_only`. (check_case numbers y's
+ * shards from the other end, so "last" is rank 0 for y.) */
 static void shard(int64_t n, int p, int last_only, int64_t *first, int64_t *count)
 {
     int64_t P = nranks;
@@ -156,10 +157,11 @@ static void check_case(sr_ctx *ctx, sr_mpi *m, sr_reduction red, int axis, sr_dt
                        sr_device dev, int k, int64_t nx, int64_t ny, int last_only, int ties)
 {
     char what[160];
-    snprintf(what, sizeof what, "%s axis %d %s %s k %d nx %lld ny %lld%s%s%s",
+    snprintf(what, sizeof what, "%s axis %d %s %s k %d nx %lld ny %lld%s%s%s%s",
              sr_reduction_name(red), axis, dt == SR_F64 ? "f64" : "f32",
              dev == SR_DEVICE_REFERENCE ? "reference" : "default device", k, (long long)nx,
-             (long long)ny, last_only ? " (one rank holds all)" : "", ties ? " (ties)" : "",
+             (long long)ny, last_only ? " (one rank holds all)" : "",
+             last_only == 2 ? " (x and y)" : "", ties ? " (ties)" : "",
              ties == 2 ? " (NaN, inf)" : "");
     sr_kernel_desc desc = sr_kernel_desc_default();
     desc.reduction = red;
@@ -188,8 +190,8 @@ static void check_case(sr_ctx *ctx, sr_mpi *m, sr_reduction red, int axis, sr_dt
 
     /* This rank's shard: rows of x and of y (and b). */
     int64_t x0, xn, y0, yn;
-    shard(nx, rank, last_only && axis == 0, &x0, &xn);
-    shard(ny, nranks - 1 - rank, last_only && axis == 1, &y0, &yn);
+    shard(nx, rank, last_only == 2 || (last_only && axis == 0), &x0, &xn);
+    shard(ny, nranks - 1 - rank, last_only == 2 || (last_only && axis == 1), &y0, &yn);
     /* y is sharded in reverse rank order: y's shard of rank r is not x's, so the ring's
      * global indices are checked against a layout where ranks hold different shares. The
      * global index of a y row is its position in the concatenation by rank, so the data are
@@ -197,7 +199,7 @@ static void check_case(sr_ctx *ctx, sr_mpi *m, sr_reduction red, int axis, sr_dt
     int64_t yfirst = 0;
     for (int p = 0; p < rank; p++) {
         int64_t a, c;
-        shard(ny, nranks - 1 - p, last_only && axis == 1, &a, &c);
+        shard(ny, nranks - 1 - p, last_only == 2 || (last_only && axis == 1), &a, &c);
         yfirst += c;
     }
     (void)y0;
@@ -354,6 +356,9 @@ int main(int argc, char **argv)
     check_case(ctx, m, SR_KMIN_ARGKMIN, 0, SR_F32, SR_DEVICE_REFERENCE, 4, 10, 13, 1, 0);
     check_case(ctx, m, SR_SUMSOFTMAXWEIGHT, 1, SR_F64, SR_DEVICE_REFERENCE, 1, 17, 12, 1, 0);
     check_case(ctx, m, SR_MAX_ARGMAX, 0, SR_F64, SR_DEVICE_REFERENCE, 1, 14, 10, 1, 0);
+    /* No result rows on most ranks (x on the last rank, y on rank 0): they still pass blocks on. */
+    check_case(ctx, m, SR_MIN_ARGMIN, 1, SR_F64, SR_DEVICE_REFERENCE, 1, 15, 22, 2, 0);
+    check_case(ctx, m, SR_SUMSOFTMAXWEIGHT, 0, SR_F32, SR_DEVICE_REFERENCE, 1, 15, 22, 2, 0);
     /* The default (JIT) backend, with row chunks of its own (more than 1024 rows per rank). */
     check_case(ctx, m, SR_SUM, 1, SR_F64, SR_DEVICE_AUTO, 1, 3000, 700, 0, 0);
     check_case(ctx, m, SR_ARGKMIN, 0, SR_F32, SR_DEVICE_AUTO, 10, 900, 2600, 0, 0);
