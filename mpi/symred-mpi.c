@@ -600,6 +600,7 @@ static sr_status run_block(sr_mpi_kernel *k, const sr_run_desc *run, ring *r, in
         if (st == SR_OK && r->tmp_lse) {
             d.out = r->tmp_lse;
             d.out_idx = NULL;
+            d.nargs = sr_kernel_nargs(k->lse); /* F alone may use fewer arrays than F and G */
             st = sr_kernel_run_ex(k->lse, &d);
         }
         if (st != SR_OK) {

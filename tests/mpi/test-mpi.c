@@ -132,9 +132,11 @@ static sr_expr *formula(sr_ctx *ctx, sr_reduction red, sr_expr **weight)
     case SR_LOGSUMEXP: /* Exp(-g |x-y|^2) * b, and LogSumExp of -g |x-y|^2 * b */
         return red == SR_SUM ? sr_mul(ctx, sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, d2, g))), b)
                              : sr_mul(ctx, sr_neg(ctx, sr_mul(ctx, d2, g)), b);
-    case SR_SUMSOFTMAXWEIGHT: /* softmax of -g |x-y|^2 over the values (b, y_0 * x_1) */
-        *weight = sr_concat(ctx, b, sr_mul(ctx, sr_elem(ctx, y, 0), sr_elem(ctx, x, 1)));
-        return sr_neg(ctx, sr_mul(ctx, d2, g));
+    case SR_SUMSOFTMAXWEIGHT: /* softmax of -|x-y|^2 b_0 over the values (b, y_0 x_1 g): the
+                                 weight alone uses the last index, g */
+        *weight =
+            sr_concat(ctx, b, sr_mul(ctx, sr_mul(ctx, sr_elem(ctx, y, 0), sr_elem(ctx, x, 1)), g));
+        return sr_neg(ctx, sr_mul(ctx, d2, sr_elem(ctx, b, 0)));
     default: /* (|x-y|^2, -(x|y) * b_0) for the Min/Max/K families */
         return sr_concat(ctx, d2,
                          sr_neg(ctx, sr_mul(ctx, sr_scalprod(ctx, x, y), sr_elem(ctx, b, 0))));
