@@ -35,6 +35,8 @@ run() {
     echo "$line" | sed -E 's/.*: ([0-9.]+) s, .* ([0-9.]+) s waiting.*/\1 \2/'
 }
 
+# The machine's load, before and after: a second rank needs a free core to speed anything up.
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores"
 printf '%-44s %9s %9s %9s %8s %6s %9s\n' case "1 rank" "2 ranks" "1r 2thr" speedup eff \
     "wait(2r)"
 bench() { # bench LABEL PROG ARGS...
@@ -58,3 +60,4 @@ bench "gp-matvec f32 D=3 N=M=60000" mpi-gp-matvec 60000 60000
 bench "gp-matvec f64 D=3 N=M=40000" mpi-gp-matvec --f64 40000 40000
 bench "knn f32 D=16 k=10 nq=20000 np=100000" mpi-knn 20000 100000 16
 bench "knn f32 D=16 k=10 nq=64 np=2000000 (wire)" mpi-knn 64 2000000 16
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
