@@ -20,6 +20,9 @@ PACKAGES=(
     python3-pip       # the offline install of the bindings (tested)
     python3-setuptools
     clang-format      # the style check of scripts/test.sh
+    openmpi-bin       # mpirun: the MPI companion library's tests, examples and benchmark
+    libopenmpi-dev    # MPI headers and libmpi: CMake builds symred_mpi when it finds them
+    python3-mpi4py    # symred.mpi, the Python face of symred_mpi
 )
 
 missing=()

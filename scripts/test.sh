@@ -53,7 +53,7 @@ build_and_mark() { # build, then leave a mark that run_ctest looks for
 
 format_check() {
     local files
-    mapfile -t files < <(find include src tests examples -name '*.[ch]' | sort)
+    mapfile -t files < <(find include src mpi tests examples -name '*.[ch]' | sort)
     echo "clang-format --dry-run -Werror on ${#files[@]} files"
     clang-format --dry-run -Werror "${files[@]}"
 }

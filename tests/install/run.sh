@@ -56,4 +56,32 @@ cc -std=c11 $extra_flags "$src_dir/tests/install/consumer/main.c" -o "$work/cons
     $flags -lm
 LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$work/consumer_pc"
 
+# The MPI companion library, when this build has it: find_package(symred_mpi) and pkg-config.
+if [ -f "$prefix/include/symred_mpi.h" ]; then
+    echo "== find_package(symred_mpi): configure, build and run the MPI consumer"
+    # CI runs as root, which Open MPI refuses unless told; containers often forbid ptrace (CMA).
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    # Open MPI's own allocations kept until exit are not symred's (tests/mpi/lsan-openmpi.supp).
+    export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0
+    export LSAN_OPTIONS=suppressions=$src_dir/tests/mpi/lsan-openmpi.supp
+    "$cmake_exe" -S "$src_dir/tests/install/consumer-mpi" -B "$work/consumer-mpi" \
+        -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_FLAGS="$extra_flags" \
+        -DCMAKE_EXE_LINKER_FLAGS="$extra_flags" >"$work/configure-mpi.log" || {
+        cat "$work/configure-mpi.log"
+        exit 1
+    }
+    "$cmake_exe" --build "$work/consumer-mpi"
+    mpirun --oversubscribe -np 2 "$work/consumer-mpi/consumer_mpi"
+
+    echo "== pkg-config --cflags --libs symred_mpi: compile and run the MPI consumer"
+    flags=$(pkg-config --cflags --libs symred_mpi)
+    echo "pkg-config: $flags"
+    # shellcheck disable=SC2086 # the flags are words
+    cc -std=c11 $extra_flags "$src_dir/tests/install/consumer-mpi/main.c" \
+        -o "$work/consumer_mpi_pc" $flags -lm
+    LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        mpirun --oversubscribe -np 3 "$work/consumer_mpi_pc"
+fi
+
 echo "install test: passed"

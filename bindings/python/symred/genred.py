@@ -483,27 +483,33 @@ class Genred:
             k = self._kernel(_DTYPES[dt], device)
             nargs_c = lib.sr_kernel_nargs(k)
             out_dim = lib.sr_kernel_out_dim(k)
-            nout = nx if self.axis == 1 else ny
-            red = self.reduction_op
-            values = idx = None
-            if red not in _INDEX_ONLY:
-                values = np.empty((nout, out_dim), dtype=dt)
-            if red in _INDEX_ONLY or red in _VALUES_AND_INDICES:
-                idx = np.empty((nout, out_dim), dtype=np.int64)
-            ptrs = (ctypes.c_void_p * max(1, nargs_c))(
-                *[a.ctypes.data if a is not None else None for a in arrays[:nargs_c]]
-            )
-            run = RunDesc(
-                nx=nx,
-                ny=ny,
-                nargs=nargs_c,
-                args=ptrs,
-                out=values.ctypes.data if values is not None else None,
-                out_idx=idx.ctypes.data if idx is not None else None,
-            )
+            run, values, idx, nout = self._run_desc(arrays, dt, nx, ny, nargs_c, out_dim)
             st = lib.sr_kernel_run_ex(k, ctypes.byref(run))
             check(st, self._h.ctx)
         return self._shape_output(values, idx, nout)
+
+    def _run_desc(self, arrays, dt, nx, ny, nargs_c, out_dim):
+        """The sr_run_desc of a call (ctypes keeps its pointer array alive), the output arrays
+        it points to, and the number of output rows."""
+        nout = nx if self.axis == 1 else ny
+        red = self.reduction_op
+        values = idx = None
+        if red not in _INDEX_ONLY:
+            values = np.empty((nout, out_dim), dtype=dt)
+        if red in _INDEX_ONLY or red in _VALUES_AND_INDICES:
+            idx = np.empty((nout, out_dim), dtype=np.int64)
+        ptrs = (ctypes.c_void_p * max(1, nargs_c))(
+            *[a.ctypes.data if a is not None else None for a in arrays[:nargs_c]]
+        )
+        run = RunDesc(
+            nx=nx,
+            ny=ny,
+            nargs=nargs_c,
+            args=ptrs,
+            out=values.ctypes.data if values is not None else None,
+            out_idx=idx.ctypes.data if idx is not None else None,
+        )
+        return run, values, idx, nout
 
     def _shape_output(self, values, idx, nout):
         red = self.reduction_op

@@ -1,0 +1,219 @@
+/*
+ * combine.c — the combine rule of every reduction family (see combine.h).
+ *
+ * The rules reproduce docs/semantics.md across blocks: a Min over the union of two blocks is the
+ * Min of their Mins with the same tie and NaN rules, and so on. Indices arrive relative to their
+ * block and are stored global.
+ */
+#include "combine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double load(const void *a, int64_t i, sr_dtype dtype)
+{
+    return dtype == SR_F64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
+}
+
+sr_status mpi_state_init(mpi_state *st, mpi_family family, int64_t n, int dim, int k)
+{
+    memset(st, 0, sizeof *st);
+    st->family = family;
+    st->n = n;
+    st->dim = dim;
+    st->k = family == FAM_KMIN ? k : 1;
+    size_t len = (size_t)n * (size_t)st->k * (size_t)dim;
+    int with_idx = family == FAM_MIN || family == FAM_MAX || family == FAM_KMIN;
+    st->val = calloc(len ? len : 1, sizeof *st->val);
+    if (with_idx)
+        st->idx = calloc(len ? len : 1, sizeof *st->idx);
+    if (family == FAM_SSMW) {
+        st->mx = malloc((n ? (size_t)n : 1) * sizeof *st->mx);
+        st->wsum = calloc(n ? (size_t)n : 1, sizeof *st->wsum);
+        for (int64_t r = 0; st->mx && r < n; r++)
+            st->mx[r] = -INFINITY;
+    }
+    if (family == FAM_KMIN) {
+        st->tv = malloc((size_t)st->k * sizeof *st->tv);
+        st->ti = malloc((size_t)st->k * sizeof *st->ti);
+    }
+    if (!st->val || (with_idx && !st->idx) || (family == FAM_SSMW && (!st->mx || !st->wsum)) ||
+        (family == FAM_KMIN && (!st->tv || !st->ti))) {
+        mpi_state_free(st);
+        return SR_ENOMEM;
+    }
+    return SR_OK;
+}
+
+void mpi_state_free(mpi_state *st)
+{
+    free(st->val);
+    free(st->idx);
+    free(st->mx);
+    free(st->wsum);
+    free(st->tv);
+    free(st->ti);
+    memset(st, 0, sizeof *st);
+}
+
+/* Whether (v, i) comes before (w, j) for Min (sign 1) or Max (sign -1): the more extreme value,
+ * a NaN before any number, the lower index among equals. */
+static int extreme_first(double v, int64_t i, double w, int64_t j, int sign)
+{
+    if (isnan(v) || isnan(w))
+        return isnan(v) && (!isnan(w) || i < j);
+    if (v != w)
+        return sign > 0 ? v < w : v > w;
+    return i < j;
+}
+
+/* Ascending order of the K-reductions: NaN after +inf, equal values by index. */
+static int kmin_first(double v, int64_t i, double w, int64_t j)
+{
+    if (isnan(v) || isnan(w))
+        return !isnan(v) || (isnan(w) && i < j);
+    if (v != w)
+        return v < w;
+    return i < j;
+}
+
+/* log(e^a + e^b), exact for infinities, NaN if either is. */
+static double logaddexp(double a, double b)
+{
+    if (isnan(a) || isnan(b))
+        return NAN;
+    if (a == b)
+        return a + 0.69314718055994530942; /* + log 2; also right for +-inf */
+    double hi = a > b ? a : b, lo = a > b ? b : a;
+    return hi + log1p(exp(lo - hi));
+}
+
+/* Merges the st->filled entries of list (row r, component c) with the block's kb entries. */
+static void kmin_merge(mpi_state *st, int64_t r, int c, const void *vals, const int64_t *idx,
+                       int64_t br, int kb, int64_t offset, sr_dtype dtype)
+{
+    int K = st->k, dim = st->dim;
+    int64_t na = st->filled, nb = kb, a = 0, b = 0;
+    int nout = (int)(na + nb < K ? na + nb : K);
+    double *sv = st->val + (size_t)r * K * dim;
+    int64_t *si = st->idx + (size_t)r * K * dim;
+    for (int t = 0; t < nout; t++) {
+        int take_b = a >= na;
+        double bv = 0.0;
+        int64_t bi = 0;
+        if (b < nb) {
+            bv = load(vals, (br * kb + b) * dim + c, dtype);
+            bi = idx[(br * kb + b) * dim + c] + offset;
+            if (!take_b)
+                take_b = kmin_first(bv, bi, sv[a * dim + c], si[a * dim + c]);
+        }
+        if (take_b) {
+            st->tv[t] = bv;
+            st->ti[t] = bi;
+            b++;
+        } else {
+            st->tv[t] = sv[a * dim + c];
+            st->ti[t] = si[a * dim + c];
+            a++;
+        }
+    }
+    for (int t = 0; t < nout; t++) {
+        sv[t * dim + c] = st->tv[t];
+        si[t * dim + c] = st->ti[t];
+    }
+}
+
+/* FAM_SSMW: folds a block whose softmax-weighted average is w (dim values) and whose
+ * LogSumExp of F is l into row r. */
+static void ssmw_fold(mpi_state *st, int64_t r, double l, const void *w, int64_t wr, sr_dtype dtype)
+{
+    int dim = st->dim;
+    double *acc = st->val + (size_t)r * dim;
+    if (l == -INFINITY)
+        return; /* every term of the block has weight exactly 0 */
+    double scale = 1.0, e = 1.0;
+    if (isnan(l) || isnan(st->mx[r])) {
+        st->mx[r] = NAN;
+        st->wsum[r] = NAN;
+        return;
+    }
+    if (l > st->mx[r]) {
+        scale = exp(st->mx[r] - l); /* 0 when nothing was folded yet */
+        st->mx[r] = l;
+    } else {
+        e = exp(l - st->mx[r]);
+    }
+    st->wsum[r] = st->wsum[r] * scale + e;
+    for (int c = 0; c < dim; c++)
+        acc[c] = acc[c] * scale + e * load(w, wr * dim + c, dtype);
+}
+
+void mpi_state_fold(mpi_state *st, int64_t r0, int64_t nr, const void *vals, const int64_t *idx,
+                    const void *lse, int kb, int64_t offset, sr_dtype dtype)
+{
+    int dim = st->dim;
+    for (int64_t br = 0; br < nr; br++) {
+        int64_t r = r0 + br;
+        double *v = st->val + (size_t)r * st->k * dim;
+        int64_t *ix = st->idx ? st->idx + (size_t)r * st->k * dim : NULL;
+        for (int c = 0; c < dim; c++) {
+            int64_t e = br * dim + c;
+            switch (st->family) {
+            case FAM_SUM:
+                v[c] += load(vals, e, dtype);
+                break;
+            case FAM_MIN:
+            case FAM_MAX: {
+                double bv = load(vals, e, dtype);
+                int64_t bi = idx[e] + offset;
+                if (st->filled == 0 ||
+                    extreme_first(bv, bi, v[c], ix[c], st->family == FAM_MIN ? 1 : -1)) {
+                    v[c] = bv;
+                    ix[c] = bi;
+                }
+                break;
+            }
+            case FAM_KMIN:
+                kmin_merge(st, r, c, vals, idx, br, kb, offset, dtype);
+                break;
+            case FAM_LSE:
+                v[c] =
+                    st->filled == 0 ? load(vals, e, dtype) : logaddexp(v[c], load(vals, e, dtype));
+                break;
+            case FAM_SSMW:
+                if (c == 0)
+                    ssmw_fold(st, r, load(lse, br, dtype), vals, br, dtype);
+                break;
+            }
+        }
+    }
+}
+
+void mpi_state_next_block(mpi_state *st, int kb)
+{
+    if (st->family == FAM_KMIN)
+        st->filled = st->filled + kb < st->k ? st->filled + kb : st->k;
+    else
+        st->filled++;
+}
+
+void mpi_state_write(const mpi_state *st, void *out, int64_t *out_idx, sr_dtype dtype)
+{
+    int64_t len = st->n * st->k * st->dim;
+    for (int64_t e = 0; e < len; e++) {
+        double v = st->val[e];
+        if (st->family == FAM_SSMW)
+            v /= st->wsum[e / st->dim]; /* 0/0 = NaN when nothing was folded, as symred */
+        else if (st->filled == 0)
+            v = st->family == FAM_SUM                            ? 0.0
+                : st->family == FAM_MAX || st->family == FAM_LSE ? -INFINITY
+                                                                 : INFINITY;
+        if (out && dtype == SR_F64)
+            ((double *)out)[e] = v;
+        else if (out)
+            ((float *)out)[e] = (float)v;
+        if (out_idx)
+            out_idx[e] = st->idx && st->filled > 0 ? st->idx[e] : -1;
+    }
+}
