@@ -258,6 +258,28 @@ SR_API sr_expr *sr_tensorprod(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* -> Da*Db,
 SR_API sr_expr *sr_weightedsqnorm(sr_ctx *ctx, sr_expr *w, sr_expr *a);
 SR_API sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *b);
 
+/* Symbolic differentiation (docs/gradients.md). Both build ordinary expressions from the
+ * derivative rule of each op, so the result prints, parses back, simplifies and runs on every
+ * backend like any formula; they are builders (NULL operand in, NULL out; errors recorded in
+ * ctx). Not thread-safe with other calls on ctx.
+ *
+ * sr_grad: KeOps' Grad(F, V, E), the gradient with respect to the variable var of the scalar
+ * <f, gradin> = sum_k f_k gradin_k; dimension dim(var). gradin must have dimension dim(f)
+ * (else SR_EDIM); var must be a variable node (sr_vi/sr_vj/sr_pm/sr_var, else SR_EINVAL). A
+ * variable that f does not use gives the zero vector of dimension dim(var), as in KeOps.
+ * Piecewise-constant ops (comparisons, Sign, Step, Floor, Round, ArgMin/ArgMax, OneHot, the
+ * floor of Mod) have derivative 0; Abs, ReLU, Clamp, ClampInt, Min and Max use a sub-gradient;
+ * Sqrt, Rsqrt, Norm2, Normalize, Asin and Acos use Rsqrt, so their derivative is 0 where
+ * Rsqrt's argument is 0 (docs/gradients.md lists every value at a kink). Gradients nest:
+ * sr_grad of a gradient is a second derivative.
+ *
+ * sr_diff: KeOps' Diff(F, V, U), the directional derivative d/dt f(var + t dir) at t = 0,
+ * dimension dim(f); dir must have dimension dim(var) (else SR_EDIM). It is computed as
+ * Grad(Grad(f, var, E), E, dir) for a temporary variable E that does not remain in the
+ * result. */
+SR_API sr_expr *sr_grad(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *gradin);
+SR_API sr_expr *sr_diff(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *dir);
+
 /* Named kernel formulas, built from the ops above (so they print, simplify and run like any
  * formula). x and y must have equal dimensions; r = |x - y|, g = param (dimension 1):
  *   "gaussian", "rbf"     Exp(-g r^2)

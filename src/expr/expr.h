@@ -180,6 +180,11 @@ sr_status expr_collect_vars(sr_ctx *ctx, const sr_expr *const *roots, int nroots
  * room). */
 size_t expr_toposort(const sr_expr *root, const sr_expr **order, size_t cap);
 
+/* The gradient of <f, gradin> with respect to the variable var (src/expr/grad.c), without
+ * sr_grad's argument checks: gradin must have dimension dim(f) and var be a Var node. NULL
+ * (with the error recorded as a builder error) on failure, or when an operand is NULL. */
+sr_expr *expr_grad(sr_ctx *ctx, const sr_expr *f, const sr_expr *var, sr_expr *gradin);
+
 /* Internal store (lives in the context). */
 struct expr_store {
     struct arena_block *arena;
