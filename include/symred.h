@@ -403,6 +403,45 @@ SR_API sr_status sr_kernel_run_ex(const sr_kernel *kernel, const sr_run_desc *ru
 SR_API sr_status sr_kernel_run_device(const sr_kernel *kernel, const sr_run_desc *run,
                                       uint64_t device_args, int device_out);
 
+/*
+ * The kernel of the gradient of a reduction with respect to its variable of index var_index
+ * (docs/gradients.md has the formulas). Let n = sr_kernel_nargs(kernel), R the forward
+ * reduction, "out rows" its output rows (nx for axis 1, ny for axis 0) and "reduced rows" the
+ * other side, out_dim = sr_kernel_out_dim(kernel), and L a scalar loss with incoming gradient
+ * G = dL/d(out) (out rows x out_dim values; for the two-output reductions, the gradient with
+ * respect to the values). The gradient kernel is a Sum reduction, with the forward kernel's
+ * dtype, device and accumulation, run with the same nx and ny as the forward call and this
+ * argument layout:
+ *
+ *   args[0 .. n)  the forward arrays, unchanged;
+ *   args[n]       G: out rows x out_dim;
+ *   args[n + 1]   the forward output: the values for LogSumExp and SumSoftMaxWeight; for Min,
+ *                 Max, Min_ArgMin, Max_ArgMax, KMin and KMin_ArgKMin the forward's indices
+ *                 (ArgMin/ArgKMin output, int64) converted to the dtype (exact below 2^24 rows
+ *                 in float32): out rows x out_dim;
+ *   args[n + 2]   SumSoftMaxWeight: the log-normalizer log sum_reduced exp(F), one value per out
+ *                 row (a LogSumExp kernel of F with the same axis gives it); Min, Max, KMin (and
+ *                 the _Arg variants): the reduced index itself, 0, 1, ..., reduced rows - 1, one
+ *                 value per reduced row.
+ *
+ * The kernel reads only the first sr_kernel_nargs(grad) of these (n + 1 for Sum, n + 2 for
+ * LogSumExp, n + 3 for the others; 0 for the Arg reductions, whose gradient is zero); an unused
+ * entry may be NULL. Its output, d L / d v for v the variable of index var_index:
+ *   - v of the output index (Vi for axis 1): out rows x dim(v) (the kernel keeps the axis);
+ *   - v of the reduced index (Vj for axis 1): reduced rows x dim(v) (the transposed sum: the
+ *     gradient kernel reduces over the forward output index, sr_kernel_out_dim = dim(v));
+ *   - v a parameter: out rows x dim(v), one partial gradient per out row: **the caller sums the
+ *     rows** to get the gradient (dim(v) values).
+ * Min/Max/KMin pass G to the selected pairs only (the indices of args[n + 1]); LogSumExp and
+ * SumSoftMaxWeight weight each pair by its softmax weight. The gradient kernel is an ordinary
+ * kernel: sr_kernel_grad of it gives second derivatives.
+ * Errors: SR_EINVAL (NULL kernel or out, var_index outside [0, n) or an index the formula does
+ * not use), and those of sr_kernel_new. The gradient kernel keeps pointers into the context,
+ * like the forward one, and is freed with sr_kernel_free. Builds expressions in the kernel's
+ * context: not thread-safe with other calls on that context.
+ */
+SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kernel **grad_kernel);
+
 /* Text describing the kernel: the formula, the reduction, the backend and its plan. The pointer
  * is owned by the kernel and valid until sr_kernel_free. */
 SR_API const char *sr_kernel_explain(const sr_kernel *kernel);

@@ -32,9 +32,7 @@ struct grad {
     bool failed;
 };
 
-/* A vector of zeros of dimension d: the constant 0 for d = 1, else OneHot(-1, d), which is the
- * zero vector by the definition of OneHot (an index outside [0, d)). */
-static sr_expr *zeros(sr_ctx *ctx, int d)
+sr_expr *expr_zeros(sr_ctx *ctx, int d)
 {
     if (d == 1)
         return sr_intcst(ctx, 0);
@@ -67,7 +65,7 @@ static void acc(struct grad *G, const sr_expr *e, int k, sr_expr *c)
         if (child->dim == 1)
             c = sr_sum(G->ctx, c);
         else if (c->dim == 1)
-            c = sr_add(G->ctx, c, zeros(G->ctx, child->dim));
+            c = sr_add(G->ctx, c, expr_zeros(G->ctx, child->dim));
         else
             c = NULL;
         if (!c || c->dim != child->dim) {
@@ -310,9 +308,9 @@ static void gr_EXTRACT(struct grad *G, const sr_expr *e, sr_expr *g)
         return;
     sr_expr *t = g;
     if (s > 0)
-        t = sr_concat(X, zeros(X, s), t);
+        t = sr_concat(X, expr_zeros(X, s), t);
     if (rest > 0)
-        t = sr_concat(X, t, zeros(X, rest));
+        t = sr_concat(X, t, expr_zeros(X, rest));
     acc(G, e, 0, t);
 }
 static void gr_CONCAT(struct grad *G, const sr_expr *e, sr_expr *g)
@@ -417,7 +415,7 @@ sr_expr *expr_grad(sr_ctx *ctx, const sr_expr *f, const sr_expr *var, sr_expr *g
             G.dep[p] = G.dep[p] || G.dep[G.pos_of[e->child[k]->id] - 1];
     }
     if (n == 0 || !G.dep[n - 1]) {
-        res = zeros(ctx, var->dim); /* V does not occur in F: a zero gradient, as KeOps */
+        res = expr_zeros(ctx, var->dim); /* V does not occur in F: a zero gradient, as KeOps */
         goto done;
     }
     G.adj[n - 1] = gradin;
@@ -429,7 +427,7 @@ sr_expr *expr_grad(sr_ctx *ctx, const sr_expr *f, const sr_expr *var, sr_expr *g
     if (!G.failed) {
         res = G.adj[G.pos_of[var->id] - 1];
         if (!res)
-            res = zeros(ctx, var->dim); /* every path goes through a piecewise-constant op */
+            res = expr_zeros(ctx, var->dim); /* every path goes through a piecewise-constant op */
     }
 done:
     free(order);
