@@ -160,7 +160,9 @@ typedef enum sr_category {
 /* Parses a KeOps-style formula. aliases[0..naliases) are declarations such as "x=Vi(3)",
  * "y=Vj(3)", "b=Vj(2,1)" (explicit index 2, dimension 1), "g=Pm(1)" or "v=Var(1,3,1)". Aliases
  * without an explicit index are numbered in order of declaration; declared indices must form
- * 0..n-1 without gaps. The formula may also use Var(index, dim, cat) directly.
+ * 0..n-1 without gaps. The formula may also use Var(index, dim, cat) directly. The derivative
+ * forms Grad(F, v, e), Diff(F, v, u), GradFromPos(F, v, I) and GradFromPos(F, pos, e) are
+ * expanded while parsing (sr_grad, sr_diff, docs/gradients.md): *out is the expanded formula.
  * Nesting (parentheses, calls, unary minus, exponents) is limited to 200 levels.
  * On success *out is the expression; on failure *out is NULL and the status is SR_EPARSE (syntax,
  * unknown name, arity, bad alias) or SR_EDIM (dimensions), with a message giving the column. */
