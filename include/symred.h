@@ -267,8 +267,9 @@ SR_API sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *
  *
  * sr_grad: KeOps' Grad(F, V, E), the gradient with respect to the variable var of the scalar
  * <f, gradin> = sum_k f_k gradin_k; dimension dim(var). gradin must have dimension dim(f)
- * (else SR_EDIM); var must be a variable node (sr_vi/sr_vj/sr_pm/sr_var, else SR_EINVAL). A
- * variable that f does not use gives the zero vector of dimension dim(var), as in KeOps.
+ * (else SR_EDIM); var must be a variable node (sr_vi/sr_vj/sr_pm/sr_var, else SR_EINVAL) whose
+ * index f does not use with another dimension or category (else SR_EDIM). A variable that f
+ * does not use gives the zero vector of dimension dim(var), as in KeOps.
  * Piecewise-constant ops (comparisons, Sign, Step, Floor, Round, ArgMin/ArgMax, OneHot, the
  * floor of Mod) have derivative 0; Abs, ReLU, Clamp, ClampInt, Min and Max use a sub-gradient;
  * Sqrt, Rsqrt, Norm2, Normalize, Asin and Acos use Rsqrt, so their derivative is 0 where

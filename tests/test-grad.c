@@ -435,6 +435,11 @@ Test(grad, errors)
     cr_expect_null(sr_grad(ctx, f, x, NULL));
     cr_expect_null(sr_grad(NULL, f, x, x));
     cr_expect_null(sr_diff(ctx, f, x, NULL));
+    /* the variable's index used in F with another dimension or category */
+    cr_expect_null(sr_grad(ctx, f, sr_vi(ctx, 0, 2), sr_vi(ctx, NV, 1)));
+    cr_expect(strstr(sr_ctx_error(ctx), "Vi of dimension 3 in the formula") != NULL, "%s",
+              sr_ctx_error(ctx));
+    cr_expect_null(sr_grad(ctx, f, sr_vj(ctx, 0, 3), sr_vi(ctx, NV, 1)));
     /* a direction of the wrong dimension */
     cr_expect_null(sr_diff(ctx, f, x, sr_vi(ctx, NV, 1)));
     cr_expect(strstr(sr_ctx_error(ctx), "direction") != NULL, "%s", sr_ctx_error(ctx));

@@ -409,6 +409,15 @@ sr_expr *expr_grad(sr_ctx *ctx, const sr_expr *f, const sr_expr *var, sr_expr *g
     }
     for (size_t p = 0; p < n; p++) {
         const sr_expr *e = order[p];
+        if (e->op == OP_VAR && e != var && e->iattr[0] == var->iattr[0]) {
+            static const char *const cats[] = {"Vi", "Vj", "Pm"};
+            sr__builder_error(ctx, SR_EDIM,
+                              "Grad: the variable of index %lld is %s of dimension %d in the "
+                              "formula, but %s of dimension %d in the variable to differentiate by",
+                              (long long)e->iattr[0], cats[e->iattr[1]], e->dim,
+                              cats[var->iattr[1]], var->dim);
+            goto done;
+        }
         G.pos_of[e->id] = (uint32_t)(p + 1);
         G.dep[p] = e == var;
         for (int k = 0; k < expr_arity(e); k++)
