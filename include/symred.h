@@ -160,7 +160,9 @@ typedef enum sr_category {
 /* Parses a KeOps-style formula. aliases[0..naliases) are declarations such as "x=Vi(3)",
  * "y=Vj(3)", "b=Vj(2,1)" (explicit index 2, dimension 1), "g=Pm(1)" or "v=Var(1,3,1)". Aliases
  * without an explicit index are numbered in order of declaration; declared indices must form
- * 0..n-1 without gaps. The formula may also use Var(index, dim, cat) directly.
+ * 0..n-1 without gaps. The formula may also use Var(index, dim, cat) directly. The derivative
+ * forms Grad(F, v, e), Diff(F, v, u), GradFromPos(F, v, I) and GradFromPos(F, pos, e) are
+ * expanded while parsing (sr_grad, sr_diff, docs/gradients.md): *out is the expanded formula.
  * Nesting (parentheses, calls, unary minus, exponents) is limited to 200 levels.
  * On success *out is the expression; on failure *out is NULL and the status is SR_EPARSE (syntax,
  * unknown name, arity, bad alias) or SR_EDIM (dimensions), with a message giving the column. */
@@ -257,6 +259,29 @@ SR_API sr_expr *sr_tensorprod(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* -> Da*Db,
 /* w of dimension 1 (isotropic), D (diagonal) or D*D (full, row-major) */
 SR_API sr_expr *sr_weightedsqnorm(sr_ctx *ctx, sr_expr *w, sr_expr *a);
 SR_API sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *b);
+
+/* Symbolic differentiation (docs/gradients.md). Both build ordinary expressions from the
+ * derivative rule of each op, so the result prints, parses back, simplifies and runs on every
+ * backend like any formula; they are builders (NULL operand in, NULL out; errors recorded in
+ * ctx). Not thread-safe with other calls on ctx.
+ *
+ * sr_grad: KeOps' Grad(F, V, E), the gradient with respect to the variable var of the scalar
+ * <f, gradin> = sum_k f_k gradin_k; dimension dim(var). gradin must have dimension dim(f)
+ * (else SR_EDIM); var must be a variable node (sr_vi/sr_vj/sr_pm/sr_var, else SR_EINVAL) whose
+ * index f does not use with another dimension or category (else SR_EDIM). A variable that f
+ * does not use gives the zero vector of dimension dim(var), as in KeOps.
+ * Piecewise-constant ops (comparisons, Sign, Step, Floor, Round, ArgMin/ArgMax, OneHot, the
+ * floor of Mod) have derivative 0; Abs, ReLU, Clamp, ClampInt, Min and Max use a sub-gradient;
+ * Sqrt, Rsqrt, Norm2, Normalize, Asin and Acos use Rsqrt, so their derivative is 0 where
+ * Rsqrt's argument is 0 (docs/gradients.md lists every value at a kink). Gradients nest:
+ * sr_grad of a gradient is a second derivative.
+ *
+ * sr_diff: KeOps' Diff(F, V, U), the directional derivative d/dt f(var + t dir) at t = 0,
+ * dimension dim(f); dir must have dimension dim(var) (else SR_EDIM). It is computed as
+ * Grad(Grad(f, var, E), E, dir) for a temporary variable E that does not remain in the
+ * result. */
+SR_API sr_expr *sr_grad(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *gradin);
+SR_API sr_expr *sr_diff(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *dir);
 
 /* Named kernel formulas, built from the ops above (so they print, simplify and run like any
  * formula). x and y must have equal dimensions; r = |x - y|, g = param (dimension 1):
@@ -387,6 +412,45 @@ SR_API sr_status sr_kernel_run_ex(const sr_kernel *kernel, const sr_run_desc *ru
  * sr_kernel_run_ex. */
 SR_API sr_status sr_kernel_run_device(const sr_kernel *kernel, const sr_run_desc *run,
                                       uint64_t device_args, int device_out);
+
+/*
+ * The kernel of the gradient of a reduction with respect to its variable of index var_index
+ * (docs/gradients.md has the formulas). Let n = sr_kernel_nargs(kernel), R the forward
+ * reduction, "out rows" its output rows (nx for axis 1, ny for axis 0) and "reduced rows" the
+ * other side, out_dim = sr_kernel_out_dim(kernel), and L a scalar loss with incoming gradient
+ * G = dL/d(out) (out rows x out_dim values; for the two-output reductions, the gradient with
+ * respect to the values). The gradient kernel is a Sum reduction, with the forward kernel's
+ * dtype, device and accumulation, run with the same nx and ny as the forward call and this
+ * argument layout:
+ *
+ *   args[0 .. n)  the forward arrays, unchanged;
+ *   args[n]       G: out rows x out_dim;
+ *   args[n + 1]   the forward output: the values for LogSumExp and SumSoftMaxWeight; for Min,
+ *                 Max, Min_ArgMin, Max_ArgMax, KMin and KMin_ArgKMin the forward's indices
+ *                 (ArgMin/ArgKMin output, int64) converted to the dtype (exact below 2^24 rows
+ *                 in float32): out rows x out_dim;
+ *   args[n + 2]   SumSoftMaxWeight: the log-normalizer log sum_reduced exp(F), one value per out
+ *                 row (a LogSumExp kernel of F with the same axis gives it); Min, Max, KMin (and
+ *                 the _Arg variants): the reduced index itself, 0, 1, ..., reduced rows - 1, one
+ *                 value per reduced row.
+ *
+ * The kernel reads only the first sr_kernel_nargs(grad) of these (n + 1 for Sum, n + 2 for
+ * LogSumExp, n + 3 for the others; 0 for the Arg reductions, whose gradient is zero); an unused
+ * entry may be NULL. Its output, d L / d v for v the variable of index var_index:
+ *   - v of the output index (Vi for axis 1): out rows x dim(v) (the kernel keeps the axis);
+ *   - v of the reduced index (Vj for axis 1): reduced rows x dim(v) (the transposed sum: the
+ *     gradient kernel reduces over the forward output index, sr_kernel_out_dim = dim(v));
+ *   - v a parameter: out rows x dim(v), one partial gradient per out row: **the caller sums the
+ *     rows** to get the gradient (dim(v) values).
+ * Min/Max/KMin pass G to the selected pairs only (the indices of args[n + 1]); LogSumExp and
+ * SumSoftMaxWeight weight each pair by its softmax weight. The gradient kernel is an ordinary
+ * kernel: sr_kernel_grad of it gives second derivatives.
+ * Errors: SR_EINVAL (NULL kernel or out, var_index outside [0, n) or an index the formula does
+ * not use), and those of sr_kernel_new. The gradient kernel keeps pointers into the context,
+ * like the forward one, and is freed with sr_kernel_free. Builds expressions in the kernel's
+ * context: not thread-safe with other calls on that context.
+ */
+SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kernel **grad_kernel);
 
 /* Text describing the kernel: the formula, the reduction, the backend and its plan. The pointer
  * is owned by the kernel and valid until sr_kernel_free. */

@@ -48,19 +48,11 @@ static void need_nvrtc(void)
 /* Builds kernel (formula, reduction, axis, dtype) on the reference device, emits its CUDA and
  * compiles it for both architectures; fails the test with NVRTC's log. Returns the PTX of the
  * last compile when ptx is not NULL. */
-static void compile_kernel(sr_ctx *ctx, sr_expr *f, sr_expr *w, sr_reduction red, int axis,
-                           sr_dtype dt, char **ptx)
+static void compile_built(const sr_kernel *k, char **ptx)
 {
-    sr_kernel_desc d = sr_kernel_desc_default();
-    d.reduction = red;
-    d.axis = axis;
-    d.dtype = dt;
-    d.k = 3;
-    d.weight = w;
-    d.device = SR_DEVICE_REFERENCE;
-    sr_kernel *k;
-    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s: %s", sr_reduction_name(red),
-                 sr_ctx_error(ctx));
+    sr_reduction red = k->red;
+    sr_dtype dt = k->dtype;
+    int axis = k->axis;
     for (int acc = 0; acc < (red == SR_SUM && dt == SR_F32 ? 3 : 1); acc++) {
         struct expr_buf b = {0};
         struct cuda_plan plan;
@@ -84,6 +76,22 @@ static void compile_kernel(sr_ctx *ctx, sr_expr *f, sr_expr *w, sr_reduction red
         }
         free(b.data);
     }
+}
+
+static void compile_kernel(sr_ctx *ctx, sr_expr *f, sr_expr *w, sr_reduction red, int axis,
+                           sr_dtype dt, char **ptx)
+{
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = red;
+    d.axis = axis;
+    d.dtype = dt;
+    d.k = 3;
+    d.weight = w;
+    d.device = SR_DEVICE_REFERENCE;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s: %s", sr_reduction_name(red),
+                 sr_ctx_error(ctx));
+    compile_built(k, ptx);
     sr_kernel_free(k);
 }
 
@@ -242,6 +250,39 @@ Test(nvrtc, every_reduction_both_axes_both_dtypes)
                 compile_kernel(ctx, ssmw ? sca : vec, ssmw ? w : NULL, (sr_reduction)red, axis,
                                (sr_dtype)dt, NULL);
             }
+    sr_ctx_free(ctx);
+}
+
+/* The gradient kernels of sr_kernel_grad (docs/gradients.md) are ordinary kernels: those of
+ * every reduction kind, with respect to a Vi, a Vj and a parameter variable, compile. */
+Test(nvrtc, gradient_kernels_compile)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f, *sca, *w;
+    cr_assert_eq(sr_parse(ctx, "Exp(-SqDist(x,y)*g)*b*y", al, 4, &f), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "-SqDist(x,y)*g", al, 4, &sca), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "Normalize(y)*b", al, 4, &w), SR_OK, "%s", sr_ctx_error(ctx));
+    static const sr_reduction reds[] = {SR_SUM, SR_LOGSUMEXP, SR_SUMSOFTMAXWEIGHT, SR_MIN, SR_KMIN};
+    for (size_t r = 0; r < sizeof reds / sizeof *reds; r++) {
+        bool ssmw = reds[r] == SR_SUMSOFTMAXWEIGHT;
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.reduction = reds[r];
+        d.k = 2;
+        d.weight = ssmw ? w : NULL;
+        d.device = SR_DEVICE_REFERENCE;
+        sr_kernel *k, *gk;
+        cr_assert_eq(sr_kernel_new(ctx, ssmw ? sca : f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+        for (int v = 0; v < 4; v++) {
+            cr_assert_eq(sr_kernel_grad(k, v, &gk), SR_OK, "%s", sr_ctx_error(ctx));
+            compile_built(gk, NULL);
+            sr_kernel_free(gk);
+        }
+        sr_kernel_free(k);
+    }
     sr_ctx_free(ctx);
 }
 

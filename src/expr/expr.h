@@ -180,6 +180,15 @@ sr_status expr_collect_vars(sr_ctx *ctx, const sr_expr *const *roots, int nroots
  * room). */
 size_t expr_toposort(const sr_expr *root, const sr_expr **order, size_t cap);
 
+/* The gradient of <f, gradin> with respect to the variable var (src/expr/grad.c), without
+ * sr_grad's argument checks: gradin must have dimension dim(f) and var be a Var node. NULL
+ * (with the error recorded as a builder error) on failure, or when an operand is NULL. */
+sr_expr *expr_grad(sr_ctx *ctx, const sr_expr *f, const sr_expr *var, sr_expr *gradin);
+
+/* The zero vector of dimension d: the constant 0 for d = 1, else OneHot(-1, d), which is all
+ * zeros by the definition of OneHot (an index outside [0, d)). NULL on failure. */
+sr_expr *expr_zeros(sr_ctx *ctx, int d);
+
 /* Internal store (lives in the context). */
 struct expr_store {
     struct arena_block *arena;

@@ -129,15 +129,11 @@ static sr_expr *fail(struct parser *p, sr_status st, size_t col, const char *fmt
     return NULL;
 }
 
-/* expr_make, with a failure re-reported with the column of the op. The builder's own message
- * names the op and the dimensions; its EINVAL (a bad literal such as Pow(x,5000) or a zero
- * denominator) is a parse error here. */
-static sr_expr *make(struct parser *p, size_t col, enum expr_op op, sr_expr *const *child,
-                     const int64_t *iattr, int dim, double fattr)
+/* The result of a builder, with a failure re-reported with the column of the call. The
+ * builder's own message names the op and the dimensions; its EINVAL (a bad literal such as
+ * Pow(x,5000) or a zero denominator) is a parse error here. */
+static sr_expr *built(struct parser *p, size_t col, sr_expr *e)
 {
-    if (p->failed)
-        return NULL;
-    sr_expr *e = expr_make(p->ctx, op, child, iattr, dim, fattr);
     if (e)
         return e;
     sr__error_get(p->ctx, p->msg, sizeof p->msg);
@@ -148,6 +144,15 @@ static sr_expr *make(struct parser *p, size_t col, enum expr_op op, sr_expr *con
     p->failed = true;
     p->st = st;
     return NULL;
+}
+
+/* expr_make, reported as above. */
+static sr_expr *make(struct parser *p, size_t col, enum expr_op op, sr_expr *const *child,
+                     const int64_t *iattr, int dim, double fattr)
+{
+    if (p->failed)
+        return NULL;
+    return built(p, col, expr_make(p->ctx, op, child, iattr, dim, fattr));
 }
 
 /* ---- lexer ---- */
@@ -627,6 +632,114 @@ static sr_expr *parse_op_call(struct parser *p, const struct tok *name, enum exp
     return make(p, name->start, op, c, at, 0, 0.0);
 }
 
+/* ---- derivatives ----
+ * Grad(F, v, e), Diff(F, v, u) and GradFromPos are not ops: they are expanded here, by sr_grad
+ * and sr_diff, into ordinary nodes, so the printer shows the expanded formula. GradFromPos has
+ * KeOps' form GradFromPos(F, v, I), the gradient with respect to v with a new gradient input
+ * Var(I, dim(F), Vi), and the form GradFromPos(F, pos, e), with respect to the variable of
+ * index pos (of F, else of an alias) with the gradient input e. */
+enum autodiff { AD_NONE, AD_GRAD, AD_DIFF, AD_GRADFROMPOS };
+
+static enum autodiff autodiff_kind(const struct parser *p, const struct tok *t)
+{
+    return name_is(p, t, "Grad")          ? AD_GRAD
+           : name_is(p, t, "Diff")        ? AD_DIFF
+           : name_is(p, t, "GradFromPos") ? AD_GRADFROMPOS
+                                          : AD_NONE;
+}
+
+/* Whether the current token starts a signed integer literal ("3", "- 3"). */
+static bool at_literal(const struct parser *p)
+{
+    if (p->t.kind == T_NUM)
+        return true;
+    size_t i = p->pos;
+    while (p->t.kind == T_MINUS && is_space((unsigned char)p->s[i]))
+        i++;
+    return p->t.kind == T_MINUS && is_digit((unsigned char)p->s[i]);
+}
+
+/* The variable of index idx: F's, else an alias's. */
+COLD static sr_expr *var_at_index(struct parser *p, const sr_expr *f, int64_t idx, size_t col)
+{
+    size_t n = expr_toposort(f, NULL, 0);
+    const sr_expr **order = malloc((n ? n : 1) * sizeof *order);
+    if (!order)
+        return fail(p, SR_ENOMEM, col, "out of memory");
+    expr_toposort(f, order, n);
+    sr_expr *v = NULL;
+    for (size_t i = 0; i < n && !v; i++)
+        if (order[i]->op == OP_VAR && order[i]->iattr[0] == idx)
+            v = (sr_expr *)order[i];
+    free(order);
+    for (int i = 0; i < p->nal && !v; i++)
+        if (p->by_name[i]->index == idx)
+            v = p->by_name[i]->var;
+    if (!v)
+        return fail(p, SR_EPARSE, col,
+                    "GradFromPos: no variable has index %lld (neither in the formula nor among "
+                    "the aliases)",
+                    (long long)idx);
+    return v;
+}
+
+static bool expect_comma(struct parser *p, const char *fn, int k)
+{
+    if (p->t.kind == T_COMMA) {
+        next(p);
+        return true;
+    }
+    fail(p, SR_EPARSE, p->t.start, "%s takes 3 arguments; expected ',' after argument %d, found %s",
+         fn, k, DESC(p));
+    return false;
+}
+
+static sr_expr *parse_autodiff_call(struct parser *p, const struct tok *name, enum autodiff kind)
+{
+    static const char *const fns[] = {"", "Grad", "Diff", "GradFromPos"};
+    const char *fn = fns[kind];
+    size_t col = name->start, lp = p->t.start;
+    next(p);
+    sr_expr *f = parse_expr(p);
+    if (!f || !expect_comma(p, fn, 1))
+        return NULL;
+    size_t vcol = p->t.start;
+    sr_expr *v;
+    struct num lit;
+    if (kind == AD_GRADFROMPOS && at_literal(p)) {
+        if (!parse_signed_number(p, true, fn, "variable index", &lit))
+            return NULL;
+        v = var_at_index(p, f, lit.i, vcol);
+    } else {
+        v = parse_expr(p);
+        if (v && v->op != OP_VAR)
+            return fail(p, SR_EPARSE, vcol,
+                        "%s: argument 2 must be a variable (an alias, Var, Vi, Vj or Pm), not %s",
+                        fn, expr_ops[v->op].name);
+    }
+    if (!v || !expect_comma(p, fn, 2))
+        return NULL;
+    size_t ecol = p->t.start;
+    sr_expr *e;
+    if (kind == AD_GRADFROMPOS && at_literal(p)) {
+        if (!parse_signed_number(p, true, fn, "index of the gradient input", &lit))
+            return NULL;
+        int64_t at[2] = {lit.i, SR_CAT_I};
+        e = use_var(p, ecol, make(p, ecol, OP_VAR, NULL, at, f->dim, 0.0));
+    } else {
+        e = parse_expr(p);
+    }
+    if (!e)
+        return NULL;
+    if (p->t.kind != T_RPAREN)
+        return fail(p, SR_EPARSE, p->t.start,
+                    "%s takes 3 arguments; expected ')' to close '(' "
+                    "at column %zu, found %s",
+                    fn, lp + 1, DESC(p));
+    next(p);
+    return built(p, col, kind == AD_DIFF ? sr_diff(p->ctx, f, v, e) : sr_grad(p->ctx, f, v, e));
+}
+
 /* A name that is not a function: suggest the function with the same spelling up to case. */
 COLD static sr_expr *unknown_name(struct parser *p, const struct tok *t)
 {
@@ -663,12 +776,13 @@ static sr_expr *parse_name(struct parser *p)
     if (p->t.kind != T_LPAREN) {
         if (a)
             return use_var(p, name.start, a->var);
-        if (op >= 0 || literal_fn)
+        if (op >= 0 || literal_fn || autodiff_kind(p, &name) != AD_NONE)
             return fail(p, SR_EPARSE, p->t.start, "expected '(' after %s, found %s",
                         describe(p, &name), DESC(p));
         return unknown_name(p, &name);
     }
-    if (!literal_fn && op < 0) {
+    enum autodiff ad = autodiff_kind(p, &name);
+    if (!literal_fn && op < 0 && ad == AD_NONE) {
         if (a)
             return fail(p, SR_EPARSE, name.start, "%s is a variable, not a function",
                         describe(p, &name));
@@ -676,7 +790,9 @@ static sr_expr *parse_name(struct parser *p)
     }
     if (!enter(p, name.start))
         return NULL;
-    sr_expr *e = literal_fn ? parse_literal_call(p, &name) : parse_op_call(p, &name, op);
+    sr_expr *e = ad != AD_NONE ? parse_autodiff_call(p, &name, ad)
+                 : literal_fn  ? parse_literal_call(p, &name)
+                               : parse_op_call(p, &name, op);
     leave(p);
     return e;
 }
@@ -845,7 +961,8 @@ static bool parse_alias(struct parser *p, int pos, const char *text, struct alia
     a->name = text + name.start;
     a->len = name.len;
     a->pos = pos;
-    if (expr_op_by_name(a->name, a->len) >= 0 || is_literal_fn(p, &name)) {
+    if (expr_op_by_name(a->name, a->len) >= 0 || is_literal_fn(p, &name) ||
+        autodiff_kind(p, &name) != AD_NONE) {
         fail(p, SR_EPARSE, name.start, "%s is a function name and cannot be an alias",
              describe(p, &name));
         return false;
