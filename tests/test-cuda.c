@@ -148,6 +148,54 @@ Test(cuda, kmin_up_to_the_limit)
     cr_assert(strstr(sr_ctx_error(ctx), "K*dim > 256"), "message: %s", sr_ctx_error(ctx));
 }
 
+/* Gradient kernels (sr_kernel_grad) of CUDA kernels against those of the reference, on the same
+ * random inputs (incoming gradients and forward outputs included): every variable (Vi, Vj, Pm),
+ * Sum, LogSumExp and SumSoftMaxWeight, both axes, both dtypes; and a gradient of a gradient. */
+Test(cuda, gradient_kernels_match_the_reference)
+{
+    need_gpu();
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f = diff_parse(ctx, "Exp(-SqDist(x,y)*g)*b", al, 4);
+    sr_expr *s = diff_parse(ctx, "-SqDist(x,y)*g+Elem(x,0)*b", al, 4);
+    sr_expr *w = diff_parse(ctx, "Concat(b, Sin(Elem(x,1)))", al, 4);
+    const sr_reduction reds[] = {SR_SUM, SR_LOGSUMEXP, SR_SUMSOFTMAXWEIGHT};
+    for (int r = 0; r < 3; r++)
+        for (int axis = 0; axis < 2; axis++)
+            for (int dt = 0; dt < 2; dt++)
+                for (int v = 0; v < 4; v++) {
+                    sr_kernel_desc d = sr_kernel_desc_default();
+                    d.reduction = reds[r];
+                    d.axis = axis;
+                    d.dtype = (sr_dtype)dt;
+                    d.weight = reds[r] == SR_SUMSOFTMAXWEIGHT ? w : NULL;
+                    sr_expr *fr = reds[r] == SR_SUM ? f : s;
+                    sr_kernel *kc = diff_kernel(ctx, fr, d, SR_DEVICE_CUDA);
+                    sr_kernel *kr = diff_kernel(ctx, fr, d, SR_DEVICE_REFERENCE);
+                    sr_kernel *gc = NULL, *gr = NULL, *hc = NULL, *hr = NULL;
+                    cr_assert_eq(sr_kernel_grad(kc, v, &gc), SR_OK, "%s", sr_ctx_error(ctx));
+                    cr_assert_eq(sr_kernel_grad(kr, v, &gr), SR_OK, "%s", sr_ctx_error(ctx));
+                    char what[96];
+                    snprintf(what, sizeof what, "gradient of %s axis %d %s w.r.t. argument %d",
+                             sr_reduction_name(reds[r]), axis, dt ? "f64" : "f32", v);
+                    diff_run(ctx, gc, gr, 37, 1000, DIFF_UNIFORM, 0.1, 1, 5 + v,
+                             diff_tol_of(d.dtype), what);
+                    diff_run(ctx, gc, gr, 3, 9001, DIFF_UNIFORM, 0.1, 1, 6 + v,
+                             diff_tol_of(d.dtype), what);
+                    if (reds[r] == SR_SUM && v == 0) {
+                        cr_assert_eq(sr_kernel_grad(gc, 1, &hc), SR_OK, "%s", sr_ctx_error(ctx));
+                        cr_assert_eq(sr_kernel_grad(gr, 1, &hr), SR_OK, "%s", sr_ctx_error(ctx));
+                        diff_run(ctx, hc, hr, 41, 700, DIFF_UNIFORM, 0.1, 1, 7,
+                                 diff_tol_of(d.dtype), "second derivative (x then y)");
+                        sr_kernel_free(hc);
+                        sr_kernel_free(hr);
+                    }
+                    sr_kernel_free(gc);
+                    sr_kernel_free(gr);
+                    sr_kernel_free(kc);
+                    sr_kernel_free(kr);
+                }
+}
+
 /* ---- device pointers ------------------------------------------------------------------------ */
 
 static sr_kernel *gauss_kernel(sr_dtype dt)
