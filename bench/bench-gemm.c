@@ -261,7 +261,7 @@ int main(int argc, char **argv)
            quick ? 2e9 : 2e10, reps);
     printf("%6s %7s %11s %11s %11s %8s %8s %8s %8s\n", "D", "N", "direct (s)", "avx512 (s)",
            "blis (s)", "dir/avx", "blis/avx", "% peak", "auto");
-    static const int dims[] = {8, 16, 24, 32, 48, 64, 128, 256, 512, 1024};
+    static const int dims[] = {8, 12, 16, 20, 24, 32, 48, 64, 128, 256, 512, 1024};
     for (size_t t = 0; t < sizeof dims / sizeof *dims; t++) {
         int D = dims[t];
         int64_t n = (int64_t)sqrt((quick ? 2e9 : 2e10) / (2.0 * D));
