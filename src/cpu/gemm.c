@@ -1,12 +1,12 @@
 /*
- * gemm.c — the gemm-epilogue strategy: tiles of inner products by BLIS, then the generated
- * epilogue folds them into the reduction.
+ * gemm.c — the gemm-epilogue strategy: tiles of inner products by symred's AVX-512 gemm or by
+ * BLIS, then the generated epilogue folds them into the reduction.
  *
  * When the simplified F depends on the pair (i, j) only through one inner product <x_i, y_j>
  * of an i-variable and a j-variable (a Scalprod, directly or from the simplifier's rewrite
  * SqDist -> SqNorm2 + SqNorm2 - 2 <x, y>), the pair work is a matrix product. Each thread takes
- * a block of TI output rows and walks the reduced range in tiles of TJ indices: BLIS computes
- * the TI x TJ tile of inner products into a per-thread buffer (it stays in L2), and the JIT
+ * a block of TI output rows and walks the reduced range in tiles of TJ indices: the gemm computes
+ * the TI x TJ tile of inner products into a per-thread buffer, and the JIT
  * module of the same formula, emitted with the inner product read from that tile instead of
  * computed (jit_plan.gemm, see emit-c.c), evaluates the rest of F with its hoisted row and
  * column terms and folds the tile into the reduction states with the module's own sr_part,
@@ -14,10 +14,14 @@
  * KMin/ArgKMin, LogSumExp, SumSoftMaxWeight, ...) works here too, with the same tie rules. The
  * n x m matrix is never built.
  *
+ * The gemm (SYMRED_GEMM_KERNEL=auto|avx512|blis): where the CPU has AVX-512F, symred's own
+ * (gemm-avx512.c: the rows packed once per row block, 14 x 32 micro-kernel; docs/avx512-gemm.md),
+ * which needs no BLIS; otherwise, or with SYMRED_GEMM_KERNEL=blis, BLIS.
+ *
  * BLIS is loaded with dlopen at first use (behind pthread_once): the library builds and runs
- * without it and then uses the direct strategy. SYMRED_BLIS=off forces the direct strategy,
- * SYMRED_BLIS=on uses BLIS whenever the formula allows it (tests), auto (default) when the
- * dimension reaches the measured threshold below. BLIS runs single-threaded inside our OpenMP
+ * without it and then, without AVX-512, uses the direct strategy. SYMRED_BLIS=off forces the direct
+ * strategy, SYMRED_BLIS=on uses BLIS whenever the formula allows it (tests), auto (default) when
+ * the dimension reaches the measured threshold below. BLIS runs single-threaded inside our OpenMP
  * threads (bli_thread_set_num_threads(1)), so there is no oversubscription.
  *
  * BLIS configuration. Debian's BLIS 0.9.0 picks its sub-configuration from cpuid at bli_init:
