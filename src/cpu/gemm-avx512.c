@@ -1,9 +1,10 @@
 /*
  * gemm-avx512.c — symred's own AVX-512 gemm for the gemm-epilogue strategy (src/cpu/gemm.c).
  *
- * Why: Debian's BLIS 0.9 picks 256-bit AVX2 kernels (zen3, haswell) on the AVX-512 machines
- * symred runs on and cannot be told otherwise (see gemm.c), which caps the high-D path at about
- * half of what the cores can do. The one product the strategy needs is small and fixed:
+ * Why: on the AVX-512 machines symred runs on, Debian's BLIS 0.9 picks 256-bit AVX2 kernels
+ * (zen3, haswell), or its portable generic ones on a CPU it does not know (Zen 5), and cannot be
+ * told otherwise (see gemm.c): that caps the high-D path at half of what the cores can do, or far
+ * less. The one product the strategy needs is small and fixed:
  * C (m x n, row stride ldc) = A B^T with A (m x K) and B (n x K) both row-major with K
  * contiguous, A the output-axis rows (packed once per row block and reused for every tile of the
  * reduced axis), B a tile of the reduced axis (packed per call). docs/avx512-gemm.md has the

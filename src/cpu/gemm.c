@@ -355,9 +355,11 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, i
     if (r0 >= r1)
         return g->m->part(o0, o1, r0, r0, args, st); /* initialise only */
     /* symred's AVX-512 gemm: the rows are packed once for all the tiles. */
-    char *bpack = pack + cpu_avx512_pack_a_bytes(g->ti, D, es == 8);
-    if (g->kern == KERN_AVX512)
+    char *bpack = NULL;
+    if (g->kern == KERN_AVX512) {
+        bpack = pack + cpu_avx512_pack_a_bytes(g->ti, D, es == 8);
         cpu_avx512_pack_a(es == 8, o1 - o0, D, A, pack);
+    }
     static const float onef = 1, zerof = 0;
     static const double oned = 1, zerod = 0;
     for (int64_t rt = r0; rt < r1; rt += g->tj) {
