@@ -11,13 +11,26 @@
  *           norms + inner product from D = SR_GEMM_MIN_DIM = 24; below, only the direct
  *           strategy applies).
  *
- * Usage: bench-gemm [--quick] [--knn-n N]...  Prints a table; times are the best of 3 runs.
+ * The tile's gemm is symred's AVX-512 one where the CPU has it (SYMRED_GEMM_KERNEL=auto) and
+ * BLIS with SYMRED_GEMM_KERNEL=blis; the mat-vec table times both, and its GFLOP/s (2 D flops per
+ * pair, the inner product) are given as a fraction of the FMA peak measured in the same run
+ * (fma-peak.c, all threads).
+ *
+ * --fashion-mnist: exact kNN on Fashion-MNIST instead (60 000 training images as points, the
+ * 10 000 test images as queries, D = 784, ArgKMin k = 10, float32), between two FMA-peak runs:
+ * each gemm kernel R times (--reps R, default 3), min / median time, GFLOP/s (2 D nq np / t)
+ * and their fraction of the peak, and whether the two kernels' neighbour sets agree (up to
+ * float32 ties, checked in double precision).
+ *
+ * Usage: bench-gemm [--quick] [--knn-n N]... | bench-gemm --fashion-mnist [--reps R]
+ * Prints tables; times are the best of 3 runs unless said otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include <symred.h>
 
 #include "bench.h"
+#include "fma-peak.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -34,11 +47,16 @@ static float *randf(int64_t n, uint64_t *s)
     return p;
 }
 
-/* Best of reps runs of the kernel built with SYMRED_BLIS=mode; strategy name in strat. */
-static double timed(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const char *mode, int64_t nx,
-                    int64_t ny, const void *const *args, void *out, int reps, char *strat)
+/* Best of reps runs of the kernel built with SYMRED_BLIS=mode and SYMRED_GEMM_KERNEL=kern;
+ * strategy name in strat. When times is not NULL, every time goes there, and every run sits
+ * between two short FMA-peak runs whose mean goes to peaks[] (the machine is shared: its speed
+ * changes from one second to the next, so each run gets its own yardstick). */
+static double timed_kern(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const char *mode,
+                         const char *kern, int64_t nx, int64_t ny, const void *const *args,
+                         void *out, int reps, char *strat, double *times, double *peaks)
 {
     setenv("SYMRED_BLIS", mode, 1);
+    setenv("SYMRED_GEMM_KERNEL", kern, 1);
     sr_kernel *k;
     if (sr_kernel_new(ctx, f, d, &k) != SR_OK) {
         fprintf(stderr, "bench-gemm: %s\n", sr_ctx_error(ctx));
@@ -46,7 +64,7 @@ static double timed(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const char
     }
     const char *s = strstr(sr_kernel_explain(k), "strategy: ");
     snprintf(strat, 16, "%s", s && strncmp(s + 10, "gemm", 4) == 0 ? "gemm" : "direct");
-    double best = 1e30;
+    double best = 1e30, p0 = times ? bench_fma_peak(0.5, NULL) : 0;
     for (int r = 0; r < reps; r++) {
         double t0 = bench_now();
         if (sr_kernel_run(k, nx, ny, args, out) != SR_OK) {
@@ -55,23 +73,172 @@ static double timed(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const char
         }
         double t = bench_now() - t0;
         best = t < best ? t : best;
+        if (times) {
+            double p1 = bench_fma_peak(0.5, NULL);
+            times[r] = t;
+            peaks[r] = (p0 + p1) / 2;
+            p0 = p1;
+        }
     }
     sr_kernel_free(k);
     return best;
 }
 
+static double timed(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const char *mode, int64_t nx,
+                    int64_t ny, const void *const *args, void *out, int reps, char *strat)
+{
+    return timed_kern(ctx, f, d, mode, "auto", nx, ny, args, out, reps, strat, NULL, NULL);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The first n images of a gzip-compressed IDX file, scaled to [0, 1]; NULL if unreadable. */
+static float *read_idx(const char *path, int64_t n, int64_t *dim)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "gzip -dc '%s'", path);
+    FILE *fp = popen(cmd, "r");
+    if (!fp)
+        return NULL;
+    unsigned char h[16];
+    float *a = NULL;
+    if (fread(h, 1, 16, fp) == 16 && h[2] == 8 && h[3] == 3) {
+        *dim = (int64_t)(h[8] << 24 | h[9] << 16 | h[10] << 8 | h[11]) *
+               (int64_t)(h[12] << 24 | h[13] << 16 | h[14] << 8 | h[15]);
+        size_t bytes = (size_t)(n * *dim);
+        unsigned char *raw = bench_alloc(bytes);
+        if (fread(raw, 1, bytes, fp) == bytes) {
+            a = bench_alloc(bytes * sizeof *a);
+            for (size_t t = 0; t < bytes; t++)
+                a[t] = raw[t] / 255.0f;
+        }
+        free(raw);
+    }
+    pclose(fp);
+    return a;
+}
+
+static double sqdist_f64(const float *a, const float *b, int64_t dim)
+{
+    double s = 0;
+    for (int64_t c = 0; c < dim; c++)
+        s += ((double)a[c] - b[c]) * ((double)a[c] - b[c]);
+    return s;
+}
+
+/* kNN on Fashion-MNIST with each gemm kernel, between two FMA-peak runs. */
+static int fashion_mnist(sr_ctx *ctx, int reps)
+{
+    const char *dir = "/usr/share/datasets/fashion-mnist";
+    char pp[256], pq[256];
+    snprintf(pp, sizeof pp, "%s/train-images-idx3-ubyte.gz", dir);
+    snprintf(pq, sizeof pq, "%s/t10k-images-idx3-ubyte.gz", dir);
+    int64_t np = 60000, nq = 10000, D = 0, D2 = 0;
+    float *xp = read_idx(pp, np, &D), *xq = read_idx(pq, nq, &D2);
+    if (!xp || !xq || D != D2) {
+        fprintf(stderr,
+                "bench-gemm: cannot read Fashion-MNIST from %s (Debian package "
+                "dataset-fashion-mnist)\n",
+                dir);
+        return 1;
+    }
+    int K = 10, width;
+    double flops = 2.0 * (double)D * (double)np * (double)nq;
+    sr_expr *f = sr_sqdist(ctx, sr_vi(ctx, 0, (int)D), sr_vj(ctx, 1, (int)D));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_ARGKMIN;
+    d.k = K;
+    const void *args[] = {xq, xp};
+    static const char *const kerns[] = {"auto", "blis"};
+    int64_t *idx[2];
+    double med[2], best[2];
+    bench_fma_peak(0.1, &width);
+    printf("kNN Fashion-MNIST, %lld points x %lld queries, D = %lld, k = %d, float32; each run "
+           "between two FMA-peak runs (float32, %d-bit, all threads), its fraction of their "
+           "mean\n",
+           (long long)np, (long long)nq, (long long)D, K, width);
+    printf("%-16s %4s %9s %9s %11s %8s\n", "gemm kernel", "run", "time (s)", "GFLOP/s", "peak GF/s",
+           "% peak");
+    static const char *const names[] = {"symred AVX-512", "BLIS"};
+    double *times = bench_alloc(sizeof *times * (size_t)reps);
+    double *peaks = bench_alloc(sizeof *peaks * (size_t)reps);
+    double *frac = bench_alloc(sizeof *frac * (size_t)reps);
+    double medfrac[2], maxfrac[2];
+    for (int q = 0; q < 2; q++) {
+        idx[q] = bench_alloc(sizeof *idx[q] * (size_t)(nq * K));
+        char strat[16];
+        best[q] = timed_kern(ctx, f, &d, "auto", kerns[q], nq, np, args, idx[q], reps, strat, times,
+                             peaks);
+        for (int r = 0; r < reps; r++) {
+            frac[r] = flops / times[r] / 1e9 / peaks[r];
+            printf("%-16s %4d %9.3f %9.1f %11.1f %7.1f%%\n", names[q], r + 1, times[r],
+                   flops / times[r] / 1e9, peaks[r], 100 * frac[r]);
+        }
+        qsort(times, (size_t)reps, sizeof *times, cmp_double);
+        qsort(frac, (size_t)reps, sizeof *frac, cmp_double);
+        med[q] = times[reps / 2];
+        medfrac[q] = frac[reps / 2];
+        maxfrac[q] = frac[reps - 1];
+    }
+    free(times);
+    free(peaks);
+    free(frac);
+    printf("\n%-16s %9s %9s %12s %12s %10s %10s\n", "gemm kernel", "min (s)", "med (s)",
+           "GFLOP/s max", "GFLOP/s med", "%peak med", "%peak max");
+    for (int q = 0; q < 2; q++)
+        printf("%-16s %9.3f %9.3f %12.1f %12.1f %9.1f%% %9.1f%%\n", names[q], best[q], med[q],
+               flops / best[q] / 1e9, flops / med[q] / 1e9, 100 * medfrac[q], 100 * maxfrac[q]);
+    printf("AVX-512 / BLIS speed (min times): %.2f\n", best[1] / best[0]);
+    /* The neighbour sets: the same, or different only where distances tie within float32. */
+    int64_t differ = 0, untied = 0;
+    for (int64_t i = 0; i < nq; i++) {
+        const int64_t *a = idx[0] + i * K, *b = idx[1] + i * K;
+        int same = 1;
+        for (int r = 0; r < K && same; r++)
+            same = a[r] == b[r];
+        if (same)
+            continue;
+        differ++;
+        for (int r = 0; r < K; r++) {
+            double da = sqdist_f64(xq + i * D, xp + a[r] * D, D);
+            double db = sqdist_f64(xq + i * D, xp + b[r] * D, D);
+            if (fabs(da - db) > 1e-5 * (da + db + 1)) {
+                untied++;
+                break;
+            }
+        }
+    }
+    printf("neighbour lists that differ between the kernels: %lld of %lld, %lld of them beyond "
+           "float32 ties\n",
+           (long long)differ, (long long)nq, (long long)untied);
+    free(idx[0]);
+    free(idx[1]);
+    free(xp);
+    free(xq);
+    return untied != 0;
+}
+
 int main(int argc, char **argv)
 {
-    int quick = 0;
+    int quick = 0, fmnist = 0, fm_reps = 3;
     int64_t knn_n[4] = {100000, 0, 0, 0};
     int nknn = 0;
     for (int a = 1; a < argc; a++) {
         if (strcmp(argv[a], "--quick") == 0)
             quick = 1;
+        else if (strcmp(argv[a], "--fashion-mnist") == 0)
+            fmnist = 1;
+        else if (strcmp(argv[a], "--reps") == 0 && a + 1 < argc && atoi(argv[a + 1]) > 0)
+            fm_reps = atoi(argv[++a]);
         else if (strcmp(argv[a], "--knn-n") == 0 && a + 1 < argc && nknn < 4)
             knn_n[nknn++] = atoll(argv[++a]);
         else {
-            fprintf(stderr, "usage: bench-gemm [--quick] [--knn-n N]...\n");
+            fprintf(stderr, "usage: bench-gemm [--quick] [--knn-n N]... | bench-gemm "
+                            "--fashion-mnist [--reps R]\n");
             return 2;
         }
     }
@@ -79,14 +246,22 @@ int main(int argc, char **argv)
         nknn = 1;
     sr_ctx *ctx;
     sr_ctx_new(&ctx);
+    if (fmnist) {
+        int rc = fashion_mnist(ctx, fm_reps);
+        sr_ctx_free(ctx);
+        return rc;
+    }
     uint64_t seed = 42;
-    int reps = quick ? 1 : 3;
+    int reps = quick ? 1 : 3, width;
+    double peak = bench_fma_peak(1.0, &width);
+    printf("FMA peak (float32, %d-bit, all threads): %.1f GFLOP/s\n\n", width, peak);
 
     printf("Gaussian mat-vec via the inner product, float32, N = M = sqrt(%.0e / 2D) (best of "
            "%d)\n",
            quick ? 2e9 : 2e10, reps);
-    printf("%6s %7s %12s %12s %8s %8s\n", "D", "N", "direct (s)", "gemm (s)", "speedup", "auto");
-    static const int dims[] = {8, 16, 24, 32, 48, 64, 128, 256, 512, 1024};
+    printf("%6s %7s %11s %11s %11s %8s %8s %8s %8s\n", "D", "N", "direct (s)", "avx512 (s)",
+           "blis (s)", "dir/avx", "blis/avx", "% peak", "auto");
+    static const int dims[] = {8, 12, 16, 20, 24, 32, 48, 64, 128, 256, 512, 1024};
     for (size_t t = 0; t < sizeof dims / sizeof *dims; t++) {
         int D = dims[t];
         int64_t n = (int64_t)sqrt((quick ? 2e9 : 2e10) / (2.0 * D));
@@ -108,8 +283,10 @@ int main(int argc, char **argv)
         char s1[16], s2[16], s3[16];
         double td = timed(ctx, f, &d, "off", n, n, args, out, reps, s1);
         double tg = timed(ctx, f, &d, "on", n, n, args, out, reps, s2);
+        double tb = timed_kern(ctx, f, &d, "on", "blis", n, n, args, out, reps, s2, NULL, NULL);
         timed(ctx, f, &d, "auto", n, n, args, out, 1, s3);
-        printf("%6d %7lld %12.3f %12.3f %8.2f %8s\n", D, (long long)n, td, tg, td / tg, s3);
+        printf("%6d %7lld %11.3f %11.3f %11.3f %8.2f %8.2f %7.1f%% %8s\n", D, (long long)n, td, tg,
+               tb, td / tg, tb / tg, 100 * 2.0 * D * (double)n * (double)n / tg / 1e9 / peak, s3);
         free(x);
         free(y);
         free(b);
@@ -144,6 +321,7 @@ int main(int argc, char **argv)
             free(idx);
         }
     unsetenv("SYMRED_BLIS");
+    unsetenv("SYMRED_GEMM_KERNEL");
     sr_ctx_free(ctx);
     return 0;
 }

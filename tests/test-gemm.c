@@ -7,7 +7,11 @@
  * that shrinks the tiles, and the direct path when BLIS is switched off (SYMRED_BLIS=off) or
  * the formula does not qualify. Inputs are multiples of 1/8 in [-1, 1]: inner products and
  * norms are exact in float32, so distances, ties and arg indices match the reference exactly.
- * Where BLIS is not installed the strategy is never chosen and the results must still match.
+ * The tile's gemm is symred's AVX-512 one where the CPU has AVX-512F, else BLIS; every case runs
+ * twice, the second time with SYMRED_GEMM_KERNEL=blis (suite gemm_blis), so both stay tested on an
+ * AVX-512 machine; explain must name the kernel that ran. Where neither is available the
+ * strategy is never chosen and the results must still match. The AVX-512 gemm itself is checked
+ * against a plain loop at sizes that are multiples of no tile (0, 1, primes, tile +- 1).
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -19,28 +23,40 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "cpu/cpu.h"
 #include "symred.h"
 #include "util.h"
 
 static sr_ctx *ctx;
-static bool have_blis;
+static bool have_blis, have_avx512, force_blis;
 
 static void setup(void)
 {
     setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
     unsetenv("SYMRED_BLIS");
+    unsetenv("SYMRED_GEMM_KERNEL");
+    force_blis = false;
+    have_avx512 = cpu_avx512_usable();
     unsetenv("SYMRED_MEM_LIMIT");
     unsetenv("SYMRED_NUM_THREADS");
     void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
     have_blis = h != NULL && !getenv("BLIS_ARCH_TYPE");
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
 }
+static void setup_blis(void)
+{
+    setup();
+    setenv("SYMRED_GEMM_KERNEL", "blis", 1);
+    force_blis = true;
+}
 static void teardown(void)
 {
     sr_ctx_free(ctx);
     unsetenv("SYMRED_BLIS");
+    unsetenv("SYMRED_GEMM_KERNEL");
 }
 TestSuite(gemm, .init = setup, .fini = teardown);
+TestSuite(gemm_blis, .init = setup_blis, .fini = teardown);
 
 /* Multiples of 1/8 in [-1, 1]. */
 static void *grid(sr_dtype dt, int64_t n, uint64_t *s)
@@ -109,10 +125,14 @@ static void run_case(const struct gcase *c)
     cr_assert_eq(sr_kernel_new(ctx, f, &d, &kr), SR_OK, "%s", sr_ctx_error(ctx));
     const char *ex = sr_kernel_explain(kg);
     bool gemm = strstr(ex, "strategy: gemm-epilogue") != NULL;
-    if (c->expect_gemm && have_blis)
+    bool avx512 = have_avx512 && !force_blis, avail = avx512 || have_blis;
+    if (c->expect_gemm && avail)
         cr_assert(gemm, "expected the gemm-epilogue strategy:\n%s", ex);
-    if (!c->expect_gemm || !have_blis)
+    if (!c->expect_gemm || !avail)
         cr_assert(!gemm, "expected the direct strategy:\n%s", ex);
+    if (gemm)
+        cr_assert(strstr(ex, avx512 ? "symred's AVX-512" : "BLIS"), "expected %s:\n%s",
+                  avx512 ? "the AVX-512 gemm" : "BLIS", ex);
 
     int nargs = sr_kernel_nargs(kg);
     void *x = grid(c->dt, c->nx * c->D, &s), *y = grid(c->dt, c->ny * c->D, &s);
@@ -152,6 +172,11 @@ static void run_case(const struct gcase *c)
 
 #define CASE(name, ...)                                                                            \
     Test(gemm, name)                                                                               \
+    {                                                                                              \
+        struct gcase c = {__VA_ARGS__};                                                            \
+        run_case(&c);                                                                              \
+    }                                                                                              \
+    Test(gemm_blis, name)                                                                          \
     {                                                                                              \
         struct gcase c = {__VA_ARGS__};                                                            \
         run_case(&c);                                                                              \
@@ -246,7 +271,7 @@ Test(gemm, small_budget)
 
 /* A user's BLIS_ARCH_TYPE makes Debian's BLIS 0.9.0 abort at initialisation: symred must not
  * initialise it then (direct strategy, no crash), and explain says why. */
-Test(gemm, user_blis_arch_type_no_abort)
+Test(gemm_blis, user_blis_arch_type_no_abort)
 {
     setenv("BLIS_ARCH_TYPE", "0", 1);
     sr_expr *f = sr_sqdist(ctx, sr_vi(ctx, 0, 100), sr_vj(ctx, 1, 100));
@@ -269,4 +294,81 @@ Test(gemm, user_blis_arch_type_no_abort)
         cr_assert(strstr(ex, "strategy: direct") && strstr(ex, "BLIS_ARCH_TYPE"), "%s", ex);
     sr_kernel_free(k);
     unsetenv("BLIS_ARCH_TYPE");
+}
+
+/* With AVX-512 the strategy needs no BLIS at all: BLIS_ARCH_TYPE (which keeps BLIS unloaded)
+ * leaves it on, on the AVX-512 gemm. */
+Test(gemm, avx512_without_blis)
+{
+    if (!have_avx512)
+        cr_skip_test("the CPU lacks AVX-512F");
+    setenv("BLIS_ARCH_TYPE", "0", 1);
+    struct gcase c = {KNN, SR_ARGKMIN, 100, 10, 1, 29, 1031, SR_F32, true};
+    run_case(&c);
+    unsetenv("BLIS_ARCH_TYPE");
+}
+
+Test(gemm, kernel_malformed)
+{
+    setenv("SYMRED_GEMM_KERNEL", "fast", 1);
+    sr_expr *f = sr_scalprod(ctx, sr_vi(ctx, 0, 64), sr_vj(ctx, 1, 64));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_EINVAL);
+    cr_assert(strstr(sr_ctx_error(ctx), "SYMRED_GEMM_KERNEL"), "%s", sr_ctx_error(ctx));
+}
+
+/* The AVX-512 gemm against a plain loop, C = A B^T, on grid values (exact sums): m, n, K around
+ * and between the tiles (MR 14, NR 32 / 16, KC 256), C with a wider row stride whose extra
+ * columns must stay untouched. */
+static void avx512_case(sr_dtype dt, int64_t m, int64_t n, int64_t K)
+{
+    int f64 = dt == SR_F64;
+    size_t es = f64 ? 8 : 4;
+    uint64_t s = 99 + (uint64_t)(m * 131 + n * 17 + K);
+    int64_t ldc = n + 3;
+    char *A = grid(dt, m * K, &s), *B = grid(dt, n * K, &s);
+    char *C = malloc(es * (size_t)(m * ldc + 1));
+    for (int64_t t = 0; t < m * ldc; t++)
+        if (f64)
+            ((double *)C)[t] = -7;
+        else
+            ((float *)C)[t] = -7;
+    void *Ap = malloc((size_t)cpu_avx512_pack_a_bytes(m, K, f64));
+    void *Bp = malloc((size_t)cpu_avx512_pack_b_bytes(n, K, f64));
+    cpu_avx512_pack_a(f64, m, K, A, Ap);
+    cpu_avx512_gemm(f64, m, n, K, Ap, B, Bp, C, ldc);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < ldc; j++) {
+            double e = -7;
+            if (j < n) {
+                e = 0;
+                for (int64_t k = 0; k < K; k++)
+                    e += f64 ? ((double *)A)[i * K + k] * ((double *)B)[j * K + k]
+                             : (double)((float *)A)[i * K + k] * ((float *)B)[j * K + k];
+            }
+            double a = f64 ? ((double *)C)[i * ldc + j] : ((float *)C)[i * ldc + j];
+            cr_assert_eq(a, e, "%s m %lld n %lld K %lld: C[%lld][%lld] = %.9g, expected %.9g",
+                         f64 ? "f64" : "f32", (long long)m, (long long)n, (long long)K,
+                         (long long)i, (long long)j, a, e);
+        }
+    free(A);
+    free(B);
+    free(C);
+    free(Ap);
+    free(Bp);
+}
+
+Test(gemm, avx512_gemm_odd_sizes)
+{
+    if (!have_avx512)
+        cr_skip_test("the CPU lacks AVX-512F");
+    static const int64_t ms[] = {0, 1, 13, 14, 15, 29, 43};
+    static const int64_t ns[] = {0, 1, 15, 16, 17, 31, 32, 33, 97};
+    static const int64_t ks[] = {0, 1, 7, 255, 256, 257, 601};
+    for (int d = 0; d < 2; d++)
+        for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+                for (size_t c = 0; c < sizeof ks / sizeof *ks; c++)
+                    avx512_case(d ? SR_F64 : SR_F32, ms[a], ns[b], ks[c]);
 }

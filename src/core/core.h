@@ -164,6 +164,10 @@ struct sr_kernel {
  * crossover is between 16 and 24 in every run, so gemm-epilogue is chosen from D = 24 on, and the
  * simplifier rewrites SqDist into norms and an inner product (the form that path needs) from the
  * same D. (kNN, ArgKMin k = 10 of SqDist at D = 100, 10000 x 100000: direct 104.7 s, gemm 3.4 s.)
+ * Re-measured with symred's AVX-512 gemm (issue 14, Zen 5 EPYC, load 2-3): direct / gemm 0.72-1.46
+ * at D = 8, 1.30 at 12, 1.55-3.47 at 16, 2.67-3.83 at 24: on AVX-512 CPUs the crossover moved
+ * to between 8 and 16. The constant stays 24 (the BLIS crossover, and the simplifier's rewrite
+ * threshold, which cannot ask the backend which gemm will run); docs/avx512-gemm.md.
  */
 #define SR_GEMM_MIN_DIM 24
 

@@ -233,4 +233,16 @@ static inline void cpu_ssmw_finish(double s, const double *acc, int W, double *o
         out[c] = acc[c] / s;
 }
 
+/* ---- symred's AVX-512 gemm (gemm-avx512.c), used by the gemm-epilogue strategy ------------
+ * C (m x n, row stride ldc) = A B^T, A (m x K) and B (n x K) row-major with K contiguous, float32
+ * or (f64) float64. A is packed once (cpu_avx512_pack_a into cpu_avx512_pack_a_bytes(m, K)
+ * bytes) and reused for many B; Bp is scratch of cpu_avx512_pack_b_bytes(n, K) bytes. No
+ * allocation; call only when cpu_avx512_usable() (the CPU has AVX-512F and the OS saves it). */
+bool cpu_avx512_usable(void);
+int64_t cpu_avx512_pack_a_bytes(int64_t m, int64_t K, int f64);
+int64_t cpu_avx512_pack_b_bytes(int64_t n, int64_t K, int f64);
+void cpu_avx512_pack_a(int f64, int64_t m, int64_t K, const void *A, void *Ap);
+void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *B,
+                     void *Bp, void *C, int64_t ldc);
+
 #endif /* SYMRED_CPU_H */

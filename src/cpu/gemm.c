@@ -1,12 +1,12 @@
 /*
- * gemm.c — the gemm-epilogue strategy: tiles of inner products by BLIS, then the generated
- * epilogue folds them into the reduction.
+ * gemm.c — the gemm-epilogue strategy: tiles of inner products by symred's AVX-512 gemm or by
+ * BLIS, then the generated epilogue folds them into the reduction.
  *
  * When the simplified F depends on the pair (i, j) only through one inner product <x_i, y_j>
  * of an i-variable and a j-variable (a Scalprod, directly or from the simplifier's rewrite
  * SqDist -> SqNorm2 + SqNorm2 - 2 <x, y>), the pair work is a matrix product. Each thread takes
- * a block of TI output rows and walks the reduced range in tiles of TJ indices: BLIS computes
- * the TI x TJ tile of inner products into a per-thread buffer (it stays in L2), and the JIT
+ * a block of TI output rows and walks the reduced range in tiles of TJ indices: the gemm computes
+ * the TI x TJ tile of inner products into a per-thread buffer, and the JIT
  * module of the same formula, emitted with the inner product read from that tile instead of
  * computed (jit_plan.gemm, see emit-c.c), evaluates the rest of F with its hoisted row and
  * column terms and folds the tile into the reduction states with the module's own sr_part,
@@ -14,10 +14,14 @@
  * KMin/ArgKMin, LogSumExp, SumSoftMaxWeight, ...) works here too, with the same tie rules. The
  * n x m matrix is never built.
  *
+ * The gemm (SYMRED_GEMM_KERNEL=auto|avx512|blis): where the CPU has AVX-512F, symred's own
+ * (gemm-avx512.c: the rows packed once per row block, 14 x 32 micro-kernel; docs/avx512-gemm.md),
+ * which needs no BLIS; otherwise, or with SYMRED_GEMM_KERNEL=blis, BLIS.
+ *
  * BLIS is loaded with dlopen at first use (behind pthread_once): the library builds and runs
- * without it and then uses the direct strategy. SYMRED_BLIS=off forces the direct strategy,
- * SYMRED_BLIS=on uses BLIS whenever the formula allows it (tests), auto (default) when the
- * dimension reaches the measured threshold below. BLIS runs single-threaded inside our OpenMP
+ * without it and then, without AVX-512, uses the direct strategy. SYMRED_BLIS=off forces the direct
+ * strategy, SYMRED_BLIS=on uses BLIS whenever the formula allows it (tests), auto (default) when
+ * the dimension reaches the measured threshold below. BLIS runs single-threaded inside our OpenMP
  * threads (bli_thread_set_num_threads(1)), so there is no oversubscription.
  *
  * BLIS configuration. Debian's BLIS 0.9.0 picks its sub-configuration from cpuid at bli_init:
@@ -33,6 +37,7 @@
  */
 #include "../formulas/formulas.h"
 #include "../jit/jit.h"
+#include "cpu.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -125,8 +130,13 @@ struct gemm_kernel {
     int ti, tj;          /* tile: ti output rows x tj reduced indices */
     int64_t per_thread;  /* bytes: inner-product tile, a block of states, packing, module */
     int acc;
-    int mode; /* SYMRED_BLIS: 0 auto, 1 on, 2 off */
+    int mode;  /* SYMRED_BLIS: 0 auto, 1 on, 2 off */
+    int kern;  /* the tile's gemm: KERN_AVX512 or KERN_BLIS */
+    int asked; /* SYMRED_GEMM_KERNEL: 0 auto, 1 avx512, 2 blis */
 };
+
+enum { KERN_AVX512, KERN_BLIS };
+static const char *const kern_modes[] = {"auto", "avx512", "blis"};
 
 /* The inner product of an output-axis variable and a reduced-axis variable through which F (and
  * the weight) depend on the pair, if there is exactly one; NULL otherwise. *epi gets the cost
@@ -174,17 +184,32 @@ static const sr_expr *find_gemm_node(const sr_kernel *k, int *va, int *vb, doubl
     return S;
 }
 
-/* BLIS's packed panels of one gemm call (it reserves more address space than it touches). */
-static int64_t pack_bytes(int ti, int tj, int dim, int64_t es)
+/* The packed panels of one gemm call: symred's AVX-512 gemm packs the ti output rows once per
+ * row block and a tj x KC block of the reduced side per call, into the thread's buffer; BLIS
+ * packs into its own (it reserves more address space than it touches). */
+static int64_t pack_bytes(const struct gemm_kernel *g, int ti, int tj, int64_t es)
 {
-    int64_t kc = dim < 512 ? dim : 512;
+    if (g->kern == KERN_AVX512)
+        return cpu_avx512_pack_a_bytes(ti, g->dim, es == 8) +
+               cpu_avx512_pack_b_bytes(tj, g->dim, es == 8);
+    int64_t kc = g->dim < 512 ? g->dim : 512;
     return ((int64_t)ti + tj + 32) * kc * es + (64 << 10);
 }
 
 static int64_t thread_bytes(const struct gemm_kernel *g, int ti, int tj, int64_t es, int64_t sb)
 {
-    return (int64_t)ti * tj * es + (int64_t)ti * sb + pack_bytes(ti, tj, g->dim, es) +
+    return (int64_t)ti * tj * es + (int64_t)ti * sb + pack_bytes(g, ti, tj, es) +
            g->plan.workspace_bytes;
+}
+
+/* The tile's gemm for SYMRED_GEMM_KERNEL=asked: symred's AVX-512 one where the CPU has AVX-512
+ * (auto or avx512), else BLIS; -1 when that is BLIS and it cannot be loaded. */
+static int choose_kernel(int asked)
+{
+    const char *why;
+    if (asked != 2 && cpu_avx512_usable())
+        return KERN_AVX512;
+    return blis_ready(&why) ? KERN_BLIS : -1;
 }
 
 static const char *const blis_modes[] = {"auto", "on", "off"};
@@ -192,8 +217,10 @@ static const char *const blis_modes[] = {"auto", "on", "off"};
 sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
 {
     sr_ctx *ctx = k->ctx;
-    int mode;
+    int mode, asked;
     sr_status st = sr__env_choice(ctx, "SYMRED_BLIS", blis_modes, 3, 0, &mode);
+    if (st == SR_OK)
+        st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
     if (st != SR_OK)
         return st;
     int va = -1, vb = -1;
@@ -206,8 +233,8 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
      * work must stay small beside it, and dim must reach the measured crossover. */
     if (mode == 0 && (dim < GEMM_MIN_DIM || epi > dim))
         return SR_ENOTSUP;
-    const char *why;
-    if (!blis_ready(&why))
+    int kern = choose_kernel(asked);
+    if (kern < 0)
         return SR_ENOTSUP;
 
     struct gemm_kernel *g = calloc(1, sizeof *g);
@@ -219,6 +246,8 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     g->dim = dim;
     g->acc = acc;
     g->mode = mode;
+    g->kern = kern;
+    g->asked = asked;
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
     /* The tile of inner products: 2 MiB, 1024 x 512 float32 (256 x 1024 float64). Measured on
      * Fashion-MNIST kNN (ArgKMin k = 10, 10 000 x 60 000, D = 784, 2 threads, one run each
@@ -314,7 +343,7 @@ struct gemm_call {
  * jit.h): no scratch states, no merge, and the K-reductions keep their K-th value as a
  * rejection threshold across the tiles. */
 static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, int64_t r1, void *G,
-                void *st, const void **args)
+                void *st, const void **args, char *pack)
 {
     const struct gemm_kernel *g = c->g;
     const sr_kernel *k = c->k;
@@ -325,13 +354,21 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, i
     args[k->nargs] = G;
     if (r0 >= r1)
         return g->m->part(o0, o1, r0, r0, args, st); /* initialise only */
+    /* symred's AVX-512 gemm: the rows are packed once for all the tiles. */
+    char *bpack = NULL;
+    if (g->kern == KERN_AVX512) {
+        bpack = pack + cpu_avx512_pack_a_bytes(g->ti, D, es == 8);
+        cpu_avx512_pack_a(es == 8, o1 - o0, D, A, pack);
+    }
     static const float onef = 1, zerof = 0;
     static const double oned = 1, zerod = 0;
     for (int64_t rt = r0; rt < r1; rt += g->tj) {
         int64_t nj = r1 - rt < g->tj ? r1 - rt : g->tj;
         const char *B = (const char *)c->r->args[g->vb] + rt * D * es;
         /* G (o1-o0 x nj, row stride tj) = A (o1-o0 x D) B^T, B stored nj x D row-major. */
-        if (k->dtype == SR_F64)
+        if (g->kern == KERN_AVX512)
+            cpu_avx512_gemm(es == 8, o1 - o0, nj, D, pack, B, bpack, G, g->tj);
+        else if (k->dtype == SR_F64)
             blis.dgemm(0, 0, o1 - o0, nj, D, &oned, A, D, 1, B, 1, D, &zerod, G, g->tj, 1);
         else
             blis.sgemm(0, 0, o1 - o0, nj, D, &onef, A, D, 1, B, 1, D, &zerof, G, g->tj, 1);
@@ -378,7 +415,8 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
 #endif
     {
         size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * sb);
-        char *buf = malloc(gbytes + sbytes + 64);
+        size_t pbytes = g->kern == KERN_AVX512 ? (size_t)pack_bytes(g, g->ti, g->tj, es) : 0;
+        char *buf = malloc(gbytes + sbytes + pbytes + 64);
         const void **args = malloc(((size_t)k->nargs + 2) * sizeof *args);
         if (!buf || !args) {
 #ifdef _OPENMP
@@ -389,6 +427,7 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
             for (int v = 0; v < k->nargs; v++)
                 args[v] = r->args[v];
             void *G = buf, *st = buf + gbytes;
+            char *pack = buf + gbytes + sbytes;
             int init = 1;
             args[k->nargs + 1] = &init;
 #ifdef _OPENMP
@@ -400,7 +439,7 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
                 int64_t r0 = p * slice < nred ? p * slice : nred;
                 int64_t r1 = r0 + slice < nred ? r0 + slice : nred;
                 void *dst = nsplit > 1 ? partial + (size_t)((p * nout + o0) * sb) : st;
-                if (fold(&c, o0, o1, r0, r1, G, dst, args)) {
+                if (fold(&c, o0, o1, r0, r1, G, dst, args, pack)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -448,12 +487,22 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
     expr_buf_printf(b, "strategy: gemm-epilogue: F depends on the pair only through the inner "
                        "product ");
     expr_print_to(b, g->node);
+    char kern[160];
+    const char *gemm = k->dtype == SR_F64 ? "dgemm" : "sgemm";
+    if (g->kern == KERN_AVX512)
+        snprintf(kern, sizeof kern, "symred's AVX-512 %s (micro-kernel %s, K blocks of 256)", gemm,
+                 k->dtype == SR_F64 ? "14x16" : "14x32");
+    else
+        snprintf(kern, sizeof kern, "BLIS %s (%s) %s%s", blis.version,
+                 blis.arch[0] ? blis.arch : "?", gemm,
+                 g->asked == 2   ? " (SYMRED_GEMM_KERNEL=blis)"
+                 : g->asked == 1 ? " (SYMRED_GEMM_KERNEL=avx512, but the CPU lacks AVX-512F)"
+                                 : " (the CPU lacks AVX-512F)");
     expr_buf_printf(b,
-                    " of dimension %d (%s); BLIS %s (%s) %s computes tiles of %d output rows x "
-                    "%d reduced indices, single-threaded inside each OpenMP thread, and the "
-                    "generated epilogue folds each tile into the reduction\n",
-                    g->dim, why, blis.version, blis.arch[0] ? blis.arch : "?",
-                    k->dtype == SR_F64 ? "dgemm" : "sgemm", g->ti, g->tj);
+                    " of dimension %d (%s); %s computes tiles of %d output rows x %d reduced "
+                    "indices, single-threaded inside each OpenMP thread, and the generated "
+                    "epilogue folds each tile into the reduction\n",
+                    g->dim, why, kern, g->ti, g->tj);
     expr_buf_printf(b,
                     "epilogue: %d output-row nodes, %d reduced-index nodes, %d pair nodes; state "
                     "%lld bytes per output row; epilogue tile %d reduced indices\n"
@@ -481,7 +530,7 @@ void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)
     const sr_expr *S = find_gemm_node(k, &va, &vb, &epi);
     if (!S)
         return; /* no single inner product: nothing to say */
-    const char *env = getenv("SYMRED_BLIS"), *why = NULL;
+    const char *env = getenv("SYMRED_BLIS"), *kern = getenv("SYMRED_GEMM_KERNEL"), *why = NULL;
     if (env && strcmp(env, "off") == 0)
         mode = 2;
     if (mode == 2)
@@ -496,8 +545,10 @@ void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)
                         "gemm-epilogue: not used: the rest of F costs %.0f flops per pair, more "
                         "than the inner product's dimension %d\n",
                         epi, S->child[0]->dim);
-    else if (!blis_ready(&why))
-        expr_buf_printf(b, "gemm-epilogue: not used: %s\n", why);
+    else if (choose_kernel(kern && strcmp(kern, "blis") == 0 ? 2 : 0) < 0 && !blis_ready(&why))
+        expr_buf_printf(b, "gemm-epilogue: not used: %s%s\n",
+                        cpu_avx512_usable() ? "SYMRED_GEMM_KERNEL=blis and " : "no AVX-512F and ",
+                        why);
     else
         expr_buf_printf(b, "gemm-epilogue: not used (the memory budget is too small for it)\n");
 }

@@ -1,0 +1,300 @@
+/*
+ * gemm-avx512.c — symred's own AVX-512 gemm for the gemm-epilogue strategy (src/cpu/gemm.c).
+ *
+ * Why: on the AVX-512 machines symred runs on, Debian's BLIS 0.9 picks 256-bit AVX2 kernels
+ * (zen3, haswell), or its portable generic ones on a CPU it does not know (Zen 5), and cannot be
+ * told otherwise (see gemm.c): that caps the high-D path at half of what the cores can do, or far
+ * less. The one product the strategy needs is small and fixed:
+ * C (m x n, row stride ldc) = A B^T with A (m x K) and B (n x K) both row-major with K
+ * contiguous, A the output-axis rows (packed once per row block and reused for every tile of the
+ * reduced axis), B a tile of the reduced axis (packed per call). docs/avx512-gemm.md has the
+ * measurements behind the shapes.
+ *
+ * Blocking (Goto / BLIS): the micro-kernel keeps an MR x NR block of C in 28 zmm registers
+ * (float32 14 x 32, float64 14 x 16): per k it loads two vectors of the packed B micro-panel and
+ * broadcasts MR values of the packed A micro-panel, 28 FMAs. K is cut into blocks of at most KC
+ * so that the packed B block of a tile (tj x KC, 512 x 256 float32 = 512 KiB) stays in L2 while
+ * every A micro-panel of the row block (MR x KC, 14 KiB) passes through L1 against it.
+ * Partial tiles (m, n not multiples of MR, NR) run on zero-padded panels into a scratch block,
+ * then copy their valid part: any size is exact, including 1 and primes.
+ *
+ * Every function that uses AVX-512 carries __attribute__((target)), so the library still builds
+ * for generic x86-64 (and for other architectures, where cpu_avx512_usable() is false and none
+ * of it is compiled); cpu_avx512_usable() checks the CPU (and the OS's saving of zmm state) at
+ * run time.
+ */
+#include "cpu.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_AVX512_KERNEL 1
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f,fma")))
+#else
+#define HAVE_AVX512_KERNEL 0
+#endif
+
+enum { MR = 14, NR32 = 32, NR64 = 16, KC = 256 };
+
+static int nr_of(int f64) { return f64 ? NR64 : NR32; }
+
+/* The K block: at most KC, and all blocks of nearly one size (784 = 4 x 196, not 3 x 256 + 16:
+ * a short last block pays the load and store of the C block for little work). */
+static int64_t kc_of(int64_t K)
+{
+    int64_t nb = (K + KC - 1) / KC;
+    return nb ? (K + nb - 1) / nb : 0;
+}
+static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+bool cpu_avx512_usable(void)
+{
+#if HAVE_AVX512_KERNEL
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+#else
+    return false;
+#endif
+}
+
+int64_t cpu_avx512_pack_a_bytes(int64_t m, int64_t K, int f64)
+{
+    return round_up(m, MR) * K * (f64 ? 8 : 4) + 64;
+}
+
+int64_t cpu_avx512_pack_b_bytes(int64_t n, int64_t K, int f64)
+{
+    int64_t es = f64 ? 8 : 4, kc = kc_of(K);
+    /* The B block of one K block, plus the MR x NR scratch block of the partial tiles. */
+    return round_up(n, nr_of(f64)) * kc * es + (int64_t)MR * nr_of(f64) * es + 128;
+}
+
+static void *align64(void *p) { return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+/* Packs rows [0, m) x columns [k0, k0 + kc) of X (row stride K) into panels of w rows, each
+ * kc x w with the w values of one k contiguous, zero-padding rows past m. */
+static void pack_f32(const float *X, int64_t m, int64_t K, int64_t k0, int64_t kc, int w,
+                     float *dst)
+{
+    for (int64_t q = 0; q < m; q += w, dst += kc * w) {
+        int rows = m - q < w ? (int)(m - q) : w;
+        for (int r = 0; r < rows; r++) {
+            const float *src = X + (q + r) * K + k0;
+            for (int64_t k = 0; k < kc; k++)
+                dst[k * w + r] = src[k];
+        }
+        for (int r = rows; r < w; r++)
+            for (int64_t k = 0; k < kc; k++)
+                dst[k * w + r] = 0;
+    }
+}
+
+static void pack_f64(const double *X, int64_t m, int64_t K, int64_t k0, int64_t kc, int w,
+                     double *dst)
+{
+    for (int64_t q = 0; q < m; q += w, dst += kc * w) {
+        int rows = m - q < w ? (int)(m - q) : w;
+        for (int r = 0; r < rows; r++) {
+            const double *src = X + (q + r) * K + k0;
+            for (int64_t k = 0; k < kc; k++)
+                dst[k * w + r] = src[k];
+        }
+        for (int r = rows; r < w; r++)
+            for (int64_t k = 0; k < kc; k++)
+                dst[k * w + r] = 0;
+    }
+}
+
+/* Packed A of m rows: for each K block, the panels of its columns (the layout the kernel
+ * walks). Ap must hold cpu_avx512_pack_a_bytes(m, K) bytes. */
+void cpu_avx512_pack_a(int f64, int64_t m, int64_t K, const void *A, void *Ap)
+{
+    int64_t mp = round_up(m, MR), kb = kc_of(K);
+    char *dst = align64(Ap);
+    for (int64_t k0 = 0; k0 < K; k0 += kb) {
+        int64_t kc = K - k0 < kb ? K - k0 : kb;
+        if (f64)
+            pack_f64(A, m, K, k0, kc, MR, (double *)dst);
+        else
+            pack_f32(A, m, K, k0, kc, MR, (float *)dst);
+        dst += mp * kc * (f64 ? 8 : 4);
+    }
+}
+
+#if HAVE_AVX512_KERNEL
+
+/* C[0..MR) x [0..32) (row stride ldc) = (acc ? C : 0) + a^T b over kc: a is kc x MR, b kc x 32. */
+AVX512 static void kernel_f32(int64_t kc, const float *restrict a, const float *restrict b,
+                              float *restrict c, int64_t ldc, int acc)
+{
+    __m512 c0[MR], c1[MR];
+#pragma GCC unroll 14
+    for (int r = 0; r < MR; r++) {
+        c0[r] = _mm512_setzero_ps();
+        c1[r] = _mm512_setzero_ps();
+        /* The block of C is read (acc) or written at the end: start fetching it now. */
+        _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + r * ldc + 16), _MM_HINT_T0);
+    }
+    for (int64_t k = 0; k < kc; k++, a += MR, b += NR32) {
+        const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 14
+        for (int r = 0; r < MR; r++) {
+            const __m512 ar = _mm512_set1_ps(a[r]);
+            c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+        }
+    }
+#pragma GCC unroll 14
+    for (int r = 0; r < MR; r++) {
+        float *cr = c + r * ldc;
+        if (acc) {
+            c0[r] = _mm512_add_ps(c0[r], _mm512_loadu_ps(cr));
+            c1[r] = _mm512_add_ps(c1[r], _mm512_loadu_ps(cr + 16));
+        }
+        _mm512_storeu_ps(cr, c0[r]);
+        _mm512_storeu_ps(cr + 16, c1[r]);
+    }
+}
+
+AVX512 static void kernel_f64(int64_t kc, const double *restrict a, const double *restrict b,
+                              double *restrict c, int64_t ldc, int acc)
+{
+    __m512d c0[MR], c1[MR];
+#pragma GCC unroll 14
+    for (int r = 0; r < MR; r++) {
+        c0[r] = _mm512_setzero_pd();
+        c1[r] = _mm512_setzero_pd();
+    }
+    for (int64_t k = 0; k < kc; k++, a += MR, b += NR64) {
+        const __m512d b0 = _mm512_load_pd(b), b1 = _mm512_load_pd(b + 8);
+#pragma GCC unroll 14
+        for (int r = 0; r < MR; r++) {
+            const __m512d ar = _mm512_set1_pd(a[r]);
+            c0[r] = _mm512_fmadd_pd(ar, b0, c0[r]);
+            c1[r] = _mm512_fmadd_pd(ar, b1, c1[r]);
+        }
+    }
+#pragma GCC unroll 14
+    for (int r = 0; r < MR; r++) {
+        double *cr = c + r * ldc;
+        if (acc) {
+            c0[r] = _mm512_add_pd(c0[r], _mm512_loadu_pd(cr));
+            c1[r] = _mm512_add_pd(c1[r], _mm512_loadu_pd(cr + 8));
+        }
+        _mm512_storeu_pd(cr, c0[r]);
+        _mm512_storeu_pd(cr + 8, c1[r]);
+    }
+}
+
+/* Transposes the 16 x 16 block r (16 rows of 16 values) in place: r[c] becomes column c.
+ * Unpacks of 32-bit then 64-bit pairs inside the 128-bit lanes, then two rounds of lane
+ * shuffles (0x88: lanes 0 and 2 of each operand, 0xDD: lanes 1 and 3). */
+AVX512 static inline void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+        __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        __m512 w0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        __m512 w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
+        r[4 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
+    }
+}
+
+/* pack_f32 for the B panels (w = 32), by 16 x 16 transposes in registers: the scalar loop
+ * spent about a tenth of the kNN's time here. Rows past n and columns past kc are zeros. */
+AVX512 static void pack_b_f32(const float *X, int64_t n, int64_t K, int64_t k0, int64_t kc,
+                              float *dst)
+{
+    for (int64_t q = 0; q < n; q += NR32, dst += kc * NR32)
+        for (int h = 0; h < NR32; h += 16)
+            for (int64_t k = 0; k < kc; k += 16) {
+                const int kn = kc - k < 16 ? (int)(kc - k) : 16;
+                const __mmask16 mask = (__mmask16)((1u << kn) - 1);
+                __m512 r[16];
+#pragma GCC unroll 16
+                for (int t = 0; t < 16; t++)
+                    r[t] = q + h + t < n ? _mm512_maskz_loadu_ps(mask, X + (q + h + t) * K + k0 + k)
+                                         : _mm512_setzero_ps();
+                transpose16(r);
+                for (int t = 0; t < kn; t++)
+                    _mm512_store_ps(dst + (k + t) * NR32 + h, r[t]);
+            }
+}
+
+void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *B,
+                     void *Bp, void *C, int64_t ldc)
+{
+    const int nr = nr_of(f64);
+    const int64_t es = f64 ? 8 : 4, mp = round_up(m, MR), np = round_up(n, nr);
+    const char *ablock = align64((void *)Ap);
+    const int64_t kb = kc_of(K);
+    char *bp = align64(Bp), *scratch = bp + np * kb * es;
+    for (int64_t i = 0; K == 0 && i < m; i++)
+        memset((char *)C + i * ldc * es, 0, (size_t)(n * es)); /* the empty sum */
+    for (int64_t k0 = 0; k0 < K; k0 += kb) {
+        const int64_t kc = K - k0 < kb ? K - k0 : kb;
+        const int acc = k0 > 0;
+        if (f64)
+            pack_f64(B, n, K, k0, kc, nr, (double *)bp);
+        else
+            pack_b_f32(B, n, K, k0, kc, (float *)bp);
+        for (int64_t i = 0; i < m; i += MR) {
+            const char *a = ablock + i * kc * es;
+            const int rows = m - i < MR ? (int)(m - i) : MR;
+            for (int64_t j = 0; j < n; j += nr) {
+                const char *b = bp + j * kc * es;
+                const int cols = n - j < nr ? (int)(n - j) : nr;
+                char *c = (char *)C + (i * ldc + j) * es;
+                if (rows == MR && cols == nr) {
+                    if (f64)
+                        kernel_f64(kc, (const double *)a, (const double *)b, (double *)c, ldc, acc);
+                    else
+                        kernel_f32(kc, (const float *)a, (const float *)b, (float *)c, ldc, acc);
+                    continue;
+                }
+                /* A partial tile: through the scratch block, only its valid part to C. */
+                for (int r = 0; acc && r < rows; r++)
+                    memcpy(scratch + r * nr * es, c + r * ldc * es, (size_t)(cols * es));
+                if (f64)
+                    kernel_f64(kc, (const double *)a, (const double *)b, (double *)scratch, nr,
+                               acc);
+                else
+                    kernel_f32(kc, (const float *)a, (const float *)b, (float *)scratch, nr, acc);
+                for (int r = 0; r < rows; r++)
+                    memcpy(c + r * ldc * es, scratch + r * nr * es, (size_t)(cols * es));
+            }
+        }
+        ablock += mp * kc * es;
+    }
+}
+
+#else
+
+void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *B,
+                     void *Bp, void *C, int64_t ldc)
+{
+    (void)f64, (void)m, (void)n, (void)K, (void)Ap, (void)B, (void)Bp, (void)C, (void)ldc;
+}
+
+#endif
