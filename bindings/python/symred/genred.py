@@ -113,6 +113,53 @@ def _args_from(aliases, formulas):
     return args
 
 
+_GRADFROMPOS_RE = re.compile(r"\bGradFromPos\s*\(")
+_INT_RE = re.compile(r"^\s*\d+\s*$")
+
+
+def _split_call(text, start):
+    """The top-level arguments of the call whose '(' is at text[start], and the index just
+    past its ')'; None when the parentheses do not balance (the C parser then reports it)."""
+    depth, args, last = 0, [], start + 1
+    for pos in range(start, len(text)):
+        c = text[pos]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                args.append(text[last:pos])
+                return args, pos + 1
+        elif c == "," and depth == 1:
+            args.append(text[last:pos])
+            last = pos + 1
+    return None
+
+
+def _expand_gradfrompos(text, parse, axis):
+    """Rewrites each GradFromPos(F, v, I), I an integer literal, as
+    Grad(F, v, Var(I, dim(F), cat)) with cat the category of the reduction's output (Vi for
+    axis 1, Vj for axis 0), as KeOps defines it; ``parse`` gives the sr_expr of F for its
+    dimension. The other form, GradFromPos(F, pos, e), and malformed text are left to the C
+    parser. Inner calls are rewritten first, so the forms nest."""
+    m = _GRADFROMPOS_RE.search(text)
+    if m is None:
+        return text
+    split = _split_call(text, m.end() - 1)
+    if split is None:
+        return text
+    args, end = split
+    args = [_expand_gradfrompos(a, parse, axis) for a in args]
+    rest = _expand_gradfrompos(text[end:], parse, axis)
+    if len(args) == 3 and _INT_RE.match(args[2]) and not _INT_RE.match(args[1]):
+        dim = lib.sr_expr_dim(parse(args[0]))
+        cat = SR_CAT_I if axis == 1 else SR_CAT_J
+        call = f"Grad({args[0]},{args[1]},Var({int(args[2])},{dim},{cat}))"
+    else:
+        call = "GradFromPos(" + ",".join(args) + ")"
+    return text[: m.start()] + call + rest
+
+
 def _dtype_name(dt):
     return np.dtype(dt).name
 
@@ -300,10 +347,15 @@ class Genred:
         self._h = _Handle()
         self._finalizer = weakref.finalize(self, _Handle.close, lib, self._h.ctx,
                                            self._h.kernels)
-        self._expr = self._parse(formula, "formula")
-        self._weight = self._parse(formula2, "formula2") if formula2 is not None else None
+        # KeOps' GradFromPos(F, v, I) declares a new variable, the gradient input, of the
+        # reduction's output category: written out here, where the axis is known.
+        text = _expand_gradfrompos(formula, lambda f: self._parse(f, "formula"), axis)
+        text2 = (_expand_gradfrompos(formula2, lambda f: self._parse(f, "formula2"), axis)
+                 if formula2 is not None else None)
+        self._expr = self._parse(text, "formula")
+        self._weight = self._parse(text2, "formula2") if text2 is not None else None
 
-        self._args = _args_from(aliases, [formula, formula2])
+        self._args = _args_from(aliases, [text, text2])
         self._check_args_with_parser()
         self.nargs = 1 + max(self._args) if self._args else 0
 
