@@ -19,6 +19,7 @@ PACKAGES=(
     python3-pytest    # their tests
     python3-pip       # the offline install of the bindings (tested)
     python3-setuptools
+    python3-torch     # symred.torch and its tests (import symred never needs it)
     clang-format      # the style check of scripts/test.sh
     openmpi-bin       # mpirun: the MPI companion library's tests, examples and benchmark
     libopenmpi-dev    # MPI headers and libmpi: CMake builds symred_mpi when it finds them

@@ -210,6 +210,8 @@ def _declare(lib):
         "sr_kernel_nargs": (c_int, [c_void_p]),
         "sr_kernel_out_dim": (c_int, [c_void_p]),
         "sr_kernel_run_ex": (c_int, [c_void_p, P(RunDesc)]),
+        "sr_kernel_run_device": (c_int, [c_void_p, P(RunDesc), ctypes.c_uint64, c_int]),
+        "sr_kernel_grad": (c_int, [c_void_p, c_int, P(c_void_p)]),
         "sr_kernel_explain": (c_char_p, [c_void_p]),
     }
     missing = []

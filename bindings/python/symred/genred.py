@@ -113,8 +113,51 @@ def _args_from(aliases, formulas):
     return args
 
 
-def _dtype_name(dt):
-    return np.dtype(dt).name
+_GRADFROMPOS_RE = re.compile(r"\bGradFromPos\s*\(")
+_INT_RE = re.compile(r"^\s*\d+\s*$")
+
+
+def _split_call(text, start):
+    """The top-level arguments of the call whose '(' is at text[start], and the index just
+    past its ')'; None when the parentheses do not balance (the C parser then reports it)."""
+    depth, args, last = 0, [], start + 1
+    for pos in range(start, len(text)):
+        c = text[pos]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                args.append(text[last:pos])
+                return args, pos + 1
+        elif c == "," and depth == 1:
+            args.append(text[last:pos])
+            last = pos + 1
+    return None
+
+
+def _expand_gradfrompos(text, parse, axis):
+    """Rewrites each GradFromPos(F, v, I), I an integer literal, as
+    Grad(F, v, Var(I, dim(F), cat)) with cat the category of the reduction's output (Vi for
+    axis 1, Vj for axis 0), as KeOps defines it; ``parse`` gives the sr_expr of F for its
+    dimension. The other form, GradFromPos(F, pos, e), and malformed text are left to the C
+    parser. Inner calls are rewritten first, so the forms nest."""
+    m = _GRADFROMPOS_RE.search(text)
+    if m is None:
+        return text
+    split = _split_call(text, m.end() - 1)
+    if split is None:
+        return text
+    args, end = split
+    args = [_expand_gradfrompos(a, parse, axis) for a in args]
+    rest = _expand_gradfrompos(text[end:], parse, axis)
+    if len(args) == 3 and _INT_RE.match(args[2]) and not _INT_RE.match(args[1]):
+        dim = lib.sr_expr_dim(parse(args[0]))
+        cat = SR_CAT_I if axis == 1 else SR_CAT_J
+        call = f"Grad({args[0]},{args[1]},Var({int(args[2])},{dim},{cat}))"
+    else:
+        call = "GradFromPos(" + ",".join(args) + ")"
+    return text[: m.start()] + call + rest
 
 
 def _check_dtype_option(dtype):
@@ -300,10 +343,15 @@ class Genred:
         self._h = _Handle()
         self._finalizer = weakref.finalize(self, _Handle.close, lib, self._h.ctx,
                                            self._h.kernels)
-        self._expr = self._parse(formula, "formula")
-        self._weight = self._parse(formula2, "formula2") if formula2 is not None else None
+        # KeOps' GradFromPos(F, v, I) declares a new variable, the gradient input, of the
+        # reduction's output category: written out here, where the axis is known.
+        text = _expand_gradfrompos(formula, lambda f: self._parse(f, "formula"), axis)
+        text2 = (_expand_gradfrompos(formula2, lambda f: self._parse(f, "formula2"), axis)
+                 if formula2 is not None else None)
+        self._expr = self._parse(text, "formula")
+        self._weight = self._parse(text2, "formula2") if text2 is not None else None
 
-        self._args = _args_from(aliases, [formula, formula2])
+        self._args = _args_from(aliases, [text, text2])
         self._check_args_with_parser()
         self.nargs = 1 + max(self._args) if self._args else 0
 
@@ -345,13 +393,16 @@ class Genred:
                     f"these bindings did not expect; please report this"
                 )
 
-    def _kernel(self, sr_dtype, device):
-        key = (sr_dtype, device)
+    def _kernel(self, sr_dtype, device, reduction=None):
+        """The compiled kernel for a dtype and device (of another reduction of the same
+        formula when ``reduction`` is given: symred.torch asks for Min_ArgMin for a Min)."""
+        red = self._red if reduction is None else reduction
+        key = (sr_dtype, device, red)
         k = self._h.kernels.get(key)
         if k is not None:
             return k
         desc = KernelDesc(
-            reduction=self._red,
+            reduction=red,
             axis=self.axis,
             k=self.opt_arg or 1,
             dtype=sr_dtype,
@@ -392,6 +443,37 @@ class Genred:
         return (f"Genred({self.formula!r}, {self.aliases!r}, reduction_op="
                 f"{self.reduction_op!r}, axis={self.axis}{k}{f2})")
 
+    # What _prepare needs to know of the array type; symred.torch.Genred overrides these.
+    _ARRAY_NAME = "NumPy array"
+
+    @staticmethod
+    def _is_array(a):
+        return isinstance(a, np.ndarray)
+
+    @staticmethod
+    def _array_dtype(a):
+        """The array's dtype as _prepare compares them, None if it is not float32/float64."""
+        dt = a.dtype
+        if dt.kind == "f" and dt.itemsize in (4, 8) and not dt.isnative:
+            dt = dt.newbyteorder("=")
+        return dt if dt in _DTYPES else None
+
+    @staticmethod
+    def _array_dtype_of_option(dt):
+        return dt
+
+    @staticmethod
+    def _dtype_name(dt):
+        return np.dtype(dt).name
+
+    @staticmethod
+    def _from_numbers(a, dt):
+        return np.asarray(a, dtype=dt)
+
+    @staticmethod
+    def _contiguous(a, dt):
+        return np.ascontiguousarray(a, dtype=dt)
+
     def _prepare(self, args):
         """Checked, contiguous arrays in one dtype, and nx, ny."""
         if len(args) != self.nargs:
@@ -405,30 +487,28 @@ class Genred:
         # The dtype: the one given to Genred, else the one common to the arrays.
         dtypes = {}
         for i, a in enumerate(args):
-            if isinstance(a, np.ndarray):
-                dt = a.dtype
-                if dt.kind == "f" and dt.itemsize in (4, 8) and not dt.isnative:
-                    dt = dt.newbyteorder("=")
-                if dt not in _DTYPES:
+            if self._is_array(a):
+                dt = self._array_dtype(a)
+                if dt is None:
                     what = self._args[i].describe() if i in self._args else f"argument {i}"
-                    raise TypeError(
-                        f"{what}: dtype {a.dtype.name} is not supported; use float32 or float64"
-                    )
+                    raise TypeError(f"{what}: dtype {self._dtype_name(a.dtype)} is not "
+                                    f"supported; use float32 or float64")
                 dtypes[i] = dt
         if len(set(dtypes.values())) > 1:
-            desc = ", ".join(f"argument {i} is {dt.name}" for i, dt in dtypes.items())
+            desc = ", ".join(f"argument {i} is {self._dtype_name(dt)}"
+                             for i, dt in dtypes.items())
             raise TypeError(f"mixed dtypes ({desc}): convert all arrays to one of float32 or "
                             f"float64")
         if self.dtype is not None:
-            dt = self.dtype
+            dt = self._array_dtype_of_option(self.dtype)
             for i, adt in dtypes.items():
                 if adt != dt:
-                    raise TypeError(f"argument {i} is {adt.name} but this Genred was created "
-                                    f"with dtype={dt.name}")
+                    raise TypeError(f"argument {i} is {self._dtype_name(adt)} but this Genred "
+                                    f"was created with dtype={self.dtype.name}")
         elif dtypes:
             dt = next(iter(dtypes.values()))
         else:
-            dt = np.dtype(np.float32)
+            dt = self._array_dtype_of_option(np.dtype(np.float32))
 
         arrays = [None] * self.nargs
         rows = {SR_CAT_I: {}, SR_CAT_J: {}}
@@ -436,12 +516,12 @@ class Genred:
             spec = self._args.get(i)
             if spec is None:
                 continue  # an index no alias and no Var() uses: its array is not read
-            if not isinstance(a, np.ndarray):
+            if not self._is_array(a):
                 if spec.cat == SR_CAT_PARAM and isinstance(a, (int, float, np.number, list,
                                                                tuple)):
-                    a = np.asarray(a, dtype=dt)
+                    a = self._from_numbers(a, dt)
                 else:
-                    raise TypeError(f"{spec.describe()} must be a NumPy array of shape "
+                    raise TypeError(f"{spec.describe()} must be a {self._ARRAY_NAME} of shape "
                                     f"{spec.expected_shape()}, not {type(a).__name__}")
             if spec.cat == SR_CAT_PARAM:
                 if a.ndim == 0 and spec.dim == 1:
@@ -457,7 +537,7 @@ class Genred:
                     raise ValueError(f"{spec.describe()} must have shape {spec.expected_shape()}, "
                                      f"got {a.shape}{hint}")
                 rows[spec.cat][i] = a.shape[0]
-            arrays[i] = np.ascontiguousarray(a, dtype=dt)
+            arrays[i] = self._contiguous(a, dt)
         sizes = []
         for cat, label in ((SR_CAT_I, "nx"), (SR_CAT_J, "ny")):
             counts = rows[cat]

@@ -34,14 +34,15 @@ _cache_lock = threading.Lock()
 _CACHE_SIZE = 128
 
 
-def _genred(formula, aliases, red, axis, K, formula2, init_kwargs):
-    key = (formula, tuple(aliases), red, axis, K, formula2, tuple(sorted(init_kwargs.items())))
+def _genred(cls, formula, aliases, red, axis, K, formula2, init_kwargs):
+    key = (cls, formula, tuple(aliases), red, axis, K, formula2,
+           tuple(sorted(init_kwargs.items())))
     with _cache_lock:
         g = _cache.get(key)
         if g is not None:
             _cache.move_to_end(key)
             return g
-    g = Genred(formula, aliases, reduction_op=red, axis=axis, opt_arg=K, formula2=formula2,
+    g = cls(formula, aliases, reduction_op=red, axis=axis, opt_arg=K, formula2=formula2,
                **init_kwargs)
     with _cache_lock:
         _cache[key] = g
@@ -105,6 +106,27 @@ class LazyTensor:
     # NumPy must leave `array + lazytensor` to our reflected operators.
     __array_ufunc__ = None
 
+    # The array type and its Genred; symred.torch.LazyTensor overrides these.
+    _ARRAY_TYPE = np.ndarray
+    _ARRAY_NAME = "NumPy array"
+    _GENRED = Genred
+
+    @staticmethod
+    def _normalize_array(x):
+        """The array in native byte order, or TypeError if its dtype is not float32/64."""
+        if x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
+        _check_array_dtype(x, f"LazyTensor(array of shape {x.shape})")
+        return x
+
+    @staticmethod
+    def _dtype_name(dt):
+        return dt.name
+
+    @staticmethod
+    def _param_array(values, dt):
+        return np.asarray(values, dtype=dt if dt is not None else np.float32)
+
     def __init__(self, x=None, axis=None):
         self.formula = None
         self.ndim = None
@@ -134,13 +156,11 @@ class LazyTensor:
                 raise TypeError("LazyTensor: a list must hold one or more numbers")
             self._leaf(list(x), _P, len(x))
             return
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"LazyTensor expects a NumPy array, a number or a list of numbers, "
-                            f"not {type(x).__name__}")
-        if x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and not x.dtype.isnative:
-            x = x.astype(x.dtype.newbyteorder("="))
-        _check_array_dtype(x, f"LazyTensor(array of shape {x.shape})")
-        shape = x.shape
+        if not isinstance(x, self._ARRAY_TYPE):
+            raise TypeError(f"LazyTensor expects a {self._ARRAY_NAME}, a number or a list of "
+                            f"numbers, not {type(x).__name__}")
+        x = self._normalize_array(x)
+        shape = tuple(x.shape)
         if x.ndim == 3:
             if axis is not None:
                 raise ValueError("LazyTensor: axis must not be given for a 3-D array; its shape "
@@ -192,12 +212,12 @@ class LazyTensor:
 
     # ---- combining ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _wrap(x):
-        return x if isinstance(x, LazyTensor) else LazyTensor(x)
+    @classmethod
+    def _wrap(cls, x):
+        return x if isinstance(x, LazyTensor) else cls(x)
 
     def _join(self, *others):
-        res = LazyTensor()
+        res = type(self)()
         res._copy_from(self)
         for o in others:
             for attr, what in (("ni", "rows indexed by i"), ("nj", "rows indexed by j")):
@@ -207,15 +227,16 @@ class LazyTensor:
                 if a is None:
                     setattr(res, attr, b)
             if res.dtype is not None and o.dtype is not None and res.dtype != o.dtype:
-                raise TypeError(f"mixed dtypes: {res.dtype.name} and {o.dtype.name}; convert "
-                                f"the arrays to one of float32 or float64")
+                raise TypeError(f"mixed dtypes: {self._dtype_name(res.dtype)} and "
+                                f"{self._dtype_name(o.dtype)}; convert the arrays to one of "
+                                f"float32 or float64")
             if res.dtype is None:
                 res.dtype = o.dtype
             res.leaves.update(o.leaves)
         return res
 
     def _unary(self, name, dimres=None, *attrs):
-        res = LazyTensor()
+        res = type(self)()
         res._copy_from(self)
         extra = "".join(f",{a}" for a in attrs)
         res.formula = f"{name}({self.formula}{extra})"
@@ -277,7 +298,7 @@ class LazyTensor:
         return self._infix("/", o, reverse=True)
 
     def __neg__(self):
-        res = LazyTensor()
+        res = type(self)()
         res._copy_from(self)
         res.formula = f"(-{self.formula})"
         return res
@@ -311,7 +332,7 @@ class LazyTensor:
                 return self._unary("Sqrt")
             if o == -0.5:
                 return self._unary("Rsqrt")
-        if isinstance(o, LazyTensor) or _is_float(o) or isinstance(o, np.ndarray):
+        if isinstance(o, LazyTensor) or _is_float(o) or isinstance(o, self._ARRAY_TYPE):
             return self._function("Powf", [o])
         raise TypeError(f"the exponent must be a number or a LazyTensor, not {type(o).__name__}")
 
@@ -556,10 +577,9 @@ class LazyTensor:
         if formula2 is not None:
             formula2 = _TOKEN_RE.sub(rename, formula2)
         aliases = [f"{names[l.token]}={_CAT_TEXT[l.cat]}({l.dim})" for l in leaves]
-        g = _genred(formula, aliases, red, ax, K, formula2, init_kwargs)
-        dt = src.dtype if src.dtype is not None else np.dtype(np.float32)
-        arrays = [l.data if isinstance(l.data, np.ndarray) else np.asarray(l.data, dtype=dt)
-                  for l in leaves]
+        g = _genred(self._GENRED, formula, aliases, red, ax, K, formula2, init_kwargs)
+        arrays = [l.data if isinstance(l.data, self._ARRAY_TYPE)
+                  else self._param_array(l.data, src.dtype) for l in leaves]
         return g(*arrays, **call_kwargs)
 
     def sum(self, axis=-1, dim=None, **kwargs):
@@ -630,42 +650,46 @@ class LazyTensor:
                              self.formula or "")
         decl = ", ".join(f"{names[t]}={_CAT_TEXT[self.leaves[t].cat]}({self.leaves[t].dim})"
                          for t in names)
-        dt = self.dtype.name if self.dtype is not None else "any"
+        dt = self._dtype_name(self.dtype) if self.dtype is not None else "any"
         return (f"symred LazyTensor\n    formula: {text}\n    variables: {decl or '(none)'}"
                 f"\n    shape: {self.shape}\n    dtype: {dt}")
 
     __str__ = __repr__
 
 
+def _vi_vj(cls, x, axis):
+    """LazyTensor(x, axis) for Vi (axis 0) and Vj (axis 1), with their checks."""
+    name, n, hint = ("Vi", "n", "x[:, None]") if axis == 0 else ("Vj", "m", "y[:, None]")
+    if not isinstance(x, cls._ARRAY_TYPE):
+        raise TypeError(f"{name} expects an ({n}, d) {cls._ARRAY_NAME}, not {type(x).__name__} "
+                        f"(symbolic {name}(index, dim) variables are not supported)")
+    if x.ndim != 2:
+        raise ValueError(f"{name} expects an ({n}, d) array, got shape {tuple(x.shape)}"
+                         + (f" (use {hint} for a 1-D array)" if x.ndim == 1 else ""))
+    return cls(x, axis=axis)
+
+
+def _pm(cls, x):
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError("Pm: a bool is not a number")
+    if _is_int(x) or _is_float(x):
+        return cls([x])
+    if isinstance(x, cls._ARRAY_TYPE) and x.ndim > 1:
+        raise ValueError(f"Pm expects a (d,) array, got shape {tuple(x.shape)}")
+    return cls(x)
+
+
 def Vi(x):
     """A variable indexed by i from an ``(n, d)`` array: ``LazyTensor(x, axis=0)``."""
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"Vi expects an (n, d) NumPy array, not {type(x).__name__} (symbolic "
-                        f"Vi(index, dim) variables are not supported)")
-    if x.ndim != 2:
-        raise ValueError(f"Vi expects an (n, d) array, got shape {x.shape}"
-                         + (" (use x[:, None] for a 1-D array)" if x.ndim == 1 else ""))
-    return LazyTensor(x, axis=0)
+    return _vi_vj(LazyTensor, x, 0)
 
 
 def Vj(x):
     """A variable indexed by j from an ``(m, d)`` array: ``LazyTensor(x, axis=1)``."""
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"Vj expects an (m, d) NumPy array, not {type(x).__name__} (symbolic "
-                        f"Vj(index, dim) variables are not supported)")
-    if x.ndim != 2:
-        raise ValueError(f"Vj expects an (m, d) array, got shape {x.shape}"
-                         + (" (use y[:, None] for a 1-D array)" if x.ndim == 1 else ""))
-    return LazyTensor(x, axis=1)
+    return _vi_vj(LazyTensor, x, 1)
 
 
 def Pm(x):
     """A parameter: a ``(d,)`` or 0-D array, a list of numbers, or a number (then a runtime
     parameter of dimension 1, not a constant baked into the formula)."""
-    if isinstance(x, (bool, np.bool_)):
-        raise TypeError("Pm: a bool is not a number")
-    if _is_int(x) or _is_float(x):
-        return LazyTensor([x])
-    if isinstance(x, np.ndarray) and x.ndim > 1:
-        raise ValueError(f"Pm expects a (d,) array, got shape {x.shape}")
-    return LazyTensor(x)
+    return _pm(LazyTensor, x)

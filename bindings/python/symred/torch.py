@@ -1,0 +1,347 @@
+"""symred.torch: Genred and LazyTensor on torch tensors, differentiable, as pykeops.torch.
+
+    from symred.torch import Genred, LazyTensor, Vi, Vj, Pm
+
+Inputs and outputs are torch tensors. Contiguous CPU tensors go to the C library by pointer
+(``data_ptr()``), with no copy; CUDA tensors go by device pointer through
+``sr_kernel_run_device`` to a kernel created for the GPU (the output is allocated on the same
+GPU), so the data never leaves the card.
+
+Gradients. Every reduction is a ``torch.autograd.Function`` (:class:`_Reduce`) holding a
+compiled kernel. Its backward asks the C library for the gradient kernel of each input that
+needs one (``sr_kernel_grad``, whose calling contract is in docs/gradients.md: the forward
+arrays, then the incoming gradient, then the forward output or indices, then the
+log-normalizer or the reduced index) and runs it through :class:`_Reduce` again. A gradient
+kernel is an ordinary Sum kernel, so the backward is itself differentiable: with
+``create_graph=True`` the second derivative asks for the gradient kernel of the gradient
+kernel, and so on to any order. Parameter gradients come back as one partial sum per output
+row and are summed here; gradients of the Arg reductions are zero (their indices do not move).
+
+``import symred`` never imports torch; this module does, and raises ImportError without it.
+"""
+
+import ctypes
+import os
+import re
+import threading
+
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - exercised by a subprocess test
+    raise ImportError(
+        "symred.torch needs PyTorch (Debian: apt-get install python3-torch); symred itself "
+        "and symred.numpy work without it"
+    ) from e
+
+import numpy as np
+
+from . import _lib
+from . import genred as _genred
+from . import lazytensor as _lazy
+from ._lib import SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, RunDesc, check, lib
+
+__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm"]
+
+_SR_DTYPES = {torch.float32: SR_F32, torch.float64: SR_F64}
+_NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+_SELECTING = ("Min", "Max", "Min_ArgMin", "Max_ArgMax", "KMin", "KMin_ArgKMin")
+_INDEX_ONLY = ("ArgMin", "ArgMax", "ArgKMin")
+_WITH_INDICES = _INDEX_ONLY + ("Min_ArgMin", "Max_ArgMax", "KMin_ArgKMin")
+_ARG_RE = re.compile(r"\[(\d+)\] (?:(Vi|Vj|Pm)\((\d+)\)|unused)")
+_CATS = {"Vi": _lib.SR_CAT_I, "Vj": _lib.SR_CAT_J, "Pm": SR_CAT_PARAM}
+
+# A Min, Max or KMin gradient needs the selected indices: the forward runs the reduction
+# that returns both, and Genred hands back the values only.
+_WITH_ARG = {"Min": "Min_ArgMin", "Max": "Max_ArgMax", "KMin": "KMin_ArgKMin"}
+
+
+def _kernel_vars(ptr):
+    """{index: (cat, dim)} of the variables a kernel reads, from its explain text: the only
+    place the C API states them (the gradient kernels' come from sr_grad, so the bindings
+    cannot know them otherwise). An index missing from the result is unused."""
+    text = lib.sr_kernel_explain(ptr).decode(errors="replace")
+    line = next((ln for ln in text.splitlines() if ln.startswith("arguments:")), None)
+    if line is None:
+        raise _lib.SymredRuntimeError("symred.torch: the kernel's explain text has no "
+                                      "'arguments:' line; the library and bindings disagree")
+    return {int(m.group(1)): (_CATS[m.group(2)], int(m.group(3)))
+            for m in _ARG_RE.finditer(line) if m.group(2)}
+
+
+class _Kernel:
+    """A compiled sr_kernel and what the autograd Functions need of it.
+
+    ``owner`` is the Genred whose context holds the kernel: keeping it here keeps the context
+    (and so the kernel) alive as long as an autograd graph refers to this object. Gradient
+    kernels are created on demand, once per variable, in the same context and freed with it.
+    """
+
+    def __init__(self, owner, ptr, red, axis, desc, expr=None):
+        self.owner, self.ptr, self.red, self.axis = owner, ptr, red, axis
+        self.desc = desc  # (sr dtype, sr device, accumulation) of the kernel
+        self.expr = expr  # the forward formula, for SumSoftMaxWeight's log-normalizer
+        self.nargs = lib.sr_kernel_nargs(ptr)
+        self.out_dim = lib.sr_kernel_out_dim(ptr)
+        self.vars = _kernel_vars(ptr)
+        self._derived = {}
+
+    def _new_derived(self, key, make):
+        h = self.owner._h
+        with h.lock:
+            k = self._derived.get(key)
+            if k is None:
+                k = make(h)
+                self._derived[key] = k
+            return k
+
+    def grad(self, index):
+        """The gradient kernel with respect to variable ``index`` (sr_kernel_grad)."""
+
+        def make(h):
+            out = ctypes.c_void_p()
+            check(lib.sr_kernel_grad(self.ptr, index, ctypes.byref(out)), h.ctx,
+                  f"gradient of {self.red} with respect to argument {index}")
+            h.kernels[("grad", id(self), index)] = out
+            cat = self.vars[index][0]
+            reduced_cat = _lib.SR_CAT_J if self.axis == 1 else _lib.SR_CAT_I
+            axis = 1 - self.axis if cat == reduced_cat else self.axis
+            return _Kernel(self.owner, out, "Sum", axis, self.desc)
+
+        return self._new_derived(("grad", index), make)
+
+    def logsumexp(self):
+        """The LogSumExp kernel of the same formula and axis: SumSoftMaxWeight's
+        log-normalizer, which its gradient kernel reads."""
+
+        def make(h):
+            dtype, device, acc = self.desc
+            desc = KernelDesc(reduction=_genred.REDUCTIONS.index("LogSumExp"), axis=self.axis,
+                              k=1, dtype=dtype, device=device, weight=None, acc=acc)
+            out = ctypes.c_void_p()
+            check(lib.sr_kernel_new(h.ctx, self.expr, ctypes.byref(desc), ctypes.byref(out)),
+                  h.ctx, "the log-normalizer of SumSoftMaxWeight")
+            h.kernels[("lse", id(self))] = out
+            return _Kernel(self.owner, out, "LogSumExp", self.axis, self.desc)
+
+        return self._new_derived(("lse",), make)
+
+
+def _pointer(t):
+    return t.data_ptr() if t is not None else None
+
+
+def _run(kern, nx, ny, args):
+    """Runs the kernel on tensors (None for an unused index); returns (values, indices)."""
+    args = list(args[: kern.nargs]) + [None] * max(0, kern.nargs - len(args))
+    first = next((a for a in args if a is not None), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = first.dtype if first is not None else torch.float32
+    nout = nx if kern.axis == 1 else ny
+    values = idx = None
+    if kern.red not in _INDEX_ONLY:
+        values = torch.empty((nout, kern.out_dim), dtype=dtype, device=device)
+    if kern.red in _WITH_INDICES:
+        idx = torch.empty((nout, kern.out_dim), dtype=torch.int64, device=device)
+    ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
+    run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values),
+                  out_idx=_pointer(idx))
+    if device.type == "cuda":
+        # symred launches on its own stream of the primary context, which torch shares: the
+        # inputs must be written before it reads them.
+        torch.cuda.current_stream(device).synchronize()
+        mask = 0
+        for v, a in enumerate(args[:64]):
+            if a is not None:
+                mask |= 1 << v
+        st = lib.sr_kernel_run_device(kern.ptr, ctypes.byref(run), mask, 1)
+    else:
+        st = lib.sr_kernel_run_ex(kern.ptr, ctypes.byref(run))
+    check(st, kern.owner._h.ctx)
+    return values, idx
+
+
+class _Reduce(torch.autograd.Function):
+    """One reduction: forward runs the kernel; backward runs its gradient kernels, through
+    this same Function, so that the backward is differentiable too."""
+
+    @staticmethod
+    def forward(ctx, kern, nx, ny, *args):
+        values, idx = _run(kern, nx, ny, args)
+        ctx.kern, ctx.nx, ctx.ny = kern, nx, ny
+        ctx.save_for_backward(values, idx, *args)
+        if idx is not None:
+            ctx.mark_non_differentiable(idx)
+        if kern.red in _INDEX_ONLY:
+            return idx
+        return (values, idx) if idx is not None else values
+
+    @staticmethod
+    def backward(ctx, *grads):
+        kern, nx, ny = ctx.kern, ctx.nx, ctx.ny
+        values, idx, *args = ctx.saved_tensors
+        none = [None] * (3 + len(args))
+        G = grads[0]
+        if kern.red in _INDEX_ONLY or G is None:
+            return tuple(none)  # indices do not move with the inputs
+        n = kern.nargs
+        fwd = list(args[:n]) + [None] * max(0, n - len(args))
+        extra = [G.contiguous()]
+        if kern.red == "LogSumExp":
+            extra.append(values)
+        elif kern.red == "SumSoftMaxWeight":
+            lse = kern.logsumexp()
+            extra += [values, _Reduce.apply(lse, nx, ny, *fwd[: lse.nargs])]
+        elif kern.red in _SELECTING:
+            reduced = ny if kern.axis == 1 else nx
+            extra += [idx.to(values.dtype),
+                      torch.arange(reduced, dtype=values.dtype, device=values.device)[:, None]]
+        out = none
+        for i, a in enumerate(args):
+            if a is None or not ctx.needs_input_grad[3 + i] or i not in kern.vars:
+                continue  # None: a zero gradient for an input the formula does not read
+            gk = kern.grad(i)
+            gargs = (fwd + extra)[: gk.nargs]
+            g = _Reduce.apply(gk, nx, ny, *gargs)
+            if kern.vars[i][0] == SR_CAT_PARAM:
+                g = g.sum(0)  # one partial gradient per output row
+            out[3 + i] = g.reshape(a.shape)
+        return tuple(out)
+
+
+class Genred(_genred.Genred):
+    """``pykeops.torch.Genred``: the same arguments as :class:`symred.Genred`, called on torch
+    tensors (all float32 or all float64, on one device), returning torch tensors that
+    autograd differentiates to any order.
+
+    ``backend``: ``"auto"`` (CUDA tensors run on their GPU, CPU tensors as symred.Genred's
+    ``"auto"``), ``"CPU"``, ``"GPU"`` (CUDA tensors only), ``"reference"`` (CPU tensors).
+    Indices (ArgMin, ...) are int64 tensors, as in symred.Genred.
+    """
+
+    _ARRAY_NAME = "torch tensor"
+
+    @staticmethod
+    def _is_array(a):
+        return isinstance(a, torch.Tensor)
+
+    @staticmethod
+    def _array_dtype(a):
+        return a.dtype if a.dtype in _SR_DTYPES else None
+
+    @staticmethod
+    def _array_dtype_of_option(dt):
+        return _NP_TO_TORCH[np.dtype(dt)]
+
+    @staticmethod
+    def _dtype_name(dt):
+        return str(dt).replace("torch.", "")
+
+    @staticmethod
+    def _from_numbers(a, dt):
+        return torch.tensor(a, dtype=dt)
+
+    @staticmethod
+    def _contiguous(a, dt):
+        return a.contiguous()  # the same tensor, no copy, when it already is contiguous
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._torch_kernels = {}
+        self._torch_lock = threading.Lock()
+
+    def _torch_kernel(self, sr_dtype, device):
+        with self._torch_lock:
+            tk = self._torch_kernels.get((sr_dtype, device))
+            if tk is None:
+                red = _WITH_ARG.get(self.reduction_op, self.reduction_op)
+                with self._h.lock:
+                    ptr = self._kernel(sr_dtype, device, _genred.REDUCTIONS.index(red))
+                tk = _Kernel(self, ptr, red, self.axis, (sr_dtype, device, self._acc),
+                             self._expr)
+                self._torch_kernels[(sr_dtype, device)] = tk
+            return tk
+
+    def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
+        """Runs the reduction on tensors given in alias-index order."""
+        device = self._device(backend)
+        if ranges is not None:
+            raise ValueError("ranges (block-sparse reductions) are not supported by symred")
+        if out is not None:
+            raise ValueError("out= (in-place output) is not supported by symred")
+        tensors, dt, nx, ny = self._prepare(args)
+        devices = {a.device for a in tensors if a is not None}
+        if len(devices) > 1:
+            raise ValueError(f"all tensors must be on one device, got "
+                             f"{', '.join(sorted(map(str, devices)))}")
+        on_gpu = bool(devices) and next(iter(devices)).type == "cuda"
+        if on_gpu:
+            if device not in (_lib.SR_DEVICE_AUTO, _lib.SR_DEVICE_CUDA):
+                raise ValueError(f"backend={backend!r} runs on the CPU; these tensors are on "
+                                 f"{next(iter(devices))}: move them with .cpu() or use "
+                                 f"backend='GPU'")
+            device = _lib.SR_DEVICE_CUDA
+            gpu = int(os.environ.get("SYMRED_CUDA_DEVICE", "0") or 0)
+            index = next(iter(devices)).index or 0
+            if index != gpu:
+                raise ValueError(f"these tensors are on cuda:{index} but symred runs on GPU "
+                                 f"{gpu} (SYMRED_CUDA_DEVICE, read when the library first "
+                                 f"uses CUDA); move them, or set SYMRED_CUDA_DEVICE={index}")
+        elif devices and next(iter(devices)).type != "cpu":
+            raise ValueError(f"tensors on {next(iter(devices))} are not supported; use CPU or "
+                             f"CUDA tensors")
+        elif device == _lib.SR_DEVICE_CUDA:
+            raise ValueError("backend='GPU' needs CUDA tensors; move them with .cuda()")
+        if self.dtype_acc == "float32" and dt == torch.float64:
+            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        tk = self._torch_kernel(_SR_DTYPES[dt], device)
+        res = _Reduce.apply(tk, nx, ny, *tensors)
+        nout = nx if self.axis == 1 else ny
+        if self.reduction_op in _INDEX_ONLY:
+            return self._shape_output(None, res, nout)
+        if self.reduction_op in _WITH_ARG:
+            return self._shape_output(res[0], None, nout)
+        if isinstance(res, tuple):
+            return self._shape_output(res[0], res[1], nout)
+        return self._shape_output(res, None, nout)
+
+
+class LazyTensor(_lazy.LazyTensor):
+    """``pykeops.torch.LazyTensor``: symbolic tensors over torch tensors (shapes, operations
+    and reductions as :class:`symred.LazyTensor`); reductions return torch tensors and are
+    differentiable through :class:`Genred`."""
+
+    _ARRAY_TYPE = torch.Tensor
+    _ARRAY_NAME = "torch tensor"
+    _GENRED = Genred
+
+    @staticmethod
+    def _normalize_array(x):
+        if x.dtype not in _SR_DTYPES:
+            raise TypeError(f"LazyTensor(tensor of shape {tuple(x.shape)}): dtype "
+                            f"{str(x.dtype).replace('torch.', '')} is not supported; use "
+                            f"float32 or float64")
+        return x
+
+    @staticmethod
+    def _dtype_name(dt):
+        return str(dt).replace("torch.", "")
+
+    @staticmethod
+    def _param_array(values, dt):
+        return torch.tensor(values, dtype=dt if dt is not None else torch.float32)
+
+
+def Vi(x):
+    """A variable indexed by i from an ``(n, d)`` tensor: ``LazyTensor(x, axis=0)``."""
+    return _lazy._vi_vj(LazyTensor, x, 0)
+
+
+def Vj(x):
+    """A variable indexed by j from an ``(m, d)`` tensor: ``LazyTensor(x, axis=1)``."""
+    return _lazy._vi_vj(LazyTensor, x, 1)
+
+
+def Pm(x):
+    """A parameter: a ``(d,)`` or 0-D tensor, a list of numbers, or a number."""
+    return _lazy._pm(LazyTensor, x)
+
