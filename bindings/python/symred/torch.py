@@ -315,6 +315,14 @@ class Genred(_genred.Genred):
         if out is not None:
             raise ValueError("out= (in-place output) is not supported by symred")
         tensors, dt, nx, ny = self._prepare(args)
+        # A parameter given as numbers (or on the CPU) follows the variables to their GPU.
+        data_devices = {a.device for i, a in enumerate(tensors)
+                        if a is not None and self._args[i].cat != SR_CAT_PARAM}
+        if len(data_devices) == 1 and next(iter(data_devices)).type == "cuda":
+            dev = next(iter(data_devices))
+            tensors = [a.to(dev) if a is not None and a.device.type == "cpu"
+                       and self._args[i].cat == SR_CAT_PARAM else a
+                       for i, a in enumerate(tensors)]
         devices = {a.device for a in tensors if a is not None}
         if len(devices) > 1:
             raise ValueError(f"all tensors must be on one device, got "
