@@ -87,7 +87,7 @@ class _Kernel:
 
     def _new_derived(self, key, make):
         h = self.owner._h
-        with h.lock:
+        with h.lock, _omp_threads():  # the kernel is planned for the threads it finds
             k = self._derived.get(key)
             if k is None:
                 k = make(h)
@@ -126,6 +126,51 @@ class _Kernel:
         return self._new_derived(("lse",), make)
 
 
+def _load_gomp():
+    """libgomp, which libsymred's CPU kernels (and Debian's torch) use: the same loaded copy."""
+    try:
+        gomp = ctypes.CDLL("libgomp.so.1")
+        gomp.omp_get_max_threads.restype = ctypes.c_int
+        gomp.omp_set_num_threads.argtypes = [ctypes.c_int]
+        return gomp
+    except (OSError, AttributeError):
+        return None
+
+
+_gomp = _load_gomp()
+
+
+def _wanted_threads():
+    env = os.environ.get("SYMRED_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_THREADS = _wanted_threads()
+
+
+class _omp_threads:
+    """Creates or runs a kernel with symred's thread count. torch calls omp_set_num_threads()
+    with its own intra-op count (1 on our 2-core VMs), and symred plans its kernels and sizes
+    its OpenMP teams from omp_get_max_threads(): without this, importing torch halved
+    symred's speed here. The setting is per calling thread in libgomp, and is restored
+    afterwards."""
+
+    def __enter__(self):
+        self.saved = _gomp.omp_get_max_threads() if _gomp is not None else None
+        if self.saved is not None and self.saved < _THREADS:
+            _gomp.omp_set_num_threads(_THREADS)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None and self.saved < _THREADS:
+            _gomp.omp_set_num_threads(self.saved)
+
+
 def _pointer(t):
     return t.data_ptr() if t is not None else None
 
@@ -155,7 +200,8 @@ def _run(kern, nx, ny, args):
                 mask |= 1 << v
         st = lib.sr_kernel_run_device(kern.ptr, ctypes.byref(run), mask, 1)
     else:
-        st = lib.sr_kernel_run_ex(kern.ptr, ctypes.byref(run))
+        with _omp_threads():
+            st = lib.sr_kernel_run_ex(kern.ptr, ctypes.byref(run))
     check(st, kern.owner._h.ctx)
     return values, idx
 
@@ -254,7 +300,7 @@ class Genred(_genred.Genred):
             tk = self._torch_kernels.get((sr_dtype, device))
             if tk is None:
                 red = _WITH_ARG.get(self.reduction_op, self.reduction_op)
-                with self._h.lock:
+                with self._h.lock, _omp_threads():  # planned for the threads it finds
                     ptr = self._kernel(sr_dtype, device, _genred.REDUCTIONS.index(red))
                 tk = _Kernel(self, ptr, red, self.axis, (sr_dtype, device, self._acc),
                              self._expr)
@@ -269,6 +315,14 @@ class Genred(_genred.Genred):
         if out is not None:
             raise ValueError("out= (in-place output) is not supported by symred")
         tensors, dt, nx, ny = self._prepare(args)
+        # A parameter given as numbers (or on the CPU) follows the variables to their GPU.
+        data_devices = {a.device for i, a in enumerate(tensors)
+                        if a is not None and self._args[i].cat != SR_CAT_PARAM}
+        if len(data_devices) == 1 and next(iter(data_devices)).type == "cuda":
+            dev = next(iter(data_devices))
+            tensors = [a.to(dev) if a is not None and a.device.type == "cpu"
+                       and self._args[i].cat == SR_CAT_PARAM else a
+                       for i, a in enumerate(tensors)]
         devices = {a.device for a in tensors if a is not None}
         if len(devices) > 1:
             raise ValueError(f"all tensors must be on one device, got "

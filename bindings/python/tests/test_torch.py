@@ -210,3 +210,18 @@ except ImportError as e:
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "6.0"
     assert "python3-torch" in r.stdout
+
+
+@pytest.mark.skipif(st._gomp is None, reason="libgomp not loadable")
+def test_kernels_use_symreds_threads_not_torchs():
+    # torch sets OpenMP's thread count to its own intra-op count (1 on 2-core VMs); symred's
+    # kernels are planned and run with their own count inside _omp_threads, and torch's is
+    # given back afterwards.
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with st._omp_threads():
+            assert st._gomp.omp_get_max_threads() == max(1, st._THREADS)
+        assert st._gomp.omp_get_max_threads() == 1
+    finally:
+        torch.set_num_threads(saved)

@@ -78,6 +78,10 @@ def test_cuda_lazytensor_and_backend_errors():
     K = (-LazyTensor(x[:, None]).sqdist(LazyTensor(y[None]))).exp()
     out = (K * LazyTensor(b[None])).sum(dim=1)
     assert out.is_cuda and out.shape == (300, 2)
+    # A parameter given as a number or a CPU tensor follows the data to the GPU.
+    ref = Genred(F, ALIASES, axis=1)(x, y, b, g)
+    torch.testing.assert_close(Genred(F, ALIASES, axis=1)(x, y, b, 0.6), ref)
+    torch.testing.assert_close(Genred(F, ALIASES, axis=1)(x, y, b, g.cpu()), ref)
     with pytest.raises(ValueError, match="runs on the CPU"):
         Genred(F, ALIASES, axis=1)(x, y, b, g, backend="CPU")
     with pytest.raises(ValueError, match="one device"):
