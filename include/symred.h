@@ -96,7 +96,8 @@ SR_API const char *sr_version(void);
     X(ENODEV, -8, "device not available")                                                          \
     X(ENOTSUP, -9, "not supported")                                                                \
     X(EIO, -10, "input/output error")                                                              \
-    X(EINTERNAL, -11, "internal error")
+    X(EINTERNAL, -11, "internal error")                                                            \
+    X(ENOCONV, -12, "no convergence")
 
 typedef enum sr_status {
 #define SR_STATUS_ENUM_(name, value, desc) SR_##name = value,
@@ -451,6 +452,40 @@ SR_API sr_status sr_kernel_run_device(const sr_kernel *kernel, const sr_run_desc
  * context: not thread-safe with other calls on that context.
  */
 SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kernel **grad_kernel);
+
+/*
+ * Solves (alpha I + K) a = b by conjugate gradients (pykeops' KernelSolve), where K is the
+ * symmetric n x n kernel matrix of a Sum kernel whose formula is F(x_i, x_j) * b_j: kernel
+ * computes out_i = sum_j F(x_i, x_j) b_j (axis 1; with axis 0 the roles of i and j swap) and
+ * desc->b_index is the variable b (a variable of the reduced index with dim(b) = the kernel's
+ * output dimension). Each CG mat-vec is one sr_kernel_run with nx = ny = n and b replaced by the
+ * direction. args are as for sr_kernel_run with nx = ny = n (args[b_index] is ignored, may be
+ * NULL): **the caller passes the same data for the i and j variables** (x_i and x_j) and a
+ * formula with F(x_i, x_j) = F(x_j, x_i); with desc->check_symmetry (the default) one random
+ * test u.(Kv) = v.(Ku) (two extra mat-vecs) rejects an operator that is not symmetric. rhs holds
+ * the n x dim(b) right-hand sides (row-major, kernel dtype), out receives a (same shape); the
+ * dim(b) columns are solved together as one vector, as pykeops does. Stopping rule (pykeops'):
+ * |r|^2 < n dim(b) eps^2, r = b - (alpha I + K) a, i.e. a residual whose RMS is below eps
+ * (absolute: scale b accordingly). CG's vectors and scalars are double whatever the dtype.
+ * Errors: SR_EINVAL (NULL arguments; not a Sum kernel or one with a weight; b_index not a
+ * variable of the reduced index or of the wrong dimension; alpha < 0 or not finite; eps <= 0;
+ * max_iter < 0; an operator found not symmetric or not positive definite), SR_ENOCONV (max_iter
+ * iterations ran without meeting the rule: the message gives the iterations and the residual;
+ * out is left unspecified), SR_ENOMEM, and those of sr_kernel_run. n = 0 is a no-op. Thread-safe
+ * like sr_kernel_run (docs/solve.md).
+ */
+typedef struct sr_solve_desc {
+    int b_index;        /* the variable multiplied by F: the CG direction goes there */
+    double alpha;       /* ridge, >= 0 */
+    double eps;         /* tolerance, > 0; default 1e-6 (pykeops) */
+    int max_iter;       /* iteration cap; 0 = 10 * n * dim(b) + 10 (pykeops has no cap) */
+    int check_symmetry; /* nonzero: one random symmetry test before CG (default 1) */
+} sr_solve_desc;
+
+/* b_index 0, alpha 0, eps 1e-6, max_iter 0 (automatic), check_symmetry 1. */
+SR_API sr_solve_desc sr_solve_desc_default(void);
+SR_API sr_status sr_kernel_solve(const sr_kernel *kernel, const sr_solve_desc *desc, int64_t n,
+                                 const void *const *args, const void *rhs, void *out);
 
 /* Text describing the kernel: the formula, the reduction, the backend and its plan. The pointer
  * is owned by the kernel and valid until sr_kernel_free. */

@@ -14,11 +14,13 @@ trees of the checkout (build/, build-ci/, build*/); see :data:`lib_path`.
 from ._lib import SymredError, SymredRuntimeError, SymredValueError, lib_path, version
 from .genred import REDUCTIONS, Genred
 from .lazytensor import LazyTensor, Pm, Vi, Vj
+from .solve import KernelSolve
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Genred",
+    "KernelSolve",
     "LazyTensor",
     "Vi",
     "Vj",

@@ -63,12 +63,14 @@ STATUS_NAMES = {
     -9: "ENOTSUP",
     -10: "EIO",
     -11: "EINTERNAL",
+    -12: "ENOCONV",
 }
 SR_OK = 0
 SR_EINVAL = -1
 SR_EPARSE = -3
 SR_EDIM = -4
 SR_ENODEV = -8
+SR_ENOCONV = -12
 _VALUE_ERRORS = {SR_EINVAL, SR_EPARSE, SR_EDIM}
 
 # Mirrors sr_dtype, sr_device and sr_cat.
@@ -108,6 +110,18 @@ class RunDesc(ctypes.Structure):
         ("args", ctypes.POINTER(ctypes.c_void_p)),
         ("out", ctypes.c_void_p),
         ("out_idx", ctypes.c_void_p),
+    ]
+
+
+class SolveDesc(ctypes.Structure):
+    """struct sr_solve_desc."""
+
+    _fields_ = [
+        ("b_index", ctypes.c_int),
+        ("alpha", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("max_iter", ctypes.c_int),
+        ("check_symmetry", ctypes.c_int),
     ]
 
 
@@ -213,6 +227,10 @@ def _declare(lib):
         "sr_kernel_run_device": (c_int, [c_void_p, P(RunDesc), ctypes.c_uint64, c_int]),
         "sr_kernel_grad": (c_int, [c_void_p, c_int, P(c_void_p)]),
         "sr_kernel_explain": (c_char_p, [c_void_p]),
+        "sr_kernel_solve": (
+            c_int,
+            [c_void_p, P(SolveDesc), ctypes.c_int64, P(c_void_p), c_void_p, c_void_p],
+        ),
     }
     missing = []
     for name, (restype, argtypes) in protos.items():

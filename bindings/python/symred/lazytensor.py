@@ -16,6 +16,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .genred import Genred
+from .solve import KernelSolve
 
 __all__ = ["LazyTensor", "Vi", "Vj", "Pm"]
 
@@ -110,6 +111,7 @@ class LazyTensor:
     _ARRAY_TYPE = np.ndarray
     _ARRAY_NAME = "NumPy array"
     _GENRED = Genred
+    _KERNELSOLVE = KernelSolve
 
     @staticmethod
     def _normalize_array(x):
@@ -564,23 +566,73 @@ class LazyTensor:
                 raise TypeError(f"{red}: unexpected keyword argument {key!r}")
         src = self._join(weight) if weight is not None else self
         formula2 = weight.formula if weight is not None else None
+        (formula, formula2), aliases, arrays, _ = src._declare([self.formula, formula2])
+        g = _genred(self._GENRED, formula, aliases, red, ax, K, formula2, init_kwargs)
+        return g(*arrays, **call_kwargs)
+
+    def _declare(self, formulas):
+        """The formulas with the variables renamed a0, a1, ... in order of appearance, their
+        aliases, their arrays, and the map from this LazyTensor's tokens to the new names."""
         names, leaves = {}, []
 
         def rename(m):
             tok = m.group(0)
             if tok not in names:
                 names[tok] = f"a{len(names)}"
-                leaves.append(src.leaves[tok])
+                leaves.append(self.leaves[tok])
             return names[tok]
 
-        formula = _TOKEN_RE.sub(rename, self.formula)
-        if formula2 is not None:
-            formula2 = _TOKEN_RE.sub(rename, formula2)
+        out = [_TOKEN_RE.sub(rename, f) if f is not None else None for f in formulas]
         aliases = [f"{names[l.token]}={_CAT_TEXT[l.cat]}({l.dim})" for l in leaves]
-        g = _genred(self._GENRED, formula, aliases, red, ax, K, formula2, init_kwargs)
         arrays = [l.data if isinstance(l.data, self._ARRAY_TYPE)
-                  else self._param_array(l.data, src.dtype) for l in leaves]
-        return g(*arrays, **call_kwargs)
+                  else self._param_array(l.data, self.dtype) for l in leaves]
+        return out, aliases, arrays, names
+
+    def solve(self, other, var=None, alpha=1e-10, eps=1e-6, **kwargs):
+        """a with (alpha I + K) a = other, K_ij = self (a symmetric kernel of x_i and x_j
+        built on the same data), by conjugate gradients (pykeops' ``LazyTensor.solve`` and
+        :class:`~symred.KernelSolve`): ``other`` is an (n, d) array, or a LazyTensor Vi of
+        one; the result is an (n, d) array. ``var`` (a symbolic unknown) is not supported.
+        Keyword arguments: those of a reduction (backend, dtype_acc, ...), ``max_iter`` and
+        ``check_symmetry`` (see KernelSolve.__call__)."""
+        if self._KERNELSOLVE is None:
+            raise NotImplementedError(f"solve is not supported by {type(self).__module__}")
+        if var is not None:
+            raise ValueError("solve: var= (a symbolic unknown) is not supported by symred")
+        if isinstance(other, LazyTensor):
+            leaf = other.leaves.get(other.formula)
+            if leaf is None or leaf.cat != _I:
+                raise ValueError("solve: the right-hand side must be an (n, d) array or a "
+                                 "LazyTensor Vi of one, not a formula")
+            other = leaf.data
+        if not isinstance(other, self._ARRAY_TYPE) or other.ndim != 2:
+            raise ValueError(f"solve: the right-hand side must be an (n, d) "
+                             f"{self._ARRAY_NAME}")
+        if self.ndim not in (1, other.shape[1]):
+            raise ValueError(f"solve: the kernel has dimension {self.ndim}, the right-hand side "
+                             f"{other.shape[1]} columns")
+        init_kwargs, call_kwargs = {}, {}
+        for key, val in kwargs.items():
+            if key in _INIT_KWARGS:
+                init_kwargs[key] = val
+            elif key in _CALL_KWARGS + ("max_iter", "check_symmetry"):
+                call_kwargs[key] = val
+            else:
+                raise TypeError(f"solve: unexpected keyword argument {key!r}")
+        b = type(self)(other, axis=1)
+        src = self._join(b)
+        (formula,), aliases, arrays, names = src._declare([f"({self.formula})*{b.formula}"])
+        key = (self._KERNELSOLVE, formula, tuple(aliases), names[b.formula],
+               tuple(sorted(init_kwargs.items())))
+        with _cache_lock:
+            ks = _cache.get(key)
+        if ks is None:
+            ks = self._KERNELSOLVE(formula, aliases, names[b.formula], axis=1, **init_kwargs)
+            with _cache_lock:
+                _cache[key] = ks
+                while len(_cache) > _CACHE_SIZE:
+                    _cache.popitem(last=False)
+        return ks(*arrays, alpha=alpha, eps=eps, **call_kwargs)
 
     def sum(self, axis=-1, dim=None, **kwargs):
         """``sum(-1)``: the sum of the components (a LazyTensor); ``sum(dim=0|1)``: the Sum

@@ -2,5 +2,6 @@
 
 from .genred import Genred
 from .lazytensor import LazyTensor, Pm, Vi, Vj
+from .solve import KernelSolve
 
-__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm"]

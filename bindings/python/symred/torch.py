@@ -367,6 +367,7 @@ class LazyTensor(_lazy.LazyTensor):
     _ARRAY_TYPE = torch.Tensor
     _ARRAY_NAME = "torch tensor"
     _GENRED = Genred
+    _KERNELSOLVE = None  # solve: NumPy only for now (NotImplementedError)
 
     @staticmethod
     def _normalize_array(x):
