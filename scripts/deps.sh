@@ -19,6 +19,7 @@ PACKAGES=(
     python3-pytest    # their tests
     python3-pip       # the offline install of the bindings (tested)
     python3-setuptools
+    python3-venv      # the venv the install test creates (pip install builds the library)
     python3-torch     # symred.torch and its tests (import symred never needs it)
     clang-format      # the style check of scripts/test.sh
     openmpi-bin       # mpirun: the MPI companion library's tests, examples and benchmark

@@ -70,25 +70,42 @@ def test_build_tree_is_found_without_symred_lib(tmp_path):
         assert r.stdout.strip() == str(root / "build-ci" / "libsymred.so")
 
 
-def test_offline_pip_install(tmp_path):
-    """The README's install command works without a package index: pip builds the pure-Python
-    package with the system's setuptools (--no-build-isolation) and finds NumPy installed; the
-    installed copy imports and computes."""
+def test_pip_install_bundles_the_library(tmp_path):
+    """The README's install, as a user does it, offline: pip builds libsymred with CMake and
+    bundles it (system setuptools through --no-build-isolation, NumPy from the system through
+    --system-site-packages). From another directory, with SYMRED_LIB unset, the installed
+    package loads its own copy of the library and computes a kernel on the CPU JIT."""
     src = Path(__file__).resolve().parent.parent
-    prefix = tmp_path / "prefix"
-    env = {k: v for k, v in os.environ.items()}
-    env["PIP_NO_INDEX"] = "1"  # a download attempt fails at once instead of retrying
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation",
-                        "--no-warn-script-location", "--prefix", str(prefix), str(src)],
-                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    venv = tmp_path / "venv"
+    r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    sites = [p.parent for p in prefix.rglob("symred/__init__.py")]
-    assert len(sites) == 1, sites
-    env["PYTHONPATH"] = str(sites[0].parent)
-    env["SYMRED_LIB"] = symred.lib_path
-    code = ("import symred, numpy as np; assert symred.__file__.startswith(%r); "
-            "g = symred.Genred('SqDist(x,y)', ['x=Vi(2)', 'y=Vj(2)'], reduction_op='Min', axis=1); "
-            "print(g(np.zeros((2, 2)), np.ones((3, 2))).ravel().tolist())" % str(prefix))
-    r = run_python(code, env, tmp_path)
+    py = str(venv / "bin" / "python")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SYMRED_LIB", "PYTHONPATH", "SYMRED_DEVICE", "LD_LIBRARY_PATH")}
+    env["PIP_NO_INDEX"] = "1"  # a download attempt fails at once instead of retrying
+    r = subprocess.run([py, "-m", "pip", "install", "--no-build-isolation", "--no-index", str(src)],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                          env=env, capture_output=True, text=True).stdout.strip()
+    bundled = os.path.join(site, "symred", "libsymred.so")
+    assert os.path.isfile(bundled)
+    env["SYMRED_CACHE_DIR"] = str(tmp_path / "cache")
+    code = ("import symred, numpy as np; "
+            "g = symred.Genred('SqDist(x,y)', ['x=Vi(2)', 'y=Vj(2)'], reduction_op='Min', "
+            "axis=1); "
+            "print(g(np.zeros((2, 2)), np.ones((3, 2)), backend='CPU').ravel().tolist()); "
+            "print(symred.lib_path); symred.info()")
+    r = subprocess.run([py, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[2.0, 2.0]", r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[2.0, 2.0]", r.stdout
+    assert lines[1] == bundled, r.stdout
+    assert f"library:          {bundled}" in r.stdout, r.stdout
+    assert f"library version:  {symred.__version__}" in r.stdout, r.stdout
+    assert f"cache directory:  {tmp_path / 'cache'} (SYMRED_CACHE_DIR)" in r.stdout, r.stdout
+    assert any(f.suffix == ".so" for f in (tmp_path / "cache").rglob("*")), "no JIT kernel cached"
+    for key in ("JIT compiler:", "cache directory:", "BLIS:", "CUDA:"):
+        assert key in r.stdout, r.stdout

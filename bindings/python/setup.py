@@ -1,0 +1,72 @@
+"""Builds libsymred with CMake and bundles it in the package (the metadata is in pyproject.toml).
+
+`pip install ./bindings/python` and `pip wheel ./bindings/python` run build_py below: it
+configures the checkout that contains bindings/python (or $SYMRED_SOURCE_DIR) in a temporary
+directory with the tests, examples and MPI companion off, builds the shared library only, and
+copies it into the package as symred/libsymred.so, where symred/_lib.py looks after
+$SYMRED_LIB. The wheel is tagged for the platform (it holds a native library).
+$CMAKE_BUILD_PARALLEL_LEVEL sets the build jobs (default 2).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+PKG_VERSION = "0.1.0"  # also in pyproject.toml and symred/__init__.py
+
+
+def source_root():
+    env = os.environ.get("SYMRED_SOURCE_DIR")
+    root = Path(env).resolve() if env else HERE.parent.parent
+    if not (root / "CMakeLists.txt").is_file() or not (root / "include" / "symred.h").is_file():
+        raise SystemExit(
+            f"symred: no symred source tree at {root} (CMakeLists.txt and include/symred.h); "
+            f"install from a checkout (pip install ./bindings/python) or set SYMRED_SOURCE_DIR")
+    m = re.search(r"project\(symred VERSION ([0-9.]+)", (root / "CMakeLists.txt").read_text())
+    if not m or m.group(1) != PKG_VERSION:
+        raise SystemExit(f"symred: the C library's version ({m.group(1) if m else '?'}) is not "
+                         f"the package's ({PKG_VERSION}); update setup.py, pyproject.toml and "
+                         f"symred/__init__.py")
+    return root
+
+
+class BuildPyWithLibrary(build_py):
+    """build_py, then CMake's build of libsymred.so copied into the package."""
+
+    def run(self):
+        super().run()
+        root = source_root()
+        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2")
+        with tempfile.TemporaryDirectory(prefix="symred-cmake-") as tmp:
+            configure = ["cmake", "-S", str(root), "-B", tmp, "-DCMAKE_BUILD_TYPE=Release",
+                         "-DSYMRED_BUILD_TESTS=OFF", "-DSYMRED_BUILD_EXAMPLES=OFF",
+                         "-DSYMRED_BUILD_BENCH=OFF", "-DSYMRED_MPI=OFF"]
+            self.announce("symred: " + " ".join(configure), level=2)
+            subprocess.run(configure, check=True)
+            subprocess.run(["cmake", "--build", tmp, "--target", "symred", "-j", jobs],
+                           check=True)
+            built = Path(tmp) / "libsymred.so"
+            dest = Path(self.build_lib) / "symred" / "libsymred.so"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            # The real file (libsymred.so is a link to the versioned name): ctypes loads it by
+            # path, so the soname links are not needed, and a wheel cannot hold links.
+            shutil.copyfile(built.resolve(), dest)
+            os.chmod(dest, 0o755)
+
+
+class BinaryDistribution(Distribution):
+    """A wheel with a native library is not pure Python: tag it for the platform."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithLibrary},
+      distclass=BinaryDistribution)
