@@ -549,13 +549,18 @@ class Genred:
             sizes.append(next(iter(counts.values())) if counts else 1)
         return arrays, dt, sizes[0], sizes[1]
 
-    def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
-        """Runs the reduction on NumPy arrays given in alias-index order."""
-        device = self._device(backend)
+    @staticmethod
+    def _unsupported(ranges=None, out=None):
+        """Refuses the pykeops call options symred does not have yet, with a clear error."""
         if ranges is not None:
             raise ValueError("ranges (block-sparse reductions) are not supported by symred")
         if out is not None:
             raise ValueError("out= (in-place output) is not supported by symred")
+
+    def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
+        """Runs the reduction on NumPy arrays given in alias-index order."""
+        device = self._device(backend)
+        self._unsupported(ranges, out)
         arrays, dt, nx, ny = self._prepare(args)
         if self.dtype_acc == "float32" and dt == np.float64:
             raise ValueError("dtype_acc='float32' is not allowed with float64 data")

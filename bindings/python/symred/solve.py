@@ -54,8 +54,7 @@ class KernelSolve(Genred):
         the iterations (0: 10 size(b) + 10); past it, a SymredRuntimeError with status_name
         ``ENOCONV`` gives the iterations and the residual."""
         device = self._device(backend)
-        if ranges is not None:
-            raise ValueError("ranges (block-sparse reductions) are not supported by symred")
+        self._unsupported(ranges)
         arrays, dt, nx, ny = self._prepare(args)
         if nx != ny:
             raise ValueError(f"KernelSolve: K must be square, but the i-variables have {nx} "

@@ -310,10 +310,7 @@ class Genred(_genred.Genred):
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
         """Runs the reduction on tensors given in alias-index order."""
         device = self._device(backend)
-        if ranges is not None:
-            raise ValueError("ranges (block-sparse reductions) are not supported by symred")
-        if out is not None:
-            raise ValueError("out= (in-place output) is not supported by symred")
+        self._unsupported(ranges, out)
         tensors, dt, nx, ny = self._prepare(args)
         # A parameter given as numbers (or on the CPU) follows the variables to their GPU.
         data_devices = {a.device for i, a in enumerate(tensors)
