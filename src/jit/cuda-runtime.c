@@ -406,11 +406,9 @@ static sr_status plan_run(const sr_kernel *k, const struct cuda_kernel *ck, cons
     int64_t lim = k->ctx->mem_limit;
     if (lim <= 0)
         return SR_OK;
-    /* Within the budget: the whole arrays, then as many rows as fit (at least one block's
-     * worth when there are that many, so the GPU stays busy). */
+    /* Within the budget: the whole arrays, then as many output rows per pass as fit. */
     int64_t room = lim - p->whole;
-    int64_t row_cost = p->per_row > 0 ? p->per_row : 1;
-    if (room < row_cost || (p->per_row == 0 && room < 0))
+    if (room < (p->per_row > 0 ? p->per_row : 0))
         return sr__error(k->ctx, SR_EBUDGET,
                          "memory budget exceeded: the cuda backend copies the parameters and the "
                          "variables of the reduced index whole (%lld bytes) and needs %lld bytes "

@@ -74,7 +74,6 @@ typedef unsigned long long cu_deviceptr;
 #define CU_ERROR_NO_DEVICE               100
 #define CU_ERROR_INVALID_PTX             218
 #define CU_ERROR_STUB_LIBRARY            34
-#define CU_ERROR_NOT_SUPPORTED           801
 #define CU_ATTR_MAX_THREADS_PER_BLOCK    1
 #define CU_ATTR_MAX_SHARED_PER_BLOCK     8
 #define CU_ATTR_MULTIPROCESSOR_COUNT     16
