@@ -260,6 +260,23 @@ SR_API sr_expr *sr_tensorprod(sr_ctx *ctx, sr_expr *a, sr_expr *b); /* -> Da*Db,
 /* w of dimension 1 (isotropic), D (diagonal) or D*D (full, row-major) */
 SR_API sr_expr *sr_weightedsqnorm(sr_ctx *ctx, sr_expr *w, sr_expr *a);
 SR_API sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *b);
+/* The adjoints of Sum, Elem and Extract (KeOps' SumT, ElemT, ExtractT): a scalar a repeated
+ * dim times; the dim-vector with a at index m and 0 elsewhere; the dim-vector with a at
+ * [start, start + Da) and 0 elsewhere. */
+SR_API sr_expr *sr_sumt(sr_ctx *ctx, sr_expr *a, int dim);
+SR_API sr_expr *sr_elemt(sr_ctx *ctx, sr_expr *a, int dim, int m);
+SR_API sr_expr *sr_extractt(sr_ctx *ctx, sr_expr *a, int start, int dim);
+/* KeOps' TensorDot(a, b, dims_a, dims_b, cont_a, cont_b, permute): a and b are row-major
+ * tensors of shapes dims_a[0..rank_a) and dims_b[0..rank_b) (their products must be Da and Db);
+ * axis cont_a[k] of a is contracted with axis cont_b[k] of b for k < ncont (equal sizes), as
+ * numpy.tensordot(a, b, (cont_a, cont_b)); the kept axes, a's then b's in increasing order, are
+ * laid out with kept axis k at output position permute[k] (permute NULL: in that order). The
+ * result is the flattened row-major output. Ranks are at most 16. The lists are copied. Errors:
+ * SR_EDIM for shapes that do not match the operands or each other, SR_EINVAL for axes out of
+ * range or repeated, or a permute that is not a permutation. */
+SR_API sr_expr *sr_tensordot(sr_ctx *ctx, sr_expr *a, sr_expr *b, int rank_a, const int *dims_a,
+                             int rank_b, const int *dims_b, int ncont, const int *cont_a,
+                             const int *cont_b, const int *permute);
 
 /* Symbolic differentiation (docs/gradients.md). Both build ordinary expressions from the
  * derivative rule of each op, so the result prints, parses back, simplifies and runs on every
@@ -283,6 +300,13 @@ SR_API sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *
  * result. */
 SR_API sr_expr *sr_grad(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *gradin);
 SR_API sr_expr *sr_diff(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *dir);
+/* KeOps' GradMatrix(F, V): the dim(f) x dim(var) Jacobian, row-major (row k is the gradient of
+ * f_k); Divergence(F, V): sum_k d f_k / d var_k, f and var of equal dimensions (else SR_EDIM);
+ * Laplacian(F, V): the divergence of the gradient of a scalar f (else SR_EDIM). Built from
+ * sr_grad, so the same rules and conventions apply. */
+SR_API sr_expr *sr_gradmatrix(sr_ctx *ctx, sr_expr *f, sr_expr *var);
+SR_API sr_expr *sr_divergence(sr_ctx *ctx, sr_expr *f, sr_expr *var);
+SR_API sr_expr *sr_laplacian(sr_ctx *ctx, sr_expr *f, sr_expr *var);
 
 /* Named kernel formulas, built from the ops above (so they print, simplify and run like any
  * formula). x and y must have equal dimensions; r = |x - y|, g = param (dimension 1):

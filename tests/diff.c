@@ -175,6 +175,12 @@ static const char *const op_groups[DIFF_OP_GROUPS - 1] = {
     "Concat(Concat(TensorProd(x-y, Extract(y, 0, 2)), WeightedSqNorm(g, x-y)),"
     " Concat(Concat(WeightedSqNorm(Abs(y), x), WeightedSqNorm(TensorProd(x, y), x-y)),"
     " Concat(WeightedSqDist(Abs(x), x, y), WeightedSqDist(TensorProd(y, y), x, y))))",
+    /* the adjoints of Sum/Elem/Extract, and TensorDot: contractions, outer products, permutes */
+    "Concat(Concat(Concat(SumT(g*b, 3), ElemT(Elem(x-y, 1), 4, 3)), Concat(ExtractT(x-y, 1, 5),"
+    " TensorDot(TensorProd(x, y), x-y, [3,3], [3], [0], [0]))), Concat(Concat(TensorDot("
+    "TensorProd(x, y), TensorProd(y, x), [3,3], [3,3], [1,0], [0,1]), TensorDot(x, Extract(y, 0,"
+    " 2)*g, [3], [2], [], [], [1,0])), Concat(Kron(Extract(x, 0, 2), Extract(y, 1, 2), [2,1],"
+    " [1,2]), TensorDot(x*b, y, [1,3], [3], [], [], [2,0,1]))))",
 };
 
 /* Dimensions above the JIT's unrolling limit (16): loops over components, lazy elementwise
@@ -186,7 +192,11 @@ static const char *const big_group =
     " Concat(Concat(Concat(ArgMin(x+y), Elem(x*y, 19)), Concat(Extract(Concat(x, y), 18, 4),"
     " WeightedSqNorm(w, x-y))), Concat(Concat(WeightedSqDist(g, x, y), Normalize(x)|y),"
     " Concat(Sum(Extract(x-y, 2, 17)), SqNorm2(Concat(x*g, y))))))"
-    " + Sum(Round(x-y, 1)) + Sum(Pow(x, 3)) + Max(Concat(x, Abs(y)))";
+    " + Sum(Round(x-y, 1)) + Sum(Pow(x, 3)) + Max(Concat(x, Abs(y)))"
+    " + Sum(ExtractT(x, 2, 24)) + Sum(SumT(g, 20)*y) + Sum(ElemT(Elem(x, 3), 20, 7)*y)"
+    " + Sum(ExtractT(Extract(x, 0, 3)*g, 5, 20)*y) + Sum(ExtractT(x-y, 0, 21)*Concat(y, g))"
+    " + TensorDot(x, y, [4,5], [5,4], [0,1], [1,0])"
+    " + (TensorDot(Extract(x, 0, 4), Extract(w, 0, 5), [4], [5], [], [], [1,0])|y)";
 
 void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt)
 {

@@ -42,7 +42,7 @@ int64_t diff_run(sr_ctx *ctx, sr_kernel *kb, sr_kernel *kr, int64_t nx, int64_t 
 
 /* The op groups: together they use every op of the op table (the simplifier is turned off
  * while they run, so each op reaches the backend as written). */
-#define DIFF_OP_GROUPS 6
+#define DIFF_OP_GROUPS 7
 void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt);
 
 /* Every reduction at sizes 1, 7, primes, 0, nx << ny and nx >> ny (the split paths). */
@@ -56,7 +56,7 @@ void diff_special(sr_ctx *ctx, sr_device dev, sr_reduction red, enum diff_gen g,
 /* The test lists, as X-macro tables, so every backend's test file runs the same cases:
  * X(test name, group) / X(reduction, test name) / X(test name, reduction, gen, k, formula). */
 #define DIFF_OP_TESTS(X)                                                                           \
-    X(unary, 0) X(unary2, 1) X(binary, 2) X(vector, 3) X(weighted, 4) X(big_dims, 5)
+    X(unary, 0) X(unary2, 1) X(binary, 2) X(vector, 3) X(weighted, 4) X(tensor, 5) X(big_dims, 6)
 #define DIFF_RED_TESTS(X)                                                                          \
     X(SR_SUM, sum)                                                                                 \
     X(SR_MIN, min)                                                                                 \
@@ -80,6 +80,9 @@ void diff_special(sr_ctx *ctx, sr_device dev, sr_reduction red, enum diff_gen g,
     X(nan_inf_max_argmax, SR_MAX_ARGMAX, DIFF_SPECIAL, 1, "x + y")                                 \
     X(nan_inf_kmin, SR_KMIN_ARGKMIN, DIFF_SPECIAL, 4, "x - y")                                     \
     X(nan_inf_logsumexp, SR_LOGSUMEXP, DIFF_SPECIAL, 1, "x + y")                                   \
-    X(nan_inf_softmax, SR_SUMSOFTMAXWEIGHT, DIFF_SPECIAL, 1, "x + y")
+    X(nan_inf_softmax, SR_SUMSOFTMAXWEIGHT, DIFF_SPECIAL, 1, "x + y")                              \
+    X(nan_inf_tensor, SR_SUM, DIFF_SPECIAL, 1,                                                     \
+      "TensorDot(Concat(x, y), Concat(y, x), [2], [2], [0], [0]) + Elem(ExtractT(x*y, 1, 3), 0)"   \
+      " + Elem(ElemT(x, 2, 1), 0) + Elem(SumT(y, 2), 1)")
 
 #endif

@@ -177,6 +177,15 @@ static const struct op_case op_cases[] = {
     {"WeightedSqDist(w,x,y)", -1, 1},
     {"WeightedSqDist(W,x,y)", -1, 1},
     {"Exp(-SqDist(x,y)*p)*Sum(A)", -1, 1},
+    {"SumT(p*Sum(x),4)*Concat(y,p)", -1, 1},
+    {"ElemT(Sum(x*y),4,2)*Concat(y,p)", -1, 1},
+    {"ExtractT(x*y,1,5)*Concat(z,y)", -1, 1},
+    /* A (3x2) contracted with x over its rows; then a rank-3 product, permuted */
+    {"TensorDot(A,x*y,[3,2],[3],[0],[0])", -1, 1},
+    {"TensorDot(A,Concat(z,p),[3,2],[3],[],[],[2,0,1])", -1, 1},
+    {"TensorDot(z*p,A,[2],[3,2],[0],[1])", -1, 1},
+    {"TensorDot(W,A*A,[3,1,3],[3,2],[0],[0],[2,0,1])", -1, 1},
+    {"TensorDot(x,y,[3],[3],[0],[0])*Kron(z,A,[2],[6])", -1, 1},
 };
 #define NCASES ((int)(sizeof op_cases / sizeof *op_cases))
 

@@ -172,6 +172,12 @@ static const char *const small_terms[] = {"Sum(x+y)",
                                           "WeightedSqDist(x, x, y)",
                                           "IntCst(3)*RatCst(1, 3)*x",
                                           "p*2.5",
+                                          "Sum(SumT(p, 3)*x)",
+                                          "Sum(ElemT(Elem(x, 0), 4, 2))",
+                                          "Sum(ExtractT(x-y, 1, 5))",
+                                          "Sum(TensorDot(A, x-y, [3,3], [3], [1], [0]))",
+                                          "Sum(TensorDot(Extract(x, 0, 2), M, [2], [2,3], [], [],"
+                                          " [2,0,1]))",
                                           NULL,
                                           NULL};
 static const char *const big_aliases[] = {"x=Vi(20)", "y=Vj(20)", "p=Pm(1)", "W=Pm(400)"};
@@ -186,6 +192,9 @@ static const char *const big_terms[] = {"Sum(Exp(x-y)*Sqrt(x*y)+Pow(x, 2)-Round(
                                         "Norm2(Clamp(x, y, x+p))",
                                         "Sum(IfElse(x-y, Sin(x), Mod(x, y, p)))",
                                         "Sum(OneHot(Elem(x, 3), 20)*y)",
+                                        "Sum(ExtractT(x, 2, 24)) + Sum(SumT(p, 20)*y)",
+                                        "Sum(ElemT(Elem(x, 3), 20, 7)*y)",
+                                        "Sum(TensorDot(x, y, [4,5], [5,4], [0,1], [1,0]))",
                                         NULL,
                                         NULL};
 

@@ -268,6 +268,12 @@ Test(parse, every_op_text_round_trips)
                                         "TensorProd(x,z)",
                                         "WeightedSqNorm(x,y)",
                                         "WeightedSqDist(TensorProd(x,y),x,y)",
+                                        "SumT(g,4)",
+                                        "ElemT(b,3,1)",
+                                        "ExtractT(z,1,5)",
+                                        "TensorDot(TensorProd(x,z),y,[3,2],[3],[0],[0])",
+                                        "TensorDot(TensorProd(x,y),z,[3,3],[2],[],[],[2,0,1])",
+                                        "TensorDot(b,g,[],[1],[],[])",
                                         "Exp(-SqDist(x,y)*g)*b+Sqrt(x**2)|Normalize(y)**-0.5"};
     int seen[OP_COUNT] = {0};
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
@@ -625,4 +631,77 @@ Test(parse, huge_alias_list)
               "message: %s", sr_ctx_error(ctx));
     free(texts);
     free(ptrs);
+}
+
+/* ---- KeOps' other spellings, TensorDot's lists, and the functions symred lacks ---- */
+
+Test(parse, keops_derived_functions)
+{
+    sr_expr *x = X(), *y = Y();
+    assert_parses_to("SqNormIso(g,x)", sr_weightedsqnorm(ctx, G(), x));
+    assert_parses_to("SqNormDiag(y,x)", sr_weightedsqnorm(ctx, y, x));
+    assert_parses_to("SymSqNorm(TensorProd(y,y),x)",
+                     sr_weightedsqnorm(ctx, sr_tensorprod(ctx, y, y), x));
+    assert_parses_to("IntInv(4)", sr_ratcst(ctx, 1, 4));
+    assert_parses_to("DiffClampInt(x,-1,2)",
+                     sr_sub(ctx,
+                            sr_sub(ctx, sr_intcst(ctx, 1), sr_less(ctx, x, sr_intcst(ctx, -1))),
+                            sr_greater(ctx, x, sr_intcst(ctx, 2))));
+    /* Kron = TensorDot with the axes of a and b interleaved (np.kron) */
+    int d[2] = {1, 3}, e[2] = {1, 2}, perm[4] = {0, 2, 1, 3};
+    sr_expr *z = sr_vj(ctx, 4, 2);
+    assert_parses_to("Kron(x,z,[1,3],[1,2])",
+                     sr_tensordot(ctx, x, z, 2, d, 2, e, 0, NULL, NULL, perm));
+    /* an identity permute is the same node as none */
+    int d3[1] = {3}, c0[1] = {0}, id[2] = {0, 1};
+    sr_expr *m = sr_tensorprod(ctx, x, z);
+    int dm[2] = {3, 2};
+    assert_parses_to("TensorDot(TensorProd(x,z),y,[3,2],[3],[0],[0],[0])",
+                     sr_tensordot(ctx, m, y, 2, dm, 1, d3, 1, c0, c0, NULL));
+    assert_parses_to("TensorDot(x,z,[3],[2],[],[],[0,1])",
+                     sr_tensordot(ctx, x, z, 1, d3, 1, (int[]){2}, 0, NULL, NULL, id));
+    sr_expr *gm = parse_ok("GradMatrix(Sin(x)*2,x)");
+    cr_assert_eq(gm->dim, 9);
+    cr_assert_eq(parse_ok("Divergence(x*x,x)")->dim, 1);
+    cr_assert_eq(parse_ok("Laplacian(SqNorm2(x),x)")->dim, 1);
+}
+
+Test(parse, keops_derived_function_errors)
+{
+    assert_fails("SqNormIso(y,x)", SR_EDIM, "SqNormIso", "dimension 3");
+    assert_fails("SqNormDiag(z,x)", SR_EDIM, "SqNormDiag", NULL);
+    assert_fails("SymSqNorm(y,x)", SR_EDIM, "SymSqNorm", "needs 9");
+    assert_fails("DiffClampInt(x,2,1)", SR_EPARSE, "DiffClampInt", NULL);
+    assert_fails("Laplacian(x,x)", SR_EDIM, "Laplacian", NULL);
+    assert_fails("Divergence(z,x)", SR_EDIM, "Divergence", NULL);
+    assert_fails("GradMatrix(x,x+y)", SR_EPARSE, "GradMatrix", "variable");
+}
+
+/* Builder errors of kind EINVAL are parse errors in the parser (see built() in parse.c). */
+Test(parse, tensordot_errors)
+{
+    assert_fails("TensorDot(x,y,[3],[3],[0])", SR_EPARSE, "TensorDot", "list");
+    assert_fails("TensorDot(x,y,3,[3],[0],[0])", SR_EPARSE, "list of integers", "dimensions of a");
+    assert_fails("TensorDot(x,y,[3,1],[3],[0],[0]", SR_EPARSE, "TensorDot", "')'");
+    assert_fails("TensorDot(x,y,[2],[3],[0],[0])", SR_EDIM, "TensorDot", "3");
+    assert_fails("TensorDot(x,z,[3],[2],[0],[0])", SR_EDIM, "size 3", "size 2");
+    assert_fails("TensorDot(x,y,[3],[3],[1],[0])", SR_EPARSE, "contracted axes", NULL);
+    assert_fails("TensorDot(x,y,[3],[3],[0],[])", SR_EDIM, "1 contracted axes of a but 0", NULL);
+    assert_fails("TensorDot(x,y,[3],[3],[],[],[0,0])", SR_EPARSE, "permutation", NULL);
+    assert_fails("TensorDot(x,y,[3],[3],[],[],[0])", SR_EDIM, "permute has 1", NULL);
+    assert_fails("TensorDot(x,y,[3],[3],[],[],[1,2])", SR_EPARSE, "permutation", NULL);
+    assert_fails("TensorDot(x,y,[3,0],[3],[],[])", SR_EDIM, "not >= 1", NULL);
+    assert_fails("Kron(x,y,[3],[1,3])", SR_EDIM, "Kron", "ranks");
+    assert_fails("ElemT(x,3,1)", SR_EDIM, "ElemT", "dimension 1");
+    assert_fails("ElemT(b,3,3)", SR_EDIM, "ElemT", "out of range");
+    assert_fails("ExtractT(x,1,3)", SR_EDIM, "ExtractT", NULL);
+    assert_fails("SumT(x,3)", SR_EDIM, "SumT", NULL);
+}
+
+Test(parse, keops_functions_symred_lacks_are_named)
+{
+    assert_fails("ComplexMult(x,y)", SR_EPARSE, "'ComplexMult' is a KeOps function", "complex");
+    assert_fails("Conj(x)", SR_EPARSE, "'Conj'", "complex numbers");
+    assert_fails("BSpline(x,b,2)", SR_EPARSE, "'BSpline'", "not implemented");
+    assert_fails("SoftDTW_SqDist(x,y,g)", SR_EPARSE, "'SoftDTW_SqDist'", NULL);
 }

@@ -251,6 +251,15 @@ static sr_expr *sample(enum expr_op op)
         return sr_weightedsqnorm(ctx, w, x);
     case OP_WEIGHTEDSQDIST:
         return sr_weightedsqdist(ctx, x, x, y);
+    case OP_SUMT:
+        return sr_sumt(ctx, s, 4);
+    case OP_ELEMT:
+        return sr_elemt(ctx, s, 3, 1);
+    case OP_EXTRACTT:
+        return sr_extractt(ctx, x, 2, 6);
+    case OP_TENSORDOT:
+        return sr_tensordot(ctx, a, x, 2, (int[]){2, 3}, 1, (int[]){3}, 1, (int[]){1}, (int[]){0},
+                            NULL);
     case OP_COUNT:
         break;
     }
@@ -308,12 +317,31 @@ static sr_expr *random_expr(uint64_t *rng, int steps)
             at[1] = 1 + (int64_t)(tu_rand(rng) % (uint64_t)(d - at[0]));
             break;
         case OP_ONEHOT:
+        case OP_SUMT:
             at[0] = 1 + (int64_t)(tu_rand(rng) % 4);
+            break;
+        case OP_ELEMT:
+            at[0] = 1 + (int64_t)(tu_rand(rng) % 4);
+            at[1] = (int64_t)(tu_rand(rng) % (uint64_t)at[0]);
+            break;
+        case OP_EXTRACTT:
+            at[0] = (int64_t)(tu_rand(rng) % 3);
+            at[1] = d + at[0] + (int64_t)(tu_rand(rng) % 3);
             break;
         default:
             break;
         }
-        sr_expr *e = expr_make(ctx, op, c, at, 0, 0.0);
+        sr_expr *e;
+        if (op == OP_TENSORDOT) {
+            /* vectors as rank-1 tensors: contracted when of equal sizes, else an outer product,
+             * permuted at random */
+            int da = c[0]->dim, db = c[1]->dim, ax[1] = {0}, perm[2] = {1, 0};
+            bool dot = da == db && tu_rand(rng) % 2;
+            e = sr_tensordot(ctx, c[0], c[1], 1, &da, 1, &db, dot, ax, ax,
+                             !dot && tu_rand(rng) % 2 ? perm : NULL);
+        } else {
+            e = expr_make(ctx, op, c, at, 0, 0.0);
+        }
         if (e && e->dim <= 64)
             pool[n++] = e;
     }

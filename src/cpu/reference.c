@@ -301,6 +301,38 @@ static void ev_WEIGHTEDSQDIST(const sr_expr *e, double *out, const double *const
     out[0] = wsqnorm(in[0], e->child[0]->dim, in[1], in[2], e->child[1]->dim);
 }
 
+static void ev_SUMT(const sr_expr *e, double *out, const double *const *in)
+{
+    for (int k = 0; k < e->dim; k++)
+        out[k] = in[0][0];
+}
+static void ev_ELEMT(const sr_expr *e, double *out, const double *const *in)
+{
+    for (int k = 0; k < e->dim; k++)
+        out[k] = 0.0;
+    out[e->iattr[1]] = in[0][0];
+}
+static void ev_EXTRACTT(const sr_expr *e, double *out, const double *const *in)
+{
+    for (int k = 0; k < e->dim; k++)
+        out[k] = 0.0;
+    memcpy(out + e->iattr[0], in[0], (size_t)e->child[0]->dim * sizeof *out);
+}
+/* Each output component sums its terms in increasing order of the contracted index. */
+static void ev_TENSORDOT(const sr_expr *e, double *out, const double *const *in)
+{
+    const struct expr_tdot *t = expr_tdot_of(e);
+    for (int64_t o = 0; o < e->dim; o++) {
+        double s = 0.0;
+        for (int64_t c = 0; c < t->ncont; c++) {
+            int64_t ia, ib;
+            expr_tdot_index(t, o, c, &ia, &ib);
+            s += in[0][ia] * in[1][ib];
+        }
+        out[o] = s;
+    }
+}
+
 /* A missing evaluator is a compile error (undeclared ev_<id>), never an empty slot. */
 static const evalfn evaluators[OP_COUNT] = {
 #define REF_EVAL_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = ev_##id,

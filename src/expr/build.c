@@ -106,12 +106,14 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
         d = da + db;
         break;
     case OP_ONEHOT:
+    case OP_SUMT: /* a scalar to a vector of dimension at[0] */
         if (da != 1)
-            return sr__builder_error(
-                ctx, SR_EDIM, "OneHot: the operand must have dimension 1, not %lld", (long long)da);
+            return sr__builder_error(ctx, SR_EDIM,
+                                     "%s: the operand must have dimension 1, not %lld", name,
+                                     (long long)da);
         if (at[0] < 1)
             return sr__builder_error(ctx, SR_EDIM,
-                                     "OneHot: the output dimension must be >= 1, not %lld",
+                                     "%s: the output dimension must be >= 1, not %lld", name,
                                      (long long)at[0]);
         d = at[0];
         break;
@@ -134,6 +136,41 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
     case OP_TENSORPROD:
         d = da * db;
         break;
+    case OP_ELEMT:
+        if (da != 1)
+            return sr__builder_error(
+                ctx, SR_EDIM, "ElemT: the operand must have dimension 1, not %lld", (long long)da);
+        if (at[0] < 1 || at[1] < 0 || at[1] >= at[0])
+            return sr__builder_error(ctx, SR_EDIM,
+                                     "ElemT: index %lld is out of range for an output of "
+                                     "dimension %lld",
+                                     (long long)at[1], (long long)at[0]);
+        d = at[0];
+        break;
+    case OP_EXTRACTT:
+        if (at[0] < 0 || at[1] < 1 || at[1] > EXPR_MAX_DIM || at[0] > at[1] - da)
+            return sr__builder_error(ctx, SR_EDIM,
+                                     "ExtractT: an operand of dimension %lld does not fit at "
+                                     "start %lld of an output of dimension %lld",
+                                     (long long)da, (long long)at[0], (long long)at[1]);
+        d = at[1];
+        break;
+    case OP_TENSORDOT: {
+        const struct expr_tdot *t = expr_tdot_get(ctx, at[0]);
+        if (!t)
+            return sr__builder_error(ctx, SR_EINVAL,
+                                     "TensorDot: attribute %lld names no index lists of this "
+                                     "context (build TensorDot with sr_tensordot)",
+                                     (long long)at[0]);
+        if (t->dim_a != da || t->dim_b != db)
+            return sr__builder_error(ctx, SR_EDIM,
+                                     "TensorDot: the shapes hold %lld and %lld components but the "
+                                     "operands have dimensions %lld and %lld",
+                                     (long long)t->dim_a, (long long)t->dim_b, (long long)da,
+                                     (long long)db);
+        d = t->dim_out;
+        break;
+    }
     case OP_WEIGHTEDSQNORM:
     case OP_WEIGHTEDSQDIST: {
         int64_t dx = db;
@@ -264,6 +301,10 @@ sr_expr *expr_make(sr_ctx *ctx, enum expr_op op, sr_expr *const *child, const in
                                                       : DEP_P;
     } else {
         int d = 0;
+        if (op == OP_TENSORDOT) { /* the lists' hash goes with their index */
+            const struct expr_tdot *t = expr_tdot_get(ctx, proto.iattr[0]);
+            proto.iattr[1] = t ? (int64_t)t->hash : 0;
+        }
         if (check_attrs(ctx, op, proto.iattr) != SR_OK)
             return NULL;
         if (check_dims(ctx, op, proto.child, proto.iattr, &d) != SR_OK)
@@ -394,6 +435,28 @@ sr_expr *sr_mod(sr_ctx *ctx, sr_expr *a, sr_expr *m, sr_expr *o)
 sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *b)
 {
     return make3(ctx, OP_WEIGHTEDSQDIST, w, a, b);
+}
+sr_expr *sr_sumt(sr_ctx *ctx, sr_expr *a, int dim) { return make1(ctx, OP_SUMT, a, dim, 0); }
+sr_expr *sr_elemt(sr_ctx *ctx, sr_expr *a, int dim, int m)
+{
+    return make1(ctx, OP_ELEMT, a, dim, m);
+}
+sr_expr *sr_extractt(sr_ctx *ctx, sr_expr *a, int start, int dim)
+{
+    return make1(ctx, OP_EXTRACTT, a, start, dim);
+}
+sr_expr *sr_tensordot(sr_ctx *ctx, sr_expr *a, sr_expr *b, int rank_a, const int *dims_a,
+                      int rank_b, const int *dims_b, int ncont, const int *cont_a,
+                      const int *cont_b, const int *permute)
+{
+    if (!ctx || !a || !b)
+        return NULL;
+    int idx = expr_tdot_intern(ctx, rank_a, dims_a, rank_b, dims_b, ncont, cont_a, cont_b, permute);
+    if (idx < 0)
+        return NULL;
+    sr_expr *c[2] = {a, b};
+    int64_t at[2] = {idx, 0};
+    return expr_make(ctx, OP_TENSORDOT, c, at, 0, 0.0);
 }
 
 int sr_expr_dim(const sr_expr *e) { return e ? e->dim : 0; }

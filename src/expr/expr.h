@@ -36,7 +36,9 @@ enum expr_dimrule {
  *
  * Attributes (iattr): Var (index, cat) with the dimension in dim; IntCst (n); RatCst (p, q),
  * reduced, q > 0; Cst keeps its value in fattr; Pow (p); Round (decimals); ClampInt (lo, hi);
- * Elem (m); Extract (start, len); OneHot (dim).
+ * Elem (m); Extract (start, len); OneHot (dim); ElemT (n, m); ExtractT (start, dim); SumT
+ * (dim); TensorDot (the index of its interned index lists in the context, see struct expr_tdot,
+ * and their hash).
  */
 #define EXPR_OP_MAP(X)                                                                             \
     X(VAR, "Var", 0, 2, DIM_LEAF, NULL)                                                            \
@@ -98,7 +100,11 @@ enum expr_dimrule {
     X(VECMATMULT, "VecMatMult", 2, 0, DIM_SPECIAL, NULL)                                           \
     X(TENSORPROD, "TensorProd", 2, 0, DIM_SPECIAL, NULL)                                           \
     X(WEIGHTEDSQNORM, "WeightedSqNorm", 2, 0, DIM_SPECIAL, NULL)                                   \
-    X(WEIGHTEDSQDIST, "WeightedSqDist", 3, 0, DIM_SPECIAL, NULL)
+    X(WEIGHTEDSQDIST, "WeightedSqDist", 3, 0, DIM_SPECIAL, NULL)                                   \
+    X(SUMT, "SumT", 1, 1, DIM_SPECIAL, NULL)                                                       \
+    X(ELEMT, "ElemT", 1, 2, DIM_SPECIAL, NULL)                                                     \
+    X(EXTRACTT, "ExtractT", 1, 2, DIM_SPECIAL, NULL)                                               \
+    X(TENSORDOT, "TensorDot", 2, 2, DIM_SPECIAL, NULL)
 
 enum expr_op {
 #define EXPR_OP_ENUM_(id, name, arity, nattr, dimrule, infix) OP_##id,
@@ -189,6 +195,52 @@ sr_expr *expr_grad(sr_ctx *ctx, const sr_expr *f, const sr_expr *var, sr_expr *g
  * zeros by the definition of OneHot (an index outside [0, d)). NULL on failure. */
 sr_expr *expr_zeros(sr_ctx *ctx, int d);
 
+/*
+ * TensorDot's attributes (src/expr/tensordot.c). KeOps' TensorDot(a, b, dimsa, dimsb, conta,
+ * contb, permute) views a and b as row-major tensors of shapes dimsa and dimsb, contracts axis
+ * conta[k] of a with axis contb[k] of b (as numpy.tensordot), and lays the kept axes out (a's
+ * then b's, each in increasing order) with kept axis k at output position permute[k]. The lists
+ * do not fit in a node's two attributes, so they are interned in the context: a TensorDot node
+ * holds the index of its lists (iattr[0]) and their hash (iattr[1]), so equal lists are one
+ * index and the node hash does not depend on the order in which lists were made.
+ */
+#define EXPR_TDOT_MAXRANK 16
+struct expr_tdot {
+    struct {
+        int32_t ra, rb, nc; /* ranks of a and b, number of contracted axis pairs */
+        int32_t da[EXPR_TDOT_MAXRANK], db[EXPR_TDOT_MAXRANK];
+        int32_t ca[EXPR_TDOT_MAXRANK], cb[EXPR_TDOT_MAXRANK];
+        int32_t perm[2 * EXPR_TDOT_MAXRANK]; /* the identity when none was given */
+    } key;
+    uint64_t hash;
+    int64_t dim_a, dim_b, dim_out, ncont; /* ncont = product of the contracted dims (>= 1) */
+    /* Output axes (row-major, last fastest): size and the stride each moves a and b by; then
+     * the contracted axes in conta order (row-major too). */
+    int32_t nout;
+    int64_t osize[2 * EXPR_TDOT_MAXRANK], ostride_a[2 * EXPR_TDOT_MAXRANK],
+        ostride_b[2 * EXPR_TDOT_MAXRANK];
+    int64_t csize[EXPR_TDOT_MAXRANK], cstride_a[EXPR_TDOT_MAXRANK], cstride_b[EXPR_TDOT_MAXRANK];
+};
+
+/*
+ * Checks the lists (ranks <= EXPR_TDOT_MAXRANK, dims >= 1, contracted axes in range, distinct
+ * and of equal sizes, permute a permutation of the kept axes; perm NULL = the identity) and
+ * interns them in ctx. Returns their index, or -1 with SR_EDIM / SR_EINVAL / SR_ENOMEM recorded
+ * as a builder error naming the problem.
+ */
+int expr_tdot_intern(sr_ctx *ctx, int ra, const int *da, int rb, const int *db, int nc,
+                     const int *ca, const int *cb, const int *perm);
+/* The lists of index idx of ctx, or NULL if there is none. */
+const struct expr_tdot *expr_tdot_get(const sr_ctx *ctx, int64_t idx);
+/* The lists of a TensorDot node. */
+const struct expr_tdot *expr_tdot_of(const sr_expr *e);
+/* Output component o = sum over c < ncont of a[*ia] * b[*ib]: the pair of components that the
+ * c-th term of o multiplies. */
+void expr_tdot_index(const struct expr_tdot *t, int64_t o, int64_t c, int64_t *ia, int64_t *ib);
+
+/* Mixes the word v into the running hash h (splitmix64-style): node and TensorDot hashes. */
+uint64_t expr_hash_mix(uint64_t h, uint64_t v);
+
 /* Internal store (lives in the context). */
 struct expr_store {
     struct arena_block *arena;
@@ -197,6 +249,8 @@ struct expr_store {
     size_t nbuckets;
     size_t count;
     uint32_t next_id;
+    struct expr_tdot **tdots; /* TensorDot lists, interned: see expr_tdot_intern */
+    int ntdots, captdots;
 };
 
 void expr_store_init(struct expr_store *s);

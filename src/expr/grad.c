@@ -373,6 +373,81 @@ static void gr_WEIGHTEDSQDIST(struct grad *G, const sr_expr *e, sr_expr *g)
     ACC(2, sr_neg(X, gd));
 }
 
+/* The adjoints of SumT, ElemT and ExtractT are Sum, Elem and Extract (and the other way
+ * round: see gr_SUM, gr_ELEM, gr_EXTRACT). */
+static void gr_SUMT(struct grad *G, const sr_expr *e, sr_expr *g) { ACC(0, sr_sum(X, g)); }
+static void gr_ELEMT(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_elem(X, g, (int)e->iattr[1]));
+}
+static void gr_EXTRACTT(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_extract(X, g, (int)e->iattr[0], A->dim));
+}
+
+/*
+ * TensorDot is bilinear: the adjoint of a is the TensorDot of g (shaped as the output) with b
+ * that contracts b's kept axes with the output axes they went to, and whose kept axes (g's
+ * other axes, in increasing order, then b's contracted axes, in increasing order) are permuted
+ * back to the a axes they stand for. Likewise for b with a. `first` selects the operand whose
+ * adjoint is built: 0 for a, 1 for b.
+ */
+static sr_expr *tdot_adjoint(sr_ctx *ctx, const sr_expr *e, sr_expr *g, int first)
+{
+    const struct expr_tdot *t = expr_tdot_of(e);
+    const int ra = t->key.ra, rb = t->key.rb, nc = t->key.nc;
+    const int *ca = t->key.ca, *cb = t->key.cb;
+    int keep[2][EXPR_TDOT_MAXRANK], nkeep[2] = {0, 0};
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < (s ? rb : ra); k++) {
+            bool contracted = false;
+            for (int q = 0; q < nc; q++)
+                contracted |= (s ? cb[q] : ca[q]) == k;
+            if (!contracted)
+                keep[s][nkeep[s]++] = k;
+        }
+    const int nout = t->nout, off[2] = {0, nkeep[0]};
+    int odims[2 * EXPR_TDOT_MAXRANK], inv[2 * EXPR_TDOT_MAXRANK];
+    for (int p = 0; p < nout; p++)
+        odims[p] = (int)t->osize[p];
+    for (int k = 0; k < nout; k++)
+        inv[t->key.perm[k]] = k;
+    if (nout > EXPR_TDOT_MAXRANK) {
+        sr__builder_error(ctx, SR_ENOTSUP,
+                          "Grad: the gradient of a TensorDot with %d output axes needs a tensor "
+                          "of rank above %d",
+                          nout, EXPR_TDOT_MAXRANK);
+        return NULL;
+    }
+    const int self = first, other = 1 - first;
+    const int *cself = self ? cb : ca, *cother = self ? ca : cb;
+    /* Contract g's axes holding the other operand's kept axes with those axes. */
+    int cg[EXPR_TDOT_MAXRANK], co[EXPR_TDOT_MAXRANK], perm[2 * EXPR_TDOT_MAXRANK];
+    for (int j = 0; j < nkeep[other]; j++) {
+        cg[j] = t->key.perm[off[other] + j];
+        co[j] = keep[other][j];
+    }
+    /* The result's kept axes: g's positions of self's kept axes, increasing ... */
+    int r = 0;
+    for (int p = 0; p < nout; p++) {
+        int k = inv[p];
+        if (k >= off[self] && k < off[self] + nkeep[self])
+            perm[r++] = keep[self][k - off[self]];
+    }
+    /* ... then the other operand's contracted axes, increasing, each standing for its partner. */
+    for (int ax = 0; ax < (other ? rb : ra); ax++)
+        for (int q = 0; q < nc; q++)
+            if (cother[q] == ax)
+                perm[r++] = cself[q];
+    return sr_tensordot(ctx, g, e->child[other], nout, odims, other ? rb : ra,
+                        other ? t->key.db : t->key.da, nkeep[other], cg, co, perm);
+}
+static void gr_TENSORDOT(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, tdot_adjoint(X, e, g, 0));
+    ACC(1, tdot_adjoint(X, e, g, 1));
+}
+
 /* The derivative column of the op table: a missing rule is a compile error (gr_<id>
  * undeclared), and the assertion keeps the table as long as the op list. */
 static const grad_rule grad_rules[] = {
@@ -500,4 +575,44 @@ sr_expr *sr_diff(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *dir)
     free(vars);
     sr_expr *e = sr_pm(ctx, nvars, f->dim);
     return expr_grad(ctx, expr_grad(ctx, f, var, e), e, dir);
+}
+
+/* The standard basis vector e_k of dimension d (KeOps' ElemT(1, d, k)). */
+static sr_expr *basis(sr_ctx *ctx, int d, int k) { return sr_elemt(ctx, sr_intcst(ctx, 1), d, k); }
+
+sr_expr *sr_gradmatrix(sr_ctx *ctx, sr_expr *f, sr_expr *var)
+{
+    if (!grad_check(ctx, "GradMatrix", f, var, f, f ? f->dim : 0, "formula", "formula"))
+        return NULL;
+    /* Row k is the gradient of f_k: Grad(f, var, e_k), the rows concatenated (KeOps). */
+    sr_expr *res = NULL;
+    for (int k = 0; k < f->dim; k++) {
+        sr_expr *row = expr_grad(ctx, f, var, basis(ctx, f->dim, k));
+        res = res ? sr_concat(ctx, res, row) : row;
+        if (!res)
+            return NULL;
+    }
+    return res;
+}
+
+sr_expr *sr_divergence(sr_ctx *ctx, sr_expr *f, sr_expr *var)
+{
+    if (!grad_check(ctx, "Divergence", f, var, f, var ? var->dim : 0, "formula", "variable"))
+        return NULL;
+    /* sum_k d f_k / d v_k = sum_k Elem(Grad(f, var, e_k), k) */
+    sr_expr *res = NULL;
+    for (int k = 0; k < f->dim; k++) {
+        sr_expr *t = sr_elem(ctx, expr_grad(ctx, f, var, basis(ctx, f->dim, k)), k);
+        res = res ? sr_add(ctx, res, t) : t;
+        if (!res)
+            return NULL;
+    }
+    return res;
+}
+
+sr_expr *sr_laplacian(sr_ctx *ctx, sr_expr *f, sr_expr *var)
+{
+    if (!grad_check(ctx, "Laplacian", f, var, f, 1, "formula", "scalar dimension"))
+        return NULL;
+    return sr_divergence(ctx, expr_grad(ctx, f, var, sr_intcst(ctx, 1)), var);
 }

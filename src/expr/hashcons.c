@@ -23,6 +23,7 @@ void expr_store_free(struct expr_store *s)
         b = prev;
     }
     free(s->buckets);
+    free(s->tdots); /* the lists themselves live in the arena */
     memset(s, 0, sizeof *s);
 }
 
@@ -45,7 +46,7 @@ void *expr_arena_alloc(struct expr_store *s, size_t size)
     return p;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v)
+uint64_t expr_hash_mix(uint64_t h, uint64_t v)
 {
     /* splitmix64-style mixing of each word into the running hash */
     h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
@@ -61,13 +62,15 @@ static uint64_t node_hash(const sr_expr *n)
 {
     uint64_t fbits;
     memcpy(&fbits, &n->fattr, sizeof fbits);
-    uint64_t h = mix(0x5352ULL, n->op);
-    h = mix(h, (uint64_t)(uint32_t)n->dim);
-    for (int i = 0; i < EXPR_MAX_ATTR; i++)
-        h = mix(h, (uint64_t)n->iattr[i]);
-    h = mix(h, fbits);
+    uint64_t h = expr_hash_mix(0x5352ULL, n->op);
+    h = expr_hash_mix(h, (uint64_t)(uint32_t)n->dim);
+    /* TensorDot's first attribute is an index into this context's lists, which depends on the
+     * order of construction: its second attribute, the lists' hash, stands for both. */
+    for (int i = n->op == OP_TENSORDOT ? 1 : 0; i < EXPR_MAX_ATTR; i++)
+        h = expr_hash_mix(h, (uint64_t)n->iattr[i]);
+    h = expr_hash_mix(h, fbits);
     for (int i = 0; i < expr_arity(n); i++)
-        h = mix(h, n->child[i]->hash);
+        h = expr_hash_mix(h, n->child[i]->hash);
     return h;
 }
 

@@ -14,6 +14,11 @@
  * Pow(f,n), 0.5 gives Sqrt, -0.5 gives Rsqrt, any other literal or formula gives Powf.
  * Function calls take the op's operands first, then its integer attributes as signed integer
  * literals (Pow(x,3), Extract(x,1,2)). Var, Vi, Vj, Pm, IntCst, RatCst and Cst take literals.
+ * TensorDot and Kron take lists of integers, [2,3] or [] (KeOps' index sequences). Some KeOps
+ * functions are spelled here with other ops, as KeOps defines them (SqNormIso, SqNormDiag,
+ * SymSqNorm, IntInv, DiffClampInt, Kron, GradMatrix, Divergence, Laplacian: see "derived" below);
+ * the KeOps functions symred lacks (complex numbers, BSpline, SoftDTW_SqDist) are named in the
+ * error.
  *
  * Nodes are built only through expr_make(), which checks dimensions and interns. The parser is
  * a recursive-descent parser whose nesting (parentheses, calls, unary minus, exponents) is
@@ -56,6 +61,8 @@ enum tok_kind {
     T_BAR,
     T_POW,
     T_EQ,
+    T_LBRACK,
+    T_RBRACK,
     T_BAD
 };
 
@@ -245,6 +252,12 @@ static void next(struct parser *p)
             break;
         case '=':
             t.kind = T_EQ;
+            break;
+        case '[':
+            t.kind = T_LBRACK;
+            break;
+        case ']':
+            t.kind = T_RBRACK;
             break;
         case '*':
             t.kind = T_STAR;
@@ -544,11 +557,12 @@ static bool parse_args(struct parser *p, const char *fn, size_t fn_col, const st
 /* Names of the integer attributes of op, for messages. */
 static const char *const *attr_names(enum expr_op op)
 {
-    static const char *const pow[] = {"exponent"}, *const round[] = {"decimals"},
-                             *const clamp[] = {"lower bound", "upper bound"},
-                             *const elem[] = {"index"}, *const extract[] = {"start", "length"},
-                             *const onehot[] = {"dimension"},
-                             *const other[] = {"attribute", "attribute"};
+    static const char *const
+        pow[] = {"exponent"},
+        *const round[] = {"decimals"}, *const clamp[] = {"lower bound", "upper bound"},
+        *const elem[] = {"index"}, *const extract[] = {"start", "length"},
+        *const onehot[] = {"dimension"}, *const elemt[] = {"dimension", "index"},
+        *const extractt[] = {"start", "dimension"}, *const other[] = {"attribute", "attribute"};
     switch (op) {
     case OP_POW:
         return pow;
@@ -562,6 +576,12 @@ static const char *const *attr_names(enum expr_op op)
         return extract;
     case OP_ONEHOT:
         return onehot;
+    case OP_SUMT:
+        return onehot;
+    case OP_ELEMT:
+        return elemt;
+    case OP_EXTRACTT:
+        return extractt;
     default:
         return other;
     }
@@ -632,19 +652,231 @@ static sr_expr *parse_op_call(struct parser *p, const struct tok *name, enum exp
     return make(p, name->start, op, c, at, 0, 0.0);
 }
 
+/* ---- index sequences: TensorDot and Kron ---- */
+
+/* A list of integers "[a,b,...]" or "[]" into v (at most max entries); *n its length. */
+static bool parse_int_list(struct parser *p, const char *fn, const char *what, int *v, int *n,
+                           int max)
+{
+    *n = 0;
+    if (p->t.kind != T_LBRACK) {
+        fail(p, SR_EPARSE, p->t.start,
+             "%s: expected a list of integers like [2,3] for the %s, "
+             "found %s",
+             fn, what, DESC(p));
+        return false;
+    }
+    next(p);
+    while (p->t.kind != T_RBRACK) {
+        if (*n > 0) {
+            if (p->t.kind != T_COMMA) {
+                fail(p, SR_EPARSE, p->t.start, "%s: expected ',' or ']' in the %s, found %s", fn,
+                     what, DESC(p));
+                return false;
+            }
+            next(p);
+        }
+        struct num x;
+        size_t col = p->t.start;
+        if (!parse_signed_number(p, true, fn, what, &x))
+            return false;
+        if (*n == max) {
+            fail(p, SR_EPARSE, col, "%s: the %s has more than %d entries", fn, what, max);
+            return false;
+        }
+        if (x.i < INT_MIN || x.i > INT_MAX) {
+            fail(p, SR_EPARSE, col, "%s: %lld in the %s is out of range", fn, (long long)x.i, what);
+            return false;
+        }
+        v[(*n)++] = (int)x.i;
+    }
+    next(p);
+    return true;
+}
+
+/* Expects ',' (more arguments follow) or ')' (the end), else reports what fn takes. */
+static bool list_sep(struct parser *p, const char *fn, const char *takes, bool last)
+{
+    if (p->t.kind == (last ? T_RPAREN : T_COMMA)) {
+        next(p);
+        return true;
+    }
+    fail(p, SR_EPARSE, p->t.start, "%s takes %s; expected '%c', found %s", fn, takes,
+         last ? ')' : ',', DESC(p));
+    return false;
+}
+
+/* TensorDot(a, b, [dims a], [dims b], [axes a], [axes b] (, [permute])) and
+ * Kron(a, b, [dims a], [dims b]), the current token being the '('. */
+static sr_expr *parse_tensordot_call(struct parser *p, const struct tok *name, bool kron)
+{
+    const char *fn = kron ? "Kron" : "TensorDot";
+    const char *takes = kron ? "2 operands and 2 lists (dims of a, dims of b)"
+                             : "2 operands and 4 or 5 lists (dims of a, dims of b, contracted "
+                               "axes of a, of b, and optionally permute)";
+    enum { M = EXPR_TDOT_MAXRANK };
+    int l[5][2 * M], n[5] = {0, 0, 0, 0, 0};
+    static const char *const what[5] = {"dimensions of a", "dimensions of b", "axes of a",
+                                        "axes of b", "permutation"};
+    size_t col = name->start;
+    next(p);
+    sr_expr *a = parse_expr(p);
+    if (!a || !list_sep(p, fn, takes, false))
+        return NULL;
+    sr_expr *b = parse_expr(p);
+    if (!b || !list_sep(p, fn, takes, false))
+        return NULL;
+    /* Kron takes 2 lists, TensorDot 4 and an optional fifth (permute). */
+    int nl = kron ? 2 : 4;
+    for (int k = 0; k < nl; k++) {
+        if (!parse_int_list(p, fn, what[k], l[k], &n[k], k == 4 ? 2 * M : M))
+            return NULL;
+        bool last = k == nl - 1 && (kron || k == 4 || p->t.kind != T_COMMA);
+        if (!list_sep(p, fn, takes, last))
+            return NULL;
+        if (k == nl - 1 && !last)
+            nl = 5;
+    }
+    if (kron) {
+        /* KeOps: np.kron of tensors of equal rank, as TensorDot with the axes interleaved. */
+        if (n[0] != n[1])
+            return fail(p, SR_EDIM, col,
+                        "Kron: the tensors have ranks %d and %d; they must be "
+                        "equal",
+                        n[0], n[1]);
+        for (int k = 0; k < n[0]; k++) {
+            l[4][k] = 2 * k;
+            l[4][n[0] + k] = 2 * k + 1;
+        }
+        return built(p, col,
+                     sr_tensordot(p->ctx, a, b, n[0], l[0], n[1], l[1], 0, NULL, NULL, l[4]));
+    }
+    if (n[2] != n[3])
+        return fail(p, SR_EDIM, col, "TensorDot: %d contracted axes of a but %d of b", n[2], n[3]);
+    if (n[4] && n[4] != n[0] + n[1] - 2 * n[2])
+        return fail(p, SR_EDIM, col, "TensorDot: permute has %d entries for %d kept axes", n[4],
+                    n[0] + n[1] - 2 * n[2]);
+    return built(
+        p, col,
+        sr_tensordot(p->ctx, a, b, n[0], l[0], n[1], l[1], n[2], l[2], l[3], n[4] ? l[4] : NULL));
+}
+
+/* ---- KeOps functions that are other ops, and those symred lacks ---- */
+
+enum derived {
+    DV_NONE,
+    DV_SQNORMISO,   /* SqNormIso(s, x) = s SqNorm2(x), s scalar */
+    DV_SQNORMDIAG,  /* SqNormDiag(s, x) = Sum(s x^2), s of dim(x) */
+    DV_SYMSQNORM,   /* SymSqNorm(A, x) = x^T A x, A of dim(x)^2 */
+    DV_INTINV,      /* IntInv(n) = RatCst(1, n) */
+    DV_DIFFCLAMPINT /* DiffClampInt(x, a, b) = 1 - Less(x, a) - Greater(x, b) */
+};
+
+static const struct {
+    const char *name;
+    int nexpr, nlit;
+} derived_fns[] = {
+    [DV_SQNORMISO] = {"SqNormIso", 2, 0},       [DV_SQNORMDIAG] = {"SqNormDiag", 2, 0},
+    [DV_SYMSQNORM] = {"SymSqNorm", 2, 0},       [DV_INTINV] = {"IntInv", 0, 1},
+    [DV_DIFFCLAMPINT] = {"DiffClampInt", 1, 2},
+};
+
+static enum derived derived_kind(const struct parser *p, const struct tok *t)
+{
+    for (int k = DV_NONE + 1; k < (int)(sizeof derived_fns / sizeof *derived_fns); k++)
+        if (name_is(p, t, derived_fns[k].name))
+            return (enum derived)k;
+    return DV_NONE;
+}
+
+static sr_expr *parse_derived_call(struct parser *p, const struct tok *name, enum derived kind)
+{
+    static const char *const lits[] = {"lower bound", "upper bound"}, *const n1[] = {"n"};
+    const char *fn = derived_fns[kind].name;
+    struct signature sig = {derived_fns[kind].nexpr, derived_fns[kind].nlit, false,
+                            kind == DV_INTINV ? n1 : lits};
+    sr_expr *c[2] = {NULL, NULL};
+    struct num v[2] = {{0}};
+    size_t col = name->start;
+    if (!parse_args(p, fn, col, &sig, c, v))
+        return NULL;
+    sr_ctx *ctx = p->ctx;
+    int ds = sig.nexpr ? c[0]->dim : 0, dx = sig.nexpr > 1 ? c[1]->dim : 0;
+    switch (kind) {
+    case DV_SQNORMISO:
+    case DV_SQNORMDIAG:
+    case DV_SYMSQNORM: {
+        int want = kind == DV_SQNORMISO ? 1 : kind == DV_SQNORMDIAG ? dx : dx * dx;
+        if (ds != want && ds != 1)
+            return fail(p, SR_EDIM, col,
+                        "%s: the weight has dimension %d, but a point of "
+                        "dimension %d needs %d",
+                        fn, ds, dx, want);
+        return built(p, col, sr_weightedsqnorm(ctx, c[0], c[1]));
+    }
+    case DV_INTINV:
+        return built(p, col, sr_ratcst(ctx, 1, v[0].i));
+    case DV_DIFFCLAMPINT:
+        if (v[0].i > v[1].i || v[0].i < INT_MIN || v[1].i > INT_MAX)
+            return fail(p, SR_EPARSE, col,
+                        "DiffClampInt: bounds %lld and %lld are not an "
+                        "interval of ints",
+                        (long long)v[0].i, (long long)v[1].i);
+        return built(
+            p, col,
+            sr_sub(ctx, sr_sub(ctx, sr_intcst(ctx, 1), sr_less(ctx, c[0], sr_intcst(ctx, v[0].i))),
+                   sr_greater(ctx, c[0], sr_intcst(ctx, v[1].i))));
+    default:
+        return fail(p, SR_EINTERNAL, col, "%s: no expansion", fn);
+    }
+}
+
+/* KeOps 2.3 functions that symred does not implement, and why (docs/semantics.md). */
+static const char *unsupported_keops(const struct parser *p, const struct tok *t)
+{
+    static const char *const complex_fns[] = {
+        "ComplexAbs",   "ComplexAdd",       "ComplexAngle",    "ComplexDivide", "ComplexExp",
+        "ComplexExp1j", "ComplexImag",      "ComplexMult",     "ComplexReal",   "ComplexRealScal",
+        "ComplexScal",  "ComplexSquareAbs", "ComplexSubtract", "ComplexSum",    "ComplexSumT",
+        "Conj",         "Imag2Complex",     "Real2Complex"};
+    for (size_t i = 0; i < sizeof complex_fns / sizeof *complex_fns; i++)
+        if (name_is(p, t, complex_fns[i]))
+            return "complex numbers are not supported";
+    if (name_is(p, t, "BSpline"))
+        return "B-splines are not implemented";
+    if (name_is(p, t, "SoftDTW_SqDist"))
+        return "soft dynamic time warping is not implemented";
+    if (name_is(p, t, "TraceOperator") || name_is(p, t, "AdjointOperator") ||
+        name_is(p, t, "SumLinOperator") || name_is(p, t, "Factorize") ||
+        name_is(p, t, "AutoFactorize") || name_is(p, t, "VarSymb"))
+        return "it is internal to KeOps' differentiation and factorisation";
+    return NULL;
+}
+
 /* ---- derivatives ----
  * Grad(F, v, e), Diff(F, v, u) and GradFromPos are not ops: they are expanded here, by sr_grad
  * and sr_diff, into ordinary nodes, so the printer shows the expanded formula. GradFromPos has
  * KeOps' form GradFromPos(F, v, I), the gradient with respect to v with a new gradient input
  * Var(I, dim(F), Vi), and the form GradFromPos(F, pos, e), with respect to the variable of
  * index pos (of F, else of an alias) with the gradient input e. */
-enum autodiff { AD_NONE, AD_GRAD, AD_DIFF, AD_GRADFROMPOS };
+enum autodiff {
+    AD_NONE,
+    AD_GRAD,
+    AD_DIFF,
+    AD_GRADFROMPOS,
+    AD_GRADMATRIX,
+    AD_DIVERGENCE,
+    AD_LAPLACIAN
+};
 
 static enum autodiff autodiff_kind(const struct parser *p, const struct tok *t)
 {
     return name_is(p, t, "Grad")          ? AD_GRAD
            : name_is(p, t, "Diff")        ? AD_DIFF
            : name_is(p, t, "GradFromPos") ? AD_GRADFROMPOS
+           : name_is(p, t, "GradMatrix")  ? AD_GRADMATRIX
+           : name_is(p, t, "Divergence")  ? AD_DIVERGENCE
+           : name_is(p, t, "Laplacian")   ? AD_LAPLACIAN
                                           : AD_NONE;
 }
 
@@ -696,13 +928,33 @@ static bool expect_comma(struct parser *p, const char *fn, int k)
 
 static sr_expr *parse_autodiff_call(struct parser *p, const struct tok *name, enum autodiff kind)
 {
-    static const char *const fns[] = {"", "Grad", "Diff", "GradFromPos"};
+    static const char *const fns[] = {"",           "Grad",       "Diff",     "GradFromPos",
+                                      "GradMatrix", "Divergence", "Laplacian"};
     const char *fn = fns[kind];
     size_t col = name->start, lp = p->t.start;
     next(p);
     sr_expr *f = parse_expr(p);
     if (!f || !expect_comma(p, fn, 1))
         return NULL;
+    if (kind >= AD_GRADMATRIX) { /* F(f, v): two arguments */
+        size_t vcol = p->t.start;
+        sr_expr *v = parse_expr(p);
+        if (!v)
+            return NULL;
+        if (v->op != OP_VAR)
+            return fail(p, SR_EPARSE, vcol,
+                        "%s: argument 2 must be a variable (an alias, Var, Vi, Vj or Pm), not %s",
+                        fn, expr_ops[v->op].name);
+        if (p->t.kind != T_RPAREN)
+            return fail(p, SR_EPARSE, p->t.start,
+                        "%s takes 2 arguments; expected ')' to close '(' at column %zu, found %s",
+                        fn, lp + 1, DESC(p));
+        next(p);
+        sr_expr *r = kind == AD_GRADMATRIX   ? sr_gradmatrix(p->ctx, f, v)
+                     : kind == AD_DIVERGENCE ? sr_divergence(p->ctx, f, v)
+                                             : sr_laplacian(p->ctx, f, v);
+        return built(p, col, r);
+    }
     size_t vcol = p->t.start;
     sr_expr *v;
     struct num lit;
@@ -776,23 +1028,34 @@ static sr_expr *parse_name(struct parser *p)
     if (p->t.kind != T_LPAREN) {
         if (a)
             return use_var(p, name.start, a->var);
-        if (op >= 0 || literal_fn || autodiff_kind(p, &name) != AD_NONE)
+        if (op >= 0 || literal_fn || autodiff_kind(p, &name) != AD_NONE ||
+            derived_kind(p, &name) != DV_NONE || name_is(p, &name, "Kron"))
             return fail(p, SR_EPARSE, p->t.start, "expected '(' after %s, found %s",
                         describe(p, &name), DESC(p));
         return unknown_name(p, &name);
     }
     enum autodiff ad = autodiff_kind(p, &name);
-    if (!literal_fn && op < 0 && ad == AD_NONE) {
+    enum derived dv = derived_kind(p, &name);
+    bool kron = name_is(p, &name, "Kron");
+    if (!literal_fn && op < 0 && ad == AD_NONE && dv == DV_NONE && !kron) {
         if (a)
             return fail(p, SR_EPARSE, name.start, "%s is a variable, not a function",
                         describe(p, &name));
+        const char *why = unsupported_keops(p, &name);
+        if (why)
+            return fail(p, SR_EPARSE, name.start,
+                        "%s is a KeOps function that symred does not "
+                        "support: %s (docs/semantics.md)",
+                        describe(p, &name), why);
         return unknown_name(p, &name);
     }
     if (!enter(p, name.start))
         return NULL;
-    sr_expr *e = ad != AD_NONE ? parse_autodiff_call(p, &name, ad)
-                 : literal_fn  ? parse_literal_call(p, &name)
-                               : parse_op_call(p, &name, op);
+    sr_expr *e = ad != AD_NONE                ? parse_autodiff_call(p, &name, ad)
+                 : dv != DV_NONE              ? parse_derived_call(p, &name, dv)
+                 : kron || op == OP_TENSORDOT ? parse_tensordot_call(p, &name, kron)
+                 : literal_fn                 ? parse_literal_call(p, &name)
+                                              : parse_op_call(p, &name, op);
     leave(p);
     return e;
 }
@@ -962,7 +1225,8 @@ static bool parse_alias(struct parser *p, int pos, const char *text, struct alia
     a->len = name.len;
     a->pos = pos;
     if (expr_op_by_name(a->name, a->len) >= 0 || is_literal_fn(p, &name) ||
-        autodiff_kind(p, &name) != AD_NONE) {
+        autodiff_kind(p, &name) != AD_NONE || derived_kind(p, &name) != DV_NONE ||
+        name_is(p, &name, "Kron")) {
         fail(p, SR_EPARSE, name.start, "%s is a function name and cannot be an alias",
              describe(p, &name));
         return false;

@@ -55,7 +55,8 @@ void expr_buf_printf(struct expr_buf *b, const char *fmt, ...)
 /* ---- the text of one node, in pieces ---- */
 
 /* The longest piece: "Var(" + three 20-digit integers, or a %.17g real in "Cst(...)". */
-#define PIECE_MAX 96
+/* TensorDot's lists are the longest piece: at most 5 lists of 32 entries of 9 bytes. */
+#define PIECE_MAX 1536
 
 /* Numbers are written in the C locale whatever LC_NUMERIC the host program has set: a decimal
  * comma would not parse back. The locale object is made once per process. */
@@ -76,6 +77,27 @@ static int format_real(char *out, size_t cap, double v)
 static bool is_infix_binary(const sr_expr *e)
 {
     return expr_ops[e->op].infix && expr_ops[e->op].arity == 2;
+}
+
+/* TensorDot's last piece: ",[dims a],[dims b],[axes a],[axes b]", then ",[permute]" unless it
+ * is the identity, then ")". */
+static size_t tdot_lists(const sr_expr *e, char *out)
+{
+    const struct expr_tdot *t = expr_tdot_of(e);
+    const int32_t *lists[5] = {t->key.da, t->key.db, t->key.ca, t->key.cb, t->key.perm};
+    int len[5] = {t->key.ra, t->key.rb, t->key.nc, t->key.nc, t->nout};
+    bool identity = true;
+    for (int k = 0; k < t->nout; k++)
+        identity = identity && t->key.perm[k] == k;
+    size_t n = 0;
+    for (int l = 0; l < (identity ? 4 : 5); l++) {
+        n += (size_t)snprintf(out + n, PIECE_MAX - n, ",[");
+        for (int k = 0; k < len[l]; k++)
+            n += (size_t)snprintf(out + n, PIECE_MAX - n, "%s%d", k ? "," : "", (int)lists[l][k]);
+        n += (size_t)snprintf(out + n, PIECE_MAX - n, "]");
+    }
+    n += (size_t)snprintf(out + n, PIECE_MAX - n, ")");
+    return n;
 }
 
 /*
@@ -124,6 +146,8 @@ static size_t piece(const sr_expr *e, int k, char *out)
         memcpy(out, s, len + 1);
         return len;
     }
+    if (e->op == OP_TENSORDOT && k == oi->arity)
+        return tdot_lists(e, out);
     if (k == 0)
         n = snprintf(out, PIECE_MAX, "%s(", oi->name);
     else if (k < oi->arity)

@@ -70,6 +70,7 @@ static void e_onehot(struct emitter *E, const sr_expr *e);
 static void e_matvec(struct emitter *E, const sr_expr *e);
 static void e_tensor(struct emitter *E, const sr_expr *e);
 static void e_weighted(struct emitter *E, const sr_expr *e);
+static void e_tensordot(struct emitter *E, const sr_expr *e);
 
 #define EW(s)                                                                                      \
     {                                                                                              \
@@ -140,6 +141,10 @@ static void e_weighted(struct emitter *E, const sr_expr *e);
 #define JIT_C_TENSORPROD     FN(e_tensor)
 #define JIT_C_WEIGHTEDSQNORM FN(e_weighted)
 #define JIT_C_WEIGHTEDSQDIST FN(e_weighted)
+#define JIT_C_SUMT           FN(e_slice)
+#define JIT_C_ELEMT          FN(e_slice)
+#define JIT_C_EXTRACTT       FN(e_slice)
+#define JIT_C_TENSORDOT      FN(e_tensordot)
 
 static const struct jit_cop c_ops[] = {
 #define JIT_C_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = JIT_C_##id,
@@ -506,8 +511,39 @@ static void e_minmax(struct emitter *E, const sr_expr *e)
         P("%s_m;\n", n);
 }
 
+/* Component idx of ExtractT: the operand's component idx - start inside the window, else 0. A
+ * symbolic idx (a loop over a big output) selects among a small operand's named components. */
+static const char *extractt_expr(struct emitter *E, const sr_expr *e, const char *idx)
+{
+    const sr_expr *a = e->child[0];
+    long long s = e->iattr[0];
+    const char *zero = sfmt(E, "(%s)0", T(E));
+    if (is_num(idx)) {
+        long long c = atoll(idx) - s;
+        return c >= 0 && c < a->dim ? ref_c(E, a, (int)c) : zero;
+    }
+    if (big(a))
+        return sfmt(E, "((%s) >= %lld && (%s) < %lld ? %s : %s)", idx, s, idx, s + a->dim,
+                    ref(E, a, sfmt(E, "((%s) - %lld)", idx, s)), zero);
+    const char *x = zero;
+    for (int c = a->dim; c-- > 0;)
+        x = sfmt(E, "((%s) == %lld ? %s : %s)", idx, s + c, ref_c(E, a, c), x);
+    return x;
+}
+
 static const char *slice_expr(struct emitter *E, const sr_expr *e, const char *idx)
 {
+    if (e->op == OP_SUMT)
+        return ref_c(E, e->child[0], 0);
+    if (e->op == OP_ELEMT) {
+        long long m = e->iattr[1];
+        const char *a = ref_c(E, e->child[0], 0), *zero = sfmt(E, "(%s)0", T(E));
+        if (is_num(idx))
+            return atoll(idx) == m ? a : zero;
+        return sfmt(E, "((%s) == %lld ? %s : %s)", idx, m, a, zero);
+    }
+    if (e->op == OP_EXTRACTT)
+        return extractt_expr(E, e, idx);
     if (e->op == OP_ELEM)
         return ref_c(E, e->child[0], (int)e->iattr[0]);
     if (e->op == OP_EXTRACT) {
@@ -575,6 +611,26 @@ static void e_tensor(struct emitter *E, const sr_expr *e)
         }
 }
 
+/* Every output component unrolled: its terms in increasing order of the contracted index, as
+ * the reference sums them. */
+static void e_tensordot(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    const struct expr_tdot *t = expr_tdot_of(e);
+    for (int o = 0; o < e->dim; o++) {
+        nm(e, o, n);
+        P("        %s %s_s = 0;\n", T(E), n);
+        for (int64_t c = 0; c < t->ncont; c++) {
+            int64_t ia, ib;
+            expr_tdot_index(t, o, c, &ia, &ib);
+            const char *a = ref_c(E, e->child[0], (int)ia), *b = ref_c(E, e->child[1], (int)ib);
+            P("        %s_s += %s * %s;\n", n, a, b);
+        }
+        def(E, e, o);
+        P("%s_s;\n", n);
+    }
+}
+
 /* Component idx of the point (or the difference) that a weighted norm measures. */
 static const char *wdiff(struct emitter *E, const sr_expr *e, const char *idx)
 {
@@ -624,7 +680,8 @@ static void e_weighted(struct emitter *E, const sr_expr *e)
 /* Big nodes of these ops are inlined where used instead of computed into an array. */
 static bool lazy_op(const sr_expr *e)
 {
-    return c_ops[e->op].ew || e->op == OP_ROUND || e->op == OP_EXTRACT || e->op == OP_CONCAT;
+    return c_ops[e->op].ew || e->op == OP_ROUND || e->op == OP_EXTRACT || e->op == OP_CONCAT ||
+           e->op == OP_SUMT || e->op == OP_ELEMT || e->op == OP_EXTRACTT;
 }
 
 /* The elementwise template of op for the target: its override, else the C spelling. */
@@ -788,6 +845,8 @@ static sr_status analyse(struct emitter *E, int *ncol_out)
             scalars += e->dim;
         if ((e->op == OP_MATVECMULT || e->op == OP_VECMATMULT || e->op == OP_TENSORPROD) && !big(e))
             scalars += e->child[0]->dim + e->child[1]->dim;
+        if (e->op == OP_TENSORDOT) /* one statement per term */
+            scalars += e->dim * expr_tdot_of(e)->ncont;
         /* Big nodes that need an array are not allowed in the vectorised loops. */
         if (big(e) && e->op != OP_VAR && !lazy_op(e) && pl == PL_PAIR)
             scalars = JIT_MAX_SCALARS + 1;
