@@ -77,6 +77,12 @@ double simp_op_flops(const sr_expr *e)
         return 2 * b;
     case OP_TENSORPROD:
         return d;
+    case OP_SUMT:
+    case OP_ELEMT:
+    case OP_EXTRACTT:
+        return 0;
+    case OP_TENSORDOT:
+        return 2 * d * (double)expr_tdot_of(e)->ncont;
     case OP_WEIGHTEDSQNORM:
     case OP_WEIGHTEDSQDIST: {
         double x = b, w = a;

@@ -544,6 +544,79 @@ class LazyTensor:
         other = self._wrap(other)
         return self._function("TensorProd", [other], dimres=self.ndim * other.ndim, check=None)
 
+    @staticmethod
+    def _int_list(seq, what):
+        seq = (seq,) if _is_int(seq) else tuple(seq)
+        if not all(_is_int(v) for v in seq):
+            raise TypeError(f"{what} must be a sequence of ints, not {seq!r}")
+        return tuple(int(v) for v in seq), "[" + ",".join(str(int(v)) for v in seq) + "]"
+
+    def keops_tensordot(self, other, dimfa, dimfb, contfa, contfb, *args):
+        """pykeops' ``keops_tensordot``: self and other are row-major tensors of shapes dimfa and
+        dimfb (flattened in their last dimension); axes contfa of self are contracted with axes
+        contfb of other (as ``numpy.tensordot(a, b, (contfa, contfb))``); an optional permute
+        puts kept axis k (self's, then other's) at output position permute[k]. The result is
+        the flattened output."""
+        other = self._wrap(other)
+        if len(args) > 1:
+            raise TypeError("keops_tensordot takes at most one permutation after contfb")
+        lists = [self._int_list(v, w) for v, w in ((dimfa, "dimfa"), (dimfb, "dimfb"),
+                                                     (contfa, "contfa"), (contfb, "contfb"))
+                 + tuple((a, "permute") for a in args)]
+        (da, _), (db, _), (ca, _), (cb, _) = lists[:4]
+        for dims, t, name in ((da, self, "dimfa"), (db, other, "dimfb")):
+            if int(np.prod(dims, dtype=np.int64)) != t.ndim:
+                raise ValueError(f"keops_tensordot: {name} {dims} holds "
+                                 f"{int(np.prod(dims, dtype=np.int64))} components, the "
+                                 f"operand has {t.ndim}")
+        if len(ca) != len(cb):
+            raise ValueError(f"keops_tensordot: {len(ca)} contracted axes of self but {len(cb)} "
+                             f"of other")
+        try:
+            cont = int(np.prod([da[k] for k in ca], dtype=np.int64))
+        except IndexError:
+            raise ValueError(f"keops_tensordot: contfa {ca} is out of range for {len(da)} axes")
+        dimres = self.ndim * other.ndim // (cont * cont)
+        res = self._function("TensorDot", [other], dimres=dimres, check=None)
+        res.formula = res.formula[:-1] + "," + ",".join(text for _, text in lists) + ")"
+        return res
+
+    def keops_kron(self, other, dimfself, dimfother):
+        """pykeops' ``keops_kron``: the Kronecker product (``numpy.kron``) of self and other
+        viewed as tensors of equal rank with shapes dimfself and dimfother, flattened."""
+        other = self._wrap(other)
+        (da, ta), (db, tb) = (self._int_list(dimfself, "dimfself"),
+                              self._int_list(dimfother, "dimfother"))
+        if len(da) != len(db):
+            raise ValueError(f"keops_kron: shapes {da} and {db} have different ranks")
+        res = self._function("Kron", [other], dimres=self.ndim * other.ndim, check=None)
+        res.formula = res.formula[:-1] + f",{ta},{tb})"
+        return res
+
+    def _wrt(self, name, var, dimres):
+        if not isinstance(var, LazyTensor) or len(var.leaves) != 1 or \
+                var.formula not in var.leaves:
+            raise ValueError(f"{name}: the second argument must be a variable (Vi, Vj or Pm), "
+                             f"not a formula")
+        return self._function(name, [var], dimres=dimres, check=None)
+
+    def grad_matrix(self, other):
+        """pykeops' ``grad_matrix``: the Jacobian of self with respect to the variable other,
+        row-major (row k: the gradient of component k), of dimension self.ndim * other.ndim."""
+        return self._wrt("GradMatrix", other, self.ndim * other.ndim)
+
+    def divergence(self, var):
+        """pykeops' ``divergence``: sum_k d self_k / d var_k (equal dimensions)."""
+        if self.ndim != var.ndim:
+            raise ValueError(f"divergence: dimensions {self.ndim} and {var.ndim} must be equal")
+        return self._wrt("Divergence", var, 1)
+
+    def laplacian(self, var):
+        """pykeops' ``laplacian``: the divergence of the gradient of a scalar self."""
+        if self.ndim != 1:
+            raise ValueError(f"laplacian: self must be a scalar, not of dimension {self.ndim}")
+        return self._wrt("Laplacian", var, 1)
+
     # ---- reductions --------------------------------------------------------------------------
 
     @staticmethod
