@@ -643,6 +643,8 @@ Test(parse, keops_derived_functions)
     assert_parses_to("SymSqNorm(TensorProd(y,y),x)",
                      sr_weightedsqnorm(ctx, sr_tensorprod(ctx, y, y), x));
     assert_parses_to("IntInv(4)", sr_ratcst(ctx, 1, 4));
+    assert_parses_to("Zero(1)", sr_intcst(ctx, 0));
+    assert_parses_to("Zero(4)", sr_onehot(ctx, sr_intcst(ctx, -1), 4));
     assert_parses_to("DiffClampInt(x,-1,2)",
                      sr_sub(ctx,
                             sr_sub(ctx, sr_intcst(ctx, 1), sr_less(ctx, x, sr_intcst(ctx, -1))),
@@ -672,6 +674,8 @@ Test(parse, keops_derived_function_errors)
     assert_fails("SqNormDiag(z,x)", SR_EDIM, "SqNormDiag", NULL);
     assert_fails("SymSqNorm(y,x)", SR_EDIM, "SymSqNorm", "needs 9");
     assert_fails("DiffClampInt(x,2,1)", SR_EPARSE, "DiffClampInt", NULL);
+    assert_fails("Zero(0)", SR_EDIM, "Zero", "not positive");
+    assert_fails("x+Zero(2)", SR_EDIM, NULL, NULL);
     assert_fails("Laplacian(x,x)", SR_EDIM, "Laplacian", NULL);
     assert_fails("Divergence(z,x)", SR_EDIM, "Divergence", NULL);
     assert_fails("GradMatrix(x,x+y)", SR_EPARSE, "GradMatrix", "variable");

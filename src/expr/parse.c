@@ -16,7 +16,8 @@
  * literals (Pow(x,3), Extract(x,1,2)). Var, Vi, Vj, Pm, IntCst, RatCst and Cst take literals.
  * TensorDot and Kron take lists of integers, [2,3] or [] (KeOps' index sequences). Some KeOps
  * functions are spelled here with other ops, as KeOps defines them (SqNormIso, SqNormDiag,
- * SymSqNorm, IntInv, DiffClampInt, Kron, GradMatrix, Divergence, Laplacian: see "derived" below);
+ * SymSqNorm, IntInv, DiffClampInt, Zero, Kron, GradMatrix, Divergence, Laplacian: see "derived"
+ * below);
  * the KeOps functions symred lacks (complex numbers, BSpline, SoftDTW_SqDist) are named in the
  * error.
  *
@@ -765,11 +766,12 @@ static sr_expr *parse_tensordot_call(struct parser *p, const struct tok *name, b
 
 enum derived {
     DV_NONE,
-    DV_SQNORMISO,   /* SqNormIso(s, x) = s SqNorm2(x), s scalar */
-    DV_SQNORMDIAG,  /* SqNormDiag(s, x) = Sum(s x^2), s of dim(x) */
-    DV_SYMSQNORM,   /* SymSqNorm(A, x) = x^T A x, A of dim(x)^2 */
-    DV_INTINV,      /* IntInv(n) = RatCst(1, n) */
-    DV_DIFFCLAMPINT /* DiffClampInt(x, a, b) = 1 - Less(x, a) - Greater(x, b) */
+    DV_SQNORMISO,    /* SqNormIso(s, x) = s SqNorm2(x), s scalar */
+    DV_SQNORMDIAG,   /* SqNormDiag(s, x) = Sum(s x^2), s of dim(x) */
+    DV_SYMSQNORM,    /* SymSqNorm(A, x) = x^T A x, A of dim(x)^2 */
+    DV_INTINV,       /* IntInv(n) = RatCst(1, n) */
+    DV_DIFFCLAMPINT, /* DiffClampInt(x, a, b) = 1 - Less(x, a) - Greater(x, b) */
+    DV_ZERO          /* Zero(d) = the zero vector, OneHot(-1, d) (0 for d = 1) */
 };
 
 static const struct {
@@ -778,7 +780,7 @@ static const struct {
 } derived_fns[] = {
     [DV_SQNORMISO] = {"SqNormIso", 2, 0},       [DV_SQNORMDIAG] = {"SqNormDiag", 2, 0},
     [DV_SYMSQNORM] = {"SymSqNorm", 2, 0},       [DV_INTINV] = {"IntInv", 0, 1},
-    [DV_DIFFCLAMPINT] = {"DiffClampInt", 1, 2},
+    [DV_DIFFCLAMPINT] = {"DiffClampInt", 1, 2}, [DV_ZERO] = {"Zero", 0, 1},
 };
 
 static enum derived derived_kind(const struct parser *p, const struct tok *t)
@@ -793,8 +795,11 @@ static sr_expr *parse_derived_call(struct parser *p, const struct tok *name, enu
 {
     static const char *const lits[] = {"lower bound", "upper bound"}, *const n1[] = {"n"};
     const char *fn = derived_fns[kind].name;
+    static const char *const dim1[] = {"dimension"};
     struct signature sig = {derived_fns[kind].nexpr, derived_fns[kind].nlit, false,
-                            kind == DV_INTINV ? n1 : lits};
+                            kind == DV_INTINV ? n1
+                            : kind == DV_ZERO ? dim1
+                                              : lits};
     sr_expr *c[2] = {NULL, NULL};
     struct num v[2] = {{0}};
     size_t col = name->start;
@@ -816,6 +821,10 @@ static sr_expr *parse_derived_call(struct parser *p, const struct tok *name, enu
     }
     case DV_INTINV:
         return built(p, col, sr_ratcst(ctx, 1, v[0].i));
+    case DV_ZERO:
+        if (v[0].i < 1 || v[0].i > INT_MAX)
+            return fail(p, SR_EDIM, col, "Zero: dimension %lld is not positive", (long long)v[0].i);
+        return built(p, col, expr_zeros(ctx, (int)v[0].i));
     case DV_DIFFCLAMPINT:
         if (v[0].i > v[1].i || v[0].i < INT_MIN || v[1].i > INT_MAX)
             return fail(p, SR_EPARSE, col,
@@ -835,10 +844,10 @@ static sr_expr *parse_derived_call(struct parser *p, const struct tok *name, enu
 static const char *unsupported_keops(const struct parser *p, const struct tok *t)
 {
     static const char *const complex_fns[] = {
-        "ComplexAbs",   "ComplexAdd",       "ComplexAngle",    "ComplexDivide", "ComplexExp",
-        "ComplexExp1j", "ComplexImag",      "ComplexMult",     "ComplexReal",   "ComplexRealScal",
-        "ComplexScal",  "ComplexSquareAbs", "ComplexSubtract", "ComplexSum",    "ComplexSumT",
-        "Conj",         "Imag2Complex",     "Real2Complex"};
+        "ComplexAbs",       "ComplexAdd",      "ComplexAngle", "ComplexDivide", "ComplexExp",
+        "ComplexExp1j",     "ComplexImag",     "ComplexMult",  "ComplexReal",   "ComplexRealScal",
+        "ComplexSquareAbs", "ComplexSubtract", "ComplexSum",   "ComplexSumT",   "Conj",
+        "Imag2Complex",     "Real2Complex"};
     for (size_t i = 0; i < sizeof complex_fns / sizeof *complex_fns; i++)
         if (name_is(p, t, complex_fns[i]))
             return "complex numbers are not supported";
@@ -848,7 +857,8 @@ static const char *unsupported_keops(const struct parser *p, const struct tok *t
         return "soft dynamic time warping is not implemented";
     if (name_is(p, t, "TraceOperator") || name_is(p, t, "AdjointOperator") ||
         name_is(p, t, "SumLinOperator") || name_is(p, t, "Factorize") ||
-        name_is(p, t, "AutoFactorize") || name_is(p, t, "VarSymb"))
+        name_is(p, t, "AutoFactorize") || name_is(p, t, "VarSymb") ||
+        name_is(p, t, "Grad_WithSavedForward") || name_is(p, t, "Diff_WithSavedForward"))
         return "it is internal to KeOps' differentiation and factorisation";
     return NULL;
 }
