@@ -668,6 +668,26 @@ Test(parse, keops_derived_functions)
     cr_assert_eq(parse_ok("Laplacian(SqNorm2(x),x)")->dim, 1);
 }
 
+/* KeOps formulas are Python expressions: x<y is LessThan(x,y), x>y is LessThan(y,x). */
+Test(parse, comparison_operators_and_keops_names)
+{
+    sr_expr *x = X(), *y = Y(), *b = B();
+    assert_parses_to("x<y", sr_less(ctx, x, y));
+    assert_parses_to("x <= y", sr_lesseq(ctx, x, y));
+    assert_parses_to("x>y", sr_greater(ctx, x, y));
+    assert_parses_to("x>=b", sr_greatereq(ctx, x, b));
+    assert_parses_to("LessThan(x,y)", sr_less(ctx, x, y));
+    assert_parses_to("LessOrEqual(x,b)", sr_lesseq(ctx, x, b));
+    /* below + and | (as in Python), usable as an argument */
+    assert_parses_to("x+y<b*2", sr_less(ctx, sr_add(ctx, x, y), sr_mul(ctx, b, sr_intcst(ctx, 2))));
+    assert_parses_to("x|y<b", sr_less(ctx, sr_scalprod(ctx, x, y), b));
+    assert_parses_to("IfElse(x<y,x,y)", sr_ifelse(ctx, sr_less(ctx, x, y), x, y));
+    assert_parses_to("-x<-y", sr_less(ctx, sr_neg(ctx, x), sr_neg(ctx, y)));
+    assert_fails("x<y<b", SR_EPARSE, "column 4:", "do not chain");
+    assert_fails("x<", SR_EPARSE, "column 3:", NULL);
+    assert_fails("x=<y", SR_EPARSE, NULL, NULL);
+}
+
 Test(parse, keops_derived_function_errors)
 {
     assert_fails("SqNormIso(y,x)", SR_EDIM, "SqNormIso", "dimension 3");

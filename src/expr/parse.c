@@ -3,7 +3,8 @@
  *
  * Grammar (Python-like precedence, lowest first):
  *
- *   expr    := sum ('|' sum)*                  Scalprod, left-associative
+ *   expr    := sprod (('<' | '<=' | '>' | '>=') sprod)?   Less, LessEq, ...: not chained
+ *   sprod   := sum ('|' sum)*                  Scalprod, left-associative
  *   sum     := term (('+' | '-') term)*
  *   term    := unary (('*' | '/') unary)*
  *   unary   := '-' unary | power               so -x**2 is -(x**2)
@@ -64,6 +65,8 @@ enum tok_kind {
     T_EQ,
     T_LBRACK,
     T_RBRACK,
+    T_LT, /* '<' or '<=' (len 2) */
+    T_GT, /* '>' or '>=' */
     T_BAD
 };
 
@@ -256,6 +259,12 @@ static void next(struct parser *p)
             break;
         case '[':
             t.kind = T_LBRACK;
+            break;
+        case '<':
+        case '>':
+            t.kind = c == '<' ? T_LT : T_GT;
+            if (s[p->pos + 1] == '=')
+                t.len = 2;
             break;
         case ']':
             t.kind = T_RBRACK;
@@ -771,7 +780,9 @@ enum derived {
     DV_SYMSQNORM,    /* SymSqNorm(A, x) = x^T A x, A of dim(x)^2 */
     DV_INTINV,       /* IntInv(n) = RatCst(1, n) */
     DV_DIFFCLAMPINT, /* DiffClampInt(x, a, b) = 1 - Less(x, a) - Greater(x, b) */
-    DV_ZERO          /* Zero(d) = the zero vector, OneHot(-1, d) (0 for d = 1) */
+    DV_ZERO,         /* Zero(d) = the zero vector, OneHot(-1, d) (0 for d = 1) */
+    DV_LESSTHAN,     /* keopscore's names of Less and LessEq */
+    DV_LESSOREQUAL
 };
 
 static const struct {
@@ -781,6 +792,7 @@ static const struct {
     [DV_SQNORMISO] = {"SqNormIso", 2, 0},       [DV_SQNORMDIAG] = {"SqNormDiag", 2, 0},
     [DV_SYMSQNORM] = {"SymSqNorm", 2, 0},       [DV_INTINV] = {"IntInv", 0, 1},
     [DV_DIFFCLAMPINT] = {"DiffClampInt", 1, 2}, [DV_ZERO] = {"Zero", 0, 1},
+    [DV_LESSTHAN] = {"LessThan", 2, 0},         [DV_LESSOREQUAL] = {"LessOrEqual", 2, 0},
 };
 
 static enum derived derived_kind(const struct parser *p, const struct tok *t)
@@ -821,6 +833,10 @@ static sr_expr *parse_derived_call(struct parser *p, const struct tok *name, enu
     }
     case DV_INTINV:
         return built(p, col, sr_ratcst(ctx, 1, v[0].i));
+    case DV_LESSTHAN:
+        return built(p, col, sr_less(ctx, c[0], c[1]));
+    case DV_LESSOREQUAL:
+        return built(p, col, sr_lesseq(ctx, c[0], c[1]));
     case DV_ZERO:
         if (v[0].i < 1 || v[0].i > INT_MAX)
             return fail(p, SR_EDIM, col, "Zero: dimension %lld is not positive", (long long)v[0].i);
@@ -1192,7 +1208,7 @@ static sr_expr *parse_sum(struct parser *p)
     return a;
 }
 
-static sr_expr *parse_expr(struct parser *p)
+static sr_expr *parse_scalprod(struct parser *p)
 {
     sr_expr *a = parse_sum(p);
     while (a && p->t.kind == T_BAR) {
@@ -1202,6 +1218,26 @@ static sr_expr *parse_expr(struct parser *p)
         a = make(p, col, OP_SCALPROD, c, NULL, 0, 0.0);
     }
     return a;
+}
+
+/* a < b, a <= b, a > b, a >= b (KeOps formulas are Python expressions, where these give
+ * LessThan and LessOrEqual): below '|' as in Python, and not chained. */
+static sr_expr *parse_expr(struct parser *p)
+{
+    sr_expr *a = parse_scalprod(p);
+    if (!a || (p->t.kind != T_LT && p->t.kind != T_GT))
+        return a;
+    struct tok op = p->t;
+    next(p);
+    sr_expr *c[2] = {a, parse_scalprod(p)};
+    if (!c[1])
+        return NULL;
+    if (p->t.kind == T_LT || p->t.kind == T_GT)
+        return fail(p, SR_EPARSE, p->t.start,
+                    "comparisons do not chain: write Less(a,b)*Less(b,c) for a < b < c");
+    bool lt = op.kind == T_LT, eq = op.len == 2;
+    enum expr_op o = lt ? (eq ? OP_LESSEQ : OP_LESS) : (eq ? OP_GREATEREQ : OP_GREATER);
+    return make(p, op.start, o, c, NULL, 0, 0.0);
 }
 
 /* ---- aliases ---- */
