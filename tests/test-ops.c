@@ -587,6 +587,81 @@ Test(ops, matvec_vecmat_tensorprod)
     }
 }
 
+/* SumT, ElemT, ExtractT: the other components are exactly 0, whatever the operand (NaN, inf). */
+Test(ops, sumt_elemt_extractt)
+{
+    double got[MAXOUT];
+    for (int t = 0; t < 2; t++) {
+        sr_dtype dt = dtypes[t];
+        for (size_t q = 0; q < sizeof special / sizeof *special; q++) {
+            double a = rnd(dt, special[q]), y = 0.75;
+            const double *args[2] = {&a, &y};
+            sr_expr *va = sr_vi(ctx, 0, 1), *vy = sr_vj(ctx, 1, 1);
+            eval1(sr_add(ctx, sr_elemt(ctx, va, 4, 2),
+                         sr_sumt(ctx, sr_mul(ctx, vy, sr_intcst(ctx, 0)), 4)),
+                  dt, 2, args, (int[]){1, 1}, got);
+            expect_vec(dt, got, (double[]){0, 0, a, 0}, 4, "ElemT");
+            eval1(sr_mul(ctx, sr_sumt(ctx, va, 3), vy), dt, 2, args, (int[]){1, 1}, got);
+            expect_vec(dt, got, (double[]){a * y, a * y, a * y}, 3, "SumT");
+            eval1(sr_extractt(ctx, sr_concat(ctx, va, vy), 1, 5), dt, 2, args, (int[]){1, 1}, got);
+            expect_vec(dt, got, (double[]){0, a, y, 0, 0}, 5, "ExtractT");
+        }
+    }
+}
+
+/* TensorDot against loops written here: MatVecMult, VecMatMult, TensorProd and its transpose as
+ * special cases, and a rank-3 tensor contracted on two axes given out of order. */
+Test(ops, tensordot)
+{
+    uint64_t s = 9;
+    for (int t = 0; t < 2; t++) {
+        sr_dtype dt = dtypes[t];
+        double A[24], v[4], u[3], got[MAXOUT], want[24];
+        fill(A, 24, &s, dt);
+        fill(v, 4, &s, dt);
+        fill(u, 3, &s, dt);
+        sr_expr *vA = sr_vi(ctx, 0, 12), *vv = sr_vj(ctx, 1, 4), *vu = sr_vj(ctx, 1, 3);
+        int d34[2] = {3, 4}, d4[1] = {4}, d3[1] = {3}, c0[1] = {0}, c1[1] = {1}, sw[2] = {1, 0};
+        for (int r = 0; r < 3; r++) {
+            want[r] = 0;
+            for (int c = 0; c < 4; c++)
+                want[r] += A[r * 4 + c] * v[c];
+        }
+        eval1(sr_tensordot(ctx, vA, vv, 2, d34, 1, d4, 1, c1, c0, NULL), dt, 2,
+              (const double *[]){A, v}, (int[]){12, 4}, got);
+        expect_vec(dt, got, want, 3, "TensorDot as MatVecMult");
+        for (int c = 0; c < 4; c++) {
+            want[c] = 0;
+            for (int r = 0; r < 3; r++)
+                want[c] += u[r] * A[r * 4 + c];
+        }
+        eval1(sr_tensordot(ctx, vu, vA, 1, d3, 2, d34, 1, c0, c0, NULL), dt, 2,
+              (const double *[]){A, u}, (int[]){12, 3}, got);
+        expect_vec(dt, got, want, 4, "TensorDot as VecMatMult");
+        sr_expr *x = sr_vi(ctx, 0, 3);
+        for (int p = 0; p < 2; p++) {
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 4; j++)
+                    want[p ? j * 3 + i : i * 4 + j] = A[i] * v[j];
+            eval1(sr_tensordot(ctx, x, vv, 1, d3, 1, d4, 0, NULL, NULL, p ? sw : NULL), dt, 2,
+                  (const double *[]){A, v}, (int[]){3, 4}, got);
+            expect_vec(dt, got, want, 12, p ? "TensorDot, permuted outer product" : "TensorDot");
+        }
+        /* a (2,3,4), b (4,3): out[i] = sum_{k,l} a[i,l,k] b[k,l] */
+        int d234[3] = {2, 3, 4}, d43[2] = {4, 3}, ca[2] = {2, 1}, cb[2] = {0, 1};
+        for (int i = 0; i < 2; i++) {
+            want[i] = 0;
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 3; l++)
+                    want[i] += A[i * 12 + l * 4 + k] * v[0] * A[k * 3 + l];
+        }
+        sr_expr *a3 = sr_vi(ctx, 0, 24), *b3 = sr_mul(ctx, sr_pm(ctx, 2, 12), sr_elem(ctx, vv, 0));
+        eval1(sr_tensordot(ctx, a3, b3, 3, d234, 2, d43, 2, ca, cb, NULL), dt, 3,
+              (const double *[]){A, v, A}, (int[]){24, 4, 12}, got);
+        expect_vec(dt, got, want, 2, "TensorDot rank 3");
+    }
+}
+
 static double wsq(const double *w, int dw, const double *a, const double *b, int d)
 {
     double diff[16], s = 0;
