@@ -21,8 +21,6 @@ int expr_op_by_name(const char *name, size_t len)
 {
     for (int op = 0; op < OP_COUNT; op++) {
         const struct expr_opinfo *oi = &expr_ops[op];
-        if (oi->infix && oi->arity <= 2 && op != OP_SCALPROD)
-            continue; /* +, -, *, /, unary - are operators, not functions */
         if (strlen(oi->name) == len && memcmp(oi->name, name, len) == 0)
             return op;
     }

@@ -146,8 +146,9 @@ struct sr_expr {
 /* Number of children of e (its op's arity). */
 static inline int expr_arity(const sr_expr *e) { return expr_ops[e->op].arity; }
 
-/* The op whose KeOps function name is name[0..len), or -1. Names of infix-only ops (Add,
- * Subtract, Mult, Divide, Minus) are not function spellings and give -1. */
+/* The op whose KeOps function name is name[0..len), or -1. The ops printed infix have
+ * function spellings too (Add(a,b), Minus(a): keopscore reads them, and pykeops writes
+ * Minus). */
 int expr_op_by_name(const char *name, size_t len);
 
 /*

@@ -1025,20 +1025,12 @@ COLD static sr_expr *unknown_name(struct parser *p, const struct tok *t)
     const char *hint = NULL;
     for (int op = 0; op < OP_COUNT && !hint; op++) {
         const char *nm = expr_ops[op].name;
-        if (strlen(nm) == t->len && strncasecmp(nm, s, t->len) == 0 &&
-            expr_op_by_name(nm, t->len) >= 0)
+        if (strlen(nm) == t->len && strncasecmp(nm, s, t->len) == 0)
             hint = nm;
     }
     for (int i = 0; i < 3 && !hint; i++)
         if (t->len == 2 && strncasecmp(cat_names[i], s, 2) == 0)
             hint = cat_names[i];
-    for (int op = 0; op < OP_COUNT; op++) {
-        const char *nm = expr_ops[op].name;
-        if (expr_ops[op].infix && strlen(nm) == t->len && memcmp(nm, s, t->len) == 0 &&
-            expr_op_by_name(nm, t->len) < 0)
-            return fail(p, SR_EPARSE, t->start, "unknown name %s (write the operator '%s')",
-                        describe(p, t), expr_ops[op].infix);
-    }
     return fail(p, SR_EPARSE, t->start, "unknown name %s%s%s%s", describe(p, t),
                 hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "");
 }
