@@ -15,12 +15,12 @@
  * Pow(f,n), 0.5 gives Sqrt, -0.5 gives Rsqrt, any other literal or formula gives Powf.
  * Function calls take the op's operands first, then its integer attributes as signed integer
  * literals (Pow(x,3), Extract(x,1,2)). Var, Vi, Vj, Pm, IntCst, RatCst and Cst take literals.
- * TensorDot and Kron take lists of integers, [2,3] or [] (KeOps' index sequences). Some KeOps
- * functions are spelled here with other ops, as KeOps defines them (SqNormIso, SqNormDiag,
- * SymSqNorm, IntInv, DiffClampInt, Zero, Kron, GradMatrix, Divergence, Laplacian: see "derived"
- * below);
- * the KeOps functions symred lacks (complex numbers, BSpline, SoftDTW_SqDist) are named in the
- * error.
+ * TensorDot and Kron take lists of integers, [2,3] or [] (KeOps' index sequences). The infix
+ * ops have function spellings too (Add, Subtract, Mult, Divide, Minus). Some KeOps functions are
+ * built here from other ops, as keopscore defines them (SqNormIso, SqNormDiag, SymSqNorm,
+ * IntInv, DiffClampInt, Zero, LessThan, LessOrEqual, Kron, GradMatrix, Divergence, Laplacian:
+ * see "derived" below); the KeOps functions symred lacks (complex numbers, BSpline,
+ * SoftDTW_SqDist) are named in the error.
  *
  * Nodes are built only through expr_make(), which checks dimensions and interns. The parser is
  * a recursive-descent parser whose nesting (parentheses, calls, unary minus, exponents) is
