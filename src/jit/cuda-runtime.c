@@ -603,4 +603,5 @@ const struct sr_backend_i cuda_backend = {
     /* .run = */ cuda_run,
     /* .release = */ cuda_release,
     /* .explain = */ cuda_explain,
+    /* .run_ranges = */ NULL, /* not yet: sr__run_ranges says SR_ENOTSUP */
 };
