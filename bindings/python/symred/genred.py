@@ -15,6 +15,7 @@ from ._lib import (
     SR_F32,
     SR_F64,
     KernelDesc,
+    Ranges,
     RunDesc,
     SymredValueError,
     check,
@@ -62,6 +63,46 @@ _ALIAS_RE = re.compile(
     r"|Var\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*([012])\s*\))\s*$"
 )
 _VAR_RE = re.compile(r"\bVar\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*([012])\s*\)")
+
+
+_RANGES_NAMES = ("ranges_i", "slices_i", "redranges_j", "ranges_j", "slices_j", "redranges_i")
+
+
+def _ranges_struct(ranges, to_numpy):
+    """pykeops' 6-tuple of block-sparse ranges as a struct sr_ranges, and the int64 arrays it
+    points to (keep them alive while the struct is used). Shapes and dtypes are checked here;
+    the values (bounds, order, overlaps) by the library."""
+    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
+        raise ValueError("ranges must be pykeops' 6-tuple (ranges_i, slices_i, redranges_j, "
+                         "ranges_j, slices_j, redranges_i) of integer arrays, e.g. from "
+                         "symred.numpy.cluster.from_matrix")
+    arrays = []
+    for name, a in zip(_RANGES_NAMES, ranges):
+        a = to_numpy(a)
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"ranges: {name} has dtype {a.dtype}; block-sparse ranges are "
+                            f"integer arrays (int32 as in pykeops, or int64)")
+        want2 = not name.startswith("slices")
+        if (a.ndim != 2 or a.shape[1] != 2) if want2 else a.ndim != 1:
+            raise ValueError(f"ranges: {name} must have shape {'(n, 2)' if want2 else '(n,)'}, "
+                             f"got {a.shape}")
+        arrays.append(np.ascontiguousarray(a, dtype=np.int64))
+    for r, sl in ((0, 1), (3, 4)):
+        if arrays[r].shape[0] != arrays[sl].shape[0]:
+            raise ValueError(f"ranges: {_RANGES_NAMES[r]} has {arrays[r].shape[0]} blocks but "
+                             f"{_RANGES_NAMES[sl]} has {arrays[sl].shape[0]} entries")
+    P = ctypes.POINTER(ctypes.c_int64)
+
+    def ptr(a):
+        return a.ctypes.data_as(P)
+
+    st = Ranges(
+        nranges_i=arrays[0].shape[0], ranges_i=ptr(arrays[0]), slices_i=ptr(arrays[1]),
+        nredranges_j=arrays[2].shape[0], redranges_j=ptr(arrays[2]),
+        nranges_j=arrays[3].shape[0], ranges_j=ptr(arrays[3]), slices_j=ptr(arrays[4]),
+        nredranges_i=arrays[5].shape[0], redranges_i=ptr(arrays[5]),
+    )
+    return st, arrays
 
 
 class _Arg:
@@ -550,17 +591,22 @@ class Genred:
         return arrays, dt, sizes[0], sizes[1]
 
     @staticmethod
-    def _unsupported(ranges=None, out=None):
+    def _unsupported(out=None):
         """Refuses the pykeops call options symred does not have yet, with a clear error."""
-        if ranges is not None:
-            raise ValueError("ranges (block-sparse reductions) are not supported by symred")
         if out is not None:
             raise ValueError("out= (in-place output) is not supported by symred")
 
+    @staticmethod
+    def _ranges_array(a):
+        return np.asarray(a)
+
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
-        """Runs the reduction on NumPy arrays given in alias-index order."""
+        """Runs the reduction on NumPy arrays given in alias-index order. ``ranges``:
+        pykeops' 6-tuple of block-sparse ranges (see :mod:`symred.numpy.cluster`); output rows
+        in no block get the reduction's identity (0 for Sum, +inf for Min, -1 for indices)."""
         device = self._device(backend)
-        self._unsupported(ranges, out)
+        self._unsupported(out)
+        rg = _ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         arrays, dt, nx, ny = self._prepare(args)
         if self.dtype_acc == "float32" and dt == np.float64:
             raise ValueError("dtype_acc='float32' is not allowed with float64 data")
@@ -569,7 +615,10 @@ class Genred:
             nargs_c = lib.sr_kernel_nargs(k)
             out_dim = lib.sr_kernel_out_dim(k)
             run, values, idx, nout = self._run_desc(arrays, dt, nx, ny, nargs_c, out_dim)
-            st = lib.sr_kernel_run_ex(k, ctypes.byref(run))
+            if rg is None:
+                st = lib.sr_kernel_run_ex(k, ctypes.byref(run))
+            else:
+                st = lib.sr_kernel_run_ranges(k, ctypes.byref(run), ctypes.byref(rg[0]))
             check(st, self._h.ctx)
         return self._shape_output(values, idx, nout)
 

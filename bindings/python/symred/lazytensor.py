@@ -28,7 +28,7 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 # Keyword arguments of a reduction that configure the Genred, and those of its call.
 _INIT_KWARGS = ("dtype_acc", "use_double_acc", "sum_scheme", "enable_chunks", "use_fast_math")
-_CALL_KWARGS = ("backend", "device_id")
+_CALL_KWARGS = ("backend", "device_id", "ranges")
 
 _cache = OrderedDict()
 _cache_lock = threading.Lock()
@@ -136,6 +136,9 @@ class LazyTensor:
         self.ni = None
         self.nj = None
         self.dtype = None
+        # pykeops' block-sparse ranges (a 6-tuple, symred.numpy.cluster): set by the user
+        # (K.ranges = ...), kept through operations, used by reductions without ranges=.
+        self.ranges = None
         if x is None:
             return
         if isinstance(x, LazyTensor):
@@ -211,6 +214,7 @@ class LazyTensor:
         self.formula, self.ndim = other.formula, other.ndim
         self.leaves = dict(other.leaves)
         self.ni, self.nj, self.dtype = other.ni, other.nj, other.dtype
+        self.ranges = other.ranges
 
     # ---- combining ---------------------------------------------------------------------------
 
@@ -234,6 +238,8 @@ class LazyTensor:
                                 f"float32 or float64")
             if res.dtype is None:
                 res.dtype = o.dtype
+            if res.ranges is None:
+                res.ranges = o.ranges
             res.leaves.update(o.leaves)
         return res
 
@@ -566,6 +572,8 @@ class LazyTensor:
                 raise TypeError(f"{red}: unexpected keyword argument {key!r}")
         src = self._join(weight) if weight is not None else self
         formula2 = weight.formula if weight is not None else None
+        if call_kwargs.get("ranges") is None and src.ranges is not None:
+            call_kwargs["ranges"] = src.ranges
         (formula, formula2), aliases, arrays, _ = src._declare([self.formula, formula2])
         g = _genred(self._GENRED, formula, aliases, red, ax, K, formula2, init_kwargs)
         return g(*arrays, **call_kwargs)
