@@ -423,7 +423,7 @@ SR_API sr_status sr_kernel_run_ex(const sr_kernel *kernel, const sr_run_desc *ru
  * array with a nonzero count; a block or interval not inside [0, n] (n = rows of its side) or
  * with start > end; slices decreasing or beyond Nr; two row blocks sharing a row; two intervals
  * of one block sharing an index (it would be counted twice). Empty blocks and intervals are
- * allowed. Not supported on the CUDA backend yet (SR_ENOTSUP), nor with device pointers.
+ * allowed. Every backend runs them (CUDA: with host arrays; sr_kernel_run_device has no ranges).
  */
 typedef struct sr_ranges {
     int64_t nranges_i;          /* Nc: row blocks of axis 1 */
@@ -440,8 +440,7 @@ typedef struct sr_ranges {
 
 /* Runs the kernel like sr_kernel_run_ex, reducing only over the blocks of ranges (above);
  * ranges NULL is sr_kernel_run_ex. The ranges are read during the call only. Errors: those of
- * sr_kernel_run_ex, SR_EINVAL for bad ranges, SR_ENOTSUP on the CUDA backend. Thread-safe like
- * sr_kernel_run. */
+ * sr_kernel_run_ex and SR_EINVAL for bad ranges. Thread-safe like sr_kernel_run. */
 SR_API sr_status sr_kernel_run_ranges(const sr_kernel *kernel, const sr_run_desc *run,
                                       const sr_ranges *ranges);
 
