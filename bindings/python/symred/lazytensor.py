@@ -193,8 +193,23 @@ class LazyTensor:
                 raise ValueError("LazyTensor: a parameter needs at least one value")
             self._leaf(x, _P, x.shape[0])
         else:
-            raise ValueError(f"LazyTensor: batch dimensions are not supported (array of shape "
-                             f"{shape}); use 2-D (with axis) or 3-D arrays")
+            # Batch dimensions (pykeops): (B.., n, 1, d) i, (B.., 1, m, d) j, (B.., 1, 1, d) a
+            # parameter per batch; reductions run the batches as one launch (Genred).
+            if axis is not None:
+                raise ValueError("LazyTensor: axis must not be given for an array with batch "
+                                 "dimensions; its shape (B.., n,1,d), (B.., 1,m,d) or (B.., 1,1,d) "
+                                 "says the category")
+            bs, (n, m, d) = shape[:-3], shape[-3:]
+            if n == 1 and m == 1:
+                self._leaf(x.reshape(bs + (d,)), _P, d)
+            elif m == 1:
+                self._leaf(x.reshape(bs + (n, d)), _I, d)
+            elif n == 1:
+                self._leaf(x.reshape(bs + (m, d)), _J, d)
+            else:
+                raise ValueError(f"LazyTensor: an array with batch dimensions must have shape "
+                                 f"(B.., n,1,d) (i), (B.., 1,m,d) (j) or (B.., 1,1,d) "
+                                 f"(parameter), got {shape}")
         if self.ndim == 0:
             raise ValueError(f"LazyTensor: the last dimension of an array of shape {shape} must "
                              f"be at least 1")
@@ -206,9 +221,9 @@ class LazyTensor:
         self.formula = leaf.token
         self.ndim = dim
         if cat == _I:
-            self.ni = data.shape[0]
+            self.ni = data.shape[-2]
         elif cat == _J:
-            self.nj = data.shape[0]
+            self.nj = data.shape[-2]
 
     def _copy_from(self, other):
         self.formula, self.ndim = other.formula, other.ndim

@@ -306,6 +306,14 @@ class Genred(_genred.Genred):
         return a.contiguous()  # the same tensor, no copy, when it already is contiguous
 
     @staticmethod
+    def _expand(a, shape):
+        return a.expand(*shape)
+
+    @staticmethod
+    def _like(values, a):
+        return torch.as_tensor(values, device=a.device)
+
+    @staticmethod
     def _ranges_array(a):
         return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
 
@@ -330,6 +338,12 @@ class Genred(_genred.Genred):
         """Runs the reduction on tensors given in alias-index order."""
         device = self._device(backend)
         self._unsupported(out)
+        full = self._batch_shape(args)
+        if full is not None:  # batch dimensions: flattened by differentiable torch ops
+            if ranges is not None:
+                raise ValueError("ranges with batch dimensions are not supported: symred runs "
+                                 "the batches with block-diagonal ranges of its own")
+            return self._call_batched(args, full, backend, device_id)
         rg = _genred._ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         tensors, dt, nx, ny = self._prepare(args)
         # A parameter given as numbers (or on the CPU) follows the variables to their GPU.
