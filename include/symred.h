@@ -423,6 +423,51 @@ typedef struct sr_run_desc {
 /* Runs the kernel with both outputs given separately and the argument count checked. */
 SR_API sr_status sr_kernel_run_ex(const sr_kernel *kernel, const sr_run_desc *run);
 
+/*
+ * Block-sparse ranges: pykeops' 6-tuple (ranges_i, slices_i, redranges_j, ranges_j, slices_j,
+ * redranges_i), with int64_t entries (docs/ranges.md). For axis 1 the output rows i are cut into
+ * Nc row blocks ranges_i[c] = [start, end) (Nc x 2 values), and block c reduces only over the
+ * column intervals redranges_j[q] = [start, end) (Nr x 2 values) for q in
+ * [slices_i[c - 1], slices_i[c]) (slices_i[-1] = 0: slices_i holds cumulative end positions into
+ * redranges_j). Axis 0 (reduce over i) reads the transposed triple (ranges_j, slices_j,
+ * redranges_i) the same way with i and j swapped. Only the triple of the kernel's axis is read
+ * (and checked); the other may be left zero. Passing the whole 6-tuple to a kernel and to its
+ * gradient kernels (sr_kernel_grad, whose axis may be the other one) runs them all on the same
+ * block pattern.
+ *
+ * Semantics: out_o = RED over the reduced indices of o's block only. An output row in no block,
+ * or whose block's intervals are all empty, gets the empty-reduction identity (as for a
+ * reduction over 0 indices, see sr_kernel_run). A K-reduction whose row sees fewer than k
+ * indices is padded with the identity (+inf values, -1 indices) after the ones it has. Indices
+ * written by the arg reductions are global (positions in 0..ny-1 / 0..nx-1). Blocks and
+ * intervals may come in any order; intervals of one block are folded in increasing index order
+ * (so ties resolve to the lowest index, as without ranges).
+ *
+ * Errors (SR_EINVAL, with a message naming the array and the entry): a negative count; a NULL
+ * array with a nonzero count; a block or interval not inside [0, n] (n = rows of its side) or
+ * with start > end; slices decreasing or beyond Nr; two row blocks sharing a row; two intervals
+ * of one block sharing an index (it would be counted twice). Empty blocks and intervals are
+ * allowed. Every backend runs them (CUDA: with host arrays; sr_kernel_run_device has no ranges).
+ */
+typedef struct sr_ranges {
+    int64_t nranges_i;          /* Nc: row blocks of axis 1 */
+    const int64_t *ranges_i;    /* Nc x 2 */
+    const int64_t *slices_i;    /* Nc */
+    int64_t nredranges_j;       /* Nr: column intervals */
+    const int64_t *redranges_j; /* Nr x 2 */
+    int64_t nranges_j;          /* the transpose, for axis 0: column blocks */
+    const int64_t *ranges_j;
+    const int64_t *slices_j;
+    int64_t nredranges_i; /* row intervals */
+    const int64_t *redranges_i;
+} sr_ranges;
+
+/* Runs the kernel like sr_kernel_run_ex, reducing only over the blocks of ranges (above);
+ * ranges NULL is sr_kernel_run_ex. The ranges are read during the call only. Errors: those of
+ * sr_kernel_run_ex and SR_EINVAL for bad ranges. Thread-safe like sr_kernel_run. */
+SR_API sr_status sr_kernel_run_ranges(const sr_kernel *kernel, const sr_run_desc *run,
+                                      const sr_ranges *ranges);
+
 /* Like sr_kernel_run_ex, for callers that keep data on the GPU: bit v of device_args set means
  * args[v] is a device pointer (a CUdeviceptr cast to a pointer) on the kernel's GPU, used in
  * place with no copy (indices >= 64 are always host arrays); device_out nonzero means out and

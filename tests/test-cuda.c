@@ -434,3 +434,115 @@ Test(cuda, lost_context_is_reported_and_cpu_still_works)
     sr_kernel_free(kc);
     sr_kernel_free(k);
 }
+
+/* ---- block-sparse ranges -------------------------------------------------------------------- */
+
+/* Every reduction on both axes against the reference with the same ranges: blocks given out of
+ * order, an empty block, uncovered rows, empty and touching intervals, blocks longer than a
+ * CUDA block of rows, and (under a budget) output rows in passes, each with its part of the
+ * ranges. Never run in the session that wrote it (no GPU there). */
+static void ranges_case(sr_reduction red, int axis, sr_dtype dt, int64_t budget)
+{
+    static const char *const al[] = {"x=Vi(3)", "y=Vj(3)", "p=Pm(1)", "b=Vj(2)"};
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = red;
+    d.axis = axis;
+    d.dtype = dt;
+    d.k = 3;
+    const char *ftext = "Concat(SqDist(x, y), (x|y) - p)";
+    if (red == SR_SUMSOFTMAXWEIGHT) {
+        ftext = "-SqDist(x, y) * p";
+        d.weight = diff_parse(ctx, "Concat(b, Elem(x, 0) * Elem(y, 1))", al, 4);
+    }
+    sr_expr *f = diff_parse(ctx, ftext, al, 4);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, budget), SR_OK);
+    sr_kernel *kc = diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    sr_kernel *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
+    enum { NO = 700, NR = 900 };
+    int64_t nx = axis ? NO : NR, ny = axis ? NR : NO;
+    /* output blocks (unsorted; [650, 700) in none) and their intervals */
+    static const int64_t rg[] = {300, 640, 0, 5, 5, 5, 5, 300, 640, 650};
+    static const int64_t sl[] = {3, 4, 4, 7, 8};
+    static const int64_t red_iv[] = {0, 10,  10, 400, 800, 900, 3,   4,
+                                     0, 900, 5,  5,   17,  18,  450, 451};
+    sr_ranges R = {0};
+    if (axis == 1) {
+        R = (sr_ranges){.nranges_i = 5,
+                        .ranges_i = rg,
+                        .slices_i = sl,
+                        .nredranges_j = 8,
+                        .redranges_j = red_iv};
+    } else {
+        R.nranges_j = 5;
+        R.ranges_j = rg;
+        R.slices_j = sl;
+        R.nredranges_i = 8;
+        R.redranges_i = red_iv;
+    }
+    float *buf[4];
+    int64_t rows[4] = {nx, ny, 1, ny};
+    int dims[4] = {3, 3, 1, 2};
+    size_t es = sr_dtype_size(dt);
+    uint64_t s = 77;
+    const void *args[4];
+    for (int v = 0; v < 4; v++) {
+        buf[v] = malloc((size_t)(rows[v] * dims[v]) * es);
+        tu_fill(buf[v], dt, rows[v] * dims[v], -1, 1, &s);
+        args[v] = buf[v];
+    }
+    int64_t n = (int64_t)NO * kc->out_dim;
+    void *vc = calloc((size_t)n, 8), *vr = calloc((size_t)n, 8);
+    int64_t *ic = calloc((size_t)n, 8), *ir = calloc((size_t)n, 8);
+    const struct sr_reduction_info *ri = &sr_reductions[red];
+    sr_run_desc r = {.nx = nx,
+                     .ny = ny,
+                     .nargs = kc->nargs,
+                     .args = args,
+                     .out = ri->values ? vc : NULL,
+                     .out_idx = ri->indices ? ic : NULL};
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, budget), SR_OK);
+    cr_assert_eq(sr_kernel_run_ranges(kc, &r, &R), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    r.out = ri->values ? vr : NULL;
+    r.out_idx = ri->indices ? ir : NULL;
+    cr_assert_eq(sr_kernel_run_ranges(kr, &r, &R), SR_OK, "%s", sr_ctx_error(ctx));
+    struct diff_tol tl = diff_tol_of(dt);
+    for (int64_t t = 0; t < n; t++) {
+        if (ri->values) {
+            double a = dt == SR_F64 ? ((double *)vc)[t] : ((float *)vc)[t];
+            double b = dt == SR_F64 ? ((double *)vr)[t] : ((float *)vr)[t];
+            cr_assert(tu_close(a, b, tl.rtol, tl.atol), "%s axis %d: value %lld: %g, ref %g",
+                      ri->name, axis, (long long)t, a, b);
+        }
+        if (ri->indices)
+            cr_assert_eq(ic[t], ir[t], "%s axis %d: index %lld: %lld, ref %lld", ri->name, axis,
+                         (long long)t, (long long)ic[t], (long long)ir[t]);
+    }
+    for (int v = 0; v < 4; v++)
+        free(buf[v]);
+    free(vc);
+    free(vr);
+    free(ic);
+    free(ir);
+    sr_kernel_free(kc);
+    sr_kernel_free(kr);
+}
+
+#define RANGES(R, name)                                                                            \
+    Test(cuda, ranges_##name)                                                                      \
+    {                                                                                              \
+        need_gpu();                                                                                \
+        for (int axis = 1; axis >= 0; axis--)                                                      \
+            for (int dt = 0; dt < 2; dt++)                                                         \
+                ranges_case(R, axis, (sr_dtype)dt, 0);                                             \
+    }
+DIFF_RED_TESTS(RANGES)
+
+/* Output rows in passes of a few dozen rows: each pass launches its part of the ranges. */
+Test(cuda, ranges_in_passes)
+{
+    need_gpu();
+    ranges_case(SR_SUM, 1, SR_F32, 900 * 5 * 4 + 4 + 40 * 64);
+    ranges_case(SR_MIN_ARGMIN, 0, SR_F64, 900 * 5 * 8 + 8 + 40 * 64);
+}

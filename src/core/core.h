@@ -83,11 +83,56 @@ extern const struct sr_reduction_info sr_reductions[SR_REDUCTION_COUNT];
 struct sr_kernel;
 
 /*
+ * Block-sparse ranges after validation (ranges.c), in the kernel's own terms: output rows o
+ * and reduced indices r, whatever the axis. Only blocks with at least one row and one reduced
+ * index are kept, sorted by first row; the output rows of all blocks, laid end to end, are
+ * numbered 0..nrows-1 ("flat rows"), so that a backend can cut the work into equal chunks
+ * whatever the block sizes. Each block's intervals are non-empty, sorted, disjoint and
+ * coalesced where they touch. Rows outside every block are not the backend's business: the
+ * caller writes the identity there after the backend ran (sr__run_ranges).
+ */
+struct sr_rplan {
+    int64_t nblocks;
+    int64_t nrows;  /* rows[nblocks] */
+    int64_t *blk;   /* [2 nblocks]: block c is output rows [blk[2c], blk[2c + 1]) */
+    int64_t *rows;  /* [nblocks + 1]: flat row of each block's first row */
+    int64_t *ivoff; /* [nblocks + 1]: block c's intervals are iv[2 ivoff[c] .. 2 ivoff[c + 1]) */
+    int64_t *iv;    /* [2 intervals]: reduced indices [iv[2q], iv[2q + 1]) */
+    void *mem;      /* what sr__rplan_free frees */
+};
+
+/* Checks ranges R for kernel k run as r (the triple of k's axis) and builds the plan; SR_EINVAL
+ * with a message naming the array and entry, SR_ENOMEM. r's sizes must have been checked. */
+sr_status sr__rplan_new(const struct sr_kernel *k, const sr_run_desc *r, const sr_ranges *R,
+                        struct sr_rplan *p);
+/* The plan restricted to output rows [o0, o1), renumbered from 0 (the intervals are shared
+ * with p, which must outlive the window). SR_ENOMEM. */
+sr_status sr__rplan_window(const struct sr_rplan *p, int64_t o0, int64_t o1, struct sr_rplan *out);
+void sr__rplan_free(struct sr_rplan *p);
+/* The block holding flat row f (0 <= f < nrows). */
+int64_t sr__rplan_block(const struct sr_rplan *p, int64_t f);
+/* Output rows [*o0, *o1) of block c that lie in flat rows [f0, f1) (possibly empty). */
+static inline void sr__rplan_seg(const struct sr_rplan *p, int64_t c, int64_t f0, int64_t f1,
+                                 int64_t *o0, int64_t *o1)
+{
+    int64_t a = f0 > p->rows[c] ? f0 : p->rows[c], b = f1 < p->rows[c + 1] ? f1 : p->rows[c + 1];
+    *o0 = p->blk[2 * c] + (a - p->rows[c]);
+    *o1 = b > a ? p->blk[2 * c] + (b - p->rows[c]) : *o0;
+}
+/* Runs kernel k with plan p on its backend (SR_ENOTSUP when the backend has no run_ranges),
+ * then writes the identity into the output rows that no block covers. r has been validated. */
+sr_status sr__run_ranges(const struct sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p);
+/* Writes the empty-reduction identity into output rows [o0, o1) of r. */
+void sr__fill_identity(const struct sr_kernel *k, const sr_run_desc *r, int64_t o0, int64_t o1);
+
+/*
  * A backend. Members other than name and run may be NULL.
- *   prepare — build backend state for a new kernel (compile, plan); may fail, with a message
- *   run     — compute; the arguments have been validated, nx > 0 and ny > 0
- *   release — free what prepare made
- *   explain — append backend-specific plan text to the explain buffer
+ *   prepare    — build backend state for a new kernel (compile, plan); may fail, with a message
+ *   run        — compute; the arguments have been validated, nx > 0 and ny > 0
+ *   release    — free what prepare made
+ *   explain    — append backend-specific plan text to the explain buffer
+ *   run_ranges — compute the block-sparse reduction of plan p (validated, nx > 0 and ny > 0):
+ *                write the output rows of p's blocks only; NULL = ranges not supported
  */
 struct sr_backend_i {
     const char *name;
@@ -95,6 +140,8 @@ struct sr_backend_i {
     sr_status (*run)(const struct sr_kernel *k, const sr_run_desc *run);
     void (*release)(struct sr_kernel *k);
     void (*explain)(const struct sr_kernel *k, struct expr_buf *b);
+    sr_status (*run_ranges)(const struct sr_kernel *k, const sr_run_desc *run,
+                            const struct sr_rplan *p);
 };
 
 /* The cost model's estimate for a kernel (src/formulas/cost.c), in flop-equivalents. */

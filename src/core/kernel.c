@@ -261,43 +261,6 @@ static bool size_ok(int64_t rows, int64_t dim, size_t elem)
     return rows <= (int64_t)(PTRDIFF_MAX / (int64_t)elem) / dim;
 }
 
-static void fill_identity(const sr_kernel *k, const sr_run_desc *r, int64_t nout)
-{
-    size_t n = (size_t)nout * (size_t)k->out_dim;
-    const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    if (ri->indices)
-        for (size_t i = 0; i < n; i++)
-            r->out_idx[i] = -1;
-    if (!ri->values)
-        return;
-    double v;
-    switch (k->red) {
-    case SR_SUM:
-        v = 0.0;
-        break;
-    case SR_MIN:
-    case SR_MIN_ARGMIN:
-    case SR_KMIN:
-    case SR_KMIN_ARGKMIN:
-        v = INFINITY;
-        break;
-    case SR_MAX:
-    case SR_MAX_ARGMAX:
-    case SR_LOGSUMEXP:
-        v = -INFINITY;
-        break;
-    default: /* SumSoftMaxWeight: 0/0 */
-        v = NAN;
-        break;
-    }
-    if (k->dtype == SR_F64)
-        for (size_t i = 0; i < n; i++)
-            ((double *)r->out)[i] = v;
-    else
-        for (size_t i = 0; i < n; i++)
-            ((float *)r->out)[i] = (float)v;
-}
-
 static sr_status run_check(const sr_kernel *k, const sr_run_desc *r)
 {
     sr_ctx *ctx = k->ctx;
@@ -345,19 +308,36 @@ static sr_status run_check(const sr_kernel *k, const sr_run_desc *r)
 
 sr_status sr_kernel_run_ex(const sr_kernel *k, const sr_run_desc *r)
 {
+    return sr_kernel_run_ranges(k, r, NULL);
+}
+
+sr_status sr_kernel_run_ranges(const sr_kernel *k, const sr_run_desc *r, const sr_ranges *ranges)
+{
     if (!k)
         return SR_EINVAL;
     if (!r)
-        return sr__error(k->ctx, SR_EINVAL, "sr_kernel_run_ex: run is NULL");
+        return sr__error(k->ctx, SR_EINVAL, "%s: run is NULL",
+                         ranges ? "sr_kernel_run_ranges" : "sr_kernel_run_ex");
     sr_status st = run_check(k, r);
     if (st != SR_OK)
         return st;
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
+    if (ranges) {
+        struct sr_rplan p;
+        if ((st = sr__rplan_new(k, r, ranges, &p)) != SR_OK)
+            return st;
+        if (nout > 0 && nred == 0)
+            sr__fill_identity(k, r, 0, nout);
+        else if (nout > 0)
+            st = sr__run_ranges(k, r, &p);
+        sr__rplan_free(&p);
+        return st;
+    }
     if (nout == 0)
         return SR_OK;
     if (nred == 0) {
-        fill_identity(k, r, nout);
+        sr__fill_identity(k, r, 0, nout);
         return SR_OK;
     }
     return k->backend->run(k, r);

@@ -342,8 +342,8 @@ struct gemm_call {
  * flag. Every tile after the first folds into the same states (the module's init flag, see
  * jit.h): no scratch states, no merge, and the K-reductions keep their K-th value as a
  * rejection threshold across the tiles. */
-static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, int64_t r1, void *G,
-                void *st, const void **args, char *pack)
+static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, const int64_t *iv, int64_t niv,
+                void *G, void *st, const void **args, char *pack)
 {
     const struct gemm_kernel *g = c->g;
     const sr_kernel *k = c->k;
@@ -352,8 +352,11 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, i
     int *init = (int *)args[k->nargs + 1];
     *init = 1;
     args[k->nargs] = G;
-    if (r0 >= r1)
-        return g->m->part(o0, o1, r0, r0, args, st); /* initialise only */
+    int64_t total = 0;
+    for (int64_t q = 0; q < niv; q++)
+        total += iv[2 * q + 1] - iv[2 * q];
+    if (total == 0)
+        return g->m->part(o0, o1, 0, 0, args, st); /* initialise only */
     /* symred's AVX-512 gemm: the rows are packed once for all the tiles. */
     char *bpack = NULL;
     if (g->kern == KERN_AVX512) {
@@ -362,21 +365,45 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, int64_t r0, i
     }
     static const float onef = 1, zerof = 0;
     static const double oned = 1, zerod = 0;
-    for (int64_t rt = r0; rt < r1; rt += g->tj) {
-        int64_t nj = r1 - rt < g->tj ? r1 - rt : g->tj;
-        const char *B = (const char *)c->r->args[g->vb] + rt * D * es;
-        /* G (o1-o0 x nj, row stride tj) = A (o1-o0 x D) B^T, B stored nj x D row-major. */
-        if (g->kern == KERN_AVX512)
-            cpu_avx512_gemm(es == 8, o1 - o0, nj, D, pack, B, bpack, G, g->tj);
-        else if (k->dtype == SR_F64)
-            blis.dgemm(0, 0, o1 - o0, nj, D, &oned, A, D, 1, B, 1, D, &zerod, G, g->tj, 1);
-        else
-            blis.sgemm(0, 0, o1 - o0, nj, D, &onef, A, D, 1, B, 1, D, &zerof, G, g->tj, 1);
-        *init = rt == r0;
-        if (g->m->part(o0, o1, rt, rt + nj, args, st))
-            return 1;
-    }
+    int first = 1;
+    for (int64_t q = 0; q < niv; q++)
+        for (int64_t rt = iv[2 * q], r1 = iv[2 * q + 1]; rt < r1; rt += g->tj) {
+            int64_t nj = r1 - rt < g->tj ? r1 - rt : g->tj;
+            const char *B = (const char *)c->r->args[g->vb] + rt * D * es;
+            /* G (o1-o0 x nj, row stride tj) = A (o1-o0 x D) B^T, B stored nj x D row-major. */
+            if (g->kern == KERN_AVX512)
+                cpu_avx512_gemm(es == 8, o1 - o0, nj, D, pack, B, bpack, G, g->tj);
+            else if (k->dtype == SR_F64)
+                blis.dgemm(0, 0, o1 - o0, nj, D, &oned, A, D, 1, B, 1, D, &zerod, G, g->tj, 1);
+            else
+                blis.sgemm(0, 0, o1 - o0, nj, D, &onef, A, D, 1, B, 1, D, &zerof, G, g->tj, 1);
+            *init = first;
+            first = 0;
+            if (g->m->part(o0, o1, rt, rt + nj, args, st))
+                return 1;
+        }
     return 0;
+}
+
+/* One thread's buffers: the gemm tile, a block of row states, the packing room (one
+ * allocation, returned), and the argument array with the tile and init-flag slots. */
+static char *thread_buffers(const sr_kernel *k, const struct gemm_kernel *g, const sr_run_desc *r,
+                            const void ***args_out)
+{
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = g->m->state_bytes;
+    size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * sb);
+    size_t pbytes = g->kern == KERN_AVX512 ? (size_t)pack_bytes(g, g->ti, g->tj, es) : 0;
+    char *buf = malloc(gbytes + sbytes + pbytes + 64);
+    const void **args = malloc(((size_t)k->nargs + 2) * sizeof *args);
+    if (!buf || !args) {
+        free(buf);
+        free(args);
+        return NULL;
+    }
+    for (int v = 0; v < k->nargs; v++)
+        args[v] = r->args[v];
+    *args_out = args;
+    return buf;
 }
 
 static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
@@ -415,17 +442,14 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
 #endif
     {
         size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * sb);
-        size_t pbytes = g->kern == KERN_AVX512 ? (size_t)pack_bytes(g, g->ti, g->tj, es) : 0;
-        char *buf = malloc(gbytes + sbytes + pbytes + 64);
-        const void **args = malloc(((size_t)k->nargs + 2) * sizeof *args);
-        if (!buf || !args) {
+        const void **args = NULL;
+        char *buf = thread_buffers(k, g, r, &args);
+        if (!buf) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
             failed = 1;
         } else {
-            for (int v = 0; v < k->nargs; v++)
-                args[v] = r->args[v];
             void *G = buf, *st = buf + gbytes;
             char *pack = buf + gbytes + sbytes;
             int init = 1;
@@ -439,7 +463,8 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
                 int64_t r0 = p * slice < nred ? p * slice : nred;
                 int64_t r1 = r0 + slice < nred ? r0 + slice : nred;
                 void *dst = nsplit > 1 ? partial + (size_t)((p * nout + o0) * sb) : st;
-                if (fold(&c, o0, o1, r0, r1, G, dst, args, pack)) {
+                const int64_t iv[2] = {r0, r1};
+                if (fold(&c, o0, o1, iv, 1, G, dst, args, pack)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -459,6 +484,65 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
             g->m->final(partial, 0, nout, r->out, r->out_idx);
     }
     free(partial);
+    if (failed)
+        return sr__error(k->ctx, SR_ENOMEM, "gemm-epilogue: out of memory for the workspace");
+    return SR_OK;
+}
+
+/* Block-sparse ranges: chunks of at most ti flat rows (a few per thread), each folding its
+ * rows' intervals tile by tile into one block of states (fold), never split over the reduced
+ * range. */
+static sr_status gemm_run_ranges(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p)
+{
+    const struct gemm_kernel *g = k->backend_data;
+    int nt = sr__threads(k->ctx, g->per_thread);
+    int64_t es = (int64_t)sr_dtype_size(k->dtype);
+    int64_t chunk = (p->nrows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
+    chunk = chunk > g->ti ? g->ti : chunk < 1 ? 1 : chunk;
+    int64_t nchunks = (p->nrows + chunk - 1) / chunk;
+    struct gemm_call c = {k, g, r, k->axis == 1 ? r->ny : r->nx};
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1 && nchunks > 1)
+#endif
+    {
+        size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * g->m->state_bytes);
+        const void **args = NULL;
+        char *buf = thread_buffers(k, g, r, &args);
+        int init = 1;
+        if (!buf) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        } else {
+            args[k->nargs + 1] = &init;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t it = 0; it < nchunks; it++) {
+            int64_t f0 = it * chunk, f1 = f0 + chunk < p->nrows ? f0 + chunk : p->nrows;
+            for (int64_t b = sr__rplan_block(p, f0); buf && b < p->nblocks && p->rows[b] < f1;
+                 b++) {
+                int64_t o0, o1;
+                sr__rplan_seg(p, b, f0, f1, &o0, &o1);
+                if (o0 == o1)
+                    continue;
+                if (fold(&c, o0, o1, p->iv + 2 * p->ivoff[b], p->ivoff[b + 1] - p->ivoff[b], buf,
+                         buf + gbytes, args, buf + gbytes + sbytes)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                    failed = 1;
+                } else {
+                    g->m->final(buf + gbytes, o0, o1, r->out, r->out_idx);
+                }
+            }
+        }
+        free(buf);
+        free(args);
+    }
     if (failed)
         return sr__error(k->ctx, SR_ENOMEM, "gemm-epilogue: out of memory for the workspace");
     return SR_OK;
@@ -521,6 +605,7 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .run = */ gemm_run,
     /* .release = */ gemm_release,
     /* .explain = */ gemm_explain,
+    /* .run_ranges = */ gemm_run_ranges,
 };
 
 void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)

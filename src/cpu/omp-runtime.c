@@ -197,6 +197,61 @@ static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
     return SR_OK;
 }
 
+/* Block-sparse ranges: the flat rows of the plan's blocks are cut into equal chunks (a few per
+ * thread, at most one block of the module each), and each chunk folds its rows' intervals with
+ * sr_part_iv. The reduced range is never split here: a block's rows all see the same intervals,
+ * so the work per chunk is even within a block and chunks are small enough for balance. */
+static sr_status jit_run_ranges(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    const struct jit_module *m = jk->m;
+    int nt = sr__threads(k->ctx, jk->plan.workspace_bytes);
+    int64_t chunk = (p->nrows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
+    if (chunk > m->rows_per_block)
+        chunk = m->rows_per_block;
+    if (chunk < 1)
+        chunk = 1;
+    int64_t nchunks = (p->nrows + chunk - 1) / chunk;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1 && nchunks > 1)
+#endif
+    {
+        char *st = malloc((size_t)(m->state_bytes * chunk));
+        if (!st) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t f0 = c * chunk, f1 = f0 + chunk < p->nrows ? f0 + chunk : p->nrows;
+            for (int64_t b = sr__rplan_block(p, f0); st && b < p->nblocks && p->rows[b] < f1; b++) {
+                int64_t o0, o1;
+                sr__rplan_seg(p, b, f0, f1, &o0, &o1);
+                if (o0 == o1)
+                    continue;
+                if (m->part_iv(o0, o1, p->iv + 2 * p->ivoff[b], p->ivoff[b + 1] - p->ivoff[b],
+                               r->args, st)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                    failed = 1;
+                } else {
+                    m->final(st, o0, o1, r->out, r->out_idx);
+                }
+            }
+        }
+        free(st);
+    }
+    if (failed)
+        return sr__error(k->ctx, SR_ENOMEM, "CPU JIT: out of memory for the kernel workspace");
+    return SR_OK;
+}
+
 static void jit_explain(const sr_kernel *k, struct expr_buf *b)
 {
     const struct jit_kernel *jk = k->backend_data;
@@ -231,4 +286,5 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .run = */ jit_run,
     /* .release = */ jit_release,
     /* .explain = */ jit_explain,
+    /* .run_ranges = */ jit_run_ranges,
 };

@@ -659,7 +659,10 @@ static void eval_stage(const struct ref_call *c, int stage, int64_t i, int64_t j
     }
 }
 
-static sr_status ref_run(const struct sr_kernel *k, const sr_run_desc *run)
+/* Reduces output rows [o0, o1) over the reduced intervals iv[0 .. 2 niv) (plan p, NULL for
+ * the dense reduction: all rows over [0, nred)). */
+static sr_status ref_reduce(const struct sr_kernel *k, const sr_run_desc *run,
+                            const struct sr_rplan *rp)
 {
     const struct ref_prog *p = k->backend_data;
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
@@ -695,34 +698,47 @@ static sr_status ref_run(const struct sr_kernel *k, const sr_run_desc *run)
     int64_t *row_idx = idx + K * D;
 
     eval_stage(&call, STAGE_CONST, 0, 0);
-    for (int64_t o = 0; o < nout; o++) {
-        int64_t i = k->axis == 1 ? o : 0, j = k->axis == 1 ? 0 : o;
-        eval_stage(&call, STAGE_OUTER, i, j);
-        ops->init(&rs);
-        for (int64_t r = 0; r < nred; r++) {
-            if (k->axis == 1)
-                j = r;
-            else
-                i = r;
-            eval_stage(&call, STAGE_PAIR, i, j);
-            ops->push(&rs, dbl + p->f_off, k->weight ? dbl + p->w_off : NULL, r);
+    const int64_t dense[2] = {0, nred};
+    int64_t nblocks = rp ? rp->nblocks : 1;
+    for (int64_t c = 0; c < nblocks; c++) {
+        int64_t o0 = rp ? rp->blk[2 * c] : 0, o1 = rp ? rp->blk[2 * c + 1] : nout;
+        const int64_t *iv = rp ? rp->iv + 2 * rp->ivoff[c] : dense;
+        int64_t niv = rp ? rp->ivoff[c + 1] - rp->ivoff[c] : 1;
+        for (int64_t o = o0; o < o1; o++) {
+            int64_t i = k->axis == 1 ? o : 0, j = k->axis == 1 ? 0 : o;
+            eval_stage(&call, STAGE_OUTER, i, j);
+            ops->init(&rs);
+            for (int64_t q = 0; q < niv; q++)
+                for (int64_t r = iv[2 * q]; r < iv[2 * q + 1]; r++) {
+                    if (k->axis == 1)
+                        j = r;
+                    else
+                        i = r;
+                    eval_stage(&call, STAGE_PAIR, i, j);
+                    ops->push(&rs, dbl + p->f_off, k->weight ? dbl + p->w_off : NULL, r);
+                }
+            ops->finish(&rs, row, row_idx);
+            size_t base = (size_t)o * odim;
+            if (ri->values) {
+                if (k->dtype == SR_F64)
+                    memcpy((double *)run->out + base, row, odim * sizeof *row);
+                else
+                    for (size_t t = 0; t < odim; t++)
+                        ((float *)run->out)[base + t] = (float)row[t];
+            }
+            if (ri->indices)
+                memcpy(run->out_idx + base, row_idx, odim * sizeof *row_idx);
         }
-        ops->finish(&rs, row, row_idx);
-        size_t base = (size_t)o * odim;
-        if (ri->values) {
-            if (k->dtype == SR_F64)
-                memcpy((double *)run->out + base, row, odim * sizeof *row);
-            else
-                for (size_t t = 0; t < odim; t++)
-                    ((float *)run->out)[base + t] = (float)row[t];
-        }
-        if (ri->indices)
-            memcpy(run->out_idx + base, row_idx, odim * sizeof *row_idx);
     }
     free(dbl);
     free(idx);
     free(cnt);
     return SR_OK;
+}
+
+static sr_status ref_run(const struct sr_kernel *k, const sr_run_desc *run)
+{
+    return ref_reduce(k, run, NULL);
 }
 
 const struct sr_backend_i cpu_reference_backend = {
@@ -731,4 +747,5 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .run = */ ref_run,
     /* .release = */ ref_release,
     /* .explain = */ ref_explain,
+    /* .run_ranges = */ ref_reduce,
 };

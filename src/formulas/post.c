@@ -85,7 +85,10 @@ int64_t simp_post_workspace(const sr_kernel *k)
            post_chunk(k, rdim, INT64_MAX / 2) * rdim * (int64_t)sr_dtype_size(k->dtype);
 }
 
-static sr_status post_run(const sr_kernel *k, const sr_run_desc *r)
+/* plan: block-sparse ranges (NULL: dense). The inner kernel reduces each chunk's blocks (the plan
+ * restricted to the chunk); the post formula runs on every row of the chunk, and the caller
+ * (sr__run_ranges) then writes the identity into the rows no block covers. */
+static sr_status post_reduce(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *plan)
 {
     const struct post_data *d = k->backend_data;
     /* Device arrays never reach this backend: sr_kernel_run_device accepts them only for
@@ -121,7 +124,21 @@ static sr_status post_run(const sr_kernel *k, const sr_run_desc *r)
             .args = args,
             .out = red,
         };
-        st = sr_kernel_run_ex(d->inner, &ri);
+        if (plan) {
+            struct sr_rplan win;
+            if (sr__rplan_window(plan, o0, o0 + n, &win) != SR_OK) {
+                st = sr__error(k->ctx, SR_ENOMEM, "out of memory for the ranges of a chunk");
+                break;
+            }
+            if (win.nblocks == 0) { /* no row of the chunk is reduced */
+                sr__rplan_free(&win);
+                continue;
+            }
+            st = sr__run_ranges(d->inner, &ri, &win);
+            sr__rplan_free(&win);
+        } else {
+            st = sr_kernel_run_ex(d->inner, &ri);
+        }
         if (st != SR_OK)
             break;
         /* One reduced row: the post formula reads nothing of the reduced index. */
@@ -137,6 +154,11 @@ static sr_status post_run(const sr_kernel *k, const sr_run_desc *r)
     free(red);
     free(args);
     return st;
+}
+
+static sr_status post_run(const sr_kernel *k, const sr_run_desc *r)
+{
+    return post_reduce(k, r, NULL);
 }
 
 static void post_release(sr_kernel *k)
@@ -168,4 +190,5 @@ const struct sr_backend_i simp_post_backend = {
     .run = post_run,
     .release = post_release,
     .explain = post_explain,
+    .run_ranges = post_reduce,
 };

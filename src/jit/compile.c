@@ -247,11 +247,12 @@ sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *er
     const int64_t *sb = dlsym(h, "sr_state_bytes");
     const int64_t *rb = dlsym(h, "sr_rows_per_block");
     m->part = (jit_part_fn)dlsym(h, "sr_part");
+    m->part_iv = (jit_part_iv_fn)dlsym(h, "sr_part_iv");
     m->merge = (jit_merge_fn)dlsym(h, "sr_merge");
     m->final = (jit_final_fn)dlsym(h, "sr_final");
     m->run = (jit_run_fn)dlsym(h, "sr_run");
-    if (!abi || *abi != JIT_ABI_VERSION || !sb || !rb || !m->part || !m->merge || !m->final ||
-        !m->run) {
+    if (!abi || *abi != JIT_ABI_VERSION || !sb || !rb || !m->part || !m->part_iv || !m->merge ||
+        !m->final || !m->run) {
         dlclose(h);
         snprintf(err, errcap, "%s: not a symred kernel of ABI %d", path, JIT_ABI_VERSION);
         return SR_EIO;

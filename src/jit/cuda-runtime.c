@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CUDA_ABI_VERSION 1
+#define CUDA_ABI_VERSION 2 /* 2: the main kernel takes the block-sparse ranges */
 
 struct cuda_kernel {
     const struct cuda_device *dev;
@@ -420,8 +420,27 @@ static sr_status plan_run(const sr_kernel *k, const struct cuda_kernel *ck, cons
     return SR_OK;
 }
 
-sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
-                          int device_out)
+/* The launch blocks of plan p (its rows renumbered from 0 for the pass): 4 values each, rows
+ * [o0, o1) of one range block, at most bs of them, and its intervals [q0, q1) in p->iv. Writes
+ * at most cap blocks into lb (NULL: count only); returns the count. */
+static int64_t launch_blocks(const struct sr_rplan *p, int64_t bs, long long *lb, int64_t cap)
+{
+    int64_t n = 0;
+    for (int64_t c = 0; c < p->nblocks; c++)
+        for (int64_t o = p->blk[2 * c]; o < p->blk[2 * c + 1]; o += bs, n++)
+            if (lb && n < cap) {
+                lb[4 * n] = o;
+                lb[4 * n + 1] = o + bs < p->blk[2 * c + 1] ? o + bs : p->blk[2 * c + 1];
+                lb[4 * n + 2] = p->ivoff[c];
+                lb[4 * n + 3] = p->ivoff[c + 1];
+            }
+    return n;
+}
+
+/* rp: block-sparse ranges (NULL: dense). Each pass of output rows runs the plan restricted to
+ * its rows (sr__rplan_window); rows outside the blocks are written by sr__run_ranges after. */
+static sr_status cuda_reduce(const sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
+                             int device_out, const struct sr_rplan *rp)
 {
     struct cuda_kernel *ck = k->backend_data;
     const struct cuda_api *cu = ck->dev->api;
@@ -448,6 +467,9 @@ sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t d
     }
     struct allocs a = {.n = 0};
     cu_result r = CU_SUCCESS;
+    cu_deviceptr dlb = 0, div = 0; /* ranges: launch blocks and intervals on the device */
+    long long *lb = NULL;
+    int64_t lbcap = 0;
     if ((r = cu->ctx_set_current(ck->dev->ctx)) != CU_SUCCESS) {
         st = cu_fail(ctx, r, "cuCtxSetCurrent");
         goto out;
@@ -495,7 +517,7 @@ sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t d
     }
     int64_t lim = ctx->mem_limit;
     int64_t room = lim > 0 ? lim - p.whole - p.rows * p.per_row : -1;
-    int nsplit = p.nred > 0 ? split_count(ck, p.rows, p.nred, room) : 1;
+    int nsplit = p.nred > 0 && !rp ? split_count(ck, p.rows, p.nred, room) : 1;
     long long nr = p.nred, chunk = p.nred;
     if (nsplit > 1) {
         int64_t tj = ck->plan.tile;
@@ -506,8 +528,46 @@ sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t d
         (st = dalloc(ctx, cu, &a, (size_t)nsplit * (size_t)p.rows * (size_t)ck->plan.state_bytes,
                      &dpart, "the split-j partial results")) != SR_OK)
         goto out;
+    /* Ranges: the intervals once, and room for the launch blocks of any pass (a pass cuts at
+     * most one block in two at each of its ends). */
+    if (rp) {
+        lbcap = launch_blocks(rp, ck->plan.block, NULL, 0) + 2;
+        size_t ivb = (size_t)rp->ivoff[rp->nblocks] * 2 * sizeof(int64_t);
+        lb = malloc((size_t)lbcap * 4 * sizeof *lb);
+        if (!lb) {
+            st = sr__error(ctx, SR_ENOMEM, "out of memory for the launch blocks of the ranges");
+            goto out;
+        }
+        if ((st = dalloc(ctx, cu, &a, ivb, &div, "the ranges' intervals")) != SR_OK ||
+            (st = htod(ctx, ck, div, rp->iv, ivb)) != SR_OK ||
+            (st = dalloc(ctx, cu, &a, (size_t)lbcap * 4 * sizeof *lb, &dlb,
+                         "the ranges' launch blocks")) != SR_OK)
+            goto out;
+    }
     for (int64_t r0 = 0; r0 < p.nout; r0 += p.rows) {
         long long no = p.nout - r0 < p.rows ? p.nout - r0 : p.rows;
+        unsigned gx = (unsigned)((no + ck->plan.block - 1) / ck->plan.block);
+        cu_deviceptr plb = 0;
+        if (rp) {
+            struct sr_rplan win;
+            if (sr__rplan_window(rp, r0, r0 + no, &win) != SR_OK) {
+                st = sr__error(ctx, SR_ENOMEM, "out of memory for the ranges of a pass");
+                goto out;
+            }
+            int64_t nlb = launch_blocks(&win, ck->plan.block, lb, lbcap);
+            sr__rplan_free(&win);
+            if (nlb > lbcap || nlb > 0x7fffffff) {
+                st = sr__error(ctx, SR_EINTERNAL, "cuda: %lld launch blocks for the ranges",
+                               (long long)nlb);
+                goto out;
+            }
+            if (nlb == 0)
+                continue; /* no block in this pass: every row gets the identity */
+            if ((st = htod(ctx, ck, dlb, lb, (size_t)nlb * 4 * sizeof *lb)) != SR_OK)
+                goto out;
+            gx = (unsigned)nlb;
+            plb = dlb;
+        }
         for (int v = 0; v < k->nargs; v++) {
             const struct expr_var *var = &k->vars[v];
             argp[v] = base[v];
@@ -527,8 +587,7 @@ sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t d
             o = dout ? dout + (cu_deviceptr)r0 * vrow : 0;
             oi = didx ? didx + (cu_deviceptr)r0 * irow : 0;
         }
-        unsigned gx = (unsigned)((no + ck->plan.block - 1) / ck->plan.block);
-        void *params[] = {argp, &no, &nr, &chunk, &o, &oi, &dpart};
+        void *params[] = {argp, &no, &nr, &chunk, &o, &oi, &dpart, &plb, &div};
         r = cu->launch(ck->main, gx, (unsigned)nsplit, 1, (unsigned)ck->plan.block, 1, 1, 0, NULL,
                        params, NULL);
         if (r != CU_SUCCESS) {
@@ -562,12 +621,25 @@ out:
         cu->mem_free(a.p[i]);
     free(argp);
     free(base);
+    free(lb);
     return st;
+}
+
+sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
+                          int device_out)
+{
+    return cuda_reduce(k, run, device_args, device_out, NULL);
 }
 
 static sr_status cuda_run(const sr_kernel *k, const sr_run_desc *run)
 {
-    return cuda_run_device(k, run, 0, 0);
+    return cuda_reduce(k, run, 0, 0, NULL);
+}
+
+static sr_status cuda_run_ranges(const sr_kernel *k, const sr_run_desc *run,
+                                 const struct sr_rplan *p)
+{
+    return cuda_reduce(k, run, 0, 0, p);
 }
 
 static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
@@ -603,4 +675,5 @@ const struct sr_backend_i cuda_backend = {
     /* .run = */ cuda_run,
     /* .release = */ cuda_release,
     /* .explain = */ cuda_explain,
+    /* .run_ranges = */ cuda_run_ranges,
 };

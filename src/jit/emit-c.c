@@ -985,8 +985,10 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
       "    for (int64_t o = o0; o < o1; o++) st_final(&st[o - o0], o, out, out_idx);\n}\n\n");
 
     /* ---- part: the tiled loops ---- */
-    P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
-      "*state_)\n{\n    sr_state *st = state_;\n");
+    /* sr_part_iv folds a list of reduced intervals (block-sparse ranges); sr_part is its
+     * one-interval case. */
+    P("int sr_part_iv(int64_t o0, int64_t o1, const int64_t *iv, int64_t niv, const void *const "
+      "*args, void *state_)\n{\n    sr_state *st = state_;\n");
     for (int v = 0; v < k->nargs; v++)
         if (k->vars[v].dim)
             P("    const sr_t *restrict a%d = args[%d];\n", v, v);
@@ -1006,6 +1008,8 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
       E->gemm ? "if (sr_ginit) " : "");
     P("    for (int64_t ob = o0; ob < o1; ob += %d) {\n", RB);
     P("      const int64_t oe = ob + %d < o1 ? ob + %d : o1;\n", RB, RB);
+    P("      for (int64_t q = 0; q < niv; q++) {\n"
+      "      const int64_t r0 = iv[2 * q], r1 = iv[2 * q + 1];\n");
     P("      for (int64_t rt = r0; rt < r1; rt += SR_TJ) {\n");
     P("        const int nj = (int)(r1 - rt < SR_TJ ? r1 - rt : SR_TJ);\n");
     /* Pre-pass: inner nodes into the tile (structure of arrays). */
@@ -1165,7 +1169,10 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         }
     }
     free(body.data);
-    P("        }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
+    P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
+    P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
+      "*state_)\n{\n    const int64_t iv[2] = {r0, r1};\n"
+      "    return sr_part_iv(o0, o1, iv, 1, args, state_);\n}\n\n");
 
     /* ---- run: whole reduction for a range of rows ---- */
     P("int sr_run(int64_t o0, int64_t o1, int64_t nr, const void *const *args, void *out, int64_t "

@@ -115,23 +115,37 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
     /* ---- the main kernel ---- */
     P("extern \"C\" __global__ void __launch_bounds__(SR_BS)\n" CUDA_KERNEL_MAIN
       "(const sr_args sr_a, const long long no, const long long nr, const long long chunk,\n"
-      "             sr_t *__restrict__ out, long long *__restrict__ out_idx, sr_state *part)\n{\n");
+      "             sr_t *__restrict__ out, long long *__restrict__ out_idx, sr_state *part,\n"
+      "             const long long *__restrict__ sr_lb, const long long *__restrict__ sr_iv)\n"
+      "{\n");
     P("    __shared__ sr_t tb[SR_NCOL * SR_TJ];\n");
     for (int v = 0; v < k->nargs; v++)
         if (k->vars[v].dim)
             P("    const sr_t *__restrict__ a%d = (const sr_t *)sr_a.p[%d];\n", v, v);
-    P("    const long long sr_o = (long long)blockIdx.x * SR_BS + threadIdx.x;\n"
-      "    const bool sr_active = sr_o < no;\n"
-      "    /* Threads past the last row compute row no-1 (so they read valid memory and can\n"
-      "     * help load the tiles) and write nothing. */\n"
-      "    const long long o = sr_active ? sr_o : no - 1;\n"
-      "    const long long sr_r0 = (long long)blockIdx.y * chunk;\n"
-      "    const long long sr_r1 = nr < sr_r0 + chunk ? nr : sr_r0 + chunk;\n"
+    /* Dense: block x covers rows [x BS, x BS + BS) of [0, no) and the chunk y of the reduced
+     * range. Block-sparse ranges (sr_lb non-NULL): block x covers rows [sr_lb[4x],
+     * sr_lb[4x + 1]) of one range block, at most SR_BS of them, and reduces over the intervals
+     * sr_iv[2q .. 2q + 1] for q in [sr_lb[4x + 2], sr_lb[4x + 3]): every thread of a block
+     * sees the same intervals, so the tiles are shared as in the dense case. */
+    P("    long long sr_ob = (long long)blockIdx.x * SR_BS, sr_oe = no, sr_q0 = 0, sr_q1 = 1;\n"
+      "    if (sr_lb) {\n"
+      "        sr_ob = sr_lb[4 * blockIdx.x]; sr_oe = sr_lb[4 * blockIdx.x + 1];\n"
+      "        sr_q0 = sr_lb[4 * blockIdx.x + 2]; sr_q1 = sr_lb[4 * blockIdx.x + 3];\n"
+      "    }\n"
+      "    const long long sr_o = sr_ob + threadIdx.x;\n"
+      "    const bool sr_active = sr_o < sr_oe;\n"
+      "    /* Threads past the block's last row compute that row (so they read valid memory and\n"
+      "     * can help load the tiles) and write nothing. */\n"
+      "    const long long o = sr_active ? sr_o : sr_oe - 1;\n"
       "    (void)o; (void)tb;\n");
     P("    /* per call */\n%s", nd.uniform.data ? nd.uniform.data : "");
     P("    /* per output row */\n%s", nd.outer.data ? nd.outer.data : "");
     P("    sr_state st;\n    st_init(&st);\n");
-    P("    for (long long rt = sr_r0; rt < sr_r1; rt += SR_TJ) {\n"
+    P("    for (long long sr_q = sr_q0; sr_q < sr_q1; sr_q++) {\n"
+      "    const long long sr_r0 = sr_lb ? sr_iv[2 * sr_q] : (long long)blockIdx.y * chunk;\n"
+      "    const long long sr_r1 = sr_lb ? sr_iv[2 * sr_q + 1]\n"
+      "                                  : (nr < sr_r0 + chunk ? nr : sr_r0 + chunk);\n"
+      "    for (long long rt = sr_r0; rt < sr_r1; rt += SR_TJ) {\n"
       "      const int nj = (int)(sr_r1 - rt < SR_TJ ? sr_r1 - rt : SR_TJ);\n"
       "      __syncthreads();\n"
       "      for (int jj = threadIdx.x; jj < nj; jj += SR_BS) {\n"
@@ -235,7 +249,7 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
         }
         P("      }\n");
     }
-    P("    }\n"
+    P("    }\n    }\n"
       "    if (!sr_active) return;\n"
       "    if (part) part[(long long)blockIdx.y * no + o] = st;\n"
       "    else st_final(&st, o, out, out_idx);\n}\n\n");

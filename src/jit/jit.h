@@ -13,6 +13,9 @@
  *   int  sr_part(o0, o1, r0, r1, args, state)
  *        initialises the states of output rows [o0, o1) (state points at row o0's) and folds
  *        the reduced indices [r0, r1) into them; returns nonzero when out of memory.
+ *   int  sr_part_iv(o0, o1, iv, niv, args, state)
+ *        the same over the reduced intervals [iv[2q], iv[2q + 1]), q < niv, in that order (the
+ *        block-sparse ranges; sr_part is its one-interval case).
  *   int  sr_merge(dst, src, n)
  *        combines n row states: src must cover reduced indices after those of dst (ties keep
  *        dst's lower indices, as the reference does); nonzero when out of memory (the
@@ -32,7 +35,7 @@
 
 #include <stdint.h>
 
-#define JIT_ABI_VERSION 2
+#define JIT_ABI_VERSION 3
 
 enum jit_acc { JIT_ACC_BLOCK = 0, JIT_ACC_KAHAN = 1, JIT_ACC_F64 = 2 };
 
@@ -98,6 +101,8 @@ int64_t jit_state_bytes(const struct sr_kernel *k, enum jit_acc acc);
 
 typedef int (*jit_part_fn)(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args,
                            void *state);
+typedef int (*jit_part_iv_fn)(int64_t o0, int64_t o1, const int64_t *iv, int64_t niv,
+                              const void *const *args, void *state);
 typedef int (*jit_merge_fn)(void *dst, const void *src, int64_t n);
 typedef void (*jit_final_fn)(const void *state, int64_t o0, int64_t o1, void *out,
                              int64_t *out_idx);
@@ -110,6 +115,7 @@ struct jit_module {
     char key[33];
     void *handle;
     jit_part_fn part;
+    jit_part_iv_fn part_iv;
     jit_merge_fn merge;
     jit_final_fn final;
     jit_run_fn run;

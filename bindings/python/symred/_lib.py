@@ -113,6 +113,24 @@ class RunDesc(ctypes.Structure):
     ]
 
 
+class Ranges(ctypes.Structure):
+    """struct sr_ranges: pykeops' 6-tuple of block-sparse ranges, int64 arrays."""
+
+    _P = ctypes.POINTER(ctypes.c_int64)
+    _fields_ = [
+        ("nranges_i", ctypes.c_int64),
+        ("ranges_i", _P),
+        ("slices_i", _P),
+        ("nredranges_j", ctypes.c_int64),
+        ("redranges_j", _P),
+        ("nranges_j", ctypes.c_int64),
+        ("ranges_j", _P),
+        ("slices_j", _P),
+        ("nredranges_i", ctypes.c_int64),
+        ("redranges_i", _P),
+    ]
+
+
 class SolveDesc(ctypes.Structure):
     """struct sr_solve_desc."""
 
@@ -225,6 +243,7 @@ def _declare(lib):
         "sr_kernel_out_dim": (c_int, [c_void_p]),
         "sr_kernel_run_ex": (c_int, [c_void_p, P(RunDesc)]),
         "sr_kernel_run_device": (c_int, [c_void_p, P(RunDesc), ctypes.c_uint64, c_int]),
+        "sr_kernel_run_ranges": (c_int, [c_void_p, P(RunDesc), P(Ranges)]),
         "sr_kernel_grad": (c_int, [c_void_p, c_int, P(c_void_p)]),
         "sr_kernel_explain": (c_char_p, [c_void_p]),
         "sr_kernel_solve": (

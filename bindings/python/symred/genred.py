@@ -15,6 +15,7 @@ from ._lib import (
     SR_F32,
     SR_F64,
     KernelDesc,
+    Ranges,
     RunDesc,
     SymredValueError,
     check,
@@ -62,6 +63,46 @@ _ALIAS_RE = re.compile(
     r"|Var\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*([012])\s*\))\s*$"
 )
 _VAR_RE = re.compile(r"\bVar\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*([012])\s*\)")
+
+
+_RANGES_NAMES = ("ranges_i", "slices_i", "redranges_j", "ranges_j", "slices_j", "redranges_i")
+
+
+def _ranges_struct(ranges, to_numpy):
+    """pykeops' 6-tuple of block-sparse ranges as a struct sr_ranges, and the int64 arrays it
+    points to (keep them alive while the struct is used). Shapes and dtypes are checked here;
+    the values (bounds, order, overlaps) by the library."""
+    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
+        raise ValueError("ranges must be pykeops' 6-tuple (ranges_i, slices_i, redranges_j, "
+                         "ranges_j, slices_j, redranges_i) of integer arrays, e.g. from "
+                         "symred.numpy.cluster.from_matrix")
+    arrays = []
+    for name, a in zip(_RANGES_NAMES, ranges):
+        a = to_numpy(a)
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"ranges: {name} has dtype {a.dtype}; block-sparse ranges are "
+                            f"integer arrays (int32 as in pykeops, or int64)")
+        want2 = not name.startswith("slices")
+        if (a.ndim != 2 or a.shape[1] != 2) if want2 else a.ndim != 1:
+            raise ValueError(f"ranges: {name} must have shape {'(n, 2)' if want2 else '(n,)'}, "
+                             f"got {a.shape}")
+        arrays.append(np.ascontiguousarray(a, dtype=np.int64))
+    for r, sl in ((0, 1), (3, 4)):
+        if arrays[r].shape[0] != arrays[sl].shape[0]:
+            raise ValueError(f"ranges: {_RANGES_NAMES[r]} has {arrays[r].shape[0]} blocks but "
+                             f"{_RANGES_NAMES[sl]} has {arrays[sl].shape[0]} entries")
+    P = ctypes.POINTER(ctypes.c_int64)
+
+    def ptr(a):
+        return a.ctypes.data_as(P)
+
+    st = Ranges(
+        nranges_i=arrays[0].shape[0], ranges_i=ptr(arrays[0]), slices_i=ptr(arrays[1]),
+        nredranges_j=arrays[2].shape[0], redranges_j=ptr(arrays[2]),
+        nranges_j=arrays[3].shape[0], ranges_j=ptr(arrays[3]), slices_j=ptr(arrays[4]),
+        nredranges_i=arrays[5].shape[0], redranges_i=ptr(arrays[5]),
+    )
+    return st, arrays
 
 
 class _Arg:
@@ -550,17 +591,156 @@ class Genred:
         return arrays, dt, sizes[0], sizes[1]
 
     @staticmethod
-    def _unsupported(ranges=None, out=None):
+    def _unsupported(out=None):
         """Refuses the pykeops call options symred does not have yet, with a clear error."""
-        if ranges is not None:
-            raise ValueError("ranges (block-sparse reductions) are not supported by symred")
         if out is not None:
             raise ValueError("out= (in-place output) is not supported by symred")
 
+    @staticmethod
+    def _ranges_array(a):
+        return np.asarray(a)
+
+    # ---- batch dimensions ----------------------------------------------------------------
+
+    @staticmethod
+    def _expand(a, shape):
+        return np.broadcast_to(a, shape)
+
+    @staticmethod
+    def _like(values, a):
+        return values
+
+    def _batch_shape(self, args):
+        """The broadcast batch shape of the arrays (leading dimensions beyond (n, d) for a
+        variable, (d,) for a parameter), or None when no array has any."""
+        shapes = []
+        for i, a in enumerate(args):
+            spec = self._args.get(i)
+            if spec is None or not self._is_array(a):
+                continue
+            base = 1 if spec.cat == SR_CAT_PARAM else 2
+            if a.ndim > base:
+                shapes.append((spec, tuple(a.shape[: a.ndim - base])))
+        if not shapes:
+            return None
+        try:
+            return tuple(np.broadcast_shapes(*[sh for _, sh in shapes]))
+        except ValueError:
+            desc = ", ".join(f"{spec.name} has {sh}" for spec, sh in shapes)
+            raise ValueError(f"batch dimensions do not broadcast: {desc}") from None
+
+    def _promoted(self, indices):
+        """This Genred with the parameters of the given indices turned into variables of the
+        output index (a batched parameter holds one value per batch, so per output row)."""
+        cache = self.__dict__.setdefault("_batch_genreds", {})
+        g = cache.get(indices)
+        if g is not None:
+            return g
+        cat = "Vi" if self.axis == 1 else "Vj"
+        aliases = list(self.aliases)
+        for i in indices:
+            spec = self._args[i]
+            pos = [p for p, al in enumerate(aliases)
+                   if (_ALIAS_RE.match(al) or [None, None])[1] == spec.name.strip("'")]
+            if not spec.name.startswith("'") or not pos:
+                raise ValueError(f"{spec.describe()}: a parameter with batch dimensions needs an "
+                                 f"alias (name = Pm(dim)), not Var() in the formula")
+            aliases[pos[0]] = f"{spec.name.strip(chr(39))} = {cat}({i}, {spec.dim})"
+        g = type(self)(self.formula, aliases, reduction_op=self.reduction_op, axis=self.axis,
+                       dtype=self.dtype, opt_arg=self.opt_arg, formula2=self.formula2,
+                       dtype_acc=self.dtype_acc, use_double_acc=self.use_double_acc,
+                       sum_scheme=self.sum_scheme)
+        cache[indices] = g
+        return g
+
+    def _call_batched(self, args, full, backend, device_id):
+        """Leading batch dimensions as one launch: the B batches laid end to end (B * M output
+        rows; B * N reduced rows, or N shared when no reduced-side array has a batch), with
+        block-diagonal ranges; batched parameters become variables of the output index
+        (docs/ranges.md)."""
+        B = int(np.prod(full, dtype=np.int64))
+        out_cat = SR_CAT_I if self.axis == 1 else SR_CAT_J
+        red_cat = SR_CAT_J if self.axis == 1 else SR_CAT_I
+        rows = {SR_CAT_I: set(), SR_CAT_J: set()}
+        shared = True
+        for i, a in enumerate(args):
+            spec = self._args.get(i)
+            if spec is None or spec.cat == SR_CAT_PARAM or not self._is_array(a) or a.ndim < 2:
+                continue
+            rows[spec.cat].add(a.shape[-2])
+            if spec.cat == red_cat and any(d != 1 for d in a.shape[:-2]):
+                shared = False
+        for cat, label in ((SR_CAT_I, "nx"), (SR_CAT_J, "ny")):
+            if len(rows[cat]) > 1:
+                raise ValueError(f"all {_CAT_NAMES[cat]} arrays must have the same number of rows "
+                                 f"({label}): got {sorted(rows[cat])}")
+        M = next(iter(rows[out_cat]), 1)
+        N = next(iter(rows[red_cat]), 1)
+        if self.reduction_op in _K_REDUCTIONS and self.opt_arg > N:
+            raise ValueError(f"{self.reduction_op}: K = {self.opt_arg} exceeds the {N} reduced "
+                             f"rows of each batch")
+        flat, promoted = [], []
+        for i, a in enumerate(args):
+            spec = self._args.get(i)
+            if spec is None or not self._is_array(a):
+                flat.append(a)
+            elif spec.cat == SR_CAT_PARAM:
+                if a.ndim <= 1:
+                    flat.append(a)
+                    continue
+                a = self._expand(a[..., None, :], full + (M, a.shape[-1]))
+                flat.append(a.reshape(B * M, a.shape[-1]))
+                promoted.append(i)
+            elif a.ndim < 2:
+                flat.append(a)  # a wrong shape: the unbatched call says so
+            elif spec.cat == red_cat and shared:
+                flat.append(a.reshape(a.shape[-2], a.shape[-1]))
+            else:
+                a = self._expand(a, full + tuple(a.shape[-2:]))
+                flat.append(a.reshape(B * a.shape[-2], a.shape[-1]))
+        b = np.arange(B, dtype=np.int64)
+        out_blocks = np.stack([b * M, (b + 1) * M], axis=1)
+        slices = b + 1
+        if shared:
+            red_iv = np.tile(np.array([[0, N]], dtype=np.int64), (B, 1))
+            t = (np.array([[0, N]], dtype=np.int64), np.array([B], dtype=np.int64), out_blocks)
+        else:
+            red_iv = np.stack([b * N, (b + 1) * N], axis=1)
+            t = (red_iv, slices, out_blocks)
+        ranges = ((out_blocks, slices, red_iv) + t) if self.axis == 1 else (t + (out_blocks,
+                                                                                 slices, red_iv))
+        g = self._promoted(tuple(promoted)) if promoted else self
+        res = g(*flat, backend=backend, device_id=device_id, ranges=ranges)
+
+        def shape(o, indices):
+            if indices and not shared:  # global reduced indices back to each batch's own
+                offs = ((np.arange(B * M) // M) * N).reshape((B * M,) + (1,) * (o.ndim - 1))
+                o = o - self._like(offs, o) * (o >= 0)
+            return o.reshape(full + (M,) + tuple(o.shape[1:]))
+
+        red = self.reduction_op
+        if red in _INDEX_ONLY:
+            return shape(res, True)
+        if red in _VALUES_AND_INDICES:
+            return shape(res[0], False), shape(res[1], True)
+        return shape(res, False)
+
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
-        """Runs the reduction on NumPy arrays given in alias-index order."""
+        """Runs the reduction on NumPy arrays given in alias-index order. ``ranges``:
+        pykeops' 6-tuple of block-sparse ranges (see :mod:`symred.numpy.cluster`); output rows
+        in no block get the reduction's identity (0 for Sum, +inf for Min, -1 for indices).
+        Arrays may have leading batch dimensions (broadcast as in pykeops: (B, M, D) for a
+        variable, (B, D) for a parameter): the batches run as one launch and the result has
+        shape (B..., M, D)."""
         device = self._device(backend)
-        self._unsupported(ranges, out)
+        self._unsupported(out)
+        full = self._batch_shape(args)
+        if full is not None:
+            if ranges is not None:
+                raise ValueError("ranges with batch dimensions are not supported: symred runs "
+                                 "the batches with block-diagonal ranges of its own")
+            return self._call_batched(args, full, backend, device_id)
+        rg = _ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         arrays, dt, nx, ny = self._prepare(args)
         if self.dtype_acc == "float32" and dt == np.float64:
             raise ValueError("dtype_acc='float32' is not allowed with float64 data")
@@ -569,7 +749,10 @@ class Genred:
             nargs_c = lib.sr_kernel_nargs(k)
             out_dim = lib.sr_kernel_out_dim(k)
             run, values, idx, nout = self._run_desc(arrays, dt, nx, ny, nargs_c, out_dim)
-            st = lib.sr_kernel_run_ex(k, ctypes.byref(run))
+            if rg is None:
+                st = lib.sr_kernel_run_ex(k, ctypes.byref(run))
+            else:
+                st = lib.sr_kernel_run_ranges(k, ctypes.byref(run), ctypes.byref(rg[0]))
             check(st, self._h.ctx)
         return self._shape_output(values, idx, nout)
 

@@ -28,7 +28,7 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 # Keyword arguments of a reduction that configure the Genred, and those of its call.
 _INIT_KWARGS = ("dtype_acc", "use_double_acc", "sum_scheme", "enable_chunks", "use_fast_math")
-_CALL_KWARGS = ("backend", "device_id")
+_CALL_KWARGS = ("backend", "device_id", "ranges")
 
 _cache = OrderedDict()
 _cache_lock = threading.Lock()
@@ -136,6 +136,9 @@ class LazyTensor:
         self.ni = None
         self.nj = None
         self.dtype = None
+        # pykeops' block-sparse ranges (a 6-tuple, symred.numpy.cluster): set by the user
+        # (K.ranges = ...), kept through operations, used by reductions without ranges=.
+        self.ranges = None
         if x is None:
             return
         if isinstance(x, LazyTensor):
@@ -190,8 +193,23 @@ class LazyTensor:
                 raise ValueError("LazyTensor: a parameter needs at least one value")
             self._leaf(x, _P, x.shape[0])
         else:
-            raise ValueError(f"LazyTensor: batch dimensions are not supported (array of shape "
-                             f"{shape}); use 2-D (with axis) or 3-D arrays")
+            # Batch dimensions (pykeops): (B.., n, 1, d) i, (B.., 1, m, d) j, (B.., 1, 1, d) a
+            # parameter per batch; reductions run the batches as one launch (Genred).
+            if axis is not None:
+                raise ValueError("LazyTensor: axis must not be given for an array with batch "
+                                 "dimensions; its shape (B.., n,1,d), (B.., 1,m,d) or (B.., 1,1,d) "
+                                 "says the category")
+            bs, (n, m, d) = shape[:-3], shape[-3:]
+            if n == 1 and m == 1:
+                self._leaf(x.reshape(bs + (d,)), _P, d)
+            elif m == 1:
+                self._leaf(x.reshape(bs + (n, d)), _I, d)
+            elif n == 1:
+                self._leaf(x.reshape(bs + (m, d)), _J, d)
+            else:
+                raise ValueError(f"LazyTensor: an array with batch dimensions must have shape "
+                                 f"(B.., n,1,d) (i), (B.., 1,m,d) (j) or (B.., 1,1,d) "
+                                 f"(parameter), got {shape}")
         if self.ndim == 0:
             raise ValueError(f"LazyTensor: the last dimension of an array of shape {shape} must "
                              f"be at least 1")
@@ -203,14 +221,15 @@ class LazyTensor:
         self.formula = leaf.token
         self.ndim = dim
         if cat == _I:
-            self.ni = data.shape[0]
+            self.ni = data.shape[-2]
         elif cat == _J:
-            self.nj = data.shape[0]
+            self.nj = data.shape[-2]
 
     def _copy_from(self, other):
         self.formula, self.ndim = other.formula, other.ndim
         self.leaves = dict(other.leaves)
         self.ni, self.nj, self.dtype = other.ni, other.nj, other.dtype
+        self.ranges = other.ranges
 
     # ---- combining ---------------------------------------------------------------------------
 
@@ -234,6 +253,8 @@ class LazyTensor:
                                 f"float32 or float64")
             if res.dtype is None:
                 res.dtype = o.dtype
+            if res.ranges is None:
+                res.ranges = o.ranges
             res.leaves.update(o.leaves)
         return res
 
@@ -639,6 +660,8 @@ class LazyTensor:
                 raise TypeError(f"{red}: unexpected keyword argument {key!r}")
         src = self._join(weight) if weight is not None else self
         formula2 = weight.formula if weight is not None else None
+        if call_kwargs.get("ranges") is None and src.ranges is not None:
+            call_kwargs["ranges"] = src.ranges
         (formula, formula2), aliases, arrays, _ = src._declare([self.formula, formula2])
         g = _genred(self._GENRED, formula, aliases, red, ax, K, formula2, init_kwargs)
         return g(*arrays, **call_kwargs)

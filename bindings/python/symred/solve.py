@@ -54,7 +54,9 @@ class KernelSolve(Genred):
         the iterations (0: 10 size(b) + 10); past it, a SymredRuntimeError with status_name
         ``ENOCONV`` gives the iterations and the residual."""
         device = self._device(backend)
-        self._unsupported(ranges)
+        if ranges is not None:
+            raise ValueError("KernelSolve: ranges (block-sparse) are not supported by symred's "
+                             "solve yet")
         arrays, dt, nx, ny = self._prepare(args)
         if nx != ny:
             raise ValueError(f"KernelSolve: K must be square, but the i-variables have {nx} "

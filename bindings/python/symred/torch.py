@@ -23,6 +23,7 @@ row and are summed here; gradients of the Arg reductions are zero (their indices
 import ctypes
 import os
 import re
+import sys
 import threading
 
 try:
@@ -36,11 +37,15 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 import numpy as np
 
 from . import _lib
+from . import _torch_cluster as cluster
 from . import genred as _genred
 from . import lazytensor as _lazy
 from ._lib import SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, RunDesc, check, lib
 
-__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm"]
+__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm", "cluster"]
+
+# ``from symred.torch.cluster import ...`` (pykeops' path): this module is not a package.
+sys.modules[__name__ + ".cluster"] = cluster
 
 _SR_DTYPES = {torch.float32: SR_F32, torch.float64: SR_F64}
 _NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
@@ -175,8 +180,9 @@ def _pointer(t):
     return t.data_ptr() if t is not None else None
 
 
-def _run(kern, nx, ny, args):
-    """Runs the kernel on tensors (None for an unused index); returns (values, indices)."""
+def _run(kern, nx, ny, ranges, args):
+    """Runs the kernel on tensors (None for an unused index) with block-sparse ranges (None,
+    or the (struct, arrays) of _genred._ranges_struct); returns (values, indices)."""
     args = list(args[: kern.nargs]) + [None] * max(0, kern.nargs - len(args))
     first = next((a for a in args if a is not None), None)
     device = first.device if first is not None else torch.device("cpu")
@@ -190,6 +196,9 @@ def _run(kern, nx, ny, args):
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values),
                   out_idx=_pointer(idx))
+    if device.type == "cuda" and ranges is not None:
+        raise ValueError("ranges (block-sparse) are not supported on the GPU by symred yet; "
+                         "run on CPU tensors")
     if device.type == "cuda":
         # symred launches on its own stream of the primary context, which torch shares: the
         # inputs must be written before it reads them.
@@ -201,7 +210,11 @@ def _run(kern, nx, ny, args):
         st = lib.sr_kernel_run_device(kern.ptr, ctypes.byref(run), mask, 1)
     else:
         with _omp_threads():
-            st = lib.sr_kernel_run_ex(kern.ptr, ctypes.byref(run))
+            if ranges is None:
+                st = lib.sr_kernel_run_ex(kern.ptr, ctypes.byref(run))
+            else:
+                st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run),
+                                              ctypes.byref(ranges[0]))
     check(st, kern.owner._h.ctx)
     return values, idx
 
@@ -211,9 +224,9 @@ class _Reduce(torch.autograd.Function):
     this same Function, so that the backward is differentiable too."""
 
     @staticmethod
-    def forward(ctx, kern, nx, ny, *args):
-        values, idx = _run(kern, nx, ny, args)
-        ctx.kern, ctx.nx, ctx.ny = kern, nx, ny
+    def forward(ctx, kern, nx, ny, ranges, *args):
+        values, idx = _run(kern, nx, ny, ranges, args)
+        ctx.kern, ctx.nx, ctx.ny, ctx.ranges = kern, nx, ny, ranges
         ctx.save_for_backward(values, idx, *args)
         if idx is not None:
             ctx.mark_non_differentiable(idx)
@@ -223,9 +236,11 @@ class _Reduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        kern, nx, ny = ctx.kern, ctx.nx, ctx.ny
+        # The gradient kernels run on the same block pattern: sr_kernel_run_ranges reads the
+        # triple of each kernel's axis (a Vj gradient reduces over i: the transposed one).
+        kern, nx, ny, ranges = ctx.kern, ctx.nx, ctx.ny, ctx.ranges
         values, idx, *args = ctx.saved_tensors
-        none = [None] * (3 + len(args))
+        none = [None] * (4 + len(args))
         G = grads[0]
         if kern.red in _INDEX_ONLY or G is None:
             return tuple(none)  # indices do not move with the inputs
@@ -236,21 +251,21 @@ class _Reduce(torch.autograd.Function):
             extra.append(values)
         elif kern.red == "SumSoftMaxWeight":
             lse = kern.logsumexp()
-            extra += [values, _Reduce.apply(lse, nx, ny, *fwd[: lse.nargs])]
+            extra += [values, _Reduce.apply(lse, nx, ny, ranges, *fwd[: lse.nargs])]
         elif kern.red in _SELECTING:
             reduced = ny if kern.axis == 1 else nx
             extra += [idx.to(values.dtype),
                       torch.arange(reduced, dtype=values.dtype, device=values.device)[:, None]]
         out = none
         for i, a in enumerate(args):
-            if a is None or not ctx.needs_input_grad[3 + i] or i not in kern.vars:
+            if a is None or not ctx.needs_input_grad[4 + i] or i not in kern.vars:
                 continue  # None: a zero gradient for an input the formula does not read
             gk = kern.grad(i)
             gargs = (fwd + extra)[: gk.nargs]
-            g = _Reduce.apply(gk, nx, ny, *gargs)
+            g = _Reduce.apply(gk, nx, ny, ranges, *gargs)
             if kern.vars[i][0] == SR_CAT_PARAM:
                 g = g.sum(0)  # one partial gradient per output row
-            out[3 + i] = g.reshape(a.shape)
+            out[4 + i] = g.reshape(a.shape)
         return tuple(out)
 
 
@@ -290,6 +305,18 @@ class Genred(_genred.Genred):
     def _contiguous(a, dt):
         return a.contiguous()  # the same tensor, no copy, when it already is contiguous
 
+    @staticmethod
+    def _expand(a, shape):
+        return a.expand(*shape)
+
+    @staticmethod
+    def _like(values, a):
+        return torch.as_tensor(values, device=a.device)
+
+    @staticmethod
+    def _ranges_array(a):
+        return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._torch_kernels = {}
@@ -310,7 +337,14 @@ class Genred(_genred.Genred):
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
         """Runs the reduction on tensors given in alias-index order."""
         device = self._device(backend)
-        self._unsupported(ranges, out)
+        self._unsupported(out)
+        full = self._batch_shape(args)
+        if full is not None:  # batch dimensions: flattened by differentiable torch ops
+            if ranges is not None:
+                raise ValueError("ranges with batch dimensions are not supported: symred runs "
+                                 "the batches with block-diagonal ranges of its own")
+            return self._call_batched(args, full, backend, device_id)
+        rg = _genred._ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         tensors, dt, nx, ny = self._prepare(args)
         # A parameter given as numbers (or on the CPU) follows the variables to their GPU.
         data_devices = {a.device for i, a in enumerate(tensors)
@@ -345,7 +379,7 @@ class Genred(_genred.Genred):
         if self.dtype_acc == "float32" and dt == torch.float64:
             raise ValueError("dtype_acc='float32' is not allowed with float64 data")
         tk = self._torch_kernel(_SR_DTYPES[dt], device)
-        res = _Reduce.apply(tk, nx, ny, *tensors)
+        res = _Reduce.apply(tk, nx, ny, rg, *tensors)
         nout = nx if self.axis == 1 else ny
         if self.reduction_op in _INDEX_ONLY:
             return self._shape_output(None, res, nout)

@@ -202,8 +202,8 @@ def test_lazytensor_errors():
         LazyTensor(x)  # 2-D without axis
     with pytest.raises(ValueError, match=r"\(n,1,d\)"):
         LazyTensor(np.ones((2, 3, 4)))
-    with pytest.raises(ValueError, match="batch"):
-        LazyTensor(np.ones((1, 2, 1, 3)))
+    with pytest.raises(ValueError, match="batch dimensions must have shape"):
+        LazyTensor(np.ones((1, 2, 3, 4)))  # (B, n, m, d): neither i nor j
     with pytest.raises(TypeError, match="int64"):
         LazyTensor(np.ones((3, 1, 2), dtype=np.int64))
     with pytest.raises(TypeError, match="mixed dtypes"):
