@@ -198,6 +198,7 @@ def run_child(config, log_path, timeout, env=None, python=None):
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     out_path = log_path.with_suffix(".out")
+    load = os.getloadavg()[0]  # the machine is shared: how busy it was when the run started
     t0 = time.perf_counter()
     with open(out_path, "wb") as out, open(log_path, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True,
@@ -220,6 +221,7 @@ def run_child(config, log_path, timeout, env=None, python=None):
     wall = time.perf_counter() - t0
     rec = dict(config)
     rec["wall_seconds"] = round(wall, 3)
+    rec["loadavg_1min"] = load
     rec["peak_rss_bytes"] = rusage.ru_maxrss * 1024
     lines = out_path.read_bytes().decode(errors="replace").strip().splitlines()
     stderr_tail = log_path.read_bytes()[-4000:].decode(errors="replace")

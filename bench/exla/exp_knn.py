@@ -297,13 +297,17 @@ def plot(records, path):
                     key=lambda p: (p[0] != "random", p[3], p[1]))
     # Per distance, only the points that were run with it.
     systems = [s for s in COLOURS if any(r["system"] == s for r in records)]
-    fig, axes = plt.subplots(1, len(DISTANCES), figsize=(3.6 * len(DISTANCES), 3.6),
-                             sharey=True)
+    per = {dist: [p for p in points if any(r["distance"] == dist and
+                                           (r["dataset"], r["n"], r["m"], r["d"]) == p
+                                           for r in records)] for dist in DISTANCES}
+    shown = [dist for dist in DISTANCES if per[dist]]
+    fig, axes = plt.subplots(1, len(shown), figsize=(1.2 + 1.5 * sum(len(per[t]) for t in shown), 3.4),
+                             sharey=True, squeeze=False,
+                             gridspec_kw={"width_ratios": [len(per[t]) for t in shown]})
+    axes = axes[0]
     width = 0.8 / max(1, len(systems))
-    for ax, distance in zip(axes, DISTANCES):
-        pts = [p for p in points if any(r["distance"] == distance and
-                                        (r["dataset"], r["n"], r["m"], r["d"]) == p
-                                        for r in records)]
+    for ax, distance in zip(axes, shown):
+        pts = per[distance]
         for si, s in enumerate(systems):
             for pi, p in enumerate(pts):
                 r = next((r for r in records if r["system"] == s and r["distance"] == distance
@@ -334,8 +338,9 @@ def plot(records, path):
         ax.grid(True, axis="y", which="both", linestyle=":", linewidth=0.5)
         ax.spines["right"].set_visible(False)
         ax.spines["top"].set_visible(False)
-    axes[0].set_ylabel("time, s (best of runs; recall printed when < 1)")
-    axes[0].legend(fontsize=7, frameon=False, loc="upper left")
+    axes[0].set_ylabel("time, s (best of runs)\nrecall printed when < 1")
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, frameon=False,
+               loc="upper center", ncol=len(systems), bbox_to_anchor=(0.5, 1.06))
     fig.tight_layout()
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
