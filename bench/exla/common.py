@@ -61,8 +61,9 @@ def child_python():
 
 
 def find_symred_lib(build=True):
-    """Path of libsymred.so: $SYMRED_LIB, else build-ci/, build/ or the newest build*/ of the
-    checkout, else (build=True) a Release build into build-exla/ with the checkout's CMake."""
+    """Path of libsymred.so: $SYMRED_LIB, else build-ci/, build/ or the newest other build*/
+    of the checkout (not a sanitizer build), else (build=True) a Release build into
+    build-exla/ with the checkout's CMake."""
     env = os.environ.get("SYMRED_LIB")
     if env:
         return env
@@ -70,7 +71,9 @@ def find_symred_lib(build=True):
         p = REPO / name / "libsymred.so"
         if p.is_file():
             return str(p)
-    found = [p for p in REPO.glob("build*/libsymred.so") if p.is_file()]
+    # Not a sanitizer build: it cannot be loaded into an interpreter without a preload.
+    found = [p for p in REPO.glob("build*/libsymred.so")
+             if p.is_file() and "asan" not in p.parent.name]
     if found:
         return str(max(found, key=lambda p: p.stat().st_mtime))
     if not build:
