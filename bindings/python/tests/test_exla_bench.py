@@ -112,3 +112,20 @@ def test_child_outcomes(run_py, tmp_path, monkeypatch, mode, rlimit, status):
     assert rec["status"] == status, rec
     if status != "ok":
         assert rec["reason"], rec
+
+
+def test_resume_rules(run_py):
+    """Which earlier records stand (is_done) and when a series stops after a timeout."""
+    assert not run_py.is_done(None, 60)
+    assert run_py.is_done({"status": "ok"}, 60)
+    assert run_py.is_done({"status": "oom"}, 60)
+    assert run_py.is_done({"status": "skipped", "reason": "cannot import a peer: jax"}, 60)
+    assert not run_py.is_done({"status": "skipped", "reason": "not run: timed out at n=10"}, 60)
+    assert not run_py.is_done({"status": "error", "reason": "x"}, 60)
+    assert run_py.is_done({"status": "timeout", "timeout_used": 60}, 60)
+    assert not run_py.is_done({"status": "timeout", "timeout_used": 60}, 120)
+    base = {"experiment": "mem", "system": "pykeops", "d": 1, "limit_bytes": 10**9}
+    timed_out = dict(base, n=1000, status="timeout")
+    assert run_py.previous_failure([timed_out], dict(base, n=2000)) is timed_out
+    assert run_py.previous_failure([timed_out], dict(base, n=500)) is None
+    assert run_py.previous_failure([timed_out], dict(base, n=2000, system="symred")) is None
