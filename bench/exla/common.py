@@ -86,6 +86,11 @@ def find_symred_lib(build=True):
     return str(bdir / "libsymred.so")
 
 
+def strategy(genred):
+    """The CPU strategy a symred Genred took: "gemm-epilogue" or "direct"."""
+    return "gemm-epilogue" if "gemm-epilogue" in genred.explain(backend="CPU") else "direct"
+
+
 def import_symred():
     """The symred Python package of this checkout (bindings/python), on $SYMRED_LIB."""
     path = str(REPO / "bindings" / "python")
@@ -246,7 +251,8 @@ def run_child(config, log_path, timeout, env=None, python=None):
         return rec
     sig = -proc.returncode if proc.returncode < 0 else None
     rec["status"] = _classify(sig, stderr_tail, config.get("rlimit"))
-    how = f"killed by signal {signal.Signals(sig).name}" if sig else f"exit status {proc.returncode}"
+    how = (f"killed by signal {signal.Signals(sig).name}" if sig
+           else f"exit status {proc.returncode}")
     tail = " | ".join(line.strip() for line in stderr_tail.strip().splitlines()[-3:])
     rec["reason"] = f"{how}, no result; stderr: {tail[-400:]}"
     return rec

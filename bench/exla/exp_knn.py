@@ -6,8 +6,9 @@ Every system runs under RLIMIT_AS = LIMIT + common.RLIMIT_ALLOWANCE. Distances: 
 Euclidean, L1 = sum of |x - y|, cosine = 1 - <x, y> / (|x| |y|). Systems:
 
 - numpy: the exact baseline and the ground truth, in float64 over chunks of queries
-  (L2 and cosine with BLAS, L1 by broadcasting), argpartition + sort; one run, no warm-up. Its neighbours and each
-  query's k-th distance are saved under $EXLA_OUT/knn-truth/ for the other systems' recall.
+  (L2 and cosine with BLAS, or explicit differences when d <= 8; L1 by broadcasting),
+  argpartition + sort; one run, no warm-up. Its neighbours and each query's k-th distance are
+  saved under $EXLA_OUT/knn-truth/ for the other systems' recall.
 - symred: Genred ArgKMin over j of "SqDist(q,p)", "Sum(Abs(q-p))" or
   "SqDist(Normalize(q),Normalize(p))" (= 2 - 2 cos: the same order as 1 - cos, and in float32
   free of the cancellation of 1 - cos near 0, which costs every system here recall at d = 3);
@@ -157,7 +158,7 @@ def _symred(x, q, cfg):
     fields, idx = common.best_of(lambda: f(q, x), warmup=lambda: f(q[:8], x[:64]),
                                  reps=cfg.get("reps", 3), max_seconds=cfg.get("max_seconds", 30))
     fields["compile_seconds"] = fields["first_seconds"]
-    fields["strategy"] = "gemm-epilogue" if "gemm-epilogue" in f.explain(backend="CPU") else "direct"
+    fields["strategy"] = common.strategy(f)
     return fields, idx.reshape(len(q), k)
 
 
@@ -301,7 +302,8 @@ def plot(records, path):
                                            (r["dataset"], r["n"], r["m"], r["d"]) == p
                                            for r in records)] for dist in DISTANCES}
     shown = [dist for dist in DISTANCES if per[dist]]
-    fig, axes = plt.subplots(1, len(shown), figsize=(1.2 + 1.5 * sum(len(per[t]) for t in shown), 3.4),
+    fig_width = 1.2 + 1.5 * sum(len(per[t]) for t in shown)
+    fig, axes = plt.subplots(1, len(shown), figsize=(fig_width, 3.4),
                              sharey=True, squeeze=False,
                              gridspec_kw={"width_ratios": [len(per[t]) for t in shown]})
     axes = axes[0]

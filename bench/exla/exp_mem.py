@@ -76,7 +76,7 @@ def _symred(x, v, cfg):
     fields, out = common.best_of(lambda: f(x, x, v, g), warmup=lambda: f(x[:64], x[:64], v[:64], g),
                                  reps=cfg.get("reps", 3), max_seconds=cfg.get("max_seconds", 30))
     fields["compile_seconds"] = fields["first_seconds"]
-    fields["strategy"] = "gemm-epilogue" if "gemm-epilogue" in f.explain(backend="CPU") else "direct"
+    fields["strategy"] = common.strategy(f)
     return fields, out
 
 
@@ -130,7 +130,6 @@ RUNNERS = {"symred": _symred, "numpy": _numpy, "jax": _jax, "pykeops": _pykeops}
 
 
 def run(cfg):
-    import numpy as np
     n = cfg["n"]
     need = 8 * n * n
     x, v = _data(n)

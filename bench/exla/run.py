@@ -9,8 +9,10 @@ Writes DIR/results.json (default bench/exla/out) and DIR/<experiment>.png. Every
 runs in its own process, so an out-of-memory or a crash of a peer is a record, never the end of
 the suite. The run resumes: a record of DIR/results.json with the same key (experiment, system,
 dataset, sizes, distance, limit_bytes) and status "ok", "oom" or "skipped" is kept and not run
-again; "error" is run again, and so is "timeout" when --timeout is now larger. results.json is
-rewritten (atomically) after every record.
+again; "error" is run again, and so is "timeout" when --timeout is now larger. After a
+timeout, the larger sizes of the same series are recorded as skipped ("not run: ...") without
+being started, and reconsidered on the next run. results.json is rewritten (atomically) after
+every record.
 
 The interface of an experiment module bench/exla/exp_<name>.py (run.py imports it to call
 configs(), so it imports its peers and numpy only inside run() and plot()):
@@ -31,7 +33,9 @@ configs(), so it imports its peers and numpy only inside run() and plot()):
   (`child.py --plot`) with the children's interpreter.
 
 run.py adds to each record ``status``, ``peak_rss_bytes`` (the child's own peak RSS, see
-common.run_child) and ``wall_seconds`` (the child process, start-up included). The children use
+common.run_child), ``wall_seconds`` (the child process, start-up included), ``loadavg_1min``
+(when it started: the machine is shared), ``timeout_used``, ``quick`` and ``recorded_at``.
+The children use
 bench/exla/.venv/bin/python when setup.sh made it, else /usr/bin/python3 (peers then "skipped").
 Environment given to every child: SYMRED_LIB (found or built, common.find_symred_lib),
 SYMRED_CACHE_DIR and the pykeops build folder under DIR, EXLA_OUT=DIR, OMP/BLAS threads left
@@ -42,8 +46,8 @@ import argparse
 import importlib
 import json
 import os
-import sys
 import subprocess
+import sys
 import time
 from pathlib import Path
 

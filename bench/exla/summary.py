@@ -31,7 +31,8 @@ def mem_tables(recs):
     recs = [r for r in recs if r["experiment"] == "mem"]
     if not recs:
         return []
-    systems = [s for s in ("symred", "numpy", "jax", "pykeops") if any(r["system"] == s for r in recs)]
+    systems = [s for s in ("symred", "numpy", "jax", "pykeops")
+               if any(r["system"] == s for r in recs)]
     peers = [s for s in systems if s != "symred"]
     by = {(r["system"], r["n"]): r for r in recs}
     ns = sorted({r["n"] for r in recs})
@@ -74,7 +75,8 @@ def knn_tables(recs):
     points = sorted({(r["dataset"], r["n"], r["m"], r["d"], r["distance"]) for r in recs},
                     key=lambda p: (p[0] != "random", p[3], p[1], p[4]))
     lines = ["| data | n | m | d | distance | " + " | ".join(systems) + " | "
-             + " | ".join(f"{p} / symred" for p in peers) + " | recall symred / jax / pykeops / faiss |",
+             + " | ".join(f"{p} / symred" for p in peers)
+             + " | recall symred / jax / pykeops / faiss |",
              "|---" * (5 + len(systems) + len(peers) + 1) + "|"]
     beat_all, recall_one = True, True
     for p in points:
