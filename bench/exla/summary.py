@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""Tables of an eXLA run: times, peak RSS, ratios peer / symred, and the issue's targets.
+
+    python3 bench/exla/summary.py [DIR/results.json]      # default bench/exla/out/results.json
+
+Prints Markdown (the README's tables are its output). A ratio > 1 means symred was faster.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def cell(r):
+    if r is None:
+        return "—"
+    if r.get("status") != "ok":
+        return r.get("status", "?")
+    return f"{r['seconds']:.3g} s"
+
+
+def ratio(peer, mine):
+    if not peer or not mine or peer.get("status") != "ok" or mine.get("status") != "ok":
+        return "—"
+    return f"{peer['seconds'] / mine['seconds']:.2f}×"
+
+
+def mem_tables(recs):
+    recs = [r for r in recs if r["experiment"] == "mem"]
+    if not recs:
+        return []
+    systems = [s for s in ("symred", "numpy", "jax", "pykeops")
+               if any(r["system"] == s for r in recs)]
+    peers = [s for s in systems if s != "symred"]
+    by = {(r["system"], r["n"]): r for r in recs}
+    ns = sorted({r["n"] for r in recs})
+    lines = ["| n | " + " | ".join(systems) + " | " + " | ".join(f"{p} / symred" for p in peers)
+             + " | peak RSS symred / numpy / jax (MB) |",
+             "|---" * (1 + len(systems) + len(peers) + 1) + "|"]
+    for n in ns:
+        me = by.get(("symred", n))
+        rss = " / ".join(
+            f"{by[(s, n)]['peak_rss_bytes'] / 1e6:.0f}" if by.get((s, n), {}).get("status") == "ok"
+            else by.get((s, n), {}).get("status", "—") for s in ("symred", "numpy", "jax"))
+        lines.append(f"| {n:,} | " + " | ".join(cell(by.get((s, n))) for s in systems) + " | "
+                     + " | ".join(ratio(by.get((p, n)), me) for p in peers) + f" | {rss} |")
+    # Targets.
+    ok = lambda s, n: by.get((s, n), {}).get("status") == "ok"  # noqa: E731
+    dense = [n for n in ns if ok("numpy", n) and ok("jax", n)]
+    big = max(dense) if dense else None
+    all_symred = all(ok("symred", n) for n in ns)
+    reach = max((n for n in ns if ok("symred", n)), default=None)
+    lines.append("")
+    if big:
+        j = by[("jax", big)]["seconds"] / by[("symred", big)]["seconds"] if ok("symred", big) else 0
+        lines.append(f"- largest n where NumPy and JAX both run: {big:,}; symred ran every n "
+                     f"of the grid: {'yes' if all_symred else 'no'}, up to {reach:,} = "
+                     f"{reach / big:.0f}× that (target ≥ 10×: "
+                     f"{'met' if reach >= 10 * big and all_symred else 'not met'})")
+        lines.append(f"- at n = {big:,}, JAX / symred = {j:.2f}× (target ≥ 2×: "
+                     f"{'met' if j >= 2 else 'not met'})")
+    return lines
+
+
+def knn_tables(recs):
+    recs = [r for r in recs if r["experiment"] == "knn"]
+    if not recs:
+        return []
+    systems = [s for s in ("symred", "numpy", "jax", "pykeops", "faiss")
+               if any(r["system"] == s for r in recs)]
+    peers = [s for s in systems if s != "symred"]
+    by = {(r["system"], r["dataset"], r["n"], r["m"], r["d"], r["distance"]): r for r in recs}
+    points = sorted({(r["dataset"], r["n"], r["m"], r["d"], r["distance"]) for r in recs},
+                    key=lambda p: (p[0] != "random", p[3], p[1], p[4]))
+    lines = ["| data | n | m | d | distance | " + " | ".join(systems) + " | "
+             + " | ".join(f"{p} / symred" for p in peers)
+             + " | recall symred / jax / pykeops / faiss |",
+             "|---" * (5 + len(systems) + len(peers) + 1) + "|"]
+    beat_all, recall_one = True, True
+    for p in points:
+        me = by.get(("symred",) + p)
+        rc = []
+        for s in ("symred", "jax", "pykeops", "faiss"):
+            r = by.get((s,) + p)
+            v = r.get("recall") if r and r.get("status") == "ok" else None
+            rc.append(f"{v:.4f}" if isinstance(v, float) else "—")
+        lines.append(f"| {p[0]} | {p[1]:,} | {p[2]:,} | {p[3]} | {p[4]} | "
+                     + " | ".join(cell(by.get((s,) + p)) for s in systems) + " | "
+                     + " | ".join(ratio(by.get((q,) + p), me) for q in peers) + " | "
+                     + " / ".join(rc) + " |")
+        for q in ("jax", "pykeops"):
+            r = by.get((q,) + p)
+            if r and r.get("status") == "ok" and me and me.get("status") == "ok" \
+                    and r["seconds"] <= me["seconds"]:
+                beat_all = False
+        if not me or me.get("status") != "ok" or me.get("recall") != 1.0:
+            recall_one = False
+    lines.append("")
+    lines.append(f"- faster than JAX and pykeops at every point where they ran: "
+                 f"{'met' if beat_all else 'not met'}; symred recall 1.0 at every point: "
+                 f"{'met' if recall_one else 'not met'}")
+    return lines
+
+
+def main():
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "out" / "results.json"
+    with open(path) as f:
+        recs = json.load(f)
+    for title, lines in (("mem", mem_tables(recs)), ("knn", knn_tables(recs))):
+        if lines:
+            print(f"### {title}\n")
+            print("\n".join(lines))
+            print()
+
+
+if __name__ == "__main__":
+    main()
