@@ -98,6 +98,50 @@ Test(jit, logsumexp_all_infinite)
     sr_kernel_free(k);
 }
 
+/* Exp in its underflow range (docs/semantics.md, "Exp"): the JIT returns 0 where the result
+ * would be below 1.7e-38 (float32) / 3.4e-308 (float64), exactly the C library's value above,
+ * and NaN, +-inf as the C library. Each argument is its own row, so every SIMD lane pattern of
+ * in-range and out-of-range arguments occurs across the 16-wide vectors. */
+static void exp_underflow(sr_dtype dt)
+{
+    static const char *al[] = {"x=Vi(1)", "y=Vj(1)"};
+    sr_expr *f = parse("Exp(x + y)", al, 2);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.dtype = dt;
+    sr_kernel *k = new_kernel(f, d, SR_DEVICE_CPU);
+    const bool f32 = dt == SR_F32;
+    const double lim = f32 ? 1.7e-38 : 3.4e-308, lo = f32 ? -87.0 : -708.0;
+    static const double special[] = {NAN, -INFINITY, INFINITY, -1e30, -1000.0, -200.0, 0.0, 1.0};
+    enum { N = 611 };
+    double xd[N], yd[1] = {0.0}, od[N];
+    float xf[N], yf[1] = {0.0f}, of[N];
+    for (int i = 0; i < N; i++) {
+        /* A sweep through [lo - 40, lo + 20] with the special values mixed in. */
+        xd[i] = i % 13 == 0 ? special[(i / 13) % 8] : lo - 40.0 + 60.0 * i / N;
+        xf[i] = (float)xd[i];
+    }
+    const void *args[] = {f32 ? (const void *)xf : xd, f32 ? (const void *)yf : yd};
+    cr_assert_eq(sr_kernel_run(k, N, 1, args, f32 ? (void *)of : od), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    for (int i = 0; i < N; i++) {
+        const double a = f32 ? (double)xf[i] : xd[i], got = f32 ? (double)of[i] : od[i];
+        const double want = f32 ? (double)expf((float)a) : exp(a);
+        if (isnan(a))
+            cr_assert(isnan(got), "Exp(NaN) = %g", got);
+        else if (want < lim)
+            cr_assert(got == 0.0 || got == want, "Exp(%.9g) = %g, expected 0 (C library %g)", a,
+                      got, want);
+        else
+            cr_assert(tu_close(got, want, f32 ? 1e-6 : 1e-14, 0), "Exp(%.9g) = %.17g, not %.17g", a,
+                      got, want);
+        if (a < lo - 0.5)
+            cr_assert(got == 0.0, "Exp(%.9g) = %g: below the clamp it must be 0", a, got);
+    }
+    sr_kernel_free(k);
+}
+Test(jit, exp_underflow_f32) { exp_underflow(SR_F32); }
+Test(jit, exp_underflow_f64) { exp_underflow(SR_F64); }
+
 /* ---- accumulation, threads, explain ----------------------------------------------------- */
 
 static void sum_with_env(const char *var, const char *value, const char *expect_in_explain)

@@ -101,7 +101,7 @@ static void e_tensordot(struct emitter *E, const sr_expr *e);
 #define JIT_C_SQUARE    EW("$a * $a")
 #define JIT_C_SQRT      EW("sqrt$F($a)")
 #define JIT_C_RSQRT     EW("$a == 0 ? ($T)0 : ($T)1 / sqrt$F($a)")
-#define JIT_C_EXP       EW("exp$F($a)")
+#define JIT_C_EXP       EW("sr_exp($a)")
 #define JIT_C_LOG       EW("log$F($a)")
 #define JIT_C_XLOGX     EW("$a == 0 ? ($T)0 : $a * log$F($a)")
 #define JIT_C_SIN       EW("sin$F($a)")
@@ -739,7 +739,20 @@ static void prelude(struct emitter *E, const char *A)
     for (int i = 0; i < 7; i++)
         P("extern %s %s%s(%s);\n", t, fns1[i], f, t);
     P("extern %s atan2%s(%s, %s);\n\n", t, f, t, t);
-    P("static inline %s sr_sq(%s a) { return a * a; }\n\n", t, t);
+    P("static inline %s sr_sq(%s a) { return a * a; }\n", t, t);
+    /* exp without libmvec's slow paths. Its vector exp falls back to scalar code for a whole
+     * vector when one argument is below about -87.3 (float; -708.4 double), and arithmetic on
+     * subnormal results is slow too: a narrow Gaussian ran 25-36x slower than a wide one
+     * (docs/semantics.md, "Exp"). So the argument is clamped to -87 (-708) and results below
+     * 1.7e-38 (3.4e-308), i.e. arguments below about -86.97 (-707.97), are 0. The clamp value
+     * is copysign(87, a), not a constant: gcc would otherwise move the clamp after the call as
+     * a select of the constant exp(-87), and call exp on the unclamped argument. NaN is not
+     * clamped and stays NaN; exp(-inf) = 0. */
+    P("static inline sr_t sr_exp(sr_t a)\n{\n"
+      "    const sr_t e = exp%s(a < %s ? __builtin_copysign%s(%s, a) : a);\n"
+      "    return e < %s ? (sr_t)0 : e;\n}\n\n",
+      f, E->f32 ? "-87.0f" : "-708.0", f, E->f32 ? "87.0f" : "708.0",
+      E->f32 ? "1.7e-38f" : "3.4e-308");
 }
 
 /* Emits the nodes placed at pl, in topological order; returns how many. Big variables and
@@ -1109,9 +1122,8 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
                   "          if (tm == SR_INF) { lse_fold(&s->m[c], &s->s[c], tm, 1); continue; }\n"
                   "          sr_acc ts = 0;\n"
                   "#pragma omp simd reduction(+:ts)\n"
-                  "          for (int jj = 0; jj < nj; jj++) ts += (sr_acc)exp%s(fv[jj] - tm);\n"
-                  "          lse_fold(&s->m[c], &s->s[c], tm, ts);\n",
-                  f);
+                  "          for (int jj = 0; jj < nj; jj++) ts += (sr_acc)sr_exp(fv[jj] - tm);\n"
+                  "          lse_fold(&s->m[c], &s->s[c], tm, ts);\n");
                 break;
             default: /* SumSoftMaxWeight */
                 P("          (void)tn;\n          sr_acc ts = 0");
@@ -1122,9 +1134,8 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
                     P(",w%d", g);
                 P(")\n          for (int jj = 0; jj < nj; jj++) {\n"
                   "            const sr_acc e = fv[jj] == -SR_INF ? (sr_acc)0 : "
-                  "(sr_acc)exp%s(fv[jj] - "
-                  "tm);\n            ts += e;\n",
-                  f);
+                  "(sr_acc)sr_exp(fv[jj] - tm);\n"
+                  "            ts += e;\n");
                 for (int g = 0; g < DG; g++)
                     P("            w%d += e * (sr_acc)fb[%d * SR_TJ + jj];\n", g, 1 + g);
                 P("          }\n          sr_acc wt[SR_DG] = {");
