@@ -25,6 +25,8 @@ PACKAGES=(
     openmpi-bin       # mpirun: the MPI companion library's tests, examples and benchmark
     libopenmpi-dev    # MPI headers and libmpi: CMake builds symred_mpi when it finds them
     python3-mpi4py    # symred.mpi, the Python face of symred_mpi
+    python3-faiss     # bench/knn_faiss.py and bench/exla: the FAISS peer
+    python3-matplotlib # bench/exla: the plots of the eXLA experiments
 )
 
 missing=()

@@ -1,0 +1,114 @@
+"""The machinery of bench/exla/run.py (the eXLA experiments) on a tiny mem grid.
+
+symred and NumPy only (no PyPI peer needed): checks the records of results.json, that a child
+exceeding its RLIMIT_AS is recorded as "oom" without stopping the suite, and that a second run
+keeps finished records and runs "error" ones again.
+"""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "exla"
+
+
+@pytest.fixture()
+def run_py(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(BENCH))
+    # n = 20000 needs a 3.2 GB matrix in NumPy: more than the 1 GB limit + the 1.5 GiB allowance.
+    monkeypatch.setenv("EXLA_MEM_SIZES", "300,20000")
+    monkeypatch.setenv("EXLA_MEM_SYSTEMS", "symred,numpy")
+    # The children use symred's CPU JIT (conftest selects the reference interpreter for the
+    # binding tests); its kernel cache goes under the output folder.
+    monkeypatch.setenv("SYMRED_DEVICE", "cpu")
+    for name in ("run", "common", "exp_mem"):
+        sys.modules.pop(name, None)
+    return importlib.import_module("run")
+
+
+def load(out):
+    with open(out / "results.json") as f:
+        return json.load(f)
+
+
+def test_mem_records_oom_and_resume(run_py, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_py.main(["--quick", "--only", "mem", "--out", str(out), "--no-plot"]) == 0
+    recs = {(r["system"], r["n"]): r for r in load(out)}
+    assert set(recs) == {("symred", 300), ("numpy", 300), ("symred", 20000), ("numpy", 20000)}
+    for key in (("symred", 300), ("numpy", 300), ("symred", 20000)):
+        r = recs[key]
+        assert r["status"] == "ok", r
+        assert r["seconds"] > 0 and r["peak_rss_bytes"] > 0, r
+        assert r["max_rel_err"] < 1e-10, r
+        assert r["limit_bytes"] == 10**9 and r["experiment"] == "mem", r
+    assert recs[("symred", 20000)]["budget_bytes"] == 10**8
+    # symred never held the n x n matrix (3.2 GB); NumPy could not allocate it.
+    assert recs[("symred", 20000)]["peak_rss_bytes"] < 500e6
+    oom = recs[("numpy", 20000)]
+    assert oom["status"] == "oom", oom
+    assert "MemoryError" in oom["reason"], oom
+
+    # Resume: every record is kept; one marked "error" is run again.
+    first = load(out)
+    bad = next(i for i, r in enumerate(first) if r["system"] == "numpy" and r["n"] == 300)
+    first[bad]["status"] = "error"
+    first[bad]["reason"] = "made up by the test"
+    with open(out / "results.json", "w") as f:
+        json.dump(first, f)
+    capsys.readouterr()
+    assert run_py.main(["--quick", "--only", "mem", "--out", str(out), "--no-plot"]) == 0
+    log = capsys.readouterr().out
+    assert log.count("kept") == 3, log
+    second = load(out)
+    assert len(second) == 4
+    assert second[bad]["status"] == "ok"
+    for i, r in enumerate(second):
+        if i != bad:
+            assert r == first[i]
+
+
+def test_missing_module_is_reported(run_py, tmp_path, capsys):
+    out = tmp_path / "out"
+    if (BENCH / "exp_sgpr.py").exists():
+        pytest.skip("exp_sgpr.py exists in this checkout")
+    assert run_py.main(["--only", "sgpr", "--out", str(out), "--no-plot"]) == 0
+    assert "exp_sgpr.py does not exist" in capsys.readouterr().out
+
+
+FAKE = """
+import os, signal, time
+def configs(quick):
+    return []
+def run(cfg):
+    if cfg["mode"] == "alloc":
+        return {"size": len(bytearray(cfg["bytes"]))}
+    if cfg["mode"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mode, rlimit, status", [
+    ("alloc", True, "oom"),  # MemoryError under RLIMIT_AS
+    ("alloc", False, "ok"),  # the same allocation without the limit
+    ("kill", True, "oom"),  # killed (as by the kernel) under the limit
+    ("kill", False, "error"),  # killed without a limit: not a memory failure
+    ("sleep", False, "timeout"),
+])
+def test_child_outcomes(run_py, tmp_path, monkeypatch, mode, rlimit, status):
+    common = sys.modules["common"]
+    (tmp_path / "exp_fake.py").write_text(FAKE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    nbytes = 10**9 + common.RLIMIT_ALLOWANCE + (1 << 30)  # past the limit, but allocatable
+    if not rlimit:
+        nbytes = 1 << 20
+    cfg = {"experiment": "fake", "system": "x", "limit_bytes": 10**9, "rlimit": rlimit,
+           "mode": mode, "bytes": nbytes}
+    rec = common.run_child(cfg, tmp_path / "fake.log", timeout=3)
+    assert rec["status"] == status, rec
+    if status != "ok":
+        assert rec["reason"], rec
