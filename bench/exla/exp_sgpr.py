@@ -18,8 +18,6 @@ import os
 import resource
 import time
 
-import numpy as np
-
 SYSTEMS = ("symred", "dense", "gpflow")
 N_TEST_FRACTION = 0.1
 
@@ -103,7 +101,9 @@ def run(config):
 def _run_torch(config, sm, X, y, Xs, ys, Z):
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    # torch keeps its own intra-op thread count (1 on the 2-core VMs); more threads made the
+    # M x M algebra 15 times slower on the shared, loaded machine (OpenMP teams waiting for
+    # descheduled threads). symred's eval_block and reduction use symred's count.
     X, y, Xs, ys, Z = map(torch.from_numpy, (X, y, Xs, ys, Z))
 
     def terms(X_, y_, Z_):
@@ -126,6 +126,7 @@ def _run_torch(config, sm, X, y, Xs, ys, Z):
 
 def _run_gpflow(config, sm, X, y, Xs, ys, Z):
     import gpflow
+    import numpy as np
     import tensorflow as tf
 
     def model(X_, y_, Z_):

@@ -230,38 +230,37 @@ class SymredTerms:
     name = "symred"
 
     def __init__(self, X, y, Z, budget):
-        import symred
         import symred.torch as srt
 
         self.X, self.y, self.Z = X, y, Z
-        self._Xn, self._Zn = X.numpy(), Z.numpy()
         aliases = ["z=Vi(3)", "x=Vj(3)", "g=Pm(1)"]
-        self.fE = symred.Genred("Exp(-g*SqDist(z,x))", aliases, axis=1)
-        self.fD = symred.Genred("Grad(Exp(-g*SqDist(z,x)), g, e)", aliases + ["e=Pm(1)"],
-                                axis=1)
+        # eval_block through symred.torch: it runs with symred's thread count, not torch's.
+        self.fE = srt.Genred("Exp(-g*SqDist(z,x))", aliases, axis=1)
+        self.fD = srt.Genred("Grad(Exp(-g*SqDist(z,x)), g, e)", aliases + ["e=Pm(1)"], axis=1)
         self.fr = srt.Genred("Exp(-g*SqDist(z,x))*b", ["z=Vi(3)", "x=Vj(3)", "b=Vj(1)",
                                                        "g=Pm(1)"], axis=1)
         M, n = Z.shape[0], X.shape[0]
         if budget < 2 * M * 8:
             raise MemoryError(f"a budget of {budget} bytes holds no block of 2 x {M} doubles")
         self.block = min(n, budget // (2 * M * 8))
-        self._bufs = [np.empty((M, self.block)), np.empty((M, self.block))]
+        self._bufs = [torch.empty(M, self.block, dtype=torch.float64) for _ in range(2)]
 
     def blocks(self, g, derivative=False, X=None):
         """(E_b, D_b) for blocks of columns of X (the training inputs by default), NumPy views
         of reused buffers, each valid until the next pair is made; D_b is None unless
         ``derivative``."""
-        Xn = self._Xn if X is None else X
-        gn = np.array([float(g)])
-        n, b, M = Xn.shape[0], self.block, self._Zn.shape[0]
+        X = self.X if X is None else X
+        gt = g.detach().reshape(1)
+        one = torch.ones(1, dtype=torch.float64)
+        n, b, M = X.shape[0], self.block, self.Z.shape[0]
         for j0 in range(0, n, b):
             nj = min(b, n - j0)
-            E, D = ((buf[:, :nj] if nj == b else np.empty((M, nj))) for buf in self._bufs)
-            self.fE.eval_block(self._Zn, Xn, gn, rows=(0, M), cols=(j0, nj), out=E)
+            E, D = (buf if nj == b else torch.empty(M, nj, dtype=torch.float64)
+                    for buf in self._bufs)
+            self.fE.eval_block(self.Z, X, gt, rows=(0, M), cols=(j0, nj), out=E)
             if derivative:
-                self.fD.eval_block(self._Zn, Xn, gn, np.ones(1), rows=(0, M), cols=(j0, nj),
-                                   out=D)
-            yield E, (D if derivative else None)
+                self.fD.eval_block(self.Z, X, gt, one, rows=(0, M), cols=(j0, nj), out=D)
+            yield E.numpy(), (D.numpy() if derivative else None)
 
     def __call__(self, g, v):
         P = v * v * _BlockGram.apply(g.reshape(1), self)
@@ -269,8 +268,7 @@ class SymredTerms:
         return P, r
 
     def kus_blocks(self, Xs, g, v):
-        Xn = Xs.numpy()
-        return lambda: (v * torch.from_numpy(E) for E, _ in self.blocks(g, X=Xn))
+        return lambda: (v * torch.from_numpy(E) for E, _ in self.blocks(g, X=Xs))
 
     @staticmethod
     def bytes_needed(n, M, budget):

@@ -310,6 +310,12 @@ class Genred(_genred.Genred):
                              f"tensor of shape {shape}")
         return out
 
+    def eval_block(self, *args, rows, cols, out=None):
+        """:meth:`symred.Genred.eval_block` on CPU tensors (not differentiated), with symred's
+        thread count as this module's reductions (see :class:`_omp_threads`)."""
+        with _omp_threads():
+            return super().eval_block(*args, rows=rows, cols=cols, out=out)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._torch_kernels = {}
