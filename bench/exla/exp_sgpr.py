@@ -93,7 +93,8 @@ def run(config):
             out.update(_run_torch(config, sm, X, y, Xs, ys, Z))
     except (RuntimeError, ValueError) as e:
         if _oom(e):
-            raise MemoryError(str(e)[-300:]) from e
+            text = str(e)
+            raise MemoryError(text[max(0, text.find("can't allocate")):][:300]) from e
         raise
     return out
 
@@ -175,6 +176,7 @@ def plot(records, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     groups = {}
@@ -202,8 +204,13 @@ def plot(records, path):
                             color=color, fontsize=7, rotation=90)
         for r in ok:
             floors["rmse"], floors["nlpd"] = r.get("rmse_floor"), r.get("nlpd_floor")
+    Ms = sorted({r["M"] for r in records if isinstance(r.get("M"), int)})
     for ax, (f, name) in zip(axes, fields):
         ax.set_xscale("log")
+        if Ms:
+            ax.set_xticks(Ms)
+            ax.set_xticklabels([str(M) for M in Ms])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("inducing points M")
         ax.set_title(name)
         ax.grid(True, which="both", alpha=0.3)
