@@ -243,20 +243,20 @@ class SymredTerms:
         if budget < 2 * M * 8:
             raise MemoryError(f"a budget of {budget} bytes holds no block of 2 x {M} doubles")
         self.block = min(n, budget // (2 * M * 8))
-        self._bufs = [torch.empty(M, self.block, dtype=torch.float64) for _ in range(2)]
+        # Flat, so that a narrower block is a contiguous view of the first M x nj values.
+        self._bufs = [torch.empty(M * self.block, dtype=torch.float64) for _ in range(2)]
 
-    def blocks(self, g, derivative=False, X=None):
-        """(E_b, D_b) for blocks of columns of X (the training inputs by default), NumPy views
-        of reused buffers, each valid until the next pair is made; D_b is None unless
-        ``derivative``."""
+    def blocks(self, g, derivative=False, X=None, block=None):
+        """(E_b, D_b) for blocks of ``block`` columns (default: the budget's) of X (the
+        training inputs by default), NumPy views of the two budgeted buffers, each valid until
+        the next pair is made; D_b is None unless ``derivative``."""
         X = self.X if X is None else X
         gt = g.detach().reshape(1)
         one = torch.ones(1, dtype=torch.float64)
-        n, b, M = X.shape[0], self.block, self.Z.shape[0]
+        n, b, M = X.shape[0], min(block or self.block, self.block), self.Z.shape[0]
         for j0 in range(0, n, b):
             nj = min(b, n - j0)
-            E, D = (buf if nj == b else torch.empty(M, nj, dtype=torch.float64)
-                    for buf in self._bufs)
+            E, D = (buf[:M * nj].view(M, nj) for buf in self._bufs)
             self.fE.eval_block(self.Z, X, gt, rows=(0, M), cols=(j0, nj), out=E)
             if derivative:
                 self.fD.eval_block(self.Z, X, gt, one, rows=(0, M), cols=(j0, nj), out=D)
@@ -268,7 +268,10 @@ class SymredTerms:
         return P, r
 
     def kus_blocks(self, Xs, g, v):
-        return lambda: (v * torch.from_numpy(E) for E, _ in self.blocks(g, X=Xs))
+        # predict() makes three M x b tensors from each block (v E_b, L^-1 and R^-1 of it):
+        # with the E_b buffer that is four, so half the training block's columns.
+        return lambda: (v * torch.from_numpy(E)
+                        for E, _ in self.blocks(g, X=Xs, block=max(1, self.block // 2)))
 
     @staticmethod
     def bytes_needed(n, M, budget):

@@ -107,6 +107,12 @@ def test_symred_bound_and_gradient_equal_dense():
     X, y, Xs, ys, Z = problem()
     s = symred_terms(X, y, Z, 160)  # 700 = 4 x 160 + a partial block of 60
     assert s.block == 160
+    # Every block, the partial one too, lives in the two budgeted buffers.
+    widths = []
+    for E, D in s.blocks(torch.tensor(2.0, dtype=torch.float64), derivative=True):
+        assert E.ctypes.data == s._bufs[0].data_ptr() and D.ctypes.data == s._bufs[1].data_ptr()
+        widths.append(E.shape[1])
+    assert widths == [160] * 4 + [60]
     bs, gs = evaluate(s, THETA)
     # The reference: GPflow's form of the bound on a dense K_uf, differentiated by autograd.
     bd, gd = evaluate(sm.DenseTerms(X, y, Z), THETA, bound=sm.collapsed_bound)
