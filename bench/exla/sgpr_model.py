@@ -147,14 +147,14 @@ def prediction_factors(P, r, Kuu, s):
 
 def predict(kus_blocks, v, s, L, R, a):
     """Predictive mean and variance of y at test points (GPflow SGPR.predict_y):
-    mean = K_su a, var = v - |L^-1 k_u|^2 + s |R^-1 k_u|^2 + s, from blocks of K_us (M x b)
-    given by kus_blocks()."""
+    mean = K_su a, var = v - |L^-1 k_u|^2 + s |R^-1 k_u|^2 + s, from pairs (K_us block (M x b),
+    work) given by kus_blocks(): work is an M x b tensor to solve into, or None (allocate)."""
     means, variances = [], []
-    for Kus in kus_blocks():
-        t1 = torch.linalg.solve_triangular(L, Kus, upper=False)
-        t2 = torch.linalg.solve_triangular(R, Kus, upper=False)
-        means.append((Kus * a).sum(0))
-        variances.append(v - (t1 * t1).sum(0) + s * (t2 * t2).sum(0) + s)
+    for Kus, work in kus_blocks():
+        means.append(a[:, 0] @ Kus)
+        q1 = torch.linalg.solve_triangular(L, Kus, upper=False, out=work).pow_(2).sum(0)
+        q2 = torch.linalg.solve_triangular(R, Kus, upper=False, out=work).pow_(2).sum(0)
+        variances.append(v - q1 + s * q2 + s)
     return torch.cat(means), torch.cat(variances)
 
 
@@ -179,7 +179,7 @@ class DenseTerms:
         return Kuf @ Kuf.T, Kuf @ self.y
 
     def kus_blocks(self, Xs, g, v):
-        return lambda: [v * torch.exp(-g * sqdist(self.Z, Xs))]
+        return lambda: [(v * torch.exp(-g * sqdist(self.Z, Xs)), None)]
 
     @staticmethod
     def bytes_needed(n, M):
@@ -268,10 +268,16 @@ class SymredTerms:
         return P, r
 
     def kus_blocks(self, Xs, g, v):
-        # predict() makes three M x b tensors from each block (v E_b, L^-1 and R^-1 of it):
-        # with the E_b buffer that is four, so half the training block's columns.
-        return lambda: (v * torch.from_numpy(E)
-                        for E, _ in self.blocks(g, X=Xs, block=max(1, self.block // 2)))
+        # In place in the two budgeted buffers: K_us = v E_b in the first, the triangular
+        # solves into the second. Blocks of b/16 columns keep what torch may allocate inside
+        # solve_triangular small beside them (the 0.8 GB buffers at M = 500 left no room for
+        # three more M x 20 000 tensors: that run died in its predictions).
+        def gen():
+            for E, _ in self.blocks(g, X=Xs, block=max(1, self.block // 16)):
+                Kus = torch.from_numpy(E).mul_(v)
+                work = self._bufs[1][:Kus.numel()].view(Kus.shape)
+                yield Kus, work
+        return gen
 
     @staticmethod
     def bytes_needed(n, M, budget):
