@@ -246,6 +246,11 @@ def _declare(lib):
         "sr_kernel_run_ranges": (c_int, [c_void_p, P(RunDesc), P(Ranges)]),
         "sr_kernel_grad": (c_int, [c_void_p, c_int, P(c_void_p)]),
         "sr_kernel_explain": (c_char_p, [c_void_p]),
+        "sr_kernel_eval_block": (
+            c_int,
+            [c_void_p, ctypes.c_int64, ctypes.c_int64, P(c_void_p), ctypes.c_int64,
+             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, c_void_p],
+        ),
         "sr_kernel_solve": (
             c_int,
             [c_void_p, P(SolveDesc), ctypes.c_int64, P(c_void_p), c_void_p, c_void_p],

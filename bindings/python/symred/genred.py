@@ -478,6 +478,54 @@ class Genred:
             k = self._kernel(_DTYPES[dt], device)
             return lib.sr_kernel_explain(k).decode(errors="replace")
 
+    def eval_block(self, *args, rows, cols, out=None):
+        """The formula's values (not the reduction) on a block of the nx x ny matrix
+        F(x_i, y_j): ``sr_kernel_eval_block``. ``rows = (i0, ni)`` and ``cols = (j0, nj)``
+        select rows [i0, i0 + ni) and columns [j0, j0 + nj); the arrays are the whole ones, as
+        for a call (only the block's rows are read). Returns an ``(ni, nj, D)`` array
+        (``(ni, nj)`` when D = 1) of the arrays' dtype, written into ``out`` when given (a
+        C-contiguous array of that shape and dtype). The values are the reference
+        interpreter's, on the CPU, whatever the reduction and axis; they are not
+        differentiated. This is the building block of split-and-accumulate algorithms whose
+        blocks the caller sizes from its memory budget (the K_uf K_fu product of sparse GPs,
+        bench/exla/sgpr_model.py)."""
+        arrays, dt, nx, ny = self._prepare(args)
+        (i0, ni), (j0, nj) = rows, cols
+        with self._h.lock:
+            k = self._kernel(_DTYPES[np.dtype(self._numpy_dtype(dt))], _lib.SR_DEVICE_REFERENCE)
+            nargs_c = lib.sr_kernel_nargs(k)
+            D = lib.sr_kernel_out_dim(k)
+        if self.reduction_op != "Sum":
+            raise ValueError("eval_block needs a Sum Genred (its output dimension is the "
+                             "formula's)")
+        shape = (ni, nj) if D == 1 else (ni, nj, D)
+        out = self._block_out(out, shape, dt)
+        ptrs = (ctypes.c_void_p * max(1, nargs_c))(
+            *[self._data_ptr(a) if a is not None else None for a in arrays[:nargs_c]]
+        )
+        st = lib.sr_kernel_eval_block(k, nx, ny, ptrs, i0, ni, j0, nj, self._data_ptr(out))
+        check(st, self._h.ctx)
+        return out
+
+    # eval_block's array hooks; symred.torch.Genred overrides them.
+    @staticmethod
+    def _numpy_dtype(dt):
+        return dt
+
+    @staticmethod
+    def _data_ptr(a):
+        return a.ctypes.data
+
+    @staticmethod
+    def _block_out(out, shape, dt):
+        if out is None:
+            return np.empty(shape, dtype=dt)
+        if (not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != dt
+                or not out.flags.c_contiguous):
+            raise ValueError(f"out must be a C-contiguous {np.dtype(dt).name} NumPy array of "
+                             f"shape {shape}")
+        return out
+
     def __repr__(self):
         k = f", opt_arg={self.opt_arg}" if self.opt_arg is not None else ""
         f2 = f", formula2={self.formula2!r}" if self.formula2 is not None else ""

@@ -317,6 +317,32 @@ class Genred(_genred.Genred):
     def _ranges_array(a):
         return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
 
+    @staticmethod
+    def _numpy_dtype(dt):
+        return {torch.float32: np.float32, torch.float64: np.float64}[dt]
+
+    @staticmethod
+    def _data_ptr(a):
+        if a.device.type != "cpu":
+            raise ValueError("eval_block runs on the CPU: move the tensors with .cpu()")
+        return a.data_ptr()
+
+    @staticmethod
+    def _block_out(out, shape, dt):
+        if out is None:
+            return torch.empty(shape, dtype=dt)
+        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != dt
+                or out.device.type != "cpu" or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous {str(dt).replace('torch.', '')} CPU "
+                             f"tensor of shape {shape}")
+        return out
+
+    def eval_block(self, *args, rows, cols, out=None):
+        """:meth:`symred.Genred.eval_block` on CPU tensors (not differentiated), with symred's
+        thread count as this module's reductions (see :class:`_omp_threads`)."""
+        with _omp_threads():
+            return super().eval_block(*args, rows=rows, cols=cols, out=out)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._torch_kernels = {}

@@ -1,0 +1,226 @@
+"""The SGPR experiment of bench/exla (exp_sgpr.py, sgpr_model.py) and the eval_block binding it
+uses: symred's blockwise bound, gradient and predictions against dense torch ones (float64)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+
+import symred  # noqa: E402
+import symred.torch as srt  # noqa: E402
+
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "exla"
+sys.path.insert(0, str(BENCH))
+import exp_sgpr  # noqa: E402
+import sgpr_model as sm  # noqa: E402
+
+ALIASES = ["z=Vi(3)", "x=Vj(3)", "g=Pm(1)"]
+
+
+def gauss(z, x, g):
+    return np.exp(-g * ((z[:, None, :] - x[None, :, :]) ** 2).sum(-1))
+
+
+# ---- the eval_block binding ---------------------------------------------------------------------
+
+
+def test_eval_block_values_and_out():
+    rng = np.random.default_rng(0)
+    z, x, g = rng.random((7, 3)), rng.random((11, 3)), np.array([2.5])
+    f = symred.Genred("Exp(-g*SqDist(z,x))", ALIASES, axis=1)
+    full = gauss(z, x, g[0])
+    blk = f.eval_block(z, x, g, rows=(2, 4), cols=(3, 5))
+    assert blk.shape == (4, 5) and blk.dtype == np.float64
+    np.testing.assert_allclose(blk, full[2:6, 3:8], rtol=1e-14)
+    out = np.full((7, 11), np.nan)
+    assert f.eval_block(z, x, g, rows=(0, 7), cols=(0, 11), out=out) is out
+    np.testing.assert_allclose(out, full, rtol=1e-14)
+
+
+def test_eval_block_vector_formula_and_torch():
+    rng = np.random.default_rng(1)
+    z, x = rng.random((5, 3)), rng.random((6, 3))
+    f = symred.Genred("z-x", ["z=Vi(3)", "x=Vj(3)"], axis=1)
+    np.testing.assert_allclose(f.eval_block(z, x, rows=(1, 3), cols=(2, 4)),
+                               (z[:, None] - x[None])[1:4, 2:6], rtol=1e-15)
+    ft = srt.Genred("Exp(-g*SqDist(z,x))", ALIASES, axis=1)
+    zt, xt = torch.from_numpy(z), torch.from_numpy(x)
+    out = torch.empty(5, 6, dtype=torch.float64)
+    ft.eval_block(zt, xt, torch.tensor([1.5], dtype=torch.float64), rows=(0, 5), cols=(0, 6),
+                  out=out)
+    np.testing.assert_allclose(out.numpy(), gauss(z, x, 1.5), rtol=1e-14)
+
+
+def test_eval_block_errors():
+    rng = np.random.default_rng(2)
+    z, x, g = rng.random((4, 3)), rng.random((5, 3)), np.array([1.0])
+    f = symred.Genred("Exp(-g*SqDist(z,x))", ALIASES, axis=1)
+    with pytest.raises(ValueError, match="not inside"):
+        f.eval_block(z, x, g, rows=(2, 3), cols=(0, 5))
+    with pytest.raises(ValueError, match="out must be"):
+        f.eval_block(z, x, g, rows=(0, 4), cols=(0, 5), out=np.empty((4, 5), np.float32))
+    with pytest.raises(ValueError, match="Sum Genred"):
+        symred.Genred("SqDist(z,x)", ["z=Vi(3)", "x=Vj(3)"], "Min", axis=1).eval_block(
+            z, x, rows=(0, 1), cols=(0, 1))
+
+
+# ---- the SGPR model -----------------------------------------------------------------------------
+
+
+def problem(n=700, M=30, n_test=50):
+    X, y, Xs, ys = sm.make_data(n, n_test, seed=3)
+    Z = sm.inducing_points(X, M)
+    return tuple(map(torch.from_numpy, (X, y, Xs, ys, Z)))
+
+
+def evaluate(terms, theta, bound=sm.CollapsedBound.apply):
+    """The bound at theta and its gradient with respect to theta."""
+    n = terms.X.shape[0]
+    th = theta.clone().requires_grad_(True)
+    g, v, s2 = sm.unpack(th)
+    P, r = terms(g, v)
+    yy = float((terms.y * terms.y).sum())
+    if bound is sm.collapsed_bound:
+        b = bound(P, r, yy, n, n * v, sm.kuu(terms.Z, g, v), s2)
+    else:
+        b = bound(P, r, sm.kuu(terms.Z, g, v), s2, n * v, n, yy)
+    b.backward()
+    return float(b), th.grad.clone()
+
+
+THETA = torch.tensor([math.log(0.25), math.log(0.8), math.log(0.05)], dtype=torch.float64)
+
+
+def symred_terms(X, y, Z, columns):
+    """SymredTerms whose budget holds `columns` columns of n per block."""
+    return sm.SymredTerms(X, y, Z, budget=2 * Z.shape[0] * 8 * columns)
+
+
+def test_symred_bound_and_gradient_equal_dense():
+    X, y, Xs, ys, Z = problem()
+    s = symred_terms(X, y, Z, 160)  # 700 = 4 x 160 + a partial block of 60
+    assert s.block == 160
+    # Every block, the partial one too, lives in the two budgeted buffers.
+    widths = []
+    for E, D in s.blocks(torch.tensor(2.0, dtype=torch.float64), derivative=True):
+        assert E.ctypes.data == s._bufs[0].data_ptr() and D.ctypes.data == s._bufs[1].data_ptr()
+        widths.append(E.shape[1])
+    assert widths == [160] * 4 + [60]
+    bs, gs = evaluate(s, THETA)
+    # The reference: GPflow's form of the bound on a dense K_uf, differentiated by autograd.
+    bd, gd = evaluate(sm.DenseTerms(X, y, Z), THETA, bound=sm.collapsed_bound)
+    assert abs(bs - bd) <= 1e-8 * abs(bd), (bs, bd)
+    assert torch.allclose(gs, gd, rtol=1e-7, atol=0), (gs, gd)
+
+
+def test_symred_gradient_matches_finite_differences():
+    X, y, Xs, ys, Z = problem(n=400, M=20)
+    s = symred_terms(X, y, Z, 96)
+    _, grad = evaluate(s, THETA)
+    h = 1e-5
+    for k in range(3):
+        e = torch.zeros(3, dtype=torch.float64)
+        e[k] = h
+        fd = (evaluate(s, THETA + e)[0] - evaluate(s, THETA - e)[0]) / (2 * h)
+        assert abs(fd - float(grad[k])) <= 1e-5 * max(1.0, abs(fd)), (k, fd, float(grad[k]))
+
+
+def test_collapsed_bound_written_out_equals_gpflow_form():
+    X, y, Xs, ys, Z = problem(n=300, M=25)
+    d = sm.DenseTerms(X, y, Z)
+    b1, g1 = evaluate(d, THETA)
+    b2, g2 = evaluate(d, THETA, bound=sm.collapsed_bound)
+    assert abs(b1 - b2) <= 1e-9 * abs(b2)
+    assert torch.allclose(g1, g2, rtol=1e-8, atol=0)
+
+
+def test_predictions_equal_dense():
+    X, y, Xs, ys, Z = problem()
+    g, v, s2 = sm.unpack(THETA)
+    out = []
+    for t in (symred_terms(X, y, Z, 16), sm.DenseTerms(X, y, Z)):  # 50 test points: 4 blocks
+        with torch.no_grad():
+            P, r = t(g, v)
+            f = sm.prediction_factors(P, r, sm.kuu(Z, g, v), s2)
+            out.append(sm.predict(t.kus_blocks(Xs, g, v), v, s2, *f))
+    (ms, vs), (md, vd) = out
+    assert torch.allclose(ms, md, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(vs, vd, rtol=1e-9, atol=1e-12)
+    # The dense predictive mean written out: K_su (s K_uu + P)^-1 K_uf y.
+    Kuf = v * torch.exp(-g * sm.sqdist(Z, X))
+    Ksu = v * torch.exp(-g * sm.sqdist(Xs, Z))
+    mean = Ksu @ torch.linalg.solve(s2 * sm.kuu(Z, g, v) + Kuf @ Kuf.T, Kuf @ y)
+    assert torch.allclose(ms, mean, rtol=1e-8, atol=1e-10)
+
+
+def test_training_improves_and_systems_agree():
+    X, y, Xs, ys, Z = problem(n=600, M=40, n_test=200)
+    rs = sm.train(symred_terms(X, y, Z, 250), X, y, Xs, ys, 4)
+    rd = sm.train(sm.DenseTerms(X, y, Z), X, y, Xs, ys, 4)
+    assert rs["iterations"] == rd["iterations"] == 4
+    for k in ("bound", "rmse", "nlpd", "lengthscale", "noise_variance"):
+        assert rs[k] == pytest.approx(rd[k], rel=1e-6), k
+    init = torch.tensor([math.log(sm.INIT[k]) for k in ("lengthscale", "variance",
+                                                         "noise_variance")], dtype=torch.float64)
+    b0, _ = evaluate(symred_terms(X, y, Z, 250), init)
+    assert rs["bound"] > b0 + 10, (b0, rs["bound"])
+
+
+# ---- the experiment module ----------------------------------------------------------------------
+
+
+def test_configs():
+    for quick in (True, False):
+        cs = exp_sgpr.configs(quick)
+        assert {c["system"] for c in cs} == set(exp_sgpr.SYSTEMS)
+        for c in cs:
+            assert c["experiment"] == "sgpr" and c["d"] == 3 and c["limit_bytes"] > 0
+    assert max(c["M"] for c in exp_sgpr.configs(False)) == 10_000
+
+
+def run_child(config):
+    """exp_sgpr.run in a process of its own (it sets RLIMIT_AS), as bench/exla/run.py does."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import exp_sgpr\n"
+            "try:\n    r = exp_sgpr.run(json.loads(sys.argv[2]))\n"
+            "except MemoryError as e:\n    r = {'status': 'oom', 'reason': str(e)}\n"
+            "print(json.dumps(r))")
+    p = subprocess.run([sys.executable, "-c", code, str(BENCH), json.dumps(config)],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_run_under_the_limit_symred_fits_dense_does_not():
+    # The dense K_uf of n = 20 000, M = 400 needs 3 x 64 MB; the limit leaves 4 MB for it.
+    cfg = {"experiment": "sgpr", "n": 20_000, "M": 400, "d": 3, "limit_bytes": 4 << 20,
+           "n_test": 100, "iterations": 1}
+    dense = run_child(dict(cfg, system="dense"))
+    assert dense.get("status") == "oom", dense
+    small = dict(cfg, n=2_000)  # symred at the same M and budget, smaller n to stay fast
+    r = run_child(dict(small, system="symred"))
+    assert r.get("status", "ok") == "ok", r
+    assert r["block_bytes"] <= 4 << 20 and r["iterations"] == 1 and r["rmse"] < 1.0
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    recs = []
+    for s in exp_sgpr.SYSTEMS:
+        for M in (50, 100):
+            recs.append({"experiment": "sgpr", "system": s, "n": 1000, "M": M,
+                         "limit_bytes": 1 << 20, "status": "ok", "rmse": 0.2 - M / 1e3,
+                         "nlpd": 0.1, "seconds_per_iter": 0.01 * M, "rmse_floor": 0.1,
+                         "nlpd_floor": -0.88})
+    recs.append(dict(recs[-1], M=200, status="oom"))
+    recs.append({"experiment": "sgpr", "system": "gpflow", "status": "skipped", "M": 400,
+                 "reason": "cannot import a peer: No module named 'gpflow'"})
+    path = tmp_path / "sgpr.png"
+    exp_sgpr.plot(recs, str(path))
+    assert path.stat().st_size > 10_000
