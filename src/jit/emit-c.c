@@ -118,7 +118,10 @@ static void e_weighted(struct emitter *E, const sr_expr *e);
 #define JIT_C_ROUND     FN(e_round)
 #define JIT_C_CLAMPINT                                                                             \
     EW("($a < ($T)$0 ? ($T)$0 : $a) > ($T)$1 ? ($T)$1 : ($a < ($T)$0 ? ($T)$0 : $a)")
-#define JIT_C_CLAMP          EW("($a < $b ? $b : $a) > $c ? $c : ($a < $b ? $b : $a)")
+/* A NaN bound gives NaN (docs/semantics.md); the comparisons alone would ignore it. */
+#define JIT_C_CLAMP                                                                                \
+    EW("$b != $b || $c != $c ? $a + $b + $c : ($a < $b ? $b : $a) > $c ? $c : ($a < $b ? $b : "    \
+       "$a)")
 #define JIT_C_IFELSE         EW("$a >= 0 ? $b : $c")
 #define JIT_C_MOD            EW("$a - $b * floor$F(($a - $c) / $b)")
 #define JIT_C_SQNORM2        FN(e_sqnorm)
