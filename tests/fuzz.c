@@ -306,7 +306,7 @@ static sr_expr *make_generic(struct gen *g, int op, int d, int depth)
 
 static sr_expr *gen_expr(struct gen *g, int d, int depth)
 {
-    if (depth <= 0 || g->budget <= 0 || chance(g, 0.2))
+    if (depth <= 0 || g->budget <= 0 || chance(g, 0.15))
         return gen_leaf(g, d);
     int cands[OP_COUNT], n = 0;
     for (int op = 0; op < OP_COUNT; op++)
@@ -371,8 +371,8 @@ void fz_case_draw(uint64_t seed, uint64_t index, struct fz_case *c)
         g.ip = sr_scalprod(g.ctx, sr_vi(g.ctx, 0, D), sr_vj(g.ctx, 1, D));
     }
     int fdim = sr_reductions[c->red].scalar_f || chance(&g, 0.6) ? 1 : 1 + (int)rnd(&g, 4);
-    g.budget = 6 + (int)rnd(&g, 24);
-    sr_expr *f = gen_expr(&g, fdim, 1 + (int)rnd(&g, 5));
+    g.budget = 8 + (int)rnd(&g, 32);
+    sr_expr *f = gen_expr(&g, fdim, 2 + (int)rnd(&g, 5));
     if (g.ip && !g.ip_used && f)
         f = fdim == 1 || chance(&g, 0.5) ? sr_mul(g.ctx, f, g.ip) : sr_add(g.ctx, f, g.ip);
     sr_expr *w = NULL;

@@ -10,7 +10,11 @@
  * (docs/fuzzing.md, "ThreadSanitizer").
  */
 #define _GNU_SOURCE
+#ifdef SYMRED_MINI_CRITERION
+#include "mini-criterion.h"
+#else
 #include <criterion/criterion.h>
+#endif
 
 #include <pthread.h>
 #include <stdio.h>
