@@ -21,7 +21,10 @@
 #define FZ_REGRESSIONS(X)                                                                          \
     /* seed 3 case 48: the JIT's Clamp ignored a NaN bound (emit-c.c) */                           \
     X(clamp_nan_bound, "Clamp(Var(2,3,0),Var(3,3,0),1.0)", "", SR_MIN_ARGMIN, 0, 1, SR_F32,        \
-      SR_ACC_KAHAN, 14, 1, "UUGEPT", 0x74976c4001f50709ULL, 2)
+      SR_ACC_KAHAN, 14, 1, "UUGEPT", 0x74976c4001f50709ULL, 2)                                     \
+    /* seed 4 case 206: mul-zero folded 0 * -2.5 to +0, IEEE gives -0, Inv showed the sign */      \
+    X(mul_zero_sign, "Inv(TensorProd((0.0*Cst(-2.5)),Var(0,1,1)))", "", SR_MIN, 0, 1, SR_F64,      \
+      SR_ACC_DEFAULT, 1, 1, "EU", 0xc8e1a5f55465cc39ULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {
