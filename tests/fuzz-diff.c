@@ -156,9 +156,10 @@ int main(int argc, char **argv)
     printf("fuzz-diff: runs per variant:");
     for (int v = 0; v < FZ_NVARIANTS; v++)
         printf(" %s %ld%s", fz_variant_names[v], st.variants[v], v + 1 < FZ_NVARIANTS ? "," : "");
-    printf("\nfuzz-diff: gemm-epilogue kernels %ld; CUDA emitter declined (too large) %ld; "
-           "outputs compared %ld, of which unstable under perturbation %ld\n",
-           st.gemm_shaped, st.cuda_enotsup, st.outputs, st.unstable_outputs);
+    printf("\nfuzz-diff: gemm-epilogue kernels %ld; JIT kernels handed to the reference (too "
+           "large for the direct strategy) %ld; CUDA emitter declined (too large) %ld; outputs "
+           "compared %ld, of which unstable under perturbation %ld\n",
+           st.gemm_shaped, st.jit_fallback, st.cuda_enotsup, st.outputs, st.unstable_outputs);
     printf("fuzz-diff: cases using each op:");
     for (int op = 0; op < OP_COUNT; op++)
         printf(" %s %ld", expr_ops[op].name, st.op_used[op]);

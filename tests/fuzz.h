@@ -72,6 +72,7 @@ struct fz_stats {
     long cases, skipped, failed;
     long variants[8]; /* per variant (FZ_VARIANT_MAP order): times it ran */
     long gemm_shaped, unstable_outputs, outputs, nvrtc_unavailable, cuda_enotsup;
+    long jit_fallback; /* JIT kernels that fell back to the reference (formula too large) */
     long op_used[128]; /* per op: cases whose formula used it */
 };
 
