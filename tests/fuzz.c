@@ -619,6 +619,12 @@ static sr_expr *magnitude(sr_ctx *ctx, const sr_expr *e, sr_expr **kid, sr_expr 
     }
 }
 
+static bool is_comparison(int op)
+{
+    return op == OP_LESS || op == OP_LESSEQ || op == OP_GREATER || op == OP_GREATEREQ ||
+           op == OP_EQUAL || op == OP_NOTEQUAL;
+}
+
 /*
  * e as a backend computing in the dtype may see it: every constant and every node moved by
  * rel times its rounding-error bound (magnitude), with the sign of rel or, when signs is set,
@@ -647,6 +653,17 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
     for (int i = 0; i < expr_arity(e); i++)
         if (!(kid[i] = perturb_formula(ctx, e->child[i], rel, signs, to_zero)))
             return NULL;
+    if (to_zero && is_comparison(e->op)) {
+        /* Compare a - b moved towards zero by sqrt(eps) times the operands: operands equal up
+         * to rounding (amplified by the ill-conditioning of what computed them, up to
+         * 1/sqrt(eps)) compare equal, as they may in the dtype. */
+        sr_expr *d = sr_sub(ctx, kid[0], kid[1]);
+        sr_expr *derr = sr_mul(ctx, sr_const(ctx, sqrt(fabs(r) / 8.0)),
+                               sr_add(ctx, sr_abs(ctx, kid[0]), sr_abs(ctx, kid[1])));
+        sr_expr *dz[2] = {sr_sub(ctx, d, sr_clamp(ctx, d, sr_neg(ctx, derr), derr)),
+                          sr_const(ctx, 0.0)};
+        return expr_make(ctx, (enum expr_op)e->op, dz, NULL, 0, 0.0);
+    }
     sr_expr *n = expr_make(ctx, (enum expr_op)e->op, kid, e->iattr, e->dim, e->fattr);
     sr_expr *err = sr_mul(ctx, sr_const(ctx, fabs(r)), magnitude(ctx, e, kid, n)), *moved;
     if (to_zero) /* n - Clamp(n, -err, err): 0 when |n| <= err, the value a cancellation gives */
