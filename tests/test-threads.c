@@ -36,8 +36,10 @@ static void setup(void)
     cr_assert_not_null(mkdtemp(dir));
     setenv("SYMRED_CACHE_DIR", dir, 1);
 }
+static void close_fixture(void);
 static void teardown(void)
 {
+    close_fixture();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
@@ -151,55 +153,58 @@ static sr_kernel *kernel(sr_ctx *ctx, const char *formula, int dim, sr_reduction
     return k;
 }
 
+/* The context and data of one test: opened by the test, closed by the suite's teardown (also
+ * after a failed assertion or a skip). */
+static sr_ctx *ctx;
+static struct data D;
+
+static void open_fixture(int dim)
+{
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    data_make(&D, dim);
+}
+
+static void close_fixture(void)
+{
+    if (!ctx)
+        return;
+    data_free(&D);
+    sr_ctx_free(ctx);
+    ctx = NULL;
+}
+
 Test(threads, jit_kernel_shared)
 {
-    sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    struct data d;
-    data_make(&d, 3);
+    open_fixture(3);
     sr_kernel *k = kernel(ctx, "Exp(-SqDist(x, y) * g) * b", 3, SR_SUM, SR_DEVICE_CPU);
     cr_assert_str_eq(k->backend->name, "cpu-jit");
-    run_shared(k, d.args, NX);
+    run_shared(k, D.args, NX);
     sr_kernel_free(k);
     k = kernel(ctx, "SqDist(x, y) - b", 3, SR_KMIN_ARGKMIN, SR_DEVICE_CPU);
-    run_shared(k, d.args, NX * 3);
+    run_shared(k, D.args, NX * 3);
     sr_kernel_free(k);
-    data_free(&d);
-    sr_ctx_free(ctx);
 }
 
 Test(threads, gemm_kernel_shared)
 {
+    open_fixture(32);
     setenv("SYMRED_BLIS", "on", 1);
-    sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    struct data d;
-    data_make(&d, 32);
     sr_kernel *k = kernel(ctx, "Exp((x|y) * g) * b", 32, SR_SUM, SR_DEVICE_CPU);
     unsetenv("SYMRED_BLIS");
     if (k->backend != &cpu_gemm_backend) {
         sr_kernel_free(k);
-        data_free(&d);
-        sr_ctx_free(ctx);
         cr_skip_test("no gemm for the gemm-epilogue path (no AVX-512F and no BLIS)");
     }
-    run_shared(k, d.args, NX);
+    run_shared(k, D.args, NX);
     sr_kernel_free(k);
-    data_free(&d);
-    sr_ctx_free(ctx);
 }
 
 Test(threads, reference_kernel_shared)
 {
-    sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    struct data d;
-    data_make(&d, 3);
+    open_fixture(3);
     sr_kernel *k = kernel(ctx, "Exp(-SqDist(x, y) * g) * b", 3, SR_LOGSUMEXP, SR_DEVICE_REFERENCE);
-    run_shared(k, d.args, NX);
+    run_shared(k, D.args, NX);
     sr_kernel_free(k);
-    data_free(&d);
-    sr_ctx_free(ctx);
 }
 
 /* Runs that fail (k > ny) record the context's message while other threads read it. */
@@ -225,15 +230,12 @@ static void *err_run(void *p)
 
 Test(threads, errors_from_many_threads)
 {
-    sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    struct data d;
-    data_make(&d, 3);
+    open_fixture(3);
     sr_kernel *k = kernel(ctx, "SqDist(x, y)", 3, SR_ARGKMIN, SR_DEVICE_CPU);
     struct err_job jobs[NTHREADS];
     pthread_t th[NTHREADS];
     for (int t = 0; t < NTHREADS; t++) {
-        jobs[t] = (struct err_job){k, d.args, SR_OK, 0};
+        jobs[t] = (struct err_job){k, D.args, SR_OK, 0};
         cr_assert_eq(pthread_create(&th[t], NULL, err_run, &jobs[t]), 0);
     }
     for (int t = 0; t < NTHREADS; t++)
@@ -243,8 +245,6 @@ Test(threads, errors_from_many_threads)
         cr_expect_eq(jobs[t].bad_messages, 0, "thread %d read a message that is not its error", t);
     }
     sr_kernel_free(k);
-    data_free(&d);
-    sr_ctx_free(ctx);
 }
 
 /* One context per thread, all compiling the same and different kernels into one disk cache at
@@ -252,8 +252,8 @@ Test(threads, errors_from_many_threads)
 static void *ctx_run(void *p)
 {
     intptr_t t = (intptr_t)p;
-    sr_ctx *ctx;
-    if (sr_ctx_new(&ctx) != SR_OK)
+    sr_ctx *c;
+    if (sr_ctx_new(&c) != SR_OK)
         return (void *)1;
     const char *aliases[] = {"x=Vi(2)", "y=Vj(2)"};
     char formula[64];
@@ -264,14 +264,14 @@ static void *ctx_run(void *p)
     d.device = SR_DEVICE_CPU;
     float x[4] = {0, 0, 1, 1}, y[2] = {0, 0}, out[2];
     const void *args[] = {x, y};
-    intptr_t bad = sr_parse(ctx, formula, aliases, 2, &f) != SR_OK ||
-                   sr_kernel_new(ctx, f, &d, &k) != SR_OK ||
+    intptr_t bad = sr_parse(c, formula, aliases, 2, &f) != SR_OK ||
+                   sr_kernel_new(c, f, &d, &k) != SR_OK ||
                    sr_kernel_run(k, 2, 1, args, out) != SR_OK || out[0] != 1.0f;
     const struct nvrtc_api *nv;
     const char *why;
     jit_nvrtc_get(&nv, &why);
     sr_kernel_free(k);
-    sr_ctx_free(ctx);
+    sr_ctx_free(c);
     return (void *)bad;
 }
 
