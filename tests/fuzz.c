@@ -681,7 +681,7 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
 #define FZ_NPERT 4 /* perturbed oracle runs */
 
 /* What the oracle knows about each output: its value, the spread of the oracle under
- * perturbed inputs and constants, and the scale its rounding error is relative to. */
+ * perturbed inputs, constants and nodes, and the scale its rounding error is relative to. */
 struct oracle {
     struct result ref;
     struct result pert[FZ_NPERT];
