@@ -631,8 +631,19 @@ static bool is_comparison(int op)
  * a random sign per node. Infinite and NaN nodes stay as they are. The oracle run on this
  * formula (and on inputs moved the same way) shows how far rounding can move each output.
  */
+/* n as float32 holds it: +-inf past FLT_MAX, 0 below half the smallest subnormal (n * 1e300 is
+ * the infinity of n's sign, since constants are finite). */
+static sr_expr *f32_range(sr_ctx *ctx, sr_expr *n)
+{
+    sr_expr *a = sr_abs(ctx, n), *half = sr_const(ctx, 0.5);
+    sr_expr *big = sr_sub(ctx, sr_less(ctx, a, sr_const(ctx, (double)FLT_MAX)), half);
+    sr_expr *tiny = sr_sub(ctx, sr_less(ctx, a, sr_const(ctx, (double)FLT_TRUE_MIN / 2)), half);
+    sr_expr *in = sr_ifelse(ctx, tiny, sr_mul(ctx, n, sr_const(ctx, 0.0)), n);
+    return sr_ifelse(ctx, big, in, sr_mul(ctx, n, sr_const(ctx, 1e300)));
+}
+
 static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint64_t *signs,
-                                bool to_zero)
+                                bool to_zero, bool f32)
 {
     if (!e)
         return NULL;
@@ -651,7 +662,7 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
     }
     sr_expr *kid[EXPR_MAX_ARITY] = {NULL, NULL, NULL};
     for (int i = 0; i < expr_arity(e); i++)
-        if (!(kid[i] = perturb_formula(ctx, e->child[i], rel, signs, to_zero)))
+        if (!(kid[i] = perturb_formula(ctx, e->child[i], rel, signs, to_zero, f32)))
             return NULL;
     if (to_zero && is_comparison(e->op)) {
         /* Compare a - b moved towards zero by sqrt(eps) times the operands: operands equal up
@@ -663,6 +674,16 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
         sr_expr *dz[2] = {sr_sub(ctx, d, sr_clamp(ctx, d, sr_neg(ctx, derr), derr)),
                           sr_const(ctx, 0.0)};
         return expr_make(ctx, (enum expr_op)e->op, dz, NULL, 0, 0.0);
+    }
+    if (f32) { /* float32's range: an intermediate value past it overflows there */
+        sr_expr *n;
+        if (e->op == OP_NORMALIZE) /* its sum of squares overflows first */
+            n = sr_mul(ctx, kid[0], sr_rsqrt(ctx, f32_range(ctx, sr_sqnorm2(ctx, kid[0]))));
+        else if (e->op == OP_NORM2)
+            n = sr_sqrt(ctx, f32_range(ctx, sr_sqnorm2(ctx, kid[0])));
+        else
+            n = expr_make(ctx, (enum expr_op)e->op, kid, e->iattr, e->dim, e->fattr);
+        return n ? f32_range(ctx, n) : NULL;
     }
     sr_expr *n = expr_make(ctx, (enum expr_op)e->op, kid, e->iattr, e->dim, e->fattr);
     sr_expr *err = sr_mul(ctx, sr_const(ctx, fabs(r)), magnitude(ctx, e, kid, n)), *moved;
@@ -678,7 +699,7 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
 
 /* ---- comparing ------------------------------------------------------------------------------ */
 
-#define FZ_NPERT 4 /* perturbed oracle runs */
+#define FZ_NPERT 5 /* perturbed oracle runs (the last for float32 only) */
 
 /* What the oracle knows about each output: its value, the spread of the oracle under
  * perturbed inputs, constants and nodes, and the scale its rounding error is relative to. */
@@ -789,6 +810,8 @@ static bool index_ok(const struct oracle *o, const struct fz_case *c, int64_t t,
     if (tied(fg, fw, eps) || (!isnan(vgot) && tied(fg, vgot, eps)))
         return true;
     for (int p = 0; p < FZ_NPERT; p++) {
+        if (!o->pk[p])
+            continue;
         double pg = f_at(o->pk[p], &o->pin[p], c, row, got, comp);
         double pw = f_at(o->pk[p], &o->pin[p], c, row, want, comp);
         if (tied(pg, pw, eps) || (fg < fw) != (pg < pw))
@@ -819,13 +842,14 @@ static bool compare(const struct oracle *o, const struct fz_case *c, const struc
                     stats->unstable_outputs++;
             }
             if (!value_ok(o, t, r->val[t], &tol)) {
-                double pv[FZ_NPERT] = {NAN, NAN, NAN, NAN};
+                double pv[FZ_NPERT] = {NAN, NAN, NAN, NAN, NAN};
                 for (int p = 0; p < o->npert; p++)
                     pv[p] = o->pert[p].val ? o->pert[p].val[t] : NAN;
                 snprintf(why, cap,
                          "value %lld: %.17g, oracle %.17g (tolerance %.3g; perturbed oracle "
-                         "%.9g %.9g %.9g %.9g)",
-                         (long long)t, r->val[t], o->ref.val[t], tol, pv[0], pv[1], pv[2], pv[3]);
+                         "%.9g %.9g %.9g %.9g %.9g)",
+                         (long long)t, r->val[t], o->ref.val[t], tol, pv[0], pv[1], pv[2], pv[3],
+                         pv[4]);
                 return false;
             }
         }
@@ -1008,12 +1032,15 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         scale_of(&b, c, &o);
         /* The oracle on perturbed inputs, constants and nodes: up, down, random signs, and
          * towards zero (where a sum that cancels may land, whatever its rounding). */
-        const double pert[FZ_NPERT][3] = {{8, 0, 0}, {-8, 0, 0}, {8, 1, 0}, {-8, 0, 1}};
+        const double pert[FZ_NPERT][4] = {
+            {8, 0, 0, 0}, {-8, 0, 0, 0}, {8, 1, 0, 0}, {-8, 0, 1, 0}, {0, 0, 0, 1}};
         for (int p = 0; p < FZ_NPERT; p++) {
             uint64_t signs = c->input_seed + (uint64_t)p, *sp = pert[p][1] != 0 ? &signs : NULL;
-            bool tz = pert[p][2] != 0;
-            sr_expr *pf = perturb_formula(b.ctx, b.f, pert[p][0] * eps, sp, tz);
-            sr_expr *pw = b.w ? perturb_formula(b.ctx, b.w, pert[p][0] * eps, sp, tz) : NULL;
+            bool tz = pert[p][2] != 0, f32 = pert[p][3] != 0;
+            if (f32 && c->dtype != SR_F32)
+                continue;
+            sr_expr *pf = perturb_formula(b.ctx, b.f, pert[p][0] * eps, sp, tz, f32);
+            sr_expr *pw = b.w ? perturb_formula(b.ctx, b.w, pert[p][0] * eps, sp, tz, f32) : NULL;
             sr_status pst;
             sr_kernel *kp = pf ? kernel_of(&b, pf, b.w ? pw : NULL, c->red, SR_DEVICE_REFERENCE,
                                            false, NULL, &pst, NULL, 0)
