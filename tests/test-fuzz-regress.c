@@ -24,7 +24,10 @@
       SR_ACC_KAHAN, 14, 1, "UUGEPT", 0x74976c4001f50709ULL, 2)                                     \
     /* seed 4 case 206: mul-zero folded 0 * -2.5 to +0, IEEE gives -0, Inv showed the sign */      \
     X(mul_zero_sign, "Inv(TensorProd((0.0*Cst(-2.5)),Var(0,1,1)))", "", SR_MIN, 0, 1, SR_F64,      \
-      SR_ACC_DEFAULT, 1, 1, "EU", 0xc8e1a5f55465cc39ULL, 1)
+      SR_ACC_DEFAULT, 1, 1, "EU", 0xc8e1a5f55465cc39ULL, 1)                                        \
+    /* seed 9 case 209: Kahan summation of +inf terms gave NaN (inf - inf in the compensation) */  \
+    X(kahan_inf, "(Var(0,3,0)/Concat(3.0,Var(3,2,0)))", "", SR_SUM, 1, 1, SR_F32, SR_ACC_KAHAN, 1, \
+      544, "UUUT", 0xa94cced1304ea028ULL, 2)
 
 static struct fz_opts quiet_opts(void)
 {

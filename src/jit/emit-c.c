@@ -991,8 +991,9 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         P("        }\n");
         for (int c = 0; c < D; c++) {
             if (acc == JIT_ACC_KAHAN)
-                P("        { sr_acc y = p%d - s->c[%d]; sr_acc t = s->s[%d] + y; s->c[%d] = (t - "
-                  "s->s[%d]) - y; s->s[%d] = t; }\n",
+                /* no compensation once the sum is infinite: inf - inf would make it NaN */
+                P("        { sr_acc y = p%d - s->c[%d]; sr_acc t = s->s[%d] + y; s->c[%d] = t - t "
+                  "== 0 ? (t - s->s[%d]) - y : 0; s->s[%d] = t; }\n",
                   c, c, c, c, c, c);
             else
                 P("        s->s[%d] += p%d;\n", c, c);
