@@ -22,6 +22,8 @@ PACKAGES=(
     python3-venv      # the venv the install test creates (pip install builds the library)
     python3-torch     # symred.torch and its tests (import symred never needs it)
     clang-format      # the style check of scripts/test.sh
+    clang             # libFuzzer (fuzz/) and the ThreadSanitizer build of scripts/test.sh
+    libomp-dev        # LLVM's OpenMP and Archer: OpenMP that ThreadSanitizer understands
     openmpi-bin       # mpirun: the MPI companion library's tests, examples and benchmark
     libopenmpi-dev    # MPI headers and libmpi: CMake builds symred_mpi when it finds them
     python3-mpi4py    # symred.mpi, the Python face of symred_mpi

@@ -4,8 +4,11 @@
 # Steps: install missing Debian packages; a warnings-as-errors build in build-ci/ and ctest
 # there (unit tests, examples checked against brute force, the install test); the same with
 # AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/; clang-format on the C
-# sources; the Python tests when bindings/python/tests exists. Every step runs even after a
-# failure, and the last line says how many passed and failed. Exit status 0 only if all passed.
+# sources; the Python tests when bindings/python/tests exists; about two minutes of differential
+# fuzzing with a fresh seed (printed) and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a
+# ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
+# threads (docs/fuzzing.md). Every step runs even after a failure, and the last line says how
+# many passed and failed. Exit status 0 only if all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +17,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 root=${SYMRED_BUILD_ROOT:-.}
 ci_dir=$root/build-ci
 asan_dir=$root/build-asan
+tsan_dir=$root/build-tsan
 passed=()
 failed=()
 
@@ -72,6 +76,47 @@ python_tests() {
     return "$rc"
 }
 
+# Random formulas through every backend, with a fresh seed that fuzz-diff prints (SYMRED_FUZZ_SECONDS
+# changes the time), using the fuzz-diff of build-ci/.
+fuzz_diff() {
+    if [ ! -f "$ci_dir/.build-ok" ]; then
+        echo "test.sh: $ci_dir did not build, so fuzz-diff cannot run"
+        return 1
+    fi
+    ./scripts/fuzz.sh --no-parse --seconds "${SYMRED_FUZZ_SECONDS:-100}" --diff-build "$ci_dir"
+}
+
+fuzz_parse() { ./scripts/fuzz.sh --no-diff --parse-seconds "${SYMRED_FUZZ_PARSE_SECONDS:-30}"; }
+
+# ThreadSanitizer with clang and LLVM's OpenMP runtime (libomp): libgomp is not instrumented and
+# its barriers are invisible to TSan, which then reports races between OpenMP threads that cannot
+# happen. Archer (libarcher.so, shipped with libomp) tells TSan about OpenMP's synchronisation,
+# and ignore_noninstrumented_modules drops the reports from inside libomp itself. The generated
+# kernels are compiled by cc at run time without instrumentation: TSan checks the library around
+# them. Only tsan-threads is built: test-threads.c without Criterion (tests/mini-criterion.h).
+tsan_build() {
+    rm -f "$tsan_dir/.build-ok"
+    CC=clang cmake -S . -B "$tsan_dir" -DSYMRED_WERROR=ON -DSYMRED_TSAN=ON \
+        -DSYMRED_BUILD_EXAMPLES=OFF -DSYMRED_MPI=OFF &&
+        cmake --build "$tsan_dir" -j "$jobs" --target tsan-threads && touch "$tsan_dir/.build-ok"
+}
+
+tsan_run() {
+    if [ ! -f "$tsan_dir/.build-ok" ]; then
+        echo "test.sh: $tsan_dir did not build, so its tests cannot run"
+        return 1
+    fi
+    local omp archer=""
+    omp=$(ldd "$tsan_dir/tests/tsan-threads" | awk '/libomp/ {print $3; exit}')
+    if [ -n "$omp" ] && [ -f "$(dirname "$(readlink -f "$omp")")/libarcher.so" ]; then
+        archer="$(dirname "$(readlink -f "$omp")")/libarcher.so"
+    fi
+    echo "tsan: OpenMP runtime ${omp:-none}, archer ${archer:-not found}"
+    OMP_TOOL_LIBRARIES=$archer SYMRED_CACHE_DIR=off \
+        TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 second_deadlock_stack=1" \
+        "$tsan_dir/tests/tsan-threads"
+}
+
 step "deps" ./scripts/deps.sh
 step "build (warnings as errors)" build_and_mark "$ci_dir"
 step "ctest" run_ctest "$ci_dir"
@@ -84,6 +129,10 @@ step "clang-format" format_check
 if [ -d bindings/python/tests ]; then
     step "python tests" python_tests
 fi
+step "fuzz: differential (${SYMRED_FUZZ_SECONDS:-100} s)" fuzz_diff
+step "fuzz: libFuzzer parser (${SYMRED_FUZZ_PARSE_SECONDS:-30} s)" fuzz_parse
+step "build (ThreadSanitizer)" tsan_build
+step "ThreadSanitizer: threads sharing kernels" tsan_run
 
 echo
 if [ "${#failed[@]}" -eq 0 ]; then

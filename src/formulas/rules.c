@@ -744,7 +744,8 @@ static sr_expr *r_mul_minus_one(struct simp_state *s, sr_expr *e)
     return mk1(s, OP_MINUS, chain_build(s, OP_MUL, t, m));
 }
 
-/* x * 0 -> 0 only where x cannot be NaN or infinite, whatever the inputs. */
+/* x * 0 -> 0 only where x cannot be NaN or infinite, whatever the inputs, nor negative: a
+ * negative x makes the IEEE product -0, whose sign Inv, Atan2 or Powf then show. */
 static bool g_mul_zero(struct simp_state *s, sr_expr *e)
 {
     if (e->dim != 1)
@@ -755,7 +756,7 @@ static bool g_mul_zero(struct simp_state *s, sr_expr *e)
     for (int i = 0; i < n; i++) {
         if (is_val(t[i], 0.0))
             zero = true;
-        else if (!simp_always_finite(t[i]))
+        else if (!simp_always_finite(t[i]) || !simp_nonneg(t[i]))
             return false;
     }
     return zero;

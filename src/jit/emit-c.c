@@ -119,7 +119,10 @@ static void e_tensordot(struct emitter *E, const sr_expr *e);
 #define JIT_C_ROUND     FN(e_round)
 #define JIT_C_CLAMPINT                                                                             \
     EW("($a < ($T)$0 ? ($T)$0 : $a) > ($T)$1 ? ($T)$1 : ($a < ($T)$0 ? ($T)$0 : $a)")
-#define JIT_C_CLAMP          EW("($a < $b ? $b : $a) > $c ? $c : ($a < $b ? $b : $a)")
+/* A NaN bound gives NaN (docs/semantics.md); the comparisons alone would ignore it. */
+#define JIT_C_CLAMP                                                                                \
+    EW("$b != $b || $c != $c ? $a + $b + $c : ($a < $b ? $b : $a) > $c ? $c : ($a < $b ? $b : "    \
+       "$a)")
 #define JIT_C_IFELSE         EW("$a >= 0 ? $b : $c")
 #define JIT_C_MOD            EW("$a - $b * floor$F(($a - $c) / $b)")
 #define JIT_C_SQNORM2        FN(e_sqnorm)
@@ -1064,8 +1067,9 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         P("        }\n");
         for (int c = 0; c < D; c++) {
             if (acc == JIT_ACC_KAHAN)
-                P("        { sr_acc y = p%d - s->c[%d]; sr_acc t = s->s[%d] + y; s->c[%d] = (t - "
-                  "s->s[%d]) - y; s->s[%d] = t; }\n",
+                /* no compensation once the sum is infinite: inf - inf would make it NaN */
+                P("        { sr_acc y = p%d - s->c[%d]; sr_acc t = s->s[%d] + y; s->c[%d] = t - t "
+                  "== 0 ? (t - s->s[%d]) - y : 0; s->s[%d] = t; }\n",
                   c, c, c, c, c, c);
             else
                 P("        s->s[%d] += p%d;\n", c, c);

@@ -168,8 +168,9 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
         P("      }\n");
         for (int c = 0; c < D; c++) {
             if (acc == JIT_ACC_KAHAN)
-                P("      { sr_acc y = sr_p%d - st.c[%d]; sr_acc t = st.s[%d] + y; st.c[%d] = (t - "
-                  "st.s[%d]) - y; st.s[%d] = t; }\n",
+                /* no compensation once the sum is infinite: inf - inf would make it NaN */
+                P("      { sr_acc y = sr_p%d - st.c[%d]; sr_acc t = st.s[%d] + y; st.c[%d] = t - t "
+                  "== 0 ? (t - st.s[%d]) - y : 0; st.s[%d] = t; }\n",
                   c, c, c, c, c, c);
             else
                 P("      st.s[%d] += sr_p%d;\n", c, c);

@@ -168,7 +168,8 @@ sr_status jit_emit_state(const struct sr_kernel *k, enum jit_acc acc, struct exp
           "        sr_acc y = s->s[c] - (d->c[c] + s->c[c]);\n"
           "        sr_acc t = d->s[c] + y;\n"
           "        d->c[c] = %s;\n        d->s[c] = t;\n    }\n",
-          acc == JIT_ACC_KAHAN ? "(t - d->s[c]) - y" : "0");
+          /* no compensation once the sum is infinite: inf - inf would make it NaN */
+          acc == JIT_ACC_KAHAN ? "t - t == 0 ? (t - d->s[c]) - y : 0" : "0");
         break;
     case SR_MIN:
     case SR_MAX:

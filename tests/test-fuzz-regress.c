@@ -1,0 +1,187 @@
+/*
+ * test-fuzz-regress.c — the differential fuzzer's own checks and the cases it found.
+ *
+ * The fuzzer (tests/fuzz.c, docs/fuzzing.md) must cover the op table: every op is generated,
+ * a leaf, or excluded with a reason, and the generator does produce each generated op. A case
+ * is reproducible from its seed. A wrong backend result is reported and shrunk. Then every
+ * case the fuzzer found, shrunk, runs again through every backend: FZ_REGRESSIONS lists them
+ * as fuzz-diff prints them (X(name, formula, weight, reduction, axis, k, dtype, acc, nx, ny,
+ * inputs, input seed, threads)).
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "fuzz.h"
+
+/* The cases fuzz-diff found, shrunk; each was a bug fixed in the commit that added it. */
+#define FZ_REGRESSIONS(X)                                                                          \
+    /* seed 3 case 48: the JIT's Clamp ignored a NaN bound (emit-c.c) */                           \
+    X(clamp_nan_bound, "Clamp(Var(2,3,0),Var(3,3,0),1.0)", "", SR_MIN_ARGMIN, 0, 1, SR_F32,        \
+      SR_ACC_KAHAN, 14, 1, "UUGEPT", 0x74976c4001f50709ULL, 2)                                     \
+    /* seed 4 case 206: mul-zero folded 0 * -2.5 to +0, IEEE gives -0, Inv showed the sign */      \
+    X(mul_zero_sign, "Inv(TensorProd((0.0*Cst(-2.5)),Var(0,1,1)))", "", SR_MIN, 0, 1, SR_F64,      \
+      SR_ACC_DEFAULT, 1, 1, "EU", 0xc8e1a5f55465cc39ULL, 1)                                        \
+    /* seed 9 case 209: Kahan summation of +inf terms gave NaN (inf - inf in the compensation) */  \
+    X(kahan_inf, "(Var(0,3,0)/Concat(3.0,Var(3,2,0)))", "", SR_SUM, 1, 1, SR_F32, SR_ACC_KAHAN, 1, \
+      544, "UUUT", 0xa94cced1304ea028ULL, 2)
+
+static struct fz_opts quiet_opts(void)
+{
+    struct fz_opts o = {NULL, 0, true, false, 30, false};
+    return o;
+}
+
+static void init(void) { setenv("SYMRED_CACHE_DIR", "off", 1); }
+
+TestSuite(fuzz, .init = init);
+
+Test(fuzz, op_table_covered)
+{
+    char missing[1024] = "";
+    for (int op = 0; op < OP_COUNT; op++) {
+        const char *reason;
+        enum fz_cover cv = fz_op_coverage(op, &reason);
+        if (cv == FZ_MISSING) {
+            strncat(missing, " ", sizeof missing - strlen(missing) - 1);
+            strncat(missing, expr_ops[op].name, sizeof missing - strlen(missing) - 1);
+        }
+        if (cv == FZ_EXCLUDED)
+            cr_expect(reason && reason[0], "op %s is excluded without a reason", expr_ops[op].name);
+    }
+    cr_assert_str_empty(missing,
+                        "ops neither generated nor excluded (give each an op_gens entry or an "
+                        "FZ_EXCLUDED_OPS line in tests/fuzz.c):%s",
+                        missing);
+}
+
+static void count_ops(const sr_expr *e, long *used)
+{
+    size_t n = expr_toposort(e, NULL, 0);
+    const sr_expr **order = malloc((n ? n : 1) * sizeof *order);
+    cr_assert_not_null(order);
+    expr_toposort(e, order, n);
+    for (size_t t = 0; t < n; t++)
+        used[order[t]->op]++;
+    free(order);
+}
+
+/* The generator makes every op it claims to make, and every reduction, axis and dtype. */
+Test(fuzz, generator_uses_every_op)
+{
+    long used[OP_COUNT] = {0}, reds[SR_REDUCTION_COUNT] = {0}, axes[2] = {0}, dts[2] = {0};
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    for (uint64_t i = 0; i < 1500; i++) {
+        struct fz_case c;
+        fz_case_draw(7, i, &c);
+        sr_expr *f = NULL, *w = NULL;
+        cr_assert_eq(sr_parse(ctx, c.formula, NULL, 0, &f), SR_OK, "case %llu: %s: %s",
+                     (unsigned long long)i, c.formula, sr_ctx_error(ctx));
+        count_ops(f, used);
+        if (c.weight[0]) {
+            cr_assert_eq(sr_parse(ctx, c.weight, NULL, 0, &w), SR_OK, "%s", sr_ctx_error(ctx));
+            count_ops(w, used);
+        }
+        cr_assert_eq(!!c.weight[0], c.red == SR_SUMSOFTMAXWEIGHT);
+        reds[c.red]++;
+        axes[c.axis]++;
+        dts[c.dtype == SR_F64]++;
+    }
+    sr_ctx_free(ctx);
+    for (int op = 0; op < OP_COUNT; op++) {
+        enum fz_cover cv = fz_op_coverage(op, NULL);
+        if (cv != FZ_EXCLUDED && cv != FZ_MISSING)
+            cr_expect_gt(used[op], 0, "op %s never generated in 1500 cases", expr_ops[op].name);
+    }
+    for (int r = 0; r < SR_REDUCTION_COUNT; r++)
+        cr_expect_gt(reds[r], 0, "reduction %s never drawn", sr_reduction_name((sr_reduction)r));
+    cr_expect(axes[0] > 0 && axes[1] > 0 && dts[0] > 0 && dts[1] > 0);
+}
+
+Test(fuzz, cases_are_reproducible)
+{
+    for (uint64_t i = 0; i < 50; i++) {
+        struct fz_case a, b, c;
+        fz_case_draw(99, i, &a);
+        fz_case_draw(99, i, &b);
+        fz_case_draw(100, i, &c);
+        cr_assert(memcmp(&a, &b, sizeof a) == 0, "case %llu drawn twice differs",
+                  (unsigned long long)i);
+        cr_expect(strcmp(a.formula, c.formula) != 0 || a.input_seed != c.input_seed);
+    }
+}
+
+/* A few cases of a fixed seed agree on every backend. */
+Test(fuzz, fixed_seed_agrees, .timeout = 300)
+{
+    struct fz_opts o = quiet_opts();
+    for (uint64_t i = 0; i < 12; i++) {
+        struct fz_case c;
+        fz_case_draw(20261123, i, &c);
+        char why[2048];
+        cr_expect(fz_case_run(&c, &o, NULL, why, sizeof why, NULL), "seed 20261123 case %llu: %s",
+                  (unsigned long long)i, why);
+    }
+}
+
+/* A wrong result (injected into the cpu-jit+simplifier run) is reported, naming the variant,
+ * and shrinking keeps it failing with a smaller formula. */
+Test(fuzz, wrong_result_reported_and_shrunk, .timeout = 300)
+{
+    struct fz_opts o = quiet_opts();
+    o.inject = true;
+    struct fz_case c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.formula, sizeof c.formula, "%s",
+             "Exp(-SqDist(Var(0,3,0),Var(1,3,1)))*Var(2,1,1)+Sin((Var(0,3,0)|Var(1,3,1)))*2");
+    c.red = SR_SUM;
+    c.axis = 1;
+    c.k = 1;
+    c.dtype = SR_F32;
+    c.nx = 13;
+    c.ny = 31;
+    snprintf(c.inputs, sizeof c.inputs, "UUE");
+    c.input_seed = 5;
+    c.threads = 2;
+    char why[2048];
+    int variant = -1;
+    cr_assert_not(fz_case_run(&c, &o, NULL, why, sizeof why, &variant));
+    cr_assert_eq(variant, FZ_JIT_SIMP, "%s", why);
+    cr_assert(strstr(why, "cpu-jit+simplifier: value 0"), "%s", why);
+    size_t before = strlen(c.formula);
+    o.shrink_s = 120;
+    cr_assert_gt(fz_case_shrink(&c, &o, variant), 0);
+    cr_assert_lt(strlen(c.formula), before, "not shrunk: %s", c.formula);
+    cr_assert_leq(c.nx, 3, "sizes not shrunk: %lld", (long long)c.nx);
+    cr_assert_not(fz_case_run(&c, &o, NULL, why, sizeof why, NULL), "shrunk case passes: %s",
+                  c.formula);
+}
+
+/* ---- the cases the fuzzer found ---------------------------------------------------------- */
+
+#define FZ_REGRESS_TEST_(name, f, w, red_, axis_, k_, dt, acc_, nx_, ny_, in, seed, th)            \
+    Test(fuzz_regress, name, .timeout = 120)                                                       \
+    {                                                                                              \
+        struct fz_case c;                                                                          \
+        memset(&c, 0, sizeof c);                                                                   \
+        snprintf(c.formula, sizeof c.formula, "%s", f);                                            \
+        snprintf(c.weight, sizeof c.weight, "%s", w);                                              \
+        c.red = red_;                                                                              \
+        c.axis = axis_;                                                                            \
+        c.k = k_;                                                                                  \
+        c.dtype = dt;                                                                              \
+        c.acc = acc_;                                                                              \
+        c.nx = nx_;                                                                                \
+        c.ny = ny_;                                                                                \
+        snprintf(c.inputs, sizeof c.inputs, "%s", in);                                             \
+        c.input_seed = seed;                                                                       \
+        c.threads = th;                                                                            \
+        struct fz_opts o = quiet_opts();                                                           \
+        char why[2048];                                                                            \
+        cr_assert(fz_case_run(&c, &o, NULL, why, sizeof why, NULL), "%s\n%s", f, why);             \
+    }
+FZ_REGRESSIONS(FZ_REGRESS_TEST_)

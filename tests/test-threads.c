@@ -1,0 +1,288 @@
+/*
+ * test-threads.c — what symred shares between threads (include/symred.h: "a compiled sr_kernel
+ * is immutable and may be run concurrently from many threads"; contexts are independent).
+ *
+ * One kernel run from several threads at once on each CPU strategy (the JIT's direct one, the
+ * gemm-epilogue, the reference), every thread getting the single-threaded result; failing runs
+ * writing the context's message while other threads read it; contexts in many threads
+ * compiling into one disk cache, loading BLIS and NVRTC through their process-wide once-only
+ * set-up. These are the tests the ThreadSanitizer build of scripts/test.sh runs
+ * (docs/fuzzing.md, "ThreadSanitizer").
+ */
+#define _GNU_SOURCE
+#ifdef SYMRED_MINI_CRITERION
+#include "mini-criterion.h"
+#else
+#include <criterion/criterion.h>
+#endif
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "jit/cuda.h"
+#include "util.h"
+
+enum { NTHREADS = 4, REPS = 5, NX = 67, NY = 203 };
+
+static char dir[64];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/symred-threads-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    setenv("SYMRED_CACHE_DIR", dir, 1);
+}
+static void close_fixture(void);
+static void teardown(void)
+{
+    close_fixture();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+TestSuite(threads, .init = setup, .fini = teardown);
+
+struct job {
+    const sr_kernel *k;
+    const void *const *args;
+    int64_t nx, ny;
+    double *out; /* NX * out_dim values (f64 kernels) */
+    int64_t *idx;
+    sr_status st;
+};
+
+static void *job_run(void *p)
+{
+    struct job *j = p;
+    sr_run_desc r = {j->nx, j->ny, sr_kernel_nargs(j->k), j->args, j->out, j->idx};
+    for (int rep = 0; rep < REPS && j->st == SR_OK; rep++)
+        j->st = sr_kernel_run_ex(j->k, &r);
+    return NULL;
+}
+
+/* Runs k from NTHREADS threads at once and compares every thread's output with one run made
+ * alone, bit for bit (each run computes in the same order whatever else runs). */
+static void run_shared(const sr_kernel *k, const void *const *args, int64_t nout)
+{
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    double *alone = calloc((size_t)nout, sizeof *alone);
+    int64_t *alone_idx = calloc((size_t)nout, sizeof *alone_idx);
+    sr_run_desc r = {NX,
+                     NY,
+                     sr_kernel_nargs(k),
+                     args,
+                     ri->values ? alone : NULL,
+                     ri->indices ? alone_idx : NULL};
+    cr_assert_eq(sr_kernel_run_ex(k, &r), SR_OK, "%s", sr_ctx_error(k->ctx));
+    struct job jobs[NTHREADS];
+    pthread_t th[NTHREADS];
+    for (int t = 0; t < NTHREADS; t++) {
+        jobs[t] = (struct job){k,
+                               args,
+                               NX,
+                               NY,
+                               ri->values ? calloc((size_t)nout, sizeof(double)) : NULL,
+                               ri->indices ? calloc((size_t)nout, sizeof(int64_t)) : NULL,
+                               SR_OK};
+        cr_assert_eq(pthread_create(&th[t], NULL, job_run, &jobs[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < NTHREADS; t++) {
+        cr_expect_eq(jobs[t].st, SR_OK, "thread %d", t);
+        if (ri->values)
+            cr_expect(memcmp(jobs[t].out, alone, (size_t)nout * sizeof *alone) == 0,
+                      "thread %d: values differ from the run alone", t);
+        if (ri->indices)
+            cr_expect(memcmp(jobs[t].idx, alone_idx, (size_t)nout * sizeof *alone_idx) == 0,
+                      "thread %d: indices differ from the run alone", t);
+        free(jobs[t].out);
+        free(jobs[t].idx);
+    }
+    free(alone);
+    free(alone_idx);
+}
+
+struct data {
+    double *x, *y, *b, g;
+    const void *args[4];
+};
+
+static void data_make(struct data *d, int dim)
+{
+    uint64_t s = 17;
+    d->x = malloc(sizeof(double) * NX * dim);
+    d->y = malloc(sizeof(double) * NY * dim);
+    d->b = malloc(sizeof(double) * NY);
+    tu_fill(d->x, SR_F64, NX * dim, -1, 1, &s);
+    tu_fill(d->y, SR_F64, NY * dim, -1, 1, &s);
+    tu_fill(d->b, SR_F64, NY, -1, 1, &s);
+    d->g = 0.7;
+    d->args[0] = d->x;
+    d->args[1] = d->y;
+    d->args[2] = d->b;
+    d->args[3] = &d->g;
+}
+
+static void data_free(struct data *d)
+{
+    free(d->x);
+    free(d->y);
+    free(d->b);
+}
+
+static sr_kernel *kernel(sr_ctx *ctx, const char *formula, int dim, sr_reduction red, sr_device dev)
+{
+    char ax[32], ay[32];
+    snprintf(ax, sizeof ax, "x=Vi(%d)", dim);
+    snprintf(ay, sizeof ay, "y=Vj(%d)", dim);
+    const char *aliases[] = {ax, ay, "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f = NULL;
+    cr_assert_eq(sr_parse(ctx, formula, aliases, 4, &f), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.dtype = SR_F64;
+    d.reduction = red;
+    d.k = 3;
+    d.device = dev;
+    sr_kernel *k = NULL;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    return k;
+}
+
+/* The context and data of one test: opened by the test, closed by the suite's teardown (also
+ * after a failed assertion or a skip). */
+static sr_ctx *ctx;
+static struct data D;
+
+static void open_fixture(int dim)
+{
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    data_make(&D, dim);
+}
+
+static void close_fixture(void)
+{
+    if (!ctx)
+        return;
+    data_free(&D);
+    sr_ctx_free(ctx);
+    ctx = NULL;
+}
+
+Test(threads, jit_kernel_shared)
+{
+    open_fixture(3);
+    sr_kernel *k = kernel(ctx, "Exp(-SqDist(x, y) * g) * b", 3, SR_SUM, SR_DEVICE_CPU);
+    cr_assert_str_eq(k->backend->name, "cpu-jit");
+    run_shared(k, D.args, NX);
+    sr_kernel_free(k);
+    k = kernel(ctx, "SqDist(x, y) - b", 3, SR_KMIN_ARGKMIN, SR_DEVICE_CPU);
+    run_shared(k, D.args, NX * 3);
+    sr_kernel_free(k);
+}
+
+Test(threads, gemm_kernel_shared)
+{
+    open_fixture(32);
+    setenv("SYMRED_BLIS", "on", 1);
+    sr_kernel *k = kernel(ctx, "Exp((x|y) * g) * b", 32, SR_SUM, SR_DEVICE_CPU);
+    unsetenv("SYMRED_BLIS");
+    if (k->backend != &cpu_gemm_backend) {
+        sr_kernel_free(k);
+        cr_skip_test("no gemm for the gemm-epilogue path (no AVX-512F and no BLIS)");
+    }
+    run_shared(k, D.args, NX);
+    sr_kernel_free(k);
+}
+
+Test(threads, reference_kernel_shared)
+{
+    open_fixture(3);
+    sr_kernel *k = kernel(ctx, "Exp(-SqDist(x, y) * g) * b", 3, SR_LOGSUMEXP, SR_DEVICE_REFERENCE);
+    run_shared(k, D.args, NX);
+    sr_kernel_free(k);
+}
+
+/* Runs that fail (k > ny) record the context's message while other threads read it. */
+struct err_job {
+    const sr_kernel *k;
+    const void *const *args;
+    sr_status st;
+    int bad_messages;
+};
+
+static void *err_run(void *p)
+{
+    struct err_job *j = p;
+    int64_t idx[NX * 3];
+    for (int rep = 0; rep < 50; rep++) {
+        j->st = sr_kernel_run(j->k, NX, 2, j->args, idx);
+        const char *msg = sr_ctx_error(j->k->ctx);
+        if (!strstr(msg, "k = 3"))
+            j->bad_messages++;
+    }
+    return NULL;
+}
+
+Test(threads, errors_from_many_threads)
+{
+    open_fixture(3);
+    sr_kernel *k = kernel(ctx, "SqDist(x, y)", 3, SR_ARGKMIN, SR_DEVICE_CPU);
+    struct err_job jobs[NTHREADS];
+    pthread_t th[NTHREADS];
+    for (int t = 0; t < NTHREADS; t++) {
+        jobs[t] = (struct err_job){k, D.args, SR_OK, 0};
+        cr_assert_eq(pthread_create(&th[t], NULL, err_run, &jobs[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < NTHREADS; t++) {
+        cr_expect_eq(jobs[t].st, SR_EINVAL);
+        cr_expect_eq(jobs[t].bad_messages, 0, "thread %d read a message that is not its error", t);
+    }
+    sr_kernel_free(k);
+}
+
+/* One context per thread, all compiling the same and different kernels into one disk cache at
+ * once, and loading NVRTC (process-wide, once) where it exists. */
+static void *ctx_run(void *p)
+{
+    intptr_t t = (intptr_t)p;
+    sr_ctx *c;
+    if (sr_ctx_new(&c) != SR_OK)
+        return (void *)1;
+    const char *aliases[] = {"x=Vi(2)", "y=Vj(2)"};
+    char formula[64];
+    snprintf(formula, sizeof formula, "Exp(-SqDist(x, y) * %d)", (int)(t % 2) + 1);
+    sr_expr *f = NULL;
+    sr_kernel *k = NULL;
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.device = SR_DEVICE_CPU;
+    float x[4] = {0, 0, 1, 1}, y[2] = {0, 0}, out[2];
+    const void *args[] = {x, y};
+    intptr_t bad = sr_parse(c, formula, aliases, 2, &f) != SR_OK ||
+                   sr_kernel_new(c, f, &d, &k) != SR_OK ||
+                   sr_kernel_run(k, 2, 1, args, out) != SR_OK || out[0] != 1.0f;
+    const struct nvrtc_api *nv;
+    const char *why;
+    jit_nvrtc_get(&nv, &why);
+    sr_kernel_free(k);
+    sr_ctx_free(c);
+    return (void *)bad;
+}
+
+Test(threads, contexts_in_many_threads)
+{
+    pthread_t th[NTHREADS];
+    for (intptr_t t = 0; t < NTHREADS; t++)
+        cr_assert_eq(pthread_create(&th[t], NULL, ctx_run, (void *)t), 0);
+    for (int t = 0; t < NTHREADS; t++) {
+        void *bad;
+        pthread_join(th[t], &bad);
+        cr_expect_null(bad, "thread %d failed", t);
+    }
+}
