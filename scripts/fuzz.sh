@@ -2,7 +2,7 @@
 # fuzz.sh — the fuzzers: random formulas through every backend (fuzz-diff), then the libFuzzer
 # harness of the parser (fuzz/fuzz-parse.c). docs/fuzzing.md says how they work.
 #
-#   scripts/fuzz.sh [--minutes N | --seconds N] [--seed S] [--parse-seconds T]
+#   scripts/fuzz.sh [--minutes N | --seconds N | --cases N] [--seed S] [--parse-seconds T]
 #                   [--diff-build DIR] [--no-diff] [--no-parse]
 #
 # Nightly: scripts/fuzz.sh --minutes 60. CI (scripts/test.sh) runs it for about two minutes.
@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-seconds=600
+limit=(--seconds 600)
 seed=()
 parse_seconds=60
 root=${SYMRED_BUILD_ROOT:-.}
@@ -28,14 +28,15 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 while [ $# -gt 0 ]; do
     case $1 in
-    --minutes) seconds=$(($2 * 60)); shift 2 ;;
-    --seconds) seconds=$2; shift 2 ;;
+    --minutes) limit=(--seconds $(($2 * 60))); shift 2 ;;
+    --seconds) limit=(--seconds "$2"); shift 2 ;;
+    --cases) limit=(--cases "$2"); shift 2 ;;
     --seed) seed=(--seed "$2"); shift 2 ;;
     --parse-seconds) parse_seconds=$2; shift 2 ;;
     --diff-build) diff_build=$2; shift 2 ;;
     --no-diff) run_diff=0; shift ;;
     --no-parse) run_parse=0; shift ;;
-    *) echo "usage: $0 [--minutes N | --seconds N] [--seed S] [--parse-seconds T] [--diff-build DIR] [--no-diff] [--no-parse]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--minutes N | --seconds N | --cases N] [--seed S] [--parse-seconds T] [--diff-build DIR] [--no-diff] [--no-parse]" >&2; exit 2 ;;
     esac
 done
 
@@ -47,8 +48,8 @@ if [ "$run_diff" = 1 ]; then
     fi
     cmake --build "$diff_build" -j "$jobs" --target fuzz-diff || exit 1
     # The shrinker of a failing case may run past the time limit by its own limit (30 s).
-    echo "fuzz.sh: differential fuzzing for $seconds s"
-    "$diff_build/tests/fuzz-diff" --seconds "$seconds" "${seed[@]}" --shrink-seconds 30 \
+    echo "fuzz.sh: differential fuzzing (${limit[*]})"
+    "$diff_build/tests/fuzz-diff" "${limit[@]}" "${seed[@]}" --shrink-seconds 30 \
         --max-failures 3 || status=1
 fi
 

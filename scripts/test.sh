@@ -4,8 +4,8 @@
 # Steps: install missing Debian packages; a warnings-as-errors build in build-ci/ and ctest
 # there (unit tests, examples checked against brute force, the install test); the same with
 # AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/; clang-format on the C
-# sources; the Python tests when bindings/python/tests exists; about two minutes of differential
-# fuzzing with a fresh seed (printed) and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a
+# sources; the Python tests when bindings/python/tests exists; 150 cases of differential
+# fuzzing with a seed fresh for each commit (printed) and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a
 # ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
 # threads (docs/fuzzing.md). Every step runs even after a failure, and the last line says how
 # many passed and failed. Exit status 0 only if all passed.
@@ -76,14 +76,23 @@ python_tests() {
     return "$rc"
 }
 
-# Random formulas through every backend, with a fresh seed that fuzz-diff prints (SYMRED_FUZZ_SECONDS
-# changes the time), using the fuzz-diff of build-ci/.
+# Random formulas through every backend, using the fuzz-diff of build-ci/. The seed is fresh for
+# every commit and the same for every run of one commit: it is the commit's hash (printed by
+# fuzz-diff), so CI runs exactly the cases that ran here before the commit was submitted, and a
+# failure reproduces with the seed from the log. A fixed number of cases (SYMRED_FUZZ_CASES,
+# default 150: about 100 s here), not a time, so a faster machine runs the same cases;
+# SYMRED_FUZZ_SEED overrides the seed, and outside a git checkout fuzz-diff draws one.
 fuzz_diff() {
     if [ ! -f "$ci_dir/.build-ok" ]; then
         echo "test.sh: $ci_dir did not build, so fuzz-diff cannot run"
         return 1
     fi
-    ./scripts/fuzz.sh --no-parse --seconds "${SYMRED_FUZZ_SECONDS:-100}" --diff-build "$ci_dir"
+    local seed=${SYMRED_FUZZ_SEED:-} head
+    if [ -z "$seed" ] && head=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+        seed=$((16#$head))
+    fi
+    ./scripts/fuzz.sh --no-parse --cases "${SYMRED_FUZZ_CASES:-150}" ${seed:+--seed "$seed"} \
+        --diff-build "$ci_dir"
 }
 
 fuzz_parse() { ./scripts/fuzz.sh --no-diff --parse-seconds "${SYMRED_FUZZ_PARSE_SECONDS:-30}"; }
@@ -129,7 +138,7 @@ step "clang-format" format_check
 if [ -d bindings/python/tests ]; then
     step "python tests" python_tests
 fi
-step "fuzz: differential (${SYMRED_FUZZ_SECONDS:-100} s)" fuzz_diff
+step "fuzz: differential (${SYMRED_FUZZ_CASES:-150} cases)" fuzz_diff
 step "fuzz: libFuzzer parser (${SYMRED_FUZZ_PARSE_SECONDS:-30} s)" fuzz_parse
 step "build (ThreadSanitizer)" tsan_build
 step "ThreadSanitizer: threads sharing kernels" tsan_run

@@ -200,6 +200,37 @@ static sr_expr *make_weighted(struct gen *g, int op, int d, int depth)
     return mk(g, op, w, a, b, 0, 0);
 }
 
+static sr_expr *make_sumt(struct gen *g, int op, int d, int depth)
+{
+    return mk(g, op, gen_expr(g, 1, depth), NULL, NULL, d, 0);
+}
+static sr_expr *make_elemt(struct gen *g, int op, int d, int depth)
+{
+    return mk(g, op, gen_expr(g, 1, depth), NULL, NULL, d, (int64_t)rnd(g, (uint64_t)d));
+}
+static sr_expr *make_extractt(struct gen *g, int op, int d, int depth)
+{
+    int da = 1 + (int)rnd(g, (uint64_t)d);
+    return mk(g, op, gen_expr(g, da, depth), NULL, NULL, (int64_t)rnd(g, (uint64_t)(d - da + 1)),
+              d);
+}
+/* TensorDot: a (p x q) times b (q x r) contracted over q, or a's q x p transposed layout
+ * contracted over its first axis; the p x r result in order or transposed (permute). */
+static sr_expr *make_tensordot(struct gen *g, int op, int d, int depth)
+{
+    (void)op;
+    int divs[32], n = 0;
+    for (int a = 1; a <= d && n < 32; a++)
+        if (d % a == 0)
+            divs[n++] = a;
+    int p = divs[rnd(g, (uint64_t)n)], r = d / p, q = 1 + (int)rnd(g, 3);
+    bool ta = chance(g, 0.5), perm = chance(g, 0.3);
+    sr_expr *a = gen_expr(g, p * q, depth), *b = gen_expr(g, q * r, depth);
+    g->budget--;
+    return sr_tensordot(g->ctx, a, b, 2, ta ? (int[]){q, p} : (int[]){p, q}, 2, (int[]){q, r}, 1,
+                        ta ? (int[]){0} : (int[]){1}, (int[]){0}, perm ? (int[]){1, 0} : NULL);
+}
+
 static const struct op_gen op_gens[OP_COUNT] = {
     [OP_POW] = {NULL, make_pow, DOM_ANY},
     [OP_ROUND] = {NULL, make_round, DOM_ANY},
@@ -211,6 +242,10 @@ static const struct op_gen op_gens[OP_COUNT] = {
     [OP_MATVECMULT] = {NULL, make_matvec, DOM_ANY},
     [OP_VECMATMULT] = {NULL, make_vecmat, DOM_ANY},
     [OP_TENSORPROD] = {NULL, make_tensorprod, DOM_ANY},
+    [OP_SUMT] = {NULL, make_sumt, DOM_ANY},
+    [OP_ELEMT] = {NULL, make_elemt, DOM_ANY},
+    [OP_EXTRACTT] = {NULL, make_extractt, DOM_ANY},
+    [OP_TENSORDOT] = {NULL, make_tensordot, DOM_ANY},
     [OP_WEIGHTEDSQNORM] = {only1, make_weighted, DOM_ANY},
     [OP_WEIGHTEDSQDIST] = {only1, make_weighted, DOM_ANY},
     [OP_LOG] = {NULL, NULL, DOM_POS},
