@@ -783,6 +783,44 @@ class LazyTensor:
         return self._reduce("SumSoftMaxWeight", axis, dim, weight=self._wrap(weight),
                             kwargs=kwargs)
 
+    # pykeops' *_reduction names: always the reduction over i (dim=0) or j (dim=1), never the
+    # componentwise Sum/Min/... of the vector.
+    def sum_reduction(self, axis=None, dim=None, **kwargs):
+        return self._reduce("Sum", axis, dim, kwargs=kwargs)
+
+    def min_reduction(self, axis=None, dim=None, **kwargs):
+        return self._reduce("Min", axis, dim, kwargs=kwargs)
+
+    def max_reduction(self, axis=None, dim=None, **kwargs):
+        return self._reduce("Max", axis, dim, kwargs=kwargs)
+
+    def argmin_reduction(self, axis=None, dim=None, **kwargs):
+        return self._reduce("ArgMin", axis, dim, kwargs=kwargs)
+
+    def argmax_reduction(self, axis=None, dim=None, **kwargs):
+        return self._reduce("ArgMax", axis, dim, kwargs=kwargs)
+
+    def min_argmin_reduction(self, **kwargs):
+        return self.min_argmin(**kwargs)
+
+    def max_argmax_reduction(self, **kwargs):
+        return self.max_argmax(**kwargs)
+
+    def Kmin_reduction(self, **kwargs):
+        return self.Kmin(**kwargs)
+
+    def argKmin_reduction(self, **kwargs):
+        return self.argKmin(**kwargs)
+
+    def Kmin_argKmin_reduction(self, **kwargs):
+        return self.Kmin_argKmin(**kwargs)
+
+    def logsumexp_reduction(self, **kwargs):
+        return self.logsumexp(**kwargs)
+
+    def sumsoftmaxweight_reduction(self, **kwargs):
+        return self.sumsoftmaxweight(**kwargs)
+
     # ---- description -------------------------------------------------------------------------
 
     @property

@@ -226,3 +226,49 @@ def test_lazytensor_errors():
         x_i * float("inf")
     with pytest.raises(ValueError):  # C: SumSoftMaxWeight needs a scalar formula
         (x_i - LazyTensor(y[None])).sumsoftmaxweight(x_i, dim=1)
+
+
+# pykeops' *_reduction names against the reductions they name (and sum_reduction against NumPy).
+@pytest.mark.parametrize("alias, call", [
+    ("sum_reduction", lambda e, d: e.sum(dim=d)),
+    ("min_reduction", lambda e, d: e.min(dim=d)),
+    ("max_reduction", lambda e, d: e.max(dim=d)),
+    ("argmin_reduction", lambda e, d: e.argmin(dim=d)),
+    ("argmax_reduction", lambda e, d: e.argmax(dim=d)),
+    ("min_argmin_reduction", lambda e, d: e.min_argmin(dim=d)),
+    ("max_argmax_reduction", lambda e, d: e.max_argmax(dim=d)),
+    ("logsumexp_reduction", lambda e, d: e.logsumexp(dim=d)),
+])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_reduction_aliases(alias, call, dim):
+    x, y = arrays()
+    e = ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+    got, want = getattr(e, alias)(dim=dim), call(e, dim)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        np.testing.assert_array_equal(g, w)
+    if alias == "sum_reduction":
+        dense = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1).sum(axis=dim)
+        np.testing.assert_allclose(got.ravel(), dense, rtol=1e-12)
+
+
+@pytest.mark.parametrize("alias, call", [
+    ("Kmin_reduction", lambda e: e.Kmin(K=3, dim=1)),
+    ("argKmin_reduction", lambda e: e.argKmin(K=3, dim=1)),
+    ("Kmin_argKmin_reduction", lambda e: e.Kmin_argKmin(K=3, dim=1)),
+])
+def test_k_reduction_aliases(alias, call):
+    x, y = arrays()
+    e = ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+    got, want = getattr(e, alias)(K=3, dim=1), call(e)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_sumsoftmaxweight_reduction_alias():
+    x, y = arrays()
+    e = -((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+    w = LazyTensor(y[None, :, :])
+    np.testing.assert_array_equal(e.sumsoftmaxweight_reduction(weight=w, dim=1),
+                                  e.sumsoftmaxweight(w, dim=1))
