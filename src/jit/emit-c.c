@@ -745,9 +745,9 @@ static void prelude(struct emitter *E, const char *A)
     P("static inline %s sr_sq(%s a) { return a * a; }\n", t, t);
     /* exp without libmvec's slow paths. Its vector exp falls back to scalar code for a whole
      * vector when one argument is below about -87.3 (float; -708.4 double), and arithmetic on
-     * subnormal results is slow too: a narrow Gaussian ran 25-36x slower than a wide one
-     * (docs/semantics.md, "Exp"). So the argument is clamped to -87 (-708) and results below
-     * 1.7e-38 (3.4e-308), i.e. arguments below about -86.97 (-707.97), are 0. The clamp value
+     * subnormal results is slow too: a narrow Gaussian ran 16-30x slower than a wide one
+     * (docs/semantics.md, "Exp's underflow"). So the argument is clamped to -87 (-708) and results
+     * below 1.7e-38 (3.4e-308), i.e. arguments below about -86.97 (-707.97), are 0. The clamp value
      * is copysign(87, a), not a constant: gcc would otherwise move the clamp after the call as
      * a select of the constant exp(-87), and call exp on the unclamped argument. NaN is not
      * clamped and stays NaN; exp(-inf) = 0. */
