@@ -133,6 +133,12 @@ static void run_case(const struct gcase *c)
     if (gemm)
         cr_assert(strstr(ex, avx512 ? "symred's AVX-512" : "BLIS"), "expected %s:\n%s",
                   avx512 ? "the AVX-512 gemm" : "BLIS", ex);
+    if (gemm && avx512) { /* and its blocking for this D */
+        char want[64];
+        snprintf(want, sizeof want, "micro-kernel 14x%d, K = %d in ", c->dt == SR_F64 ? 16 : 32,
+                 c->D);
+        cr_assert(strstr(ex, want), "expected \"%s\":\n%s", want, ex);
+    }
 
     int nargs = sr_kernel_nargs(kg);
     void *x = grid(c->dt, c->nx * c->D, &s), *y = grid(c->dt, c->ny * c->D, &s);
@@ -319,8 +325,8 @@ Test(gemm, kernel_malformed)
 }
 
 /* The AVX-512 gemm against a plain loop, C = A B^T, on grid values (exact sums): m, n, K around
- * and between the tiles (MR 14, NR 32 / 16, KC 256), C with a wider row stride whose extra
- * columns must stay untouched. */
+ * and between the tiles (MR 14, NR 32 / 16, chunks MC 126 x NC 128, K blocks), C with a wider row
+ * stride whose extra columns must stay untouched. */
 static void avx512_case(sr_dtype dt, int64_t m, int64_t n, int64_t K)
 {
     int f64 = dt == SR_F64;
@@ -371,4 +377,22 @@ Test(gemm, avx512_gemm_odd_sizes)
             for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
                 for (size_t c = 0; c < sizeof ks / sizeof *ks; c++)
                     avx512_case(d ? SR_F64 : SR_F32, ms[a], ns[b], ks[c]);
+}
+
+/* Several chunks of rows (MC = 126) and of B (NC = 128), and K in one block, in two and three
+ * blocks (the largest K of one block depends on the CPU's L2: asked, not assumed), also uneven
+ * blocks, both dtypes. */
+Test(gemm, avx512_gemm_chunks_and_k_blocks)
+{
+    if (!have_avx512)
+        cr_skip_test("the CPU lacks AVX-512F");
+    for (int d = 0; d < 2; d++) {
+        int64_t kmax = cpu_avx512_kc_max(d);
+        const int64_t cases[][3] = {
+            {126, 128, kmax},   {127, 129, kmax + 1},   {253, 300, 2 * kmax + 1},
+            {1, 257, kmax + 1}, {125, 1, 2 * kmax + 1}, {14, 256, 3 * kmax - 1},
+            {141, 97, 37}};
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+            avx512_case(d ? SR_F64 : SR_F32, cases[c][0], cases[c][1], cases[c][2]);
+    }
 }

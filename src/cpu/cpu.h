@@ -244,5 +244,9 @@ int64_t cpu_avx512_pack_b_bytes(int64_t n, int64_t K, int f64);
 void cpu_avx512_pack_a(int f64, int64_t m, int64_t K, const void *A, void *Ap);
 void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *B,
                      void *Bp, void *C, int64_t ldc);
+/* The blocking the gemm uses for K (micro-kernel, K blocks, L2 size), for explain; the largest
+ * K it computes in one block on this CPU (from its L2 size). */
+void cpu_avx512_describe(int f64, int64_t K, char *buf, size_t size);
+int64_t cpu_avx512_kc_max(int f64);
 
 #endif /* SYMRED_CPU_H */

@@ -10,11 +10,15 @@
  * reduced axis), B a tile of the reduced axis (packed per call). docs/avx512-gemm.md has the
  * measurements behind the shapes.
  *
- * Blocking (Goto / BLIS): the micro-kernel keeps an MR x NR block of C in 28 zmm registers
- * (float32 14 x 32, float64 14 x 16): per k it loads two vectors of the packed B micro-panel and
- * broadcasts MR values of the packed A micro-panel, 28 FMAs. K is cut into blocks of at most KC
- * so that the packed B block of a tile (tj x KC, 512 x 256 float32 = 512 KiB) stays in L2 while
- * every A micro-panel of the row block (MR x KC, 14 KiB) passes through L1 against it.
+ * Blocking (Goto / BLIS, chosen from the L2 size that cpuid reports, docs/avx512-gemm.md): the
+ * micro-kernel keeps an MR x NR block of C in 28 zmm registers (float32 14 x 32, float64 14 x 16):
+ * per k it loads two vectors of the packed B micro-panel and broadcasts MR values of the packed A
+ * micro-panel, 28 FMAs, and prefetches both panels PF steps ahead. K is not cut at all when a
+ * chunk of MC rows of A and NC rows of B (MC x K + NC x K values) fits in L2 (every K up to
+ * about 1000 float32 with a 1 MiB L2): each block of C is then written once, never read back
+ * (blocks of K cost 6-8 % of the kernel's speed in the C reloads, measured). Larger K is cut
+ * into blocks of nearly one size that do fit. Per K block, B is packed NC rows at a time; that
+ * chunk stays in L2 while every MC-row chunk of A passes against it.
  * Partial tiles (m, n not multiples of MR, NR) run on zero-padded panels into a scratch block,
  * then copy their valid part: any size is exact, including 1 and primes.
  *
@@ -25,7 +29,10 @@
  */
 #include "cpu.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_AVX512_KERNEL 1
@@ -35,15 +42,46 @@
 #define HAVE_AVX512_KERNEL 0
 #endif
 
-enum { MR = 14, NR32 = 32, NR64 = 16, KC = 256 };
+/* MR x NR: the micro-kernel. MC, NC: the rows of A and of B per chunk (9 and 4 or 8 micro-panels:
+ * flat between 56 x 512 and 252 x 128, measured). PF: the kernel's prefetch distance in k steps;
+ * PFB: the B packing's, in values along a row (64 measured best of 0, 64, 128, 256). */
+enum { MR = 14, NR32 = 32, NR64 = 16, MC = 9 * MR, NC = 128, PF = 32, PFB = 64 };
 
 static int nr_of(int f64) { return f64 ? NR64 : NR32; }
 
-/* The K block: at most KC, and all blocks of nearly one size (784 = 4 x 196, not 3 x 256 + 16:
- * a short last block pays the load and store of the C block for little work). */
-static int64_t kc_of(int64_t K)
+/* The L2 size per core (glibc reads it from cpuid: leaf 4 on Intel, 0x8000001D on AMD), read
+ * once: cpuid traps to the hypervisor in a VM. 1 MiB when unknown. */
+static int64_t l2_bytes;
+static pthread_once_t l2_once = PTHREAD_ONCE_INIT;
+
+static void l2_probe(void)
 {
-    int64_t nb = (K + KC - 1) / KC;
+    long v = 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    l2_bytes = v >= (64 << 10) ? v : 1 << 20;
+}
+
+static int64_t l2_size(void)
+{
+    pthread_once(&l2_once, l2_probe);
+    return l2_bytes;
+}
+
+int64_t cpu_avx512_kc_max(int f64)
+{
+    int64_t es = f64 ? 8 : 4, cap = l2_size() * 7 / 8 / ((int64_t)(MC + NC) * es);
+    return cap < 64 ? 64 : cap;
+}
+
+/* The K block: all of K when an MC-row chunk of A and an NC-row chunk of B fit in 7/8 of L2,
+ * else blocks of nearly one size that do (784 = 2 x 392, not 516 + 268: a short block pays the
+ * C reload for little work), never below 64. */
+static int64_t kc_of(int64_t K, int f64)
+{
+    int64_t cap = cpu_avx512_kc_max(f64);
+    int64_t nb = (K + cap - 1) / cap;
     return nb ? (K + nb - 1) / nb : 0;
 }
 static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -65,12 +103,23 @@ int64_t cpu_avx512_pack_a_bytes(int64_t m, int64_t K, int f64)
 
 int64_t cpu_avx512_pack_b_bytes(int64_t n, int64_t K, int f64)
 {
-    int64_t es = f64 ? 8 : 4, kc = kc_of(K);
-    /* The B block of one K block, plus the MR x NR scratch block of the partial tiles. */
-    return round_up(n, nr_of(f64)) * kc * es + (int64_t)MR * nr_of(f64) * es + 128;
+    int64_t es = f64 ? 8 : 4, kc = kc_of(K, f64);
+    /* One packed chunk of B (at most NC rows of one K block), plus the MR x NR scratch block of
+     * the partial tiles. */
+    return round_up(n < NC ? n : NC, nr_of(f64)) * kc * es + (int64_t)MR * nr_of(f64) * es + 128;
 }
 
 static void *align64(void *p) { return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+void cpu_avx512_describe(int f64, int64_t K, char *buf, size_t size)
+{
+    int64_t kc = kc_of(K, f64), nb = kc ? (K + kc - 1) / kc : 0;
+    snprintf(buf, size,
+             "micro-kernel %dx%d, K = %lld in %lld block%s of %lld, chunks of %d x %d rows for a "
+             "%lld KiB L2",
+             MR, nr_of(f64), (long long)K, (long long)nb, nb == 1 ? "" : "s", (long long)kc, MC, NC,
+             (long long)(l2_size() >> 10));
+}
 
 /* Packs rows [0, m) x columns [k0, k0 + kc) of X (row stride K) into panels of w rows, each
  * kc x w with the w values of one k contiguous, zero-padding rows past m. */
@@ -110,7 +159,7 @@ static void pack_f64(const double *X, int64_t m, int64_t K, int64_t k0, int64_t 
  * walks). Ap must hold cpu_avx512_pack_a_bytes(m, K) bytes. */
 void cpu_avx512_pack_a(int f64, int64_t m, int64_t K, const void *A, void *Ap)
 {
-    int64_t mp = round_up(m, MR), kb = kc_of(K);
+    int64_t mp = round_up(m, MR), kb = kc_of(K, f64);
     char *dst = align64(Ap);
     for (int64_t k0 = 0; k0 < K; k0 += kb) {
         int64_t kc = K - k0 < kb ? K - k0 : kb;
@@ -139,6 +188,10 @@ AVX512 static void kernel_f32(int64_t kc, const float *restrict a, const float *
     }
     for (int64_t k = 0; k < kc; k++, a += MR, b += NR32) {
         const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        /* Both panels stream from L2 (a K block does not fit in L1): fetch them ahead. */
+        _mm_prefetch((const char *)(b + PF * NR32), _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + PF * NR32 + 16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(a + PF * MR), _MM_HINT_T0);
 #pragma GCC unroll 14
         for (int r = 0; r < MR; r++) {
             const __m512 ar = _mm512_set1_ps(a[r]);
@@ -169,6 +222,9 @@ AVX512 static void kernel_f64(int64_t kc, const double *restrict a, const double
     }
     for (int64_t k = 0; k < kc; k++, a += MR, b += NR64) {
         const __m512d b0 = _mm512_load_pd(b), b1 = _mm512_load_pd(b + 8);
+        _mm_prefetch((const char *)(b + PF * NR64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + PF * NR64 + 8), _MM_HINT_T0);
+        _mm_prefetch((const char *)(a + PF * MR), _MM_HINT_T0);
 #pragma GCC unroll 14
         for (int r = 0; r < MR; r++) {
             const __m512d ar = _mm512_set1_pd(a[r]);
@@ -233,57 +289,72 @@ AVX512 static void pack_b_f32(const float *X, int64_t n, int64_t K, int64_t k0, 
                 const __mmask16 mask = (__mmask16)((1u << kn) - 1);
                 __m512 r[16];
 #pragma GCC unroll 16
-                for (int t = 0; t < 16; t++)
-                    r[t] = q + h + t < n ? _mm512_maskz_loadu_ps(mask, X + (q + h + t) * K + k0 + k)
-                                         : _mm512_setzero_ps();
+                for (int t = 0; t < 16; t++) {
+                    const float *src = X + (q + h + t) * K + k0 + k;
+                    r[t] = q + h + t < n ? _mm512_maskz_loadu_ps(mask, src) : _mm512_setzero_ps();
+                    /* The rows come from memory, 16 streams at once: fetch ahead. */
+                    _mm_prefetch((const char *)(src + PFB), _MM_HINT_T0);
+                }
                 transpose16(r);
                 for (int t = 0; t < kn; t++)
                     _mm512_store_ps(dst + (k + t) * NR32 + h, r[t]);
             }
 }
 
+/* One MR x nr block of C at (i, j) over one K block: the micro-kernel, or for a partial block
+ * (rows < MR or cols < nr) the micro-kernel into the scratch block, then its valid part. */
+AVX512 static void block(int f64, int64_t kc, const char *a, const char *b, char *c, int64_t ldc,
+                         int acc, int rows, int cols, char *scratch)
+{
+    const int nr = nr_of(f64);
+    const int64_t es = f64 ? 8 : 4;
+    if (rows == MR && cols == nr) {
+        if (f64)
+            kernel_f64(kc, (const double *)a, (const double *)b, (double *)c, ldc, acc);
+        else
+            kernel_f32(kc, (const float *)a, (const float *)b, (float *)c, ldc, acc);
+        return;
+    }
+    for (int r = 0; acc && r < rows; r++)
+        memcpy(scratch + r * nr * es, c + r * ldc * es, (size_t)(cols * es));
+    if (f64)
+        kernel_f64(kc, (const double *)a, (const double *)b, (double *)scratch, nr, acc);
+    else
+        kernel_f32(kc, (const float *)a, (const float *)b, (float *)scratch, nr, acc);
+    for (int r = 0; r < rows; r++)
+        memcpy(c + r * ldc * es, scratch + r * nr * es, (size_t)(cols * es));
+}
+
+/* Loop order per K block: chunks of NC rows of B (packed, kept in L2), chunks of MC rows of A
+ * (packed once by the caller, from L3 into L2), then the micro-panels: each B micro-panel against
+ * the chunk's MR-row panels of A. */
 void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *B,
                      void *Bp, void *C, int64_t ldc)
 {
     const int nr = nr_of(f64);
-    const int64_t es = f64 ? 8 : 4, mp = round_up(m, MR), np = round_up(n, nr);
+    const int64_t es = f64 ? 8 : 4, mp = round_up(m, MR), kb = kc_of(K, f64);
     const char *ablock = align64((void *)Ap);
-    const int64_t kb = kc_of(K);
-    char *bp = align64(Bp), *scratch = bp + np * kb * es;
+    char *bp = align64(Bp), *scratch = bp + round_up(n < NC ? n : NC, nr) * kb * es;
     for (int64_t i = 0; K == 0 && i < m; i++)
         memset((char *)C + i * ldc * es, 0, (size_t)(n * es)); /* the empty sum */
     for (int64_t k0 = 0; k0 < K; k0 += kb) {
         const int64_t kc = K - k0 < kb ? K - k0 : kb;
         const int acc = k0 > 0;
-        if (f64)
-            pack_f64(B, n, K, k0, kc, nr, (double *)bp);
-        else
-            pack_b_f32(B, n, K, k0, kc, (float *)bp);
-        for (int64_t i = 0; i < m; i += MR) {
-            const char *a = ablock + i * kc * es;
-            const int rows = m - i < MR ? (int)(m - i) : MR;
-            for (int64_t j = 0; j < n; j += nr) {
-                const char *b = bp + j * kc * es;
-                const int cols = n - j < nr ? (int)(n - j) : nr;
-                char *c = (char *)C + (i * ldc + j) * es;
-                if (rows == MR && cols == nr) {
-                    if (f64)
-                        kernel_f64(kc, (const double *)a, (const double *)b, (double *)c, ldc, acc);
-                    else
-                        kernel_f32(kc, (const float *)a, (const float *)b, (float *)c, ldc, acc);
-                    continue;
-                }
-                /* A partial tile: through the scratch block, only its valid part to C. */
-                for (int r = 0; acc && r < rows; r++)
-                    memcpy(scratch + r * nr * es, c + r * ldc * es, (size_t)(cols * es));
-                if (f64)
-                    kernel_f64(kc, (const double *)a, (const double *)b, (double *)scratch, nr,
-                               acc);
-                else
-                    kernel_f32(kc, (const float *)a, (const float *)b, (float *)scratch, nr, acc);
-                for (int r = 0; r < rows; r++)
-                    memcpy(c + r * ldc * es, scratch + r * nr * es, (size_t)(cols * es));
-            }
+        for (int64_t j0 = 0; j0 < n; j0 += NC) {
+            const int64_t nj = n - j0 < NC ? n - j0 : NC;
+            const char *Bj = (const char *)B + j0 * K * es;
+            if (f64)
+                pack_f64((const double *)Bj, nj, K, k0, kc, nr, (double *)bp);
+            else
+                pack_b_f32((const float *)Bj, nj, K, k0, kc, (float *)bp);
+            for (int64_t i0 = 0; i0 < m; i0 += MC)
+                for (int64_t j = 0; j < nj; j += nr)
+                    for (int64_t i = i0; i < m && i < i0 + MC; i += MR) {
+                        const int rows = m - i < MR ? (int)(m - i) : MR;
+                        const int cols = nj - j < nr ? (int)(nj - j) : nr;
+                        block(f64, kc, ablock + i * kc * es, bp + j * kc * es,
+                              (char *)C + (i * ldc + j0 + j) * es, ldc, acc, rows, cols, scratch);
+                    }
         }
         ablock += mp * kc * es;
     }

@@ -571,17 +571,18 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
     expr_buf_printf(b, "strategy: gemm-epilogue: F depends on the pair only through the inner "
                        "product ");
     expr_print_to(b, g->node);
-    char kern[160];
+    char kern[256], blocking[160];
     const char *gemm = k->dtype == SR_F64 ? "dgemm" : "sgemm";
-    if (g->kern == KERN_AVX512)
-        snprintf(kern, sizeof kern, "symred's AVX-512 %s (micro-kernel %s, K blocks of 256)", gemm,
-                 k->dtype == SR_F64 ? "14x16" : "14x32");
-    else
+    if (g->kern == KERN_AVX512) {
+        cpu_avx512_describe(k->dtype == SR_F64, g->dim, blocking, sizeof blocking);
+        snprintf(kern, sizeof kern, "symred's AVX-512 %s (%s)", gemm, blocking);
+    } else {
         snprintf(kern, sizeof kern, "BLIS %s (%s) %s%s", blis.version,
                  blis.arch[0] ? blis.arch : "?", gemm,
                  g->asked == 2   ? " (SYMRED_GEMM_KERNEL=blis)"
                  : g->asked == 1 ? " (SYMRED_GEMM_KERNEL=avx512, but the CPU lacks AVX-512F)"
                                  : " (the CPU lacks AVX-512F)");
+    }
     expr_buf_printf(b,
                     " of dimension %d (%s); %s computes tiles of %d output rows x %d reduced "
                     "indices, single-threaded inside each OpenMP thread, and the generated "
