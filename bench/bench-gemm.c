@@ -20,9 +20,12 @@
  * 10 000 test images as queries, D = 784, ArgKMin k = 10, float32), between two FMA-peak runs:
  * each gemm kernel R times (--reps R, default 3), min / median time, GFLOP/s (2 D nq np / t)
  * and their fraction of the peak, and whether the two kernels' neighbour sets agree (up to
- * float32 ties, checked in double precision).
+ * float32 ties, checked in double precision). Each fraction is given twice: wall-clock GFLOP/s
+ * over the wall-clock peak, and GFLOP per CPU-second over the peak's GFLOP per CPU-second (the
+ * machine is shared; CPU time leaves out what other processes take). --no-blis: the AVX-512
+ * gemm only.
  *
- * Usage: bench-gemm [--quick] [--knn-n N]... | bench-gemm --fashion-mnist [--reps R]
+ * Usage: bench-gemm [--quick] [--knn-n N]... | bench-gemm --fashion-mnist [--reps R] [--no-blis]
  * Prints tables; times are the best of 3 runs unless said otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -47,13 +50,19 @@ static float *randf(int64_t n, uint64_t *s)
     return p;
 }
 
+/* Per-run figures of timed_kern: wall time, the mean wall-clock FMA peak around the run, and the
+ * run's CPU time with the mean per-CPU-second peak around it. */
+struct run_times {
+    double *wall, *peak, *cpu, *cpu_peak;
+};
+
 /* Best of reps runs of the kernel built with SYMRED_BLIS=mode and SYMRED_GEMM_KERNEL=kern;
- * strategy name in strat. When times is not NULL, every time goes there, and every run sits
- * between two short FMA-peak runs whose mean goes to peaks[] (the machine is shared: its speed
- * changes from one second to the next, so each run gets its own yardstick). */
+ * strategy name in strat. When rt is not NULL, every run's figures go there, and every run sits
+ * between two short FMA-peak runs whose mean is its yardstick (the machine is shared: its speed
+ * changes from one second to the next, so each run gets its own). */
 static double timed_kern(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const char *mode,
                          const char *kern, int64_t nx, int64_t ny, const void *const *args,
-                         void *out, int reps, char *strat, double *times, double *peaks)
+                         void *out, int reps, char *strat, const struct run_times *rt)
 {
     setenv("SYMRED_BLIS", mode, 1);
     setenv("SYMRED_GEMM_KERNEL", kern, 1);
@@ -64,20 +73,23 @@ static double timed_kern(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const
     }
     const char *s = strstr(sr_kernel_explain(k), "strategy: ");
     snprintf(strat, 16, "%s", s && strncmp(s + 10, "gemm", 4) == 0 ? "gemm" : "direct");
-    double best = 1e30, p0 = times ? bench_fma_peak(0.5, NULL) : 0;
+    double best = 1e30, c0 = 0, c1 = 0, p0 = rt ? bench_fma_peak(0.5, NULL, &c0) : 0;
     for (int r = 0; r < reps; r++) {
-        double t0 = bench_now();
+        double t0 = bench_now(), u0 = bench_cpu_now();
         if (sr_kernel_run(k, nx, ny, args, out) != SR_OK) {
             fprintf(stderr, "bench-gemm: %s\n", sr_ctx_error(ctx));
             exit(1);
         }
-        double t = bench_now() - t0;
+        double t = bench_now() - t0, u = bench_cpu_now() - u0;
         best = t < best ? t : best;
-        if (times) {
-            double p1 = bench_fma_peak(0.5, NULL);
-            times[r] = t;
-            peaks[r] = (p0 + p1) / 2;
+        if (rt) {
+            double p1 = bench_fma_peak(0.5, NULL, &c1);
+            rt->wall[r] = t;
+            rt->peak[r] = (p0 + p1) / 2;
+            rt->cpu[r] = u;
+            rt->cpu_peak[r] = (c0 + c1) / 2;
             p0 = p1;
+            c0 = c1;
         }
     }
     sr_kernel_free(k);
@@ -87,7 +99,7 @@ static double timed_kern(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const
 static double timed(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const char *mode, int64_t nx,
                     int64_t ny, const void *const *args, void *out, int reps, char *strat)
 {
-    return timed_kern(ctx, f, d, mode, "auto", nx, ny, args, out, reps, strat, NULL, NULL);
+    return timed_kern(ctx, f, d, mode, "auto", nx, ny, args, out, reps, strat, NULL);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -130,8 +142,24 @@ static double sqdist_f64(const float *a, const float *b, int64_t dim)
     return s;
 }
 
-/* kNN on Fashion-MNIST with each gemm kernel, between two FMA-peak runs. */
-static int fashion_mnist(sr_ctx *ctx, int reps)
+/* The 1, 5 and 15 minute load averages, "?" where /proc/loadavg cannot be read. */
+static const char *loadavg(void)
+{
+    static char buf[64];
+    FILE *fp = fopen("/proc/loadavg", "r");
+    float a = 0, b = 0, c = 0;
+    if (!fp || fscanf(fp, "%f %f %f", &a, &b, &c) != 3)
+        snprintf(buf, sizeof buf, "?");
+    else
+        snprintf(buf, sizeof buf, "%.2f %.2f %.2f", a, b, c);
+    if (fp)
+        fclose(fp);
+    return buf;
+}
+
+/* kNN on Fashion-MNIST with the AVX-512 gemm (and with BLIS when nkern is 2), between two
+ * FMA-peak runs. */
+static int fashion_mnist(sr_ctx *ctx, int reps, int nkern)
 {
     const char *dir = "/usr/share/datasets/fashion-mnist";
     char pp[256], pq[256];
@@ -154,44 +182,61 @@ static int fashion_mnist(sr_ctx *ctx, int reps)
     d.k = K;
     const void *args[] = {xq, xp};
     static const char *const kerns[] = {"auto", "blis"};
-    int64_t *idx[2];
+    int64_t *idx[2] = {NULL, NULL};
     double med[2], best[2];
-    bench_fma_peak(0.1, &width);
+    bench_fma_peak(0.1, &width, NULL);
     printf("kNN Fashion-MNIST, %lld points x %lld queries, D = %lld, k = %d, float32; each run "
            "between two FMA-peak runs (float32, %d-bit, all threads), its fraction of their "
-           "mean\n",
-           (long long)np, (long long)nq, (long long)D, K, width);
-    printf("%-16s %4s %9s %9s %11s %8s\n", "gemm kernel", "run", "time (s)", "GFLOP/s", "peak GF/s",
-           "% peak");
+           "mean, in wall-clock time and in CPU time (GFLOP per CPU-second: what other processes "
+           "take from this one does not count); load average %s\n",
+           (long long)np, (long long)nq, (long long)D, K, width, loadavg());
+    printf("%-16s %4s %9s %9s %11s %8s %9s %8s\n", "gemm kernel", "run", "time (s)", "GFLOP/s",
+           "peak GF/s", "% peak", "CPU (s)", "% CPU pk");
     static const char *const names[] = {"symred AVX-512", "BLIS"};
-    double *times = bench_alloc(sizeof *times * (size_t)reps);
-    double *peaks = bench_alloc(sizeof *peaks * (size_t)reps);
+    struct run_times rt = {
+        bench_alloc(sizeof(double) * (size_t)reps), bench_alloc(sizeof(double) * (size_t)reps),
+        bench_alloc(sizeof(double) * (size_t)reps), bench_alloc(sizeof(double) * (size_t)reps)};
     double *frac = bench_alloc(sizeof *frac * (size_t)reps);
-    double medfrac[2], maxfrac[2];
-    for (int q = 0; q < 2; q++) {
+    double *cfrac = bench_alloc(sizeof *cfrac * (size_t)reps);
+    double medfrac[2], maxfrac[2], medcfrac[2];
+    for (int q = 0; q < nkern; q++) {
         idx[q] = bench_alloc(sizeof *idx[q] * (size_t)(nq * K));
         char strat[16];
-        best[q] = timed_kern(ctx, f, &d, "auto", kerns[q], nq, np, args, idx[q], reps, strat, times,
-                             peaks);
+        best[q] = timed_kern(ctx, f, &d, "auto", kerns[q], nq, np, args, idx[q], reps, strat, &rt);
         for (int r = 0; r < reps; r++) {
-            frac[r] = flops / times[r] / 1e9 / peaks[r];
-            printf("%-16s %4d %9.3f %9.1f %11.1f %7.1f%%\n", names[q], r + 1, times[r],
-                   flops / times[r] / 1e9, peaks[r], 100 * frac[r]);
+            frac[r] = flops / rt.wall[r] / 1e9 / rt.peak[r];
+            cfrac[r] = flops / rt.cpu[r] / 1e9 / rt.cpu_peak[r];
+            printf("%-16s %4d %9.3f %9.1f %11.1f %7.1f%% %9.3f %7.1f%%\n", names[q], r + 1,
+                   rt.wall[r], flops / rt.wall[r] / 1e9, rt.peak[r], 100 * frac[r], rt.cpu[r],
+                   100 * cfrac[r]);
         }
-        qsort(times, (size_t)reps, sizeof *times, cmp_double);
+        qsort(rt.wall, (size_t)reps, sizeof *rt.wall, cmp_double);
         qsort(frac, (size_t)reps, sizeof *frac, cmp_double);
-        med[q] = times[reps / 2];
+        qsort(cfrac, (size_t)reps, sizeof *cfrac, cmp_double);
+        med[q] = rt.wall[reps / 2];
         medfrac[q] = frac[reps / 2];
         maxfrac[q] = frac[reps - 1];
+        medcfrac[q] = cfrac[reps / 2];
     }
-    free(times);
-    free(peaks);
+    free(rt.wall);
+    free(rt.peak);
+    free(rt.cpu);
+    free(rt.cpu_peak);
     free(frac);
-    printf("\n%-16s %9s %9s %12s %12s %10s %10s\n", "gemm kernel", "min (s)", "med (s)",
-           "GFLOP/s max", "GFLOP/s med", "%peak med", "%peak max");
-    for (int q = 0; q < 2; q++)
-        printf("%-16s %9.3f %9.3f %12.1f %12.1f %9.1f%% %9.1f%%\n", names[q], best[q], med[q],
-               flops / best[q] / 1e9, flops / med[q] / 1e9, 100 * medfrac[q], 100 * maxfrac[q]);
+    free(cfrac);
+    printf("\n%-16s %9s %9s %12s %12s %10s %10s %10s\n", "gemm kernel", "min (s)", "med (s)",
+           "GFLOP/s max", "GFLOP/s med", "%peak med", "%peak max", "%CPU med");
+    for (int q = 0; q < nkern; q++)
+        printf("%-16s %9.3f %9.3f %12.1f %12.1f %9.1f%% %9.1f%% %9.1f%%\n", names[q], best[q],
+               med[q], flops / best[q] / 1e9, flops / med[q] / 1e9, 100 * medfrac[q],
+               100 * maxfrac[q], 100 * medcfrac[q]);
+    printf("load average at the end: %s\n", loadavg());
+    if (nkern < 2) {
+        free(idx[0]);
+        free(xp);
+        free(xq);
+        return 0;
+    }
     printf("AVX-512 / BLIS speed (min times): %.2f\n", best[1] / best[0]);
     /* The neighbour sets: the same, or different only where distances tie within float32. */
     int64_t differ = 0, untied = 0;
@@ -224,7 +269,7 @@ static int fashion_mnist(sr_ctx *ctx, int reps)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, fmnist = 0, fm_reps = 3;
+    int quick = 0, fmnist = 0, fm_reps = 3, fm_kerns = 2;
     int64_t knn_n[4] = {100000, 0, 0, 0};
     int nknn = 0;
     for (int a = 1; a < argc; a++) {
@@ -232,13 +277,15 @@ int main(int argc, char **argv)
             quick = 1;
         else if (strcmp(argv[a], "--fashion-mnist") == 0)
             fmnist = 1;
+        else if (strcmp(argv[a], "--no-blis") == 0)
+            fm_kerns = 1;
         else if (strcmp(argv[a], "--reps") == 0 && a + 1 < argc && atoi(argv[a + 1]) > 0)
             fm_reps = atoi(argv[++a]);
         else if (strcmp(argv[a], "--knn-n") == 0 && a + 1 < argc && nknn < 4)
             knn_n[nknn++] = atoll(argv[++a]);
         else {
             fprintf(stderr, "usage: bench-gemm [--quick] [--knn-n N]... | bench-gemm "
-                            "--fashion-mnist [--reps R]\n");
+                            "--fashion-mnist [--reps R] [--no-blis]\n");
             return 2;
         }
     }
@@ -247,13 +294,13 @@ int main(int argc, char **argv)
     sr_ctx *ctx;
     sr_ctx_new(&ctx);
     if (fmnist) {
-        int rc = fashion_mnist(ctx, fm_reps);
+        int rc = fashion_mnist(ctx, fm_reps, fm_kerns);
         sr_ctx_free(ctx);
         return rc;
     }
     uint64_t seed = 42;
     int reps = quick ? 1 : 3, width;
-    double peak = bench_fma_peak(1.0, &width);
+    double peak = bench_fma_peak(1.0, &width, NULL);
     printf("FMA peak (float32, %d-bit, all threads): %.1f GFLOP/s\n\n", width, peak);
 
     printf("Gaussian mat-vec via the inner product, float32, N = M = sqrt(%.0e / 2D) (best of "
@@ -283,7 +330,7 @@ int main(int argc, char **argv)
         char s1[16], s2[16], s3[16];
         double td = timed(ctx, f, &d, "off", n, n, args, out, reps, s1);
         double tg = timed(ctx, f, &d, "on", n, n, args, out, reps, s2);
-        double tb = timed_kern(ctx, f, &d, "on", "blis", n, n, args, out, reps, s2, NULL, NULL);
+        double tb = timed_kern(ctx, f, &d, "on", "blis", n, n, args, out, reps, s2, NULL);
         timed(ctx, f, &d, "auto", n, n, args, out, 1, s3);
         printf("%6d %7lld %11.3f %11.3f %11.3f %8.2f %8.2f %7.1f%% %8s\n", D, (long long)n, td, tg,
                tb, td / tg, tb / tg, 100 * 2.0 * D * (double)n * (double)n / tg / 1e9 / peak, s3);
