@@ -25,7 +25,14 @@
  * machine is shared; CPU time leaves out what other processes take). --no-blis: the AVX-512
  * gemm only.
  *
- * Usage: bench-gemm [--quick] [--knn-n N]... | bench-gemm --fashion-mnist [--reps R] [--no-blis]
+ * --dims D,D,...: the mat-vec table at those D only (no kNN table); --no-blis: without BLIS;
+ * --cpu-time: the table's times in CPU seconds of the process, its % of the peak per CPU-second;
+ * --scale S: S times the mat-vec's pairs (N = M up to 30 000 unless --gemm-only, which skips the
+ * direct strategy).
+ *
+ * Usage: bench-gemm [--quick] [--no-blis] [--gemm-only] [--cpu-time] [--scale S] [--dims D,...]
+ *                   [--knn-n N]...
+ *        bench-gemm --fashion-mnist [--reps R] [--no-blis]
  * Prints tables; times are the best of 3 runs unless said otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -49,6 +56,10 @@ static float *randf(int64_t n, uint64_t *s)
         p[t] = (float)bench_uniform(s);
     return p;
 }
+
+/* --cpu-time: the mat-vec table's times are CPU seconds of the process (all threads) and its
+ * peak is per CPU-second, so that other processes' load on the shared machine does not count. */
+static int use_cpu_time;
 
 /* Per-run figures of timed_kern: wall time, the mean wall-clock FMA peak around the run, and the
  * run's CPU time with the mean per-CPU-second peak around it. */
@@ -81,7 +92,7 @@ static double timed_kern(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const
             exit(1);
         }
         double t = bench_now() - t0, u = bench_cpu_now() - u0;
-        best = t < best ? t : best;
+        best = (use_cpu_time ? u : t) < best ? (use_cpu_time ? u : t) : best;
         if (rt) {
             double p1 = bench_fma_peak(0.5, NULL, &c1);
             rt->wall[r] = t;
@@ -269,7 +280,10 @@ static int fashion_mnist(sr_ctx *ctx, int reps, int nkern)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, fmnist = 0, fm_reps = 3, fm_kerns = 2;
+    int quick = 0, fmnist = 0, fm_reps = 3, fm_kerns = 2, ndims = 12, matvec_only = 0,
+        gemm_only = 0;
+    double scale = 1;
+    int dims[12] = {8, 12, 16, 20, 24, 32, 48, 64, 128, 256, 512, 1024};
     int64_t knn_n[4] = {100000, 0, 0, 0};
     int nknn = 0;
     for (int a = 1; a < argc; a++) {
@@ -281,11 +295,23 @@ int main(int argc, char **argv)
             fm_kerns = 1;
         else if (strcmp(argv[a], "--reps") == 0 && a + 1 < argc && atoi(argv[a + 1]) > 0)
             fm_reps = atoi(argv[++a]);
-        else if (strcmp(argv[a], "--knn-n") == 0 && a + 1 < argc && nknn < 4)
+        else if (strcmp(argv[a], "--gemm-only") == 0)
+            gemm_only = 1;
+        else if (strcmp(argv[a], "--scale") == 0 && a + 1 < argc && atof(argv[a + 1]) > 0)
+            scale = atof(argv[++a]);
+        else if (strcmp(argv[a], "--cpu-time") == 0)
+            use_cpu_time = 1;
+        else if (strcmp(argv[a], "--dims") == 0 && a + 1 < argc) {
+            ndims = 0;
+            matvec_only = 1;
+            for (char *p = argv[++a]; *p && ndims < 12; p += *p == ',')
+                dims[ndims++] = (int)strtol(p, &p, 10);
+        } else if (strcmp(argv[a], "--knn-n") == 0 && a + 1 < argc && nknn < 4)
             knn_n[nknn++] = atoll(argv[++a]);
         else {
-            fprintf(stderr, "usage: bench-gemm [--quick] [--knn-n N]... | bench-gemm "
-                            "--fashion-mnist [--reps R] [--no-blis]\n");
+            fprintf(stderr, "usage: bench-gemm [--quick] [--no-blis] [--cpu-time] [--dims D,D,...] "
+                            "[--knn-n N]... "
+                            "| bench-gemm --fashion-mnist [--reps R] [--no-blis]\n");
             return 2;
         }
     }
@@ -300,19 +326,27 @@ int main(int argc, char **argv)
     }
     uint64_t seed = 42;
     int reps = quick ? 1 : 3, width;
-    double peak = bench_fma_peak(1.0, &width, NULL);
-    printf("FMA peak (float32, %d-bit, all threads): %.1f GFLOP/s\n\n", width, peak);
+    double flop_budget = (quick ? 2e9 : 2e10) * scale;
+    double cpu_peak, peak = bench_fma_peak(1.0, &width, &cpu_peak);
+    printf("FMA peak (float32, %d-bit, all threads): %.1f GFLOP/s, %.1f GFLOP per CPU-second; "
+           "load average %s\n\n",
+           width, peak, cpu_peak, loadavg());
+    if (use_cpu_time) {
+        peak = cpu_peak;
+        printf("times below: CPU seconds of the process (all threads), %% peak per CPU-second\n");
+    }
 
     printf("Gaussian mat-vec via the inner product, float32, N = M = sqrt(%.0e / 2D) (best of "
            "%d)\n",
-           quick ? 2e9 : 2e10, reps);
+           flop_budget, reps);
     printf("%6s %7s %11s %11s %11s %8s %8s %8s %8s\n", "D", "N", "direct (s)", "avx512 (s)",
            "blis (s)", "dir/avx", "blis/avx", "% peak", "auto");
-    static const int dims[] = {8, 12, 16, 20, 24, 32, 48, 64, 128, 256, 512, 1024};
-    for (size_t t = 0; t < sizeof dims / sizeof *dims; t++) {
+    for (int t = 0; t < ndims; t++) {
         int D = dims[t];
-        int64_t n = (int64_t)sqrt((quick ? 2e9 : 2e10) / (2.0 * D));
-        if (n > 30000)
+        if (D < 1)
+            continue;
+        int64_t n = (int64_t)sqrt(flop_budget / (2.0 * D));
+        if (n > 30000 && !gemm_only)
             n = 30000;
         char ax[32], ay[32];
         snprintf(ax, sizeof ax, "x=Vi(%d)", D);
@@ -328,9 +362,11 @@ int main(int argc, char **argv)
         const void *args[] = {x, y, b, &g};
         sr_kernel_desc d = sr_kernel_desc_default();
         char s1[16], s2[16], s3[16];
-        double td = timed(ctx, f, &d, "off", n, n, args, out, reps, s1);
+        double td = gemm_only ? NAN : timed(ctx, f, &d, "off", n, n, args, out, reps, s1);
         double tg = timed(ctx, f, &d, "on", n, n, args, out, reps, s2);
-        double tb = timed_kern(ctx, f, &d, "on", "blis", n, n, args, out, reps, s2, NULL);
+        double tb = fm_kerns == 2
+                        ? timed_kern(ctx, f, &d, "on", "blis", n, n, args, out, reps, s2, NULL)
+                        : NAN;
         timed(ctx, f, &d, "auto", n, n, args, out, 1, s3);
         printf("%6d %7lld %11.3f %11.3f %11.3f %8.2f %8.2f %7.1f%% %8s\n", D, (long long)n, td, tg,
                tb, td / tg, tb / tg, 100 * 2.0 * D * (double)n * (double)n / tg / 1e9 / peak, s3);
@@ -340,6 +376,12 @@ int main(int argc, char **argv)
         free(out);
     }
 
+    if (matvec_only) { /* --dims: the mat-vec table only */
+        unsetenv("SYMRED_BLIS");
+        unsetenv("SYMRED_GEMM_KERNEL");
+        sr_ctx_free(ctx);
+        return 0;
+    }
     printf("\nkNN (ArgKMin k = 10 of SqDist), random uniform data, float32, m = 10000 queries\n");
     printf("%9s %6s %12s %12s %8s %8s\n", "n", "D", "direct (s)", "gemm (s)", "speedup", "auto");
     static const int kdims[] = {3, 10, 100};
