@@ -14,18 +14,15 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 
-#define SR_ERR_MAX 2048
+#define SR_ERR_MAX EXPR_ERR_MAX
 
 struct sr_ctx {
-    struct expr_store store;
-    /* The last failure. Kernels may run (and fail) from several threads: the lock guards the
-     * message, and sr_ctx_error() hands out a thread-local copy. */
-    pthread_mutex_t err_lock;
-    char err[SR_ERR_MAX];
-    /* Set by a failed builder, consumed by sr_kernel_new(NULL) so it can report the first
-     * failure of a builder chain. */
-    sr_status pending;
+    /* The IR's state: the node store and the error sink (the last failure, which
+     * sr_ctx_error() hands out as a thread-local copy, and the pending builder failure). It
+     * must stay the first member: the IR finds it by casting the sr_ctx pointer (expr_ctx). */
+    struct expr_ctx ir;
     int log_level; /* SYMRED_LOG */
     /* A malformed SYMRED_* variable seen by sr_ctx_new: every sr_kernel_new of the context
      * fails with it, naming the variable, rather than silently using a default. */
@@ -37,6 +34,7 @@ struct sr_ctx {
     int num_threads;     /* SYMRED_NUM_THREADS; 0 = as many as OpenMP offers */
     struct jit_ctx *jit; /* CPU JIT options and loaded modules (src/jit), created on use */
 };
+_Static_assert(offsetof(struct sr_ctx, ir) == 0, "expr_ctx() needs the IR state first");
 
 /* Records status and a printf-style message in ctx; returns status. ctx may be NULL. */
 sr_status sr__error(sr_ctx *ctx, sr_status status, const char *fmt, ...)

@@ -175,9 +175,9 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
     if (!desc)
         return sr__error(ctx, SR_EINVAL, "sr_kernel_new: desc is NULL");
     if (!f) {
-        if (ctx->pending != SR_OK) {
-            sr_status st = ctx->pending; /* the builder's own message stays */
-            ctx->pending = SR_OK;
+        if (ctx->ir.err.pending != SR_OK) {
+            sr_status st = ctx->ir.err.pending; /* the builder's own message stays */
+            ctx->ir.err.pending = SR_OK;
             return st;
         }
         return sr__error(ctx, SR_EINVAL, "sr_kernel_new: the formula is NULL");

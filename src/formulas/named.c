@@ -104,7 +104,7 @@ sr_expr *sr_formula(sr_ctx *ctx, const char *name, sr_expr *x, sr_expr *y, sr_ex
         return NULL; /* an earlier builder failed and said why */
     if (nf->param != NP_NONE) {
         if (!param) {
-            if (ctx->pending == SR_OK)
+            if (expr_ctx(ctx)->err.pending == SR_OK)
                 sr__builder_error(ctx, SR_EINVAL, "sr_formula(%s): the parameter is NULL", name);
             return NULL;
         }

@@ -194,7 +194,7 @@ int simp_expr(sr_ctx *ctx, sr_expr *e, const struct simp_opts *o, sr_expr **out,
     *out = e;
     if (!e)
         return 0;
-    sr_status pending = ctx->pending;
+    sr_status pending = expr_ctx(ctx)->err.pending;
     struct simp_state s;
     memset(&s, 0, sizeof s);
     s.ctx = ctx;
@@ -225,7 +225,7 @@ int simp_expr(sr_ctx *ctx, sr_expr *e, const struct simp_opts *o, sr_expr **out,
     memo_free(&s.memo);
     /* A rewrite that failed to build a node may have recorded a builder error; the user's
      * builder chain did not fail, so its pending status is restored. */
-    ctx->pending = pending;
+    expr_ctx(ctx)->err.pending = pending;
     *out = cur;
     return total;
 }
@@ -566,11 +566,11 @@ sr_status simp_kernel(sr_kernel *k)
             free(log.data);
         else
             k->simp.log = log.data;
-        sr_status pending = k->ctx->pending;
+        sr_status pending = expr_ctx(k->ctx)->err.pending;
         plan_reduction(k);
         collect_hoisted(k, k->f);
         collect_hoisted(k, k->weight);
-        k->ctx->pending = pending;
+        expr_ctx(k->ctx)->err.pending = pending;
     }
     estimate(k);
     return SR_OK;
