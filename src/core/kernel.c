@@ -1,6 +1,5 @@
 /* kernel.c — kernel creation, argument validation, and dispatch to a backend. */
 #include "core.h"
-#include "../formulas/formulas.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
  * nx·ny·(flops per pair of f + 2 per column of the dense side) and a dense product 2·a·b·c, and
  * forbids multiplying two bare kernel factors (that would materialise one of them).
  */
-#include "formulas.h"
+#include "core.h"
 
 #include <math.h>
 #include <stdlib.h>
