@@ -1,10 +1,10 @@
 /*
- * core.h — the context, kernels, errors and the backend interface.
+ * core.h — the context, kernels, errors, the backend interface and the backend registry.
  *
- * Every other module includes this header. A backend (the reference interpreter, later the
- * CPU JIT and CUDA) plugs in through struct sr_backend_i; the public entry points in kernel.c
- * validate every argument once, handle empty sizes, and only then call the backend, so
- * backends may assume sane input.
+ * The backends (src/cpu, src/jit) include this header; core includes none of theirs
+ * (docs/architecture.md). A backend plugs in through struct sr_backend_i and a row of
+ * SR_BACKEND_MAP; the public entry points in kernel.c validate every argument once, handle
+ * empty sizes, and only then call the backend, so backends may assume sane input.
  */
 #ifndef SYMRED_CORE_H
 #define SYMRED_CORE_H
@@ -17,6 +17,26 @@
 #include <stddef.h>
 
 #define SR_ERR_MAX EXPR_ERR_MAX
+
+/*
+ * The backend registry: X(id, backend, device), one row per backend that a kernel desc's device
+ * can pick (registry.c). id gives SR_BACKEND_<id>, the backend's slot for per-context state
+ * (sr_ctx.backend_state); backend is its struct sr_backend_i, defined by the backend's own
+ * module; device is the sr_device that picks it (SR_DEVICE_AUTO means SR_DEVICE_CPU). Core
+ * names these objects only here and calls backends only through their members. A backend that
+ * another backend's prepare chooses (the gemm-epilogue, chosen by the JIT) needs no row.
+ */
+#define SR_BACKEND_MAP(X)                                                                          \
+    X(JIT, cpu_jit_backend, SR_DEVICE_CPU)                   /* src/cpu/omp-runtime.c */           \
+    X(REFERENCE, cpu_reference_backend, SR_DEVICE_REFERENCE) /* src/cpu/reference.c */             \
+    X(CUDA, cuda_backend, SR_DEVICE_CUDA)                    /* src/jit/cuda-runtime.c */
+
+enum sr_backend_id {
+#define SR_BACKEND_ID_(id, backend, device) SR_BACKEND_##id,
+    SR_BACKEND_MAP(SR_BACKEND_ID_)
+#undef SR_BACKEND_ID_
+        SR_BACKEND_COUNT
+};
 
 struct sr_ctx {
     /* The IR's state: the node store and the error sink (the last failure, which
@@ -31,8 +51,10 @@ struct sr_ctx {
     /* The memory budget for kernel workspaces, in bytes (SYMRED_MEM_LIMIT or
      * sr_ctx_set_mem_limit); 0 = unlimited. See src/core/budget.c. */
     int64_t mem_limit;
-    int num_threads;     /* SYMRED_NUM_THREADS; 0 = as many as OpenMP offers */
-    struct jit_ctx *jit; /* CPU JIT options and loaded modules (src/jit), created on use */
+    int num_threads; /* SYMRED_NUM_THREADS; 0 = as many as OpenMP offers */
+    /* Each registered backend's per-context state, indexed by enum sr_backend_id: created by
+     * the backend on use, freed by its ctx_free in sr_ctx_free. */
+    void *backend_state[SR_BACKEND_COUNT];
 };
 _Static_assert(offsetof(struct sr_ctx, ir) == 0, "expr_ctx() needs the IR state first");
 
@@ -125,12 +147,24 @@ void sr__fill_identity(const struct sr_kernel *k, const sr_run_desc *r, int64_t 
 
 /*
  * A backend. Members other than name and run may be NULL.
- *   prepare    — build backend state for a new kernel (compile, plan); may fail, with a message
- *   run        — compute; the arguments have been validated, nx > 0 and ny > 0
- *   release    — free what prepare made
- *   explain    — append backend-specific plan text to the explain buffer
- *   run_ranges — compute the block-sparse reduction of plan p (validated, nx > 0 and ny > 0):
- *                write the output rows of p's blocks only; NULL = ranges not supported
+ *   prepare      — build backend state for a new kernel (compile, plan); may fail, with a
+ *                  message; may hand the kernel to another backend by setting k->backend
+ *   run          — compute; the arguments have been validated, nx > 0 and ny > 0
+ *   release      — free what prepare made
+ *   explain      — append backend-specific plan text to the explain buffer
+ *   run_ranges   — compute the block-sparse reduction of plan p (validated, nx > 0 and ny > 0):
+ *                  write the output rows of p's blocks only; NULL = ranges not supported
+ *   workspace    — the most workspace one run uses, all threads together, with the per-thread
+ *                  part and the thread count in *per_thread and *threads (either may be NULL),
+ *                  for the memory budget and explain; called only while k->backend_data is set;
+ *                  NULL = the reference interpreter's estimate (sr__reference_workspace)
+ *   run_device   — run with device-pointer flags (sr_kernel_run_device): validated input,
+ *                  nout > 0, nred >= 0; NULL = host arrays only
+ *   ctx_free     — free this backend's per-context state (sr_ctx.backend_state[its id], never
+ *                  NULL when called) at sr_ctx_free
+ *   post_rewrite — a kernel that the simplifier gave a reduction rewrite (k->simp.post) runs as an
+ *                  inner kernel on this backend plus the post formula (simp_post_backend); false:
+ *                  the backend runs the kernel's formula whole
  */
 struct sr_backend_i {
     const char *name;
@@ -140,7 +174,22 @@ struct sr_backend_i {
     void (*explain)(const struct sr_kernel *k, struct expr_buf *b);
     sr_status (*run_ranges)(const struct sr_kernel *k, const sr_run_desc *run,
                             const struct sr_rplan *p);
+    int64_t (*workspace)(const struct sr_kernel *k, int64_t *per_thread, int *threads);
+    sr_status (*run_device)(const struct sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
+                            int device_out);
+    void (*ctx_free)(void *state);
+    bool post_rewrite;
 };
+
+/* The registered backends' interface objects (SR_BACKEND_MAP), by id (registry.c). */
+#define SR_BACKEND_DECL_(id, backend, device) extern const struct sr_backend_i backend;
+SR_BACKEND_MAP(SR_BACKEND_DECL_)
+#undef SR_BACKEND_DECL_
+extern const struct sr_backend_i *const sr__backends[SR_BACKEND_COUNT];
+/* The backend that device picks (SR_DEVICE_AUTO must have been resolved to a device). */
+const struct sr_backend_i *sr__backend_for(sr_device device);
+/* Frees every backend's per-context state of ctx (sr_ctx_free). */
+void sr__backends_ctx_free(sr_ctx *ctx);
 
 /*
  * What the simplifier (src/formulas) did for a kernel. sr_kernel.f and .weight are the
@@ -201,7 +250,7 @@ void simp_kernel_release(sr_kernel *k);
 void simp_kernel_explain(const sr_kernel *k, struct expr_buf *b);
 /* The backend of a kernel with a reduction rewrite (k->simp.post; src/core/post.c): an inner kernel
  * on the user's device reduces k->simp.inner, then the post formula gives the output. kernel.c
- * installs it in place of any backend but the reference. */
+ * installs it in place of a backend whose post_rewrite is set. */
 extern const struct sr_backend_i simp_post_backend;
 /* The most workspace one run of such a kernel uses: the inner and post kernels' workspaces and
  * the chunk of R (for the memory budget, src/core/budget.c; k->backend->run equals
@@ -209,16 +258,5 @@ extern const struct sr_backend_i simp_post_backend;
 int64_t simp_post_workspace(const sr_kernel *k);
 
 static inline size_t sr_dtype_size(sr_dtype t) { return t == SR_F64 ? 8 : 4; }
-
-/* Backends. */
-extern const struct sr_backend_i cpu_reference_backend;
-extern const struct sr_backend_i cpu_jit_backend; /* falls back to the reference */
-extern const struct sr_backend_i cuda_backend;    /* src/jit/cuda-runtime.c: SR_ENODEV w/o GPU */
-/* The CUDA backend's run with device-pointer flags (sr_kernel_run_device); validated input,
- * nout > 0, nred >= 0. */
-sr_status cuda_run_device(const struct sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
-                          int device_out);
-/* Unloads the context's JIT modules (ctx.c calls it from sr_ctx_free). */
-void cpu_jit_ctx_free(sr_ctx *ctx);
 
 #endif /* SYMRED_CORE_H */

@@ -108,7 +108,7 @@ void sr_ctx_free(sr_ctx *ctx)
 {
     if (!ctx)
         return;
-    cpu_jit_ctx_free(ctx);
+    sr__backends_ctx_free(ctx);
     expr_ctx_free(&ctx->ir);
     free(ctx);
 }

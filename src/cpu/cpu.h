@@ -245,4 +245,16 @@ void cpu_avx512_pack_a(int f64, int64_t m, int64_t K, const void *A, void *Ap);
 void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *B,
                      void *Bp, void *C, int64_t ldc);
 
+/* ---- the gemm-epilogue strategy of the CPU JIT (src/cpu/gemm.c) ---- */
+
+/* Plans kernel k for the gemm-epilogue strategy: when F depends on the pair only through one
+ * inner product of an i-variable and a j-variable, the dimension is at least the measured
+ * threshold, and BLIS can be loaded. On SR_OK k->backend is cpu_gemm_backend; SR_ENOTSUP: not
+ * applicable (use the direct strategy); other errors (SR_EBUDGET, SR_ECOMPILE) are final. */
+sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
+/* For a direct-strategy kernel whose F has a single inner product: why gemm-epilogue was not
+ * chosen, appended to explain (nothing otherwise). */
+void cpu_gemm_explain_direct(const struct sr_kernel *k, struct expr_buf *b);
+extern const struct sr_backend_i cpu_gemm_backend;
+
 #endif /* SYMRED_CPU_H */
