@@ -200,7 +200,7 @@ void sr__backends_ctx_free(sr_ctx *ctx);
 struct sr_simp_info {
     bool enabled; /* SYMRED_SIMPLIFY is not 0 */
     const sr_expr *f_user, *weight_user;
-    /* The reduction rewrite (src/formulas/simplify.c), all NULL when there is none: the
+    /* The reduction rewrite (src/core/simp-kernel.c), all NULL when there is none: the
      * reduction of F equals post evaluated once per output row, where post reads the output
      * index's variables, the parameters and R = the reduction of inner (a variable of the
      * output index at argument position nargs, dimension k * dim(inner)). outer is the part
