@@ -1,5 +1,6 @@
 /*
- * cpu.h — the CPU module's internal header: the reduction accumulators.
+ * cpu.h — the CPU module's internal header: the reduction accumulators, and the gemm-epilogue
+ * strategy that the CPU JIT backend (omp-runtime.c) hands high-dimensional kernels to.
  *
  * Every CPU backend (the reference interpreter now, the JIT's OpenMP runtime later) must reduce
  * exactly as docs/semantics.md says, including NaN, infinities and ties. The rules live here
