@@ -58,10 +58,11 @@ struct sr_ctx {
 };
 _Static_assert(offsetof(struct sr_ctx, ir) == 0, "expr_ctx() needs the IR state first");
 
-/* Records status and a printf-style message in ctx; returns status. ctx may be NULL. */
+/* Records status and a printf-style message in ctx's error sink (expr_verror, the sink the IR
+ * reports to as well); returns status. ctx may be NULL. */
 sr_status sr__error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Same, also marking it as a builder failure (see sr_ctx.pending). */
+/* Same, also marking it as a builder failure (see struct expr_errors, pending). */
 sr_status sr__builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Environment options. Unset or empty gives dflt; a malformed value records an SR_EINVAL
