@@ -377,10 +377,7 @@ class Genred(_genred.Genred):
         self._unsupported(out)
         full = self._batch_shape(args)
         if full is not None:  # batch dimensions: flattened by differentiable torch ops
-            if ranges is not None:
-                raise ValueError("ranges with batch dimensions are not supported: symred runs "
-                                 "the batches with block-diagonal ranges of its own")
-            return self._call_batched(args, full, backend, device_id)
+            return self._call_batched(args, full, backend, device_id, ranges)
         rg = _genred._ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         tensors, dt, nx, ny = self._prepare(args)
         # A parameter given as numbers (or on the CPU) follows the variables to their GPU.
