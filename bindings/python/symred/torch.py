@@ -194,12 +194,11 @@ def _run(kern, nx, ny, ranges, args):
         values = torch.empty((nout, kern.out_dim), dtype=dtype, device=device)
     if kern.red in _WITH_INDICES:
         idx = torch.empty((nout, kern.out_dim), dtype=torch.int64, device=device)
+    if device.type == "cuda" and ranges is not None:
+        return _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx)
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values),
                   out_idx=_pointer(idx))
-    if device.type == "cuda" and ranges is not None:
-        raise ValueError("ranges (block-sparse) are not supported on the GPU by symred yet; "
-                         "run on CPU tensors")
     if device.type == "cuda":
         # symred launches on its own stream of the primary context, which torch shares: the
         # inputs must be written before it reads them.
@@ -217,6 +216,27 @@ def _run(kern, nx, ny, ranges, args):
                 st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run),
                                               ctypes.byref(ranges[0]))
     check(st, kern.owner._h.ctx)
+    return values, idx
+
+
+def _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx):
+    """CUDA tensors with block-sparse ranges. sr_kernel_run_device (device pointers) has no
+    ranges variant, but sr_kernel_run_ranges runs a CUDA kernel on host arrays (the library
+    copies them to the GPU and the results back): the tensors go through host copies, and the
+    results are copied into the GPU outputs ``values`` / ``idx``. Correct but not zero-copy
+    (docs/torch.md); never run on a GPU by its author."""
+    host = [a.detach().cpu() if a is not None else None for a in args]  # waits for the GPU
+    hv = torch.empty(values.shape, dtype=values.dtype) if values is not None else None
+    hi = torch.empty(idx.shape, dtype=idx.dtype) if idx is not None else None
+    ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in host])
+    run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(hv),
+                  out_idx=_pointer(hi))
+    st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run), ctypes.byref(ranges[0]))
+    check(st, kern.owner._h.ctx)
+    if values is not None:
+        values.copy_(hv)
+    if idx is not None:
+        idx.copy_(hi)
     return values, idx
 
 
