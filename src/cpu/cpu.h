@@ -1,5 +1,6 @@
 /*
- * cpu.h — the CPU module's internal header: the reduction accumulators.
+ * cpu.h — the CPU module's internal header: the reduction accumulators, and the gemm-epilogue
+ * strategy that the CPU JIT backend (omp-runtime.c) hands high-dimensional kernels to.
  *
  * Every CPU backend (the reference interpreter now, the JIT's OpenMP runtime later) must reduce
  * exactly as docs/semantics.md says, including NaN, infinities and ties. The rules live here
@@ -248,5 +249,17 @@ void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, c
  * K it computes in one block on this CPU (from its L2 size). */
 void cpu_avx512_describe(int f64, int64_t K, char *buf, size_t size);
 int64_t cpu_avx512_kc_max(int f64);
+
+/* ---- the gemm-epilogue strategy of the CPU JIT (src/cpu/gemm.c) ---- */
+
+/* Plans kernel k for the gemm-epilogue strategy: when F depends on the pair only through one
+ * inner product of an i-variable and a j-variable, the dimension is at least the measured
+ * threshold, and BLIS can be loaded. On SR_OK k->backend is cpu_gemm_backend; SR_ENOTSUP: not
+ * applicable (use the direct strategy); other errors (SR_EBUDGET, SR_ECOMPILE) are final. */
+sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
+/* For a direct-strategy kernel whose F has a single inner product: why gemm-epilogue was not
+ * chosen, appended to explain (nothing otherwise). */
+void cpu_gemm_explain_direct(const struct sr_kernel *k, struct expr_buf *b);
+extern const struct sr_backend_i cpu_gemm_backend;
 
 #endif /* SYMRED_CPU_H */
