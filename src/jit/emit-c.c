@@ -814,6 +814,52 @@ static int emit_pair(struct emitter *E)
 
 static void emitter_free(struct emitter *E);
 
+/* The argument arrays a<v> of a generated entry point, from its args parameter. */
+static void emit_args(struct emitter *E)
+{
+    for (int v = 0; v < E->k->nargs; v++)
+        if (E->k->vars[v].dim)
+            P("    const sr_t *restrict a%d = args[%d];\n", v, v);
+    P("    (void)args;\n");
+}
+
+/* sr_block (sr_kernel_eval_block): F's values on rows [o0, o1) x reduced indices [r0, r1),
+ * component c of (o, r) at out[(o - o0) * so + (r - r0) * sr + c]. The same placement, tiles
+ * and pair loop as sr_part_iv (bodytxt is its loop body), storing F where sr_part_iv reduces
+ * it. On axis 1 the reduced index is j, so a row of the block is contiguous and sr is the
+ * compile-time dim(F) (the simd stores need no scatter); on axis 0 it is the caller's. */
+static void emit_block(struct emitter *E, const char *bodytxt, int ncol, int RB)
+{
+    const struct sr_kernel *k = E->k;
+    P("int sr_block(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, "
+      "void *out_, int64_t so, int64_t sr)\n{\n    sr_t *restrict out = out_;\n");
+    emit_args(E);
+    if (k->axis == 1)
+        P("    (void)sr;\n");
+    emit_scope(E, PL_UNIFORM);
+    P("    sr_t *tb = malloc(sizeof(sr_t) * SR_TJ * %d + 64);\n    if (!tb) return 1;\n", ncol);
+    P("    for (int64_t ob = o0; ob < o1; ob += %d) {\n", RB);
+    P("      const int64_t oe = ob + %d < o1 ? ob + %d : o1;\n", RB, RB);
+    P("      for (int64_t rt = r0; rt < r1; rt += SR_TJ) {\n");
+    P("        const int nj = (int)(r1 - rt < SR_TJ ? r1 - rt : SR_TJ);\n");
+    if (ncol > 0) {
+        P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n"
+          "        const int64_t r = rt + jj;\n");
+        emit_inner(E);
+        P("        }\n");
+    }
+    P("        for (int64_t o = ob; o < oe; o++) {\n");
+    emit_scope(E, PL_OUTER);
+    P("        sr_t *restrict ob_ = out + (o - o0) * so + (rt - r0) * %s;\n",
+      k->axis == 1 ? sfmt(E, "%d", k->fdim) : "sr");
+    P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
+    E->scope = PL_PAIR;
+    for (int c = 0; c < k->fdim; c++)
+        P("        ob_[jj * %s + %d] = %s;\n", k->axis == 1 ? sfmt(E, "%d", k->fdim) : "sr", c,
+          ref_c(E, k->f, c));
+    P("        }\n        }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
+}
+
 /* Orders the nodes of F and the weight, places each (per call, row, reduced index or pair),
  * and gives the inner nodes the pair loop reads their columns in the tile. SR_ENOTSUP when the
  * formula is too large for the direct strategy. */
@@ -1005,10 +1051,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
      * one-interval case. */
     P("int sr_part_iv(int64_t o0, int64_t o1, const int64_t *iv, int64_t niv, const void *const "
       "*args, void *state_)\n{\n    sr_state *st = state_;\n");
-    for (int v = 0; v < k->nargs; v++)
-        if (k->vars[v].dim)
-            P("    const sr_t *restrict a%d = args[%d];\n", v, v);
-    P("    (void)args;\n");
+    emit_args(E);
     if (E->gemm)
         P("    const sr_t *restrict sr_gt = args[%d];\n"
           "    const int sr_ginit = *(const int *)args[%d];\n",
@@ -1183,8 +1226,10 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
               E->gemm ? "          }\n" : "");
         }
     }
-    free(body.data);
     P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
+    if (!E->gemm)
+        emit_block(E, bodytxt, ncol, RB);
+    free(body.data);
     P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
       "*state_)\n{\n    const int64_t iv[2] = {r0, r1};\n"
       "    return sr_part_iv(o0, o1, iv, 1, args, state_);\n}\n\n");
