@@ -1,7 +1,8 @@
 /*
  * jit.h — the CPU JIT: C emitter, compile driver, loader and disk cache.
  *
- * A kernel is lowered to one C translation unit (emit-c.c) that exports a fixed C ABI, compiled
+ * A kernel is lowered to one C translation unit (emit-c.c: the skeletons; emit-ops.c: the op
+ * spellings; emit-c.h between them) that exports a fixed C ABI, compiled
  * by the system compiler into a shared object (compile.c), kept in a per-user disk cache
  * (cache.c) and in a per-context in-memory cache, and run by the OpenMP runtime in
  * src/cpu/omp-runtime.c.
