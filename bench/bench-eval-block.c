@@ -9,14 +9,17 @@
  *
  *   bench-eval-block [M] [b] [reps]      (default 400 10000 5)
  *
- * The kernels compile into a fresh cache directory, so "compile" is the cold compile of the
- * module that holds both the reduction and the block. Times are the best of reps calls.
+ * The kernels compile into a fresh cache directory (unless SYMRED_CACHE_DIR is set), so
+ * "compile" is the cold compile of the module that holds both the reduction and the block
+ * (bench/eval-block-compile.sh measures what the block adds to it). Times are the best of reps
+ * calls.
  */
 #define _GNU_SOURCE
 #include "bench.h"
 #include "symred.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,12 +80,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench-eval-block [M] [b] [reps]\n");
         return 2;
     }
+    /* A fresh cache directory (removed at the end) unless SYMRED_CACHE_DIR names one, e.g. to
+     * keep the sources with SYMRED_JIT_KEEP=1 for bench/eval-block-compile.sh. */
     char dir[] = "/tmp/symred-bench-eb-XXXXXX";
-    if (!mkdtemp(dir)) {
+    bool own_dir = !getenv("SYMRED_CACHE_DIR");
+    if (own_dir && !mkdtemp(dir)) {
         perror("mkdtemp");
         return 1;
     }
-    setenv("SYMRED_CACHE_DIR", dir, 1);
+    if (own_dir)
+        setenv("SYMRED_CACHE_DIR", dir, 1);
     sr_ctx *ctx;
     check(sr_ctx_new(&ctx), NULL, "sr_ctx_new");
     static const char *const formulas[2] = {"Exp(-g*SqDist(z,x))",
@@ -155,7 +162,7 @@ int main(int argc, char **argv)
     sr_ctx_free(ctx);
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
+    if (own_dir && system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
     return 0;
 }
