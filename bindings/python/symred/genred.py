@@ -105,6 +105,75 @@ def _ranges_struct(ranges, to_numpy):
     return st, arrays
 
 
+def _batch_ranges(ranges, to_numpy, full, ni, nj):
+    """The user's block-sparse ranges for batched arrays (pykeops refuses these; symred's
+    semantics, docs/ranges.md): each of the six arrays has the same leading batch dimensions,
+    which broadcast to the batch shape ``full`` (none: the same pattern for every batch), and
+    holds that batch's ranges in its own row numbers, [0, ni) for i and [0, nj) for j. They are
+    offset into the flattened layout of the batched call (batch b's i rows at b * ni, j rows at
+    b * nj, its slices past the earlier batches' intervals) and concatenated: the 6-tuple of
+    one launch."""
+    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
+        _ranges_struct(ranges, to_numpy)  # raises its message
+    arrays, lead = [], []
+    for name, a in zip(_RANGES_NAMES, ranges):
+        a = to_numpy(a)
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"ranges: {name} has dtype {a.dtype}; block-sparse ranges are "
+                            f"integer arrays (int32 as in pykeops, or int64)")
+        tail = 1 if name.startswith("slices") else 2
+        if a.ndim < tail or (tail == 2 and a.shape[-1] != 2):
+            raise ValueError(f"ranges: {name} must have shape "
+                             f"{'(..., n)' if tail == 1 else '(..., n, 2)'} (leading batch "
+                             f"dimensions allowed), got {a.shape}")
+        arrays.append(a.astype(np.int64))
+        lead.append(tuple(a.shape[: a.ndim - tail]))
+    if len(set(lead)) > 1:
+        desc = ", ".join(f"{n} {sh}" for n, sh in zip(_RANGES_NAMES, lead))
+        raise ValueError(f"ranges: the six arrays must have the same batch dimensions, got {desc}")
+    L = lead[0]
+    try:
+        ok = len(L) <= len(full) and tuple(np.broadcast_shapes(L, full)) == tuple(full)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"ranges: batch dimensions {L} do not match the arrays' batch shape "
+                         f"{tuple(full)} (they must broadcast to it; give 2-D ranges for the "
+                         f"same pattern in every batch)")
+    B = int(np.prod(full, dtype=np.int64))
+    per = [np.broadcast_to(a, tuple(full) + a.shape[len(L):]).reshape((B,) + a.shape[len(L):])
+           for a in arrays]
+    sizes = {"ranges_i": ni, "redranges_i": ni, "ranges_j": nj, "redranges_j": nj}
+    for name, a in zip(_RANGES_NAMES, per):
+        if name.startswith("slices"):
+            bound = per[_RANGES_NAMES.index("redranges_" + ("j" if name[-1] == "i" else "i"))]
+            n, what = bound.shape[1], "the number of intervals"
+            bad = np.argwhere((a < 0) | (a > n))
+        else:
+            n, what = sizes[name], f"the {'i' if name[-1] == 'i' else 'j'} rows of a batch"
+            bad = np.argwhere((a < 0).any(-1) | (a > n).any(-1) | (a[..., 0] > a[..., 1]))
+        if len(bad):
+            bb, k = (int(v) for v in bad[0])
+            where = np.unravel_index(bb, tuple(full)) if full else ()
+            raise ValueError(f"ranges: {name}[{', '.join(map(str, where + (k,)))}] = "
+                             f"{a[bb, k].tolist()} in batch {tuple(int(w) for w in where)}: "
+                             f"entries must lie in [0, {n}] ({what}) with start <= end")
+    off = np.arange(B, dtype=np.int64)
+
+    def triple(rg, sl, red, n_out, n_red):
+        # A batch's first block starts after the previous batch's last slice, so only the
+        # intervals each batch's slices reach (a prefix) are kept, and its slices are shifted
+        # by the intervals kept before it.
+        used = sl[:, -1] if sl.shape[1] else np.zeros(B, dtype=np.int64)
+        before = np.concatenate([[0], np.cumsum(used)[:-1]]).astype(np.int64)
+        keep = np.arange(red.shape[1])[None, :] < used[:, None]
+        return ((rg + off[:, None, None] * n_out).reshape(-1, 2),
+                (sl + before[:, None]).reshape(-1),
+                (red + off[:, None, None] * n_red)[keep].reshape(-1, 2))
+
+    return triple(*per[0:3], ni, nj) + triple(*per[3:6], nj, ni)
+
+
 class _Arg:
     """One input of the reduction: its index, category, dimension and a name for messages."""
 
@@ -702,10 +771,11 @@ class Genred:
         cache[indices] = g
         return g
 
-    def _call_batched(self, args, full, backend, device_id):
+    def _call_batched(self, args, full, backend, device_id, ranges=None):
         """Leading batch dimensions as one launch: the B batches laid end to end (B * M output
-        rows; B * N reduced rows, or N shared when no reduced-side array has a batch), with
-        block-diagonal ranges; batched parameters become variables of the output index
+        rows; B * N reduced rows, or N shared when no reduced-side array has a batch and no
+        ranges are given), with block-diagonal ranges, or the user's per-batch ranges offset
+        into that layout; batched parameters become variables of the output index
         (docs/ranges.md)."""
         B = int(np.prod(full, dtype=np.int64))
         out_cat = SR_CAT_I if self.axis == 1 else SR_CAT_J
@@ -719,6 +789,8 @@ class Genred:
             rows[spec.cat].add(a.shape[-2])
             if spec.cat == red_cat and any(d != 1 for d in a.shape[:-2]):
                 shared = False
+        if ranges is not None:
+            shared = False  # each batch's ranges index its own copy of the reduced side
         for cat, label in ((SR_CAT_I, "nx"), (SR_CAT_J, "ny")):
             if len(rows[cat]) > 1:
                 raise ValueError(f"all {_CAT_NAMES[cat]} arrays must have the same number of rows "
@@ -750,14 +822,18 @@ class Genred:
         b = np.arange(B, dtype=np.int64)
         out_blocks = np.stack([b * M, (b + 1) * M], axis=1)
         slices = b + 1
-        if shared:
+        if ranges is not None:
+            ni, nj = (M, N) if self.axis == 1 else (N, M)
+            ranges = _batch_ranges(ranges, self._ranges_array, full, ni, nj)
+        elif shared:
             red_iv = np.tile(np.array([[0, N]], dtype=np.int64), (B, 1))
             t = (np.array([[0, N]], dtype=np.int64), np.array([B], dtype=np.int64), out_blocks)
         else:
             red_iv = np.stack([b * N, (b + 1) * N], axis=1)
             t = (red_iv, slices, out_blocks)
-        ranges = ((out_blocks, slices, red_iv) + t) if self.axis == 1 else (t + (out_blocks,
-                                                                                 slices, red_iv))
+        if ranges is None:
+            ranges = ((out_blocks, slices, red_iv) + t) if self.axis == 1 else (
+                t + (out_blocks, slices, red_iv))
         g = self._promoted(tuple(promoted)) if promoted else self
         res = g(*flat, backend=backend, device_id=device_id, ranges=ranges)
 
@@ -785,10 +861,7 @@ class Genred:
         self._unsupported(out)
         full = self._batch_shape(args)
         if full is not None:
-            if ranges is not None:
-                raise ValueError("ranges with batch dimensions are not supported: symred runs "
-                                 "the batches with block-diagonal ranges of its own")
-            return self._call_batched(args, full, backend, device_id)
+            return self._call_batched(args, full, backend, device_id, ranges)
         rg = _ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         arrays, dt, nx, ny = self._prepare(args)
         if self.dtype_acc == "float32" and dt == np.float64:

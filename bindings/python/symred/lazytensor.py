@@ -695,6 +695,9 @@ class LazyTensor:
             raise NotImplementedError(f"solve is not supported by {type(self).__module__}")
         if var is not None:
             raise ValueError("solve: var= (a symbolic unknown) is not supported by symred")
+        if kwargs.pop("call", True) is not True:
+            raise ValueError("solve: call=False (returning the solver instead of the solution) "
+                             "is not supported by symred; use KernelSolve")
         if isinstance(other, LazyTensor):
             leaf = other.leaves.get(other.formula)
             if leaf is None or leaf.cat != _I:

@@ -54,9 +54,7 @@ class KernelSolve(Genred):
         the iterations (0: 10 size(b) + 10); past it, a SymredRuntimeError with status_name
         ``ENOCONV`` gives the iterations and the residual."""
         device = self._device(backend)
-        if ranges is not None:
-            raise ValueError("KernelSolve: ranges (block-sparse) are not supported by symred's "
-                             "solve yet")
+        self._solve_checks(args, ranges)
         arrays, dt, nx, ny = self._prepare(args)
         if nx != ny:
             raise ValueError(f"KernelSolve: K must be square, but the i-variables have {nx} "
@@ -77,6 +75,16 @@ class KernelSolve(Genred):
                                      out.ctypes.data)
             check(st, self._h.ctx)
         return out
+
+    def _solve_checks(self, args, ranges):
+        """Refuses what symred's solve does not do, with a clear error (shared with
+        symred.torch.KernelSolve)."""
+        if ranges is not None:
+            raise ValueError("KernelSolve: ranges (block-sparse) are not supported by symred's "
+                             "solve yet")
+        if self._batch_shape(args) is not None:
+            raise ValueError("KernelSolve: batch dimensions are not supported by symred's "
+                             "solve; give (n, d) arrays and solve each batch separately")
 
     def __repr__(self):
         return (f"KernelSolve({self.formula!r}, {self.aliases!r}, {self.varinvalias!r}, "

@@ -40,9 +40,10 @@ from . import _lib
 from . import _torch_cluster as cluster
 from . import genred as _genred
 from . import lazytensor as _lazy
-from ._lib import SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, RunDesc, check, lib
+from . import solve as _solve
+from ._lib import SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, RunDesc, SolveDesc, check, lib
 
-__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm", "cluster"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm", "cluster"]
 
 # ``from symred.torch.cluster import ...`` (pykeops' path): this module is not a package.
 sys.modules[__name__ + ".cluster"] = cluster
@@ -193,12 +194,11 @@ def _run(kern, nx, ny, ranges, args):
         values = torch.empty((nout, kern.out_dim), dtype=dtype, device=device)
     if kern.red in _WITH_INDICES:
         idx = torch.empty((nout, kern.out_dim), dtype=torch.int64, device=device)
+    if device.type == "cuda" and ranges is not None:
+        return _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx)
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values),
                   out_idx=_pointer(idx))
-    if device.type == "cuda" and ranges is not None:
-        raise ValueError("ranges (block-sparse) are not supported on the GPU by symred yet; "
-                         "run on CPU tensors")
     if device.type == "cuda":
         # symred launches on its own stream of the primary context, which torch shares: the
         # inputs must be written before it reads them.
@@ -216,6 +216,27 @@ def _run(kern, nx, ny, ranges, args):
                 st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run),
                                               ctypes.byref(ranges[0]))
     check(st, kern.owner._h.ctx)
+    return values, idx
+
+
+def _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx):
+    """CUDA tensors with block-sparse ranges. sr_kernel_run_device (device pointers) has no
+    ranges variant, but sr_kernel_run_ranges runs a CUDA kernel on host arrays (the library
+    copies them to the GPU and the results back): the tensors go through host copies, and the
+    results are copied into the GPU outputs ``values`` / ``idx``. Correct but not zero-copy
+    (docs/torch.md); never run on a GPU by its author."""
+    host = [a.detach().cpu() if a is not None else None for a in args]  # waits for the GPU
+    hv = torch.empty(values.shape, dtype=values.dtype) if values is not None else None
+    hi = torch.empty(idx.shape, dtype=idx.dtype) if idx is not None else None
+    ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in host])
+    run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(hv),
+                  out_idx=_pointer(hi))
+    st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run), ctypes.byref(ranges[0]))
+    check(st, kern.owner._h.ctx)
+    if values is not None:
+        values.copy_(hv)
+    if idx is not None:
+        idx.copy_(hi)
     return values, idx
 
 
@@ -256,17 +277,27 @@ class _Reduce(torch.autograd.Function):
             reduced = ny if kern.axis == 1 else nx
             extra += [idx.to(values.dtype),
                       torch.arange(reduced, dtype=values.dtype, device=values.device)[:, None]]
-        out = none
-        for i, a in enumerate(args):
-            if a is None or not ctx.needs_input_grad[4 + i] or i not in kern.vars:
-                continue  # None: a zero gradient for an input the formula does not read
-            gk = kern.grad(i)
-            gargs = (fwd + extra)[: gk.nargs]
-            g = _Reduce.apply(gk, nx, ny, ranges, *gargs)
-            if kern.vars[i][0] == SR_CAT_PARAM:
-                g = g.sum(0)  # one partial gradient per output row
-            out[4 + i] = g.reshape(a.shape)
-        return tuple(out)
+        grads = _input_grads(kern, nx, ny, ranges, fwd, extra, args, ctx.needs_input_grad[4:])
+        return tuple(none[:4] + grads)
+
+
+def _input_grads(kern, nx, ny, ranges, fwd, extra, args, needed):
+    """The gradients of a reduction with respect to its inputs ``args`` (None where not
+    ``needed``, and for an input the formula does not read: a zero gradient): each one its
+    gradient kernel (sr_kernel_grad) run on ``fwd + extra`` through :class:`_Reduce`, so that
+    it is differentiable in turn. ``extra`` is the incoming gradient and what the reduction's
+    contract adds after it (docs/gradients.md)."""
+    out = [None] * len(args)
+    for i, a in enumerate(args):
+        if a is None or not needed[i] or i not in kern.vars:
+            continue
+        gk = kern.grad(i)
+        gargs = (list(fwd) + list(extra))[: gk.nargs]
+        g = _Reduce.apply(gk, nx, ny, ranges, *gargs)
+        if kern.vars[i][0] == SR_CAT_PARAM:
+            g = g.sum(0)  # one partial gradient per output row
+        out[i] = g.reshape(a.shape)
+    return out
 
 
 class Genred(_genred.Genred):
@@ -366,10 +397,7 @@ class Genred(_genred.Genred):
         self._unsupported(out)
         full = self._batch_shape(args)
         if full is not None:  # batch dimensions: flattened by differentiable torch ops
-            if ranges is not None:
-                raise ValueError("ranges with batch dimensions are not supported: symred runs "
-                                 "the batches with block-diagonal ranges of its own")
-            return self._call_batched(args, full, backend, device_id)
+            return self._call_batched(args, full, backend, device_id, ranges)
         rg = _genred._ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         tensors, dt, nx, ny = self._prepare(args)
         # A parameter given as numbers (or on the CPU) follows the variables to their GPU.
@@ -416,6 +444,95 @@ class Genred(_genred.Genred):
         return self._shape_output(res, None, nout)
 
 
+def _run_solve(kern, opts, bpos, args):
+    """a with (alpha I + K) a = args[bpos], by the C conjugate gradients (sr_kernel_solve) on
+    CPU tensors; ``opts`` = (alpha, eps, max_iter, check_symmetry)."""
+    alpha, eps, max_iter, check_symmetry = opts
+    rhs = args[bpos].contiguous()
+    out = torch.empty_like(rhs)
+    args = list(args[: kern.nargs]) + [None] * max(0, kern.nargs - len(args))
+    ptrs = (ctypes.c_void_p * max(1, kern.nargs))(
+        *[_pointer(a) if i != bpos else None for i, a in enumerate(args)])
+    desc = SolveDesc(b_index=bpos, alpha=alpha, eps=eps, max_iter=max_iter,
+                     check_symmetry=1 if check_symmetry else 0)
+    with _omp_threads():
+        st = lib.sr_kernel_solve(kern.ptr, ctypes.byref(desc), rhs.shape[0], ptrs,
+                                 rhs.data_ptr(), out.data_ptr())
+    check(st, kern.owner._h.ctx)
+    return out
+
+
+class _Solve(torch.autograd.Function):
+    """a = (alpha I + K)^-1 b. The operator is symmetric, so dL/db = (alpha I + K)^-1 dL/da,
+    another solve (through this Function: differentiable); and for any other input t of K
+    (x, y, a parameter), dL/dt = -d/dt <g, K a> with g = dL/db and a held fixed: the
+    gradient of the Sum reduction F(x_i, y_j) a_j with incoming gradient -g, run by the
+    gradient kernels of :class:`_Reduce` (pykeops does the same with Grad formulas)."""
+
+    @staticmethod
+    def forward(ctx, kern, opts, bpos, *args):
+        a = _run_solve(kern, opts, bpos, args)
+        ctx.kern, ctx.opts, ctx.bpos = kern, opts, bpos
+        ctx.save_for_backward(a, *args)
+        return a
+
+    @staticmethod
+    def backward(ctx, grad_a):
+        kern, opts, bpos = ctx.kern, ctx.opts, ctx.bpos
+        a, *args = ctx.saved_tensors
+        needed = list(ctx.needs_input_grad[3:])
+        out = [None] * (3 + len(args))
+        if grad_a is None or not any(needed):
+            return tuple(out)
+        # The backward solve skips the symmetry test: the forward's passed on the same data.
+        back_opts = opts[:3] + (False,)
+        rhs = list(args)
+        rhs[bpos] = grad_a.contiguous()
+        g = _Solve.apply(kern, back_opts, bpos, *rhs)
+        if needed[bpos]:
+            out[3 + bpos] = g
+        needed[bpos] = False
+        if any(needed):
+            fwd = list(args[: kern.nargs]) + [None] * max(0, kern.nargs - len(args))
+            fwd[bpos] = a
+            n = a.shape[0]
+            out[3:] = [o if o is not None else h for o, h in zip(
+                out[3:], _input_grads(kern, n, n, None, fwd, [-g], args, needed))]
+        return tuple(out)
+
+
+class KernelSolve(Genred, _solve.KernelSolve):
+    """``pykeops.torch.KernelSolve``: the arguments of :class:`symred.KernelSolve` (formula
+    ``F(x, y) * b`` linear in the variable ``varinvalias``, axis, dtype, accuracy options),
+    called on torch tensors; returns ``a`` with ``(alpha I + K) a = b``, differentiable with
+    respect to b and to the kernel's tensors (x, y, parameters). CPU tensors only.
+    docs/solve.md."""
+
+    def __call__(self, *args, backend="auto", device_id=-1, alpha=1e-10, eps=1e-6,
+                 ranges=None, max_iter=0, check_symmetry=True):
+        """As :meth:`symred.KernelSolve.__call__` (pykeops' defaults alpha = 1e-10,
+        eps = 1e-6; ``max_iter`` 0 is 10 size(b) + 10; no convergence raises a
+        SymredRuntimeError with status_name ``ENOCONV``), on torch tensors."""
+        device = self._device(backend)
+        if device == _lib.SR_DEVICE_CUDA:
+            raise ValueError("KernelSolve: symred.torch solves on CPU tensors only "
+                             "(backend='GPU' is not supported)")
+        self._solve_checks(args, ranges)
+        tensors, dt, nx, ny = self._prepare(args)
+        gpu = [a for a in tensors if a is not None and a.device.type != "cpu"]
+        if gpu:
+            raise ValueError(f"KernelSolve: symred.torch solves on CPU tensors only; got a "
+                             f"tensor on {gpu[0].device}: move them with .cpu()")
+        if nx != ny:
+            raise ValueError(f"KernelSolve: K must be square, but the i-variables have {nx} "
+                             f"rows and the j-variables {ny}")
+        if self.dtype_acc == "float32" and dt == torch.float64:
+            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        kern = self._torch_kernel(_SR_DTYPES[dt], device)
+        opts = (float(alpha), float(eps), int(max_iter), bool(check_symmetry))
+        return _Solve.apply(kern, opts, self.varinvpos, *tensors)
+
+
 class LazyTensor(_lazy.LazyTensor):
     """``pykeops.torch.LazyTensor``: symbolic tensors over torch tensors (shapes, operations
     and reductions as :class:`symred.LazyTensor`); reductions return torch tensors and are
@@ -424,7 +541,7 @@ class LazyTensor(_lazy.LazyTensor):
     _ARRAY_TYPE = torch.Tensor
     _ARRAY_NAME = "torch tensor"
     _GENRED = Genred
-    _KERNELSOLVE = None  # solve: NumPy only for now (NotImplementedError)
+    _KERNELSOLVE = KernelSolve
 
     @staticmethod
     def _normalize_array(x):

@@ -274,3 +274,48 @@ def test_torch_forward_backward():
         wx, wy, wb = torch.autograd.grad(want.sum(), (x, y, b))
         for a, w in ((gx, wx), (gy, wy), (gb, wb)):
             assert torch.allclose(a, w, rtol=1e-9, atol=1e-12)
+
+
+def test_torch_host_round_trip_of_cuda_tensors_with_ranges(monkeypatch):
+    """CUDA tensors with ranges run through host copies (_run_ranges_via_host; the CUDA run
+    itself is in test_torch_cuda.py, skipped without a GPU). Here the same path is forced on
+    CPU tensors, so that its plumbing (host copies, outputs copied back, indices) is checked
+    against the direct run on every machine."""
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+    import symred.torch as st
+
+    nx, ny = 23, 31
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(nx, 3, dtype=torch.float64, generator=gen).requires_grad_()
+    y = torch.randn(ny, 3, dtype=torch.float64, generator=gen)
+    R = random_ranges(nx, ny, seed=5, drop=2)
+    g = st.Genred(F2, ALIASES, reduction_op="Sum", axis=1)
+    gm = st.Genred(F2, ALIASES, reduction_op="Min_ArgMin", axis=0)
+    want = g(x, y, ranges=R)
+    want_gx = torch.autograd.grad(want.sum(), x)[0]
+    want_m = gm(x.detach(), y, ranges=R)
+    calls = []
+    real_run = st._run
+
+    def forced(kern, nx_, ny_, ranges, args):
+        if ranges is None:
+            return real_run(kern, nx_, ny_, ranges, args)
+        calls.append(kern.red)
+        first = next(a for a in args if a is not None)
+        values = idx = None
+        nout = nx_ if kern.axis == 1 else ny_
+        if kern.red not in st._INDEX_ONLY:
+            values = torch.full((nout, kern.out_dim), float("nan"), dtype=first.dtype)
+        if kern.red in st._WITH_INDICES:
+            idx = torch.full((nout, kern.out_dim), -7, dtype=torch.int64)
+        return st._run_ranges_via_host(kern, nx_, ny_, ranges, list(args), values, idx)
+
+    monkeypatch.setattr(st, "_run", forced)
+    out = g(x, y, ranges=R)
+    gx = torch.autograd.grad(out.sum(), x)[0]
+    v, i = gm(x.detach(), y, ranges=R)
+    assert calls == ["Sum", "Sum", "Min_ArgMin"]  # forward, gradient kernel, Min_ArgMin
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(gx, want_gx, rtol=0, atol=0)
+    torch.testing.assert_close(v, want_m[0], rtol=0, atol=0)
+    torch.testing.assert_close(i, want_m[1], rtol=0, atol=0)

@@ -87,9 +87,13 @@ def test_bad_input():
         Kinv(x, y, b, g, alpha=0.5)
     with pytest.raises(ValueError, match="varinvalias"):
         KernelSolve(FORMULA, aliases(1), "c", axis=1)
+    with pytest.raises(ValueError, match="batch dimensions are not supported"):
+        Kinv(np.stack([x, x]), x, b, g)
     # b of the output index: not a right-hand side of a Sum over j.
     with pytest.raises(ValueError, match="b_index"):
         KernelSolve(FORMULA, aliases(1), "x", axis=1)(x, x, b, g)
     with pytest.raises(ValueError, match="var="):
         x_i, x_j = LazyTensor(x[:, None, :]), LazyTensor(x[None, :, :])
         (-((x_i - x_j) ** 2).sum()).exp().solve(b, var=x_j)
+    with pytest.raises(ValueError, match="call=False"):
+        (-((x_i - x_j) ** 2).sum()).exp().solve(b, call=False)

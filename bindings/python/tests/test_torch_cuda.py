@@ -86,3 +86,28 @@ def test_cuda_lazytensor_and_backend_errors():
         Genred(F, ALIASES, axis=1)(x, y, b, g, backend="CPU")
     with pytest.raises(ValueError, match="one device"):
         Genred(F, ALIASES, axis=1)(x, y.cpu(), b, g)
+
+
+def test_cuda_ranges_and_batches_match_cpu():
+    """CUDA tensors with block-sparse ranges (through host copies: sr_kernel_run_device has no
+    ranges) and with batch dimensions (which run as ranges), forward and backward, against the
+    same calls on CPU tensors. Written without a GPU; docs/torch.md."""
+    from symred.torch.cluster import from_matrix
+
+    x, y, b, g = (t.requires_grad_() for t in inputs(torch.float64, n=60, m=50))
+    ri = torch.tensor([[0, 20], [20, 60]])
+    rj = torch.tensor([[0, 10], [10, 35], [35, 50]])
+    R = from_matrix(ri, rj, torch.tensor([[True, False, True], [False, True, True]]))
+    fn = Genred(F, ALIASES, axis=1)
+    gpu = [t.detach().cuda().requires_grad_() for t in (x, y, b, g)]
+    out_c, out_g = fn(x, y, b, g, ranges=R), fn(*gpu, ranges=R)
+    assert out_g.is_cuda
+    torch.testing.assert_close(out_g.cpu(), out_c.detach(), rtol=1e-9, atol=1e-11)
+    for a, c in zip(torch.autograd.grad(out_g.sum(), gpu), torch.autograd.grad(out_c.sum(),
+                                                                              (x, y, b, g))):
+        assert a.is_cuda
+        torch.testing.assert_close(a.cpu(), c, rtol=1e-9, atol=1e-11)
+    xb, yb = torch.randn(3, 40, 3, dtype=torch.float64), torch.randn(3, 30, 3,
+                                                                   dtype=torch.float64)
+    knn = Genred("SqDist(x, y)", ALIASES[:2], reduction_op="ArgKMin", opt_arg=4, axis=1)
+    torch.testing.assert_close(knn(xb.cuda(), yb.cuda()).cpu(), knn(xb, yb))
