@@ -2,9 +2,9 @@
  * test-eval-block.c — sr_kernel_eval_block's generated path (the JIT module's sr_block) against
  * the reference interpreter's block: every op (the differential tests' op groups), both dtypes,
  * both axes, dim(F) > 1, blocks of sizes 0, 1 and primes at offsets, blocks wider than a tile and
- * taller than a block of rows, Grad formulas, and a kernel whose reduction the simplifier
- * rewrote (its block must be F's values, not the inner formula's). Concurrent calls on one
- * kernel are in test-threads.c.
+ * taller than a block of rows, Grad formulas; a kernel whose reduction the simplifier rewrote
+ * (its block must be F's values, not the inner formula's) and a gemm-epilogue kernel, which
+ * both take the reference path. Concurrent calls on one kernel are in test-threads.c.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -227,6 +227,36 @@ Test(eval_block, reduction_rewrite)
         cr_assert(tu_close(got[q], f_ij, 1e-12, 1e-14), "(%d, %d): %g, F = %g", i, j, got[q], f_ij);
         cr_assert(tu_close(got[q], want[q], 1e-12, 1e-14));
     }
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+}
+
+/* A gemm-epilogue kernel (high D, its module reads inner products from a gemm tile, so it has
+ * no sr_block): eval_block takes the reference path, with the reference's values. */
+Test(eval_block, gemm_epilogue_reference_path)
+{
+    const char *al[] = {"x=Vi(32)", "y=Vj(32)", "g=Pm(1)", "b=Vj(1)"};
+    sr_expr *f = diff_parse(ctx, "Exp((x|y) * g) * b", al, 4);
+    sr_kernel *k = make(f, SR_F64, 1, SR_SUM, SR_DEVICE_CPU);
+    if (k->backend != &cpu_gemm_backend) {
+        sr_kernel_free(k);
+        cr_skip_test("no gemm for the gemm-epilogue path (no AVX-512F and no BLIS)");
+    }
+    int64_t ws, rb;
+    cr_assert_null(cpu_jit_block(k, &ws, &rb));
+    sr_kernel *kr = make(f, SR_F64, 1, SR_SUM, SR_DEVICE_REFERENCE);
+    enum { NX = 11, NY = 17 };
+    double x[NX * 32], y[NY * 32], b[NY], g = 0.05, got[6 * 9], want[6 * 9];
+    uint64_t s = 3;
+    tu_fill(x, SR_F64, NX * 32, -1, 1, &s);
+    tu_fill(y, SR_F64, NY * 32, -1, 1, &s);
+    tu_fill(b, SR_F64, NY, -1, 1, &s);
+    const void *args[] = {x, y, &g, b};
+    cr_assert_eq(sr_kernel_eval_block(k, NX, NY, args, 4, 6, 7, 9, got), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_eval_block(kr, NX, NY, args, 4, 6, 7, 9, want), SR_OK);
+    for (int q = 0; q < 6 * 9; q++)
+        cr_assert_eq(got[q], want[q], "%d: %.17g vs %.17g", q, got[q], want[q]);
     sr_kernel_free(k);
     sr_kernel_free(kr);
 }

@@ -1,11 +1,11 @@
 /*
  * jit.h — the CPU JIT: C emitter, compile driver, loader and disk cache.
  *
- * A kernel is lowered to one C translation unit (emit-c.c: the skeletons; emit-ops.c: the op
- * spellings; emit-c.h between them) that exports a fixed C ABI, compiled
- * by the system compiler into a shared object (compile.c), kept in a per-user disk cache
- * (cache.c) and in a per-context in-memory cache, and run by the OpenMP runtime in
- * src/cpu/omp-runtime.c.
+ * A kernel is lowered to one C translation unit (emit-c.c: the entry points' skeletons;
+ * emit-ops.c: the op spellings; emit-c.h between them) that exports a fixed C ABI, compiled by
+ * the system compiler into a shared object (compile.c), kept in a per-user disk cache (cache.c)
+ * and in a per-context in-memory cache, and run by the OpenMP runtime in src/cpu/omp-runtime.c
+ * (and src/cpu/eval-block.c for sr_block).
  *
  * The generated module exports (T is float or double, the kernel's dtype):
  *   const int     sr_abi_version;      JIT_ABI_VERSION
