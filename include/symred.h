@@ -589,7 +589,7 @@ SR_API sr_status sr_kernel_eval_block(const sr_kernel *kernel, int64_t nx, int64
                                       int64_t nj, void *out);
 
 /*
- * Chains of kernel matrices and dense matrices (src/formulas/chain.c).
+ * Chains of kernel matrices and dense matrices (src/core/chain.c).
  *
  * A chain is a product M1 · M2 · ... · Mn whose factors are kernel matrices (K_ij = f(x_i, y_j),
  * nx x ny, f a scalar formula with its arrays) and dense row-major matrices, e.g. K1·K2·V·W.

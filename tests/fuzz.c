@@ -19,6 +19,7 @@
 
 #include "core/core.h"
 #include "jit/cuda.h"
+#include "cpu/cpu.h"
 #include "jit/jit.h"
 #include "util.h"
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "cpu/cpu.h"
 #include "jit/jit.h"
 #include "diff.h"
 #include "util.h"
@@ -81,8 +82,9 @@ static void compare_blocks(sr_kernel *kj, sr_kernel *kr, const char *what)
     cr_assert_str_eq(kj->backend->name, "cpu-jit", "%s", what);
     cr_assert(strstr(sr_kernel_explain(kj), "eval_block: generated"), "%s: %s", what,
               sr_kernel_explain(kj));
-    int64_t ws, rb;
-    cr_assert_not_null(cpu_jit_block(kj, &ws, &rb), "%s: no generated block", what);
+    int64_t ws;
+    const struct jit_module *m = cpu_jit_module(kj, &ws);
+    cr_assert(m && m->block, "%s: no generated block", what);
     const sr_dtype dt = kj->dtype;
     const double rtol = dt == SR_F64 ? 1e-9 : 1e-4, atol = dt == SR_F64 ? 1e-9 : 1e-4;
     const int D = kj->fdim, nargs = sr_kernel_nargs(kj);
@@ -242,8 +244,8 @@ Test(eval_block, gemm_epilogue_reference_path)
         sr_kernel_free(k);
         cr_skip_test("no gemm for the gemm-epilogue path (no AVX-512F and no BLIS)");
     }
-    int64_t ws, rb;
-    cr_assert_null(cpu_jit_block(k, &ws, &rb));
+    int64_t ws;
+    cr_assert_null(cpu_jit_module(k, &ws));
     sr_kernel *kr = make(f, SR_F64, 1, SR_SUM, SR_DEVICE_REFERENCE);
     enum { NX = 11, NY = 17 };
     double x[NX * 32], y[NY * 32], b[NY], g = 0.05, got[6 * 9], want[6 * 9];

@@ -27,7 +27,11 @@
       SR_ACC_DEFAULT, 1, 1, "EU", 0xc8e1a5f55465cc39ULL, 1)                                        \
     /* seed 9 case 209: Kahan summation of +inf terms gave NaN (inf - inf in the compensation) */  \
     X(kahan_inf, "(Var(0,3,0)/Concat(3.0,Var(3,2,0)))", "", SR_SUM, 1, 1, SR_F32, SR_ACC_KAHAN, 1, \
-      544, "UUUT", 0xa94cced1304ea028ULL, 2)
+      544, "UUUT", 0xa94cced1304ea028ULL, 2)                                                       \
+    /* seed 156178496492066 case 52: a lazy node's C expression was not parenthesised, so          \
+     * `x == 0 ? 1 : sin(x) / x` as a factor of VecMatMult's product lost the factor at 0 */       \
+    X(lazy_parens, "Norm2(VecMatMult(Var(1,4,0),SinXDivX(Var(0,68,0))))", "", SR_MAX_ARGMAX, 0, 1, \
+      SR_F64, SR_ACC_DEFAULT, 1, 1, "TU", 0x7b58c728712c31eULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {

@@ -1,6 +1,6 @@
 /*
- * test-rewrite.c — the simplifier's reduction rewrites (src/formulas/simplify.c plan_reduction,
- * applied by src/formulas/post.c): i-only factors out of Sum, non-negative factors out of
+ * test-rewrite.c — the simplifier's reduction rewrites (src/core/simp-kernel.c plan_reduction,
+ * applied by src/core/post.c): i-only factors out of Sum, non-negative factors out of
  * Min/Max/KMin, additive shifts out of Min/Max/KMin/LogSumExp, linear maps out of Sum. Each is
  * checked to fire (rule name in explain), and differentially: the CPU kernel (which reduces the
  * inner formula and applies the rest afterwards) against the reference kernel, which runs the

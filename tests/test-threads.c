@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "cpu/cpu.h"
 #include "jit/cuda.h"
 #include "util.h"
 

@@ -9,8 +9,6 @@
  */
 #include "core.h"
 
-#include "../jit/jit.h"
-
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -127,10 +125,8 @@ int64_t sr__reference_workspace(const sr_kernel *k)
 
 static int64_t kernel_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
 {
-    if (k->backend == &cpu_jit_backend && k->backend_data)
-        return cpu_jit_workspace(k, per_thread, threads);
-    if (k->backend == &cpu_gemm_backend && k->backend_data)
-        return cpu_gemm_workspace(k, per_thread, threads);
+    if (k->backend->workspace && k->backend_data)
+        return k->backend->workspace(k, per_thread, threads);
     int64_t ws = sr__reference_workspace(k);
     if (per_thread)
         *per_thread = ws;

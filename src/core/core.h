@@ -1,31 +1,48 @@
 /*
- * core.h — the context, kernels, errors and the backend interface.
+ * core.h — the context, kernels, errors, the backend interface and the backend registry.
  *
- * Every other module includes this header. A backend (the reference interpreter, later the
- * CPU JIT and CUDA) plugs in through struct sr_backend_i; the public entry points in kernel.c
- * validate every argument once, handle empty sizes, and only then call the backend, so
- * backends may assume sane input.
+ * The backends (src/cpu, src/jit) include this header; core includes none of theirs
+ * (docs/architecture.md). A backend plugs in through struct sr_backend_i and a row of
+ * SR_BACKEND_MAP; the public entry points in kernel.c validate every argument once, handle
+ * empty sizes, and only then call the backend, so backends may assume sane input.
  */
 #ifndef SYMRED_CORE_H
 #define SYMRED_CORE_H
 
 #include "symred.h"
-#include "../expr/expr.h"
+#include "../formulas/formulas.h"
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 
-#define SR_ERR_MAX 2048
+#define SR_ERR_MAX EXPR_ERR_MAX
+
+/*
+ * The backend registry: X(id, backend, device), one row per backend that a kernel desc's device
+ * can pick (registry.c). id gives SR_BACKEND_<id>, the backend's slot for per-context state
+ * (sr_ctx.backend_state); backend is its struct sr_backend_i, defined by the backend's own
+ * module; device is the sr_device that picks it (SR_DEVICE_AUTO means SR_DEVICE_CPU). Core
+ * names these objects only here and calls backends only through their members. A backend that
+ * another backend's prepare chooses (the gemm-epilogue, chosen by the JIT) needs no row.
+ */
+#define SR_BACKEND_MAP(X)                                                                          \
+    X(JIT, cpu_jit_backend, SR_DEVICE_CPU)                   /* src/cpu/omp-runtime.c */           \
+    X(REFERENCE, cpu_reference_backend, SR_DEVICE_REFERENCE) /* src/cpu/reference.c */             \
+    X(CUDA, cuda_backend, SR_DEVICE_CUDA)                    /* src/jit/cuda-runtime.c */
+
+enum sr_backend_id {
+#define SR_BACKEND_ID_(id, backend, device) SR_BACKEND_##id,
+    SR_BACKEND_MAP(SR_BACKEND_ID_)
+#undef SR_BACKEND_ID_
+        SR_BACKEND_COUNT
+};
 
 struct sr_ctx {
-    struct expr_store store;
-    /* The last failure. Kernels may run (and fail) from several threads: the lock guards the
-     * message, and sr_ctx_error() hands out a thread-local copy. */
-    pthread_mutex_t err_lock;
-    char err[SR_ERR_MAX];
-    /* Set by a failed builder, consumed by sr_kernel_new(NULL) so it can report the first
-     * failure of a builder chain. */
-    sr_status pending;
+    /* The IR's state: the node store and the error sink (the last failure, which
+     * sr_ctx_error() hands out as a thread-local copy, and the pending builder failure). It
+     * must stay the first member: the IR finds it by casting the sr_ctx pointer (expr_ctx). */
+    struct expr_ctx ir;
     int log_level; /* SYMRED_LOG */
     /* A malformed SYMRED_* variable seen by sr_ctx_new: every sr_kernel_new of the context
      * fails with it, naming the variable, rather than silently using a default. */
@@ -34,14 +51,18 @@ struct sr_ctx {
     /* The memory budget for kernel workspaces, in bytes (SYMRED_MEM_LIMIT or
      * sr_ctx_set_mem_limit); 0 = unlimited. See src/core/budget.c. */
     int64_t mem_limit;
-    int num_threads;     /* SYMRED_NUM_THREADS; 0 = as many as OpenMP offers */
-    struct jit_ctx *jit; /* CPU JIT options and loaded modules (src/jit), created on use */
+    int num_threads; /* SYMRED_NUM_THREADS; 0 = as many as OpenMP offers */
+    /* Each registered backend's per-context state, indexed by enum sr_backend_id: created by
+     * the backend on use, freed by its ctx_free in sr_ctx_free. */
+    void *backend_state[SR_BACKEND_COUNT];
 };
+_Static_assert(offsetof(struct sr_ctx, ir) == 0, "expr_ctx() needs the IR state first");
 
-/* Records status and a printf-style message in ctx; returns status. ctx may be NULL. */
+/* Records status and a printf-style message in ctx's error sink (expr_verror, the sink the IR
+ * reports to as well); returns status. ctx may be NULL. */
 sr_status sr__error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Same, also marking it as a builder failure (see sr_ctx.pending). */
+/* Same, also marking it as a builder failure (see struct expr_errors, pending). */
 sr_status sr__builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Environment options. Unset or empty gives dflt; a malformed value records an SR_EINVAL
@@ -127,12 +148,24 @@ void sr__fill_identity(const struct sr_kernel *k, const sr_run_desc *r, int64_t 
 
 /*
  * A backend. Members other than name and run may be NULL.
- *   prepare    — build backend state for a new kernel (compile, plan); may fail, with a message
- *   run        — compute; the arguments have been validated, nx > 0 and ny > 0
- *   release    — free what prepare made
- *   explain    — append backend-specific plan text to the explain buffer
- *   run_ranges — compute the block-sparse reduction of plan p (validated, nx > 0 and ny > 0):
- *                write the output rows of p's blocks only; NULL = ranges not supported
+ *   prepare      — build backend state for a new kernel (compile, plan); may fail, with a
+ *                  message; may hand the kernel to another backend by setting k->backend
+ *   run          — compute; the arguments have been validated, nx > 0 and ny > 0
+ *   release      — free what prepare made
+ *   explain      — append backend-specific plan text to the explain buffer
+ *   run_ranges   — compute the block-sparse reduction of plan p (validated, nx > 0 and ny > 0):
+ *                  write the output rows of p's blocks only; NULL = ranges not supported
+ *   workspace    — the most workspace one run uses, all threads together, with the per-thread
+ *                  part and the thread count in *per_thread and *threads (either may be NULL),
+ *                  for the memory budget and explain; called only while k->backend_data is set;
+ *                  NULL = the reference interpreter's estimate (sr__reference_workspace)
+ *   run_device   — run with device-pointer flags (sr_kernel_run_device): validated input,
+ *                  nout > 0, nred >= 0; NULL = host arrays only
+ *   ctx_free     — free this backend's per-context state (sr_ctx.backend_state[its id], never
+ *                  NULL when called) at sr_ctx_free
+ *   post_rewrite — a kernel that the simplifier gave a reduction rewrite (k->simp.post) runs as an
+ *                  inner kernel on this backend plus the post formula (simp_post_backend); false:
+ *                  the backend runs the kernel's formula whole
  */
 struct sr_backend_i {
     const char *name;
@@ -142,16 +175,22 @@ struct sr_backend_i {
     void (*explain)(const struct sr_kernel *k, struct expr_buf *b);
     sr_status (*run_ranges)(const struct sr_kernel *k, const sr_run_desc *run,
                             const struct sr_rplan *p);
+    int64_t (*workspace)(const struct sr_kernel *k, int64_t *per_thread, int *threads);
+    sr_status (*run_device)(const struct sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
+                            int device_out);
+    void (*ctx_free)(void *state);
+    bool post_rewrite;
 };
 
-/* The cost model's estimate for a kernel (src/formulas/cost.c), in flop-equivalents. */
-struct sr_cost {
-    double flops_pair; /* per (i, j) pair */
-    double flops_row;  /* per output row: hoisted terms of the output index */
-    double flops_col;  /* per reduced row: hoisted terms of the reduced index */
-    double flops_call; /* once per call: parameter-only terms */
-    double bytes_pair; /* bytes of reduced-index operands read per pair */
-};
+/* The registered backends' interface objects (SR_BACKEND_MAP), by id (registry.c). */
+#define SR_BACKEND_DECL_(id, backend, device) extern const struct sr_backend_i backend;
+SR_BACKEND_MAP(SR_BACKEND_DECL_)
+#undef SR_BACKEND_DECL_
+extern const struct sr_backend_i *const sr__backends[SR_BACKEND_COUNT];
+/* The backend that device picks (SR_DEVICE_AUTO must have been resolved to a device). */
+const struct sr_backend_i *sr__backend_for(sr_device device);
+/* Frees every backend's per-context state of ctx (sr_ctx_free). */
+void sr__backends_ctx_free(sr_ctx *ctx);
 
 /*
  * What the simplifier (src/formulas) did for a kernel. sr_kernel.f and .weight are the
@@ -162,7 +201,7 @@ struct sr_cost {
 struct sr_simp_info {
     bool enabled; /* SYMRED_SIMPLIFY is not 0 */
     const sr_expr *f_user, *weight_user;
-    /* The reduction rewrite (src/formulas/simplify.c), all NULL when there is none: the
+    /* The reduction rewrite (src/core/simp-kernel.c), all NULL when there is none: the
      * reduction of F equals post evaluated once per output row, where post reads the output
      * index's variables, the parameters and R = the reduction of inner (a variable of the
      * output index at argument position nargs, dimension k * dim(inner)). outer is the part
@@ -199,36 +238,26 @@ struct sr_kernel {
     struct sr_simp_info simp;
 };
 
-/*
- * The dimension from which inner products go through BLIS tiles (src/cpu/gemm.c).
- * The crossover, measured on this machine (2-core AMD EPYC with AVX-512, Debian BLIS 0.9.0
- * picking zen3, 2 threads, other jobs running: load average 2-3) with bench/bench-gemm, which
- * runs the same kernel with SYMRED_BLIS=off and =on: a Gaussian mat-vec written with the inner
- * product, Exp(-(SqNorm2(x)+SqNorm2(y)-2(x|y))*g)*b, float32, N = M = sqrt(F / 2D), best of 3.
- * Direct / gemm time ratio, F = 2e10 (bench/README.md has the times):
- *     D = 8: 0.49   16: 0.80   24: 1.45   32: 2.58   64: 4.57   256: 4.52   1024: 4.98
- * Two earlier runs under heavier load gave 1.05 / 2.58 and 0.54 / 1.07 at D = 16 / 24: the
- * crossover is between 16 and 24 in every run, so gemm-epilogue is chosen from D = 24 on, and the
- * simplifier rewrites SqDist into norms and an inner product (the form that path needs) from the
- * same D. (kNN, ArgKMin k = 10 of SqDist at D = 100, 10000 x 100000: direct 104.7 s, gemm 3.4 s.)
- * Re-measured with symred's AVX-512 gemm (issue 14, Zen 5 EPYC, load 2-3): direct / gemm 0.72-1.46
- * at D = 8, 1.30 at 12, 1.55-3.47 at 16, 2.67-3.83 at 24: on AVX-512 CPUs the crossover moved
- * to between 8 and 16. The constant stays 24 (the BLIS crossover, and the simplifier's rewrite
- * threshold, which cannot ask the backend which gemm will run); docs/avx512-gemm.md.
- */
-#define SR_GEMM_MIN_DIM 24
+/* ---- the simplifier's kernel hooks (simp-kernel.c, post.c) ---- */
+
+/* Whether SYMRED_SIMPLIFY (0 or 1, default 1) allows the simplifier; SR_EINVAL, naming the
+ * variable, for any other value (then *on is true). */
+sr_status simp_enabled(sr_ctx *ctx, bool *on);
+
+/* Kernel hooks, called by kernel.c: simp_kernel replaces k->f and k->weight by their simplified
+ * forms and fills k->simp; release frees what it allocated; explain appends its text. */
+sr_status simp_kernel(sr_kernel *k);
+void simp_kernel_release(sr_kernel *k);
+void simp_kernel_explain(const sr_kernel *k, struct expr_buf *b);
+/* The backend of a kernel with a reduction rewrite (k->simp.post; src/core/post.c): an inner kernel
+ * on the user's device reduces k->simp.inner, then the post formula gives the output. kernel.c
+ * installs it in place of a backend whose post_rewrite is set. */
+extern const struct sr_backend_i simp_post_backend;
+/* The most workspace one run of such a kernel uses: the inner and post kernels' workspaces and
+ * the chunk of R (for the memory budget, src/core/budget.c; k->backend->run equals
+ * simp_post_backend.run for these kernels). */
+int64_t simp_post_workspace(const sr_kernel *k);
 
 static inline size_t sr_dtype_size(sr_dtype t) { return t == SR_F64 ? 8 : 4; }
-
-/* Backends. */
-extern const struct sr_backend_i cpu_reference_backend;
-extern const struct sr_backend_i cpu_jit_backend; /* falls back to the reference */
-extern const struct sr_backend_i cuda_backend;    /* src/jit/cuda-runtime.c: SR_ENODEV w/o GPU */
-/* The CUDA backend's run with device-pointer flags (sr_kernel_run_device); validated input,
- * nout > 0, nred >= 0. */
-sr_status cuda_run_device(const struct sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
-                          int device_out);
-/* Unloads the context's JIT modules (ctx.c calls it from sr_ctx_free). */
-void cpu_jit_ctx_free(sr_ctx *ctx);
 
 #endif /* SYMRED_CORE_H */

@@ -67,11 +67,10 @@ sr_status sr_ctx_new(sr_ctx **out)
     sr_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return SR_ENOMEM;
-    if (pthread_mutex_init(&ctx->err_lock, NULL) != 0) {
+    if (expr_ctx_init(&ctx->ir) != SR_OK) {
         free(ctx);
         return SR_ENOMEM;
     }
-    expr_store_init(&ctx->store);
     long level;
     if (sr__env_int(ctx, "SYMRED_LOG", 0, 3, 0, &level) != SR_OK) {
         ctx->env_status = SR_EINVAL;
@@ -109,29 +108,16 @@ void sr_ctx_free(sr_ctx *ctx)
 {
     if (!ctx)
         return;
-    cpu_jit_ctx_free(ctx);
-    expr_store_free(&ctx->store);
-    pthread_mutex_destroy(&ctx->err_lock);
+    sr__backends_ctx_free(ctx);
+    expr_ctx_free(&ctx->ir);
     free(ctx);
-}
-
-static sr_status set_error(sr_ctx *ctx, sr_status status, bool builder, const char *fmt, va_list ap)
-{
-    if (!ctx)
-        return status;
-    pthread_mutex_lock(&ctx->err_lock);
-    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
-    if (builder)
-        ctx->pending = status;
-    pthread_mutex_unlock(&ctx->err_lock);
-    return status;
 }
 
 sr_status sr__error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    set_error(ctx, status, false, fmt, ap);
+    expr_verror(ctx, status, false, fmt, ap);
     va_end(ap);
     return status;
 }
@@ -140,21 +126,12 @@ sr_status sr__builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    set_error(ctx, status, true, fmt, ap);
+    expr_verror(ctx, status, true, fmt, ap);
     va_end(ap);
     return status;
 }
 
-void sr__error_get(sr_ctx *ctx, char *buf, size_t cap)
-{
-    if (!cap)
-        return;
-    pthread_mutex_lock(&ctx->err_lock);
-    size_t n = strnlen(ctx->err, cap - 1); /* a shorter buffer gets the message's start */
-    memcpy(buf, ctx->err, n);
-    buf[n] = 0;
-    pthread_mutex_unlock(&ctx->err_lock);
-}
+void sr__error_get(sr_ctx *ctx, char *buf, size_t cap) { expr_error_get(ctx, buf, cap); }
 
 const char *sr_ctx_error(const sr_ctx *ctx)
 {

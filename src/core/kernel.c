@@ -1,6 +1,5 @@
 /* kernel.c — kernel creation, argument validation, and dispatch to a backend. */
 #include "core.h"
-#include "../formulas/formulas.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -118,14 +117,16 @@ static const struct sr_backend_i *pick_backend(sr_ctx *ctx, sr_device dev, sr_st
         dev = (sr_device)choice;
     }
     /* CUDA: its prepare fails with SR_ENODEV, naming what it looked for, without a GPU. AUTO
-     * stays on the CPU (docs/gpu.md: choosing by problem size is not implemented yet). */
-    if (dev == SR_DEVICE_CUDA)
-        return &cuda_backend;
-    /* AUTO and CPU: the JIT, which falls back to the reference (saying so once at
-     * SYMRED_LOG >= 1) when no C compiler can be run. */
-    if (dev == SR_DEVICE_REFERENCE)
-        return &cpu_reference_backend;
-    return &cpu_jit_backend;
+     * stays on the CPU (docs/gpu.md: choosing by problem size is not implemented yet), where the
+     * JIT falls back to the reference (saying so once at SYMRED_LOG >= 1) when no C compiler can
+     * be run. */
+    if (dev == SR_DEVICE_AUTO)
+        dev = SR_DEVICE_CPU;
+    const struct sr_backend_i *b = sr__backend_for(dev);
+    if (!b)
+        *st = sr__error(ctx, SR_EINTERNAL, "no backend is registered for device %s",
+                        device_names[dev]);
+    return b;
 }
 
 static void build_explain(sr_kernel *k)
@@ -175,9 +176,9 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
     if (!desc)
         return sr__error(ctx, SR_EINVAL, "sr_kernel_new: desc is NULL");
     if (!f) {
-        if (ctx->pending != SR_OK) {
-            sr_status st = ctx->pending; /* the builder's own message stays */
-            ctx->pending = SR_OK;
+        if (ctx->ir.err.pending != SR_OK) {
+            sr_status st = ctx->ir.err.pending; /* the builder's own message stays */
+            ctx->ir.err.pending = SR_OK;
             return st;
         }
         return sr__error(ctx, SR_EINVAL, "sr_kernel_new: the formula is NULL");
@@ -211,9 +212,10 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
     if (st == SR_OK)
         k->backend = pick_backend(ctx, desc->device, &st);
     /* A reduction rewrite of the simplifier: a kernel on the chosen backend reduces the inner
-     * formula and the rest is applied after the reduction, on host arrays (src/formulas/post.c).
-     * The reference runs the formula as given; the GPU backend runs k->f whole for now. */
-    if (st == SR_OK && k->simp.post && k->backend == &cpu_jit_backend)
+     * formula and the rest is applied after the reduction, on host arrays (src/core/post.c).
+     * The reference runs the formula as given; the GPU backend runs k->f whole for now (their
+     * post_rewrite is false). */
+    if (st == SR_OK && k->simp.post && k->backend->post_rewrite)
         k->backend = &simp_post_backend;
     if (st == SR_OK && k->backend->prepare)
         st = k->backend->prepare(k);
@@ -352,7 +354,7 @@ sr_status sr_kernel_run_device(const sr_kernel *k, const sr_run_desc *r, uint64_
         return SR_EINVAL;
     if (!r)
         return sr__error(k->ctx, SR_EINVAL, "sr_kernel_run_device: run is NULL");
-    if (k->backend != &cuda_backend)
+    if (!k->backend->run_device)
         return sr__error(k->ctx, SR_EINVAL,
                          "device pointers need a kernel created with SR_DEVICE_CUDA; this kernel "
                          "runs on the %s backend",
@@ -364,7 +366,7 @@ sr_status sr_kernel_run_device(const sr_kernel *k, const sr_run_desc *r, uint64_
     if (nout == 0)
         return SR_OK;
     /* An empty reduction too: the device writes the identity into device outputs. */
-    return cuda_run_device(k, r, device_args, device_out);
+    return k->backend->run_device(k, r, device_args, device_out);
 }
 
 sr_status sr_kernel_run(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args,

@@ -1,5 +1,6 @@
 /*
- * cpu.h — the CPU module's internal header: the reduction accumulators.
+ * cpu.h — the CPU module's internal header: the reduction accumulators, and the gemm-epilogue
+ * strategy that the CPU JIT backend (omp-runtime.c) hands high-dimensional kernels to.
  *
  * Every CPU backend (the reference interpreter now, the JIT's OpenMP runtime later) must reduce
  * exactly as docs/semantics.md says, including NaN, infinities and ties. The rules live here
@@ -244,5 +245,25 @@ int64_t cpu_avx512_pack_b_bytes(int64_t n, int64_t K, int f64);
 void cpu_avx512_pack_a(int f64, int64_t m, int64_t K, const void *A, void *Ap);
 void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *B,
                      void *Bp, void *C, int64_t ldc);
+
+/* ---- the gemm-epilogue strategy of the CPU JIT (src/cpu/gemm.c) ---- */
+
+/* Plans kernel k for the gemm-epilogue strategy: when F depends on the pair only through one
+ * inner product of an i-variable and a j-variable, the dimension is at least the measured
+ * threshold, and BLIS can be loaded. On SR_OK k->backend is cpu_gemm_backend; SR_ENOTSUP: not
+ * applicable (use the direct strategy); other errors (SR_EBUDGET, SR_ECOMPILE) are final. */
+sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
+/* For a direct-strategy kernel whose F has a single inner product: why gemm-epilogue was not
+ * chosen, appended to explain (nothing otherwise). */
+void cpu_gemm_explain_direct(const struct sr_kernel *k, struct expr_buf *b);
+extern const struct sr_backend_i cpu_gemm_backend;
+
+/* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
+
+/* The loaded module of k when k is a direct-strategy kernel of the CPU JIT (its sr_block, the
+ * block entry point, is jit_module.block, src/jit/jit.h), with the per-thread workspace of its
+ * tiles in *per_thread; NULL for every other kernel. (omp-runtime.c) */
+struct jit_module;
+const struct jit_module *cpu_jit_module(const struct sr_kernel *k, int64_t *per_thread);
 
 #endif /* SYMRED_CPU_H */

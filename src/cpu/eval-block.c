@@ -16,6 +16,7 @@
  * kernel itself is not touched and calls may run concurrently.
  */
 #include "../jit/jit.h"
+#include "cpu.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -144,10 +145,10 @@ sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const
     sr_status st = block_check(k, nx, ny, args, i0, ni, j0, nj, out);
     if (st != SR_OK || ni == 0 || nj == 0)
         return st;
-    int64_t jit_ws = 0, jit_rb = 1;
-    jit_block_fn fn = cpu_jit_block(k, &jit_ws, &jit_rb);
-    if (fn)
-        return block_jit(k, fn, jit_ws, jit_rb, args, i0, ni, j0, nj, out);
+    int64_t jit_ws = 0;
+    const struct jit_module *m = cpu_jit_module(k, &jit_ws);
+    if (m && m->block)
+        return block_jit(k, m->block, jit_ws, m->rows_per_block, args, i0, ni, j0, nj, out);
 
     /* Threads, within the memory budget: each runs the interpreter with its own working set. */
     int64_t per_thread = sr__reference_workspace(k) + (int64_t)k->nargs * (int64_t)sizeof(void *);

@@ -310,7 +310,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     return SR_OK;
 }
 
-int64_t cpu_gemm_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
+static int64_t gemm_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
 {
     const struct gemm_kernel *g = k->backend_data;
     int nt = sr__threads(k->ctx, g->per_thread);
@@ -606,6 +606,10 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .release = */ gemm_release,
     /* .explain = */ gemm_explain,
     /* .run_ranges = */ gemm_run_ranges,
+    /* .workspace = */ gemm_workspace,
+    /* .run_device = */ NULL,
+    /* .ctx_free = */ NULL,
+    /* .post_rewrite = */ false,
 };
 
 void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)

@@ -11,6 +11,7 @@
  * lowest index exactly as in the reference.
  */
 #include "../jit/jit.h"
+#include "cpu.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,7 @@ static bool split_fits(const sr_kernel *k, int nt, int64_t nout)
     return lim <= 0 || (int64_t)nt * (jk->plan.workspace_bytes + nout * jk->m->state_bytes) <= lim;
 }
 
-int64_t cpu_jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
+static int64_t jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
 {
     const struct jit_kernel *jk = k->backend_data;
     int64_t pt = jk->plan.workspace_bytes;
@@ -57,19 +58,18 @@ int64_t cpu_jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
     return total;
 }
 
-jit_block_fn cpu_jit_block(const sr_kernel *k, int64_t *per_thread, int64_t *rows_per_block)
+const struct jit_module *cpu_jit_module(const sr_kernel *k, int64_t *per_thread)
 {
     if (k->backend != &cpu_jit_backend || !k->backend_data)
         return NULL;
     const struct jit_kernel *jk = k->backend_data;
     *per_thread = jk->plan.workspace_bytes;
-    *rows_per_block = jk->m->rows_per_block;
-    return jk->m->block;
+    return jk->m;
 }
 
 static sr_status fall_back(sr_kernel *k, const char *why)
 {
-    struct jit_ctx *jc = k->ctx->jit;
+    struct jit_ctx *jc = jit_ctx_of(k->ctx);
     if (k->ctx->log_level >= 1 && jc && !jc->logged_fallback) {
         fprintf(stderr, "symred: CPU JIT unavailable (%s); using the reference backend\n", why);
         jc->logged_fallback = true;
@@ -284,8 +284,8 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     p->hoisted_inner, p->pair_nodes, (long long)p->state_bytes,
                     (long long)p->workspace_bytes, sr__threads(k->ctx, p->workspace_bytes),
                     SPLIT_ROWS_PER_THREAD, k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
-                    k->ctx->jit ? k->ctx->jit->cc : "cc", jit_cflags_text(), jk->info.origin,
-                    jk->info.cache, jk->info.compile_ms);
+                    jit_ctx_of(k->ctx) ? jit_ctx_of(k->ctx)->cc : "cc", jit_cflags_text(),
+                    jk->info.origin, jk->info.cache, jk->info.compile_ms);
     cpu_gemm_explain_direct(k, b);
     if (jk->info.path[0])
         expr_buf_printf(b, "path: %s\n", jk->info.path);
@@ -298,4 +298,8 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .release = */ jit_release,
     /* .explain = */ jit_explain,
     /* .run_ranges = */ jit_run_ranges,
+    /* .workspace = */ jit_workspace,
+    /* .run_device = */ NULL,
+    /* .ctx_free = */ jit_ctx_free,
+    /* .post_rewrite = */ true,
 };

@@ -748,4 +748,8 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .release = */ ref_release,
     /* .explain = */ ref_explain,
     /* .run_ranges = */ ref_reduce,
+    /* .workspace = */ NULL, /* core's sr__reference_workspace */
+    /* .run_device = */ NULL,
+    /* .ctx_free = */ NULL,
+    /* .post_rewrite = */ false,
 };

@@ -1,5 +1,5 @@
 /* build.c — the op table, the checked node constructor, and the public builders. */
-#include "../core/core.h"
+#include "expr.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,11 +62,11 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
             if (c[i]->dim == 1 || c[i]->dim == d)
                 continue;
             if (d != 1)
-                return sr__builder_error(ctx, SR_EDIM,
-                                         "%s: operand dimensions %d and %d do not match "
-                                         "(elementwise operands need equal dimensions, or "
-                                         "dimension 1 to broadcast)",
-                                         name, d, c[i]->dim);
+                return expr_builder_error(ctx, SR_EDIM,
+                                          "%s: operand dimensions %d and %d do not match "
+                                          "(elementwise operands need equal dimensions, or "
+                                          "dimension 1 to broadcast)",
+                                          name, d, c[i]->dim);
             d = c[i]->dim;
         }
         *dim = d;
@@ -74,8 +74,9 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
     }
     case DIM_PAIR1:
         if (c[0]->dim != c[1]->dim)
-            return sr__builder_error(ctx, SR_EDIM, "%s: operand dimensions %d and %d must be equal",
-                                     name, c[0]->dim, c[1]->dim);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: operand dimensions %d and %d must be equal", name,
+                                      c[0]->dim, c[1]->dim);
         *dim = 1;
         return SR_OK;
     case DIM_SPECIAL:
@@ -86,18 +87,18 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
     switch (op) {
     case OP_ELEM:
         if (at[0] < 0 || at[0] >= da)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "Elem: index %lld is out of range for an operand of "
-                                     "dimension %lld",
-                                     (long long)at[0], (long long)da);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "Elem: index %lld is out of range for an operand of "
+                                      "dimension %lld",
+                                      (long long)at[0], (long long)da);
         d = 1;
         break;
     case OP_EXTRACT:
         if (at[0] < 0 || at[1] < 1 || at[0] > da || at[1] > da - at[0])
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "Extract: start %lld and length %lld do not fit in an "
-                                     "operand of dimension %lld",
-                                     (long long)at[0], (long long)at[1], (long long)da);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "Extract: start %lld and length %lld do not fit in an "
+                                      "operand of dimension %lld",
+                                      (long long)at[0], (long long)at[1], (long long)da);
         d = at[1];
         break;
     case OP_CONCAT:
@@ -106,29 +107,29 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
     case OP_ONEHOT:
     case OP_SUMT: /* a scalar to a vector of dimension at[0] */
         if (da != 1)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "%s: the operand must have dimension 1, not %lld", name,
-                                     (long long)da);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: the operand must have dimension 1, not %lld", name,
+                                      (long long)da);
         if (at[0] < 1)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "%s: the output dimension must be >= 1, not %lld", name,
-                                     (long long)at[0]);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: the output dimension must be >= 1, not %lld", name,
+                                      (long long)at[0]);
         d = at[0];
         break;
     case OP_MATVECMULT: /* A (m*n), v (n) */
         if (da % db != 0)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "MatVecMult: matrix dimension %lld is not a multiple of "
-                                     "the vector dimension %lld",
-                                     (long long)da, (long long)db);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "MatVecMult: matrix dimension %lld is not a multiple of "
+                                      "the vector dimension %lld",
+                                      (long long)da, (long long)db);
         d = da / db;
         break;
     case OP_VECMATMULT: /* v (m), A (m*n) */
         if (db % da != 0)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "VecMatMult: matrix dimension %lld is not a multiple of "
-                                     "the vector dimension %lld",
-                                     (long long)db, (long long)da);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "VecMatMult: matrix dimension %lld is not a multiple of "
+                                      "the vector dimension %lld",
+                                      (long long)db, (long long)da);
         d = db / da;
         break;
     case OP_TENSORPROD:
@@ -136,36 +137,36 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
         break;
     case OP_ELEMT:
         if (da != 1)
-            return sr__builder_error(
+            return expr_builder_error(
                 ctx, SR_EDIM, "ElemT: the operand must have dimension 1, not %lld", (long long)da);
         if (at[0] < 1 || at[1] < 0 || at[1] >= at[0])
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "ElemT: index %lld is out of range for an output of "
-                                     "dimension %lld",
-                                     (long long)at[1], (long long)at[0]);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "ElemT: index %lld is out of range for an output of "
+                                      "dimension %lld",
+                                      (long long)at[1], (long long)at[0]);
         d = at[0];
         break;
     case OP_EXTRACTT:
         if (at[0] < 0 || at[1] < 1 || at[1] > EXPR_MAX_DIM || at[0] > at[1] - da)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "ExtractT: an operand of dimension %lld does not fit at "
-                                     "start %lld of an output of dimension %lld",
-                                     (long long)da, (long long)at[0], (long long)at[1]);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "ExtractT: an operand of dimension %lld does not fit at "
+                                      "start %lld of an output of dimension %lld",
+                                      (long long)da, (long long)at[0], (long long)at[1]);
         d = at[1];
         break;
     case OP_TENSORDOT: {
         const struct expr_tdot *t = expr_tdot_get(ctx, at[0]);
         if (!t)
-            return sr__builder_error(ctx, SR_EINVAL,
-                                     "TensorDot: attribute %lld names no index lists of this "
-                                     "context (build TensorDot with sr_tensordot)",
-                                     (long long)at[0]);
+            return expr_builder_error(ctx, SR_EINVAL,
+                                      "TensorDot: attribute %lld names no index lists of this "
+                                      "context (build TensorDot with sr_tensordot)",
+                                      (long long)at[0]);
         if (t->dim_a != da || t->dim_b != db)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "TensorDot: the shapes hold %lld and %lld components but the "
-                                     "operands have dimensions %lld and %lld",
-                                     (long long)t->dim_a, (long long)t->dim_b, (long long)da,
-                                     (long long)db);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "TensorDot: the shapes hold %lld and %lld components but the "
+                                      "operands have dimensions %lld and %lld",
+                                      (long long)t->dim_a, (long long)t->dim_b, (long long)da,
+                                      (long long)db);
         d = t->dim_out;
         break;
     }
@@ -173,25 +174,25 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
     case OP_WEIGHTEDSQDIST: {
         int64_t dx = db;
         if (op == OP_WEIGHTEDSQDIST && c[2]->dim != dx)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "WeightedSqDist: the two points have dimensions %lld and "
-                                     "%d; they must be equal",
-                                     (long long)dx, c[2]->dim);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "WeightedSqDist: the two points have dimensions %lld and "
+                                      "%d; they must be equal",
+                                      (long long)dx, c[2]->dim);
         if (da != 1 && da != dx && da != dx * dx)
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "%s: weight dimension %lld must be 1, %lld or %lld for "
-                                     "points of dimension %lld",
-                                     name, (long long)da, (long long)dx, (long long)(dx * dx),
-                                     (long long)dx);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: weight dimension %lld must be 1, %lld or %lld for "
+                                      "points of dimension %lld",
+                                      name, (long long)da, (long long)dx, (long long)(dx * dx),
+                                      (long long)dx);
         d = 1;
         break;
     }
     default:
-        return sr__builder_error(ctx, SR_EINTERNAL, "%s: no dimension rule", name);
+        return expr_builder_error(ctx, SR_EINTERNAL, "%s: no dimension rule", name);
     }
     if (d > EXPR_MAX_DIM)
-        return sr__builder_error(ctx, SR_EDIM, "%s: output dimension %lld exceeds the limit %d",
-                                 name, (long long)d, EXPR_MAX_DIM);
+        return expr_builder_error(ctx, SR_EDIM, "%s: output dimension %lld exceeds the limit %d",
+                                  name, (long long)d, EXPR_MAX_DIM);
     *dim = (int)d;
     return SR_OK;
 }
@@ -201,21 +202,21 @@ static sr_status check_leaf(sr_ctx *ctx, enum expr_op op, int64_t *at, int dim, 
     switch (op) {
     case OP_VAR:
         if (at[0] < 0 || at[0] > EXPR_MAX_VAR)
-            return sr__builder_error(ctx, SR_EINVAL, "Var: index %lld is not in [0, %d]",
-                                     (long long)at[0], EXPR_MAX_VAR);
+            return expr_builder_error(ctx, SR_EINVAL, "Var: index %lld is not in [0, %d]",
+                                      (long long)at[0], EXPR_MAX_VAR);
         if (at[1] < 0 || at[1] > 2)
-            return sr__builder_error(ctx, SR_EINVAL,
-                                     "Var: category %lld is not 0 (i), 1 (j) or 2 (parameter)",
-                                     (long long)at[1]);
+            return expr_builder_error(ctx, SR_EINVAL,
+                                      "Var: category %lld is not 0 (i), 1 (j) or 2 (parameter)",
+                                      (long long)at[1]);
         if (dim < 1 || dim > EXPR_MAX_DIM)
-            return sr__builder_error(ctx, SR_EDIM, "Var: dimension %d is not in [1, %d]", dim,
-                                     EXPR_MAX_DIM);
+            return expr_builder_error(ctx, SR_EDIM, "Var: dimension %d is not in [1, %d]", dim,
+                                      EXPR_MAX_DIM);
         return SR_OK;
     case OP_RATCST: {
         if (at[1] == 0)
-            return sr__builder_error(ctx, SR_EINVAL, "RatCst: the denominator is 0");
+            return expr_builder_error(ctx, SR_EINVAL, "RatCst: the denominator is 0");
         if (at[0] == INT64_MIN || at[1] == INT64_MIN)
-            return sr__builder_error(ctx, SR_EINVAL, "RatCst: value out of range");
+            return expr_builder_error(ctx, SR_EINVAL, "RatCst: value out of range");
         int64_t g = gcd64(at[0], at[1]);
         if (g > 1) {
             at[0] /= g;
@@ -229,8 +230,8 @@ static sr_status check_leaf(sr_ctx *ctx, enum expr_op op, int64_t *at, int dim, 
     }
     case OP_CST:
         if (!isfinite(fattr))
-            return sr__builder_error(ctx, SR_EINVAL, "Cst: constants must be finite, not %g",
-                                     fattr);
+            return expr_builder_error(ctx, SR_EINVAL, "Cst: constants must be finite, not %g",
+                                      fattr);
         return SR_OK;
     default:
         return SR_OK;
@@ -242,19 +243,19 @@ static sr_status check_attrs(sr_ctx *ctx, enum expr_op op, const int64_t *at)
     switch (op) {
     case OP_POW:
         if (at[0] < -1024 || at[0] > 1024)
-            return sr__builder_error(ctx, SR_EINVAL, "Pow: exponent %lld is not in [-1024, 1024]",
-                                     (long long)at[0]);
+            return expr_builder_error(ctx, SR_EINVAL, "Pow: exponent %lld is not in [-1024, 1024]",
+                                      (long long)at[0]);
         return SR_OK;
     case OP_ROUND:
         if (at[0] < -300 || at[0] > 300)
-            return sr__builder_error(ctx, SR_EINVAL, "Round: %lld decimals is not in [-300, 300]",
-                                     (long long)at[0]);
+            return expr_builder_error(ctx, SR_EINVAL, "Round: %lld decimals is not in [-300, 300]",
+                                      (long long)at[0]);
         return SR_OK;
     case OP_CLAMPINT:
         if (at[0] > at[1])
-            return sr__builder_error(ctx, SR_EINVAL,
-                                     "ClampInt: lower bound %lld is above upper bound %lld",
-                                     (long long)at[0], (long long)at[1]);
+            return expr_builder_error(ctx, SR_EINVAL,
+                                      "ClampInt: lower bound %lld is above upper bound %lld",
+                                      (long long)at[0], (long long)at[1]);
         return SR_OK;
     default:
         return SR_OK;
@@ -267,7 +268,7 @@ sr_expr *expr_make(sr_ctx *ctx, enum expr_op op, sr_expr *const *child, const in
     if (!ctx)
         return NULL;
     if ((int)op < 0 || op >= OP_COUNT) {
-        sr__builder_error(ctx, SR_EINVAL, "unknown op %d", (int)op);
+        expr_builder_error(ctx, SR_EINVAL, "unknown op %d", (int)op);
         return NULL;
     }
     const struct expr_opinfo *oi = &expr_ops[op];
@@ -278,8 +279,8 @@ sr_expr *expr_make(sr_ctx *ctx, enum expr_op op, sr_expr *const *child, const in
         if (!child || !child[i])
             return NULL; /* an earlier builder failed and said why */
         if (child[i]->ctx != ctx) {
-            sr__builder_error(ctx, SR_EINVAL, "%s: operand %d belongs to another context", oi->name,
-                              i + 1);
+            expr_builder_error(ctx, SR_EINVAL, "%s: operand %d belongs to another context",
+                               oi->name, i + 1);
             return NULL;
         }
         proto.child[i] = child[i];
@@ -311,7 +312,7 @@ sr_expr *expr_make(sr_ctx *ctx, enum expr_op op, sr_expr *const *child, const in
     }
     sr_expr *e = expr_intern(ctx, &proto);
     if (!e)
-        sr__builder_error(ctx, SR_ENOMEM, "%s: out of memory", oi->name);
+        expr_builder_error(ctx, SR_ENOMEM, "%s: out of memory", oi->name);
     return e;
 }
 

@@ -11,6 +11,8 @@
 
 #include "symred.h"
 
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -256,6 +258,54 @@ struct expr_store {
 
 void expr_store_init(struct expr_store *s);
 void expr_store_free(struct expr_store *s);
+
+/*
+ * The error sink (src/expr/error.c): the context's last failure message and the first failure of
+ * a builder chain. The IR records its errors here itself; the layers above (core, the backends)
+ * write to the same sink through sr__error, so sr_ctx_error() shows whichever failed last.
+ * Kernels may run (and fail) from several threads: the lock guards the message.
+ */
+#define EXPR_ERR_MAX 2048
+struct expr_errors {
+    pthread_mutex_t lock;
+    char msg[EXPR_ERR_MAX];
+    /* Set by a failed builder, consumed by sr_kernel_new(NULL) so it can report the first
+     * failure of a builder chain. */
+    sr_status pending;
+};
+
+/*
+ * What the IR keeps per context: its node store and its error sink. The context (struct sr_ctx,
+ * src/core/core.h) holds it as its first member, so the IR reaches its own state from an
+ * sr_ctx pointer without knowing the rest of the context.
+ */
+struct expr_ctx {
+    struct expr_store store;
+    struct expr_errors err;
+};
+
+static inline struct expr_ctx *expr_ctx(sr_ctx *ctx) { return (struct expr_ctx *)(void *)ctx; }
+static inline const struct expr_ctx *expr_ctx_c(const sr_ctx *ctx)
+{
+    return (const struct expr_ctx *)(const void *)ctx;
+}
+
+/* Sets up and tears down the IR state of a new context; init fails (SR_ENOMEM) only when the
+ * lock cannot be made. */
+sr_status expr_ctx_init(struct expr_ctx *c);
+void expr_ctx_free(struct expr_ctx *c);
+
+/* Records status and a printf-style message in ctx's sink; returns status. ctx may be NULL.
+ * A builder error also marks the status pending (see struct expr_errors). */
+sr_status expr_verror(sr_ctx *ctx, sr_status status, bool builder, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+sr_status expr_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+sr_status expr_builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Copies the current message of ctx (for callers that re-report it with context); a shorter
+ * buffer gets the message's start. */
+void expr_error_get(sr_ctx *ctx, char *buf, size_t cap);
 
 /* Bump allocation from the context arena (freed with the context); zeroed; NULL on OOM. */
 void *expr_arena_alloc(struct expr_store *s, size_t size);

@@ -17,7 +17,7 @@
  * operand a at the bounds), and Sqrt, Rsqrt, Norm2, Normalize, Asin, Acos use Rsqrt, so their
  * derivatives are 0 where Rsqrt's argument is 0 (KeOps).
  */
-#include "../core/core.h"
+#include "expr.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,10 +70,10 @@ static void acc(struct grad *G, const sr_expr *e, int k, sr_expr *c)
             c = NULL;
         if (!c || c->dim != child->dim) {
             if (c)
-                sr__builder_error(G->ctx, SR_EINTERNAL,
-                                  "Grad: the rule of %s gave a term of dimension %d for an "
-                                  "operand of dimension %d",
-                                  expr_ops[e->op].name, c->dim, child->dim);
+                expr_builder_error(G->ctx, SR_EINTERNAL,
+                                   "Grad: the rule of %s gave a term of dimension %d for an "
+                                   "operand of dimension %d",
+                                   expr_ops[e->op].name, c->dim, child->dim);
             G->failed = true;
             return;
         }
@@ -413,10 +413,10 @@ static sr_expr *tdot_adjoint(sr_ctx *ctx, const sr_expr *e, sr_expr *g, int firs
     for (int k = 0; k < nout; k++)
         inv[t->key.perm[k]] = k;
     if (nout > EXPR_TDOT_MAXRANK) {
-        sr__builder_error(ctx, SR_ENOTSUP,
-                          "Grad: the gradient of a TensorDot with %d output axes needs a tensor "
-                          "of rank above %d",
-                          nout, EXPR_TDOT_MAXRANK);
+        expr_builder_error(ctx, SR_ENOTSUP,
+                           "Grad: the gradient of a TensorDot with %d output axes needs a tensor "
+                           "of rank above %d",
+                           nout, EXPR_TDOT_MAXRANK);
         return NULL;
     }
     const int self = first, other = 1 - first;
@@ -473,24 +473,24 @@ sr_expr *expr_grad(sr_ctx *ctx, const sr_expr *f, const sr_expr *var, sr_expr *g
         return NULL;
     size_t n = expr_toposort(f, NULL, 0);
     const sr_expr **order = malloc((n ? n : 1) * sizeof *order);
-    struct grad G = {.ctx = ctx, .var = var, .nids = ctx->store.next_id};
+    struct grad G = {.ctx = ctx, .var = var, .nids = expr_ctx(ctx)->store.next_id};
     G.pos_of = calloc(G.nids ? G.nids : 1, sizeof *G.pos_of);
     G.dep = calloc(n ? n : 1, sizeof *G.dep);
     G.adj = calloc(n ? n : 1, sizeof *G.adj);
     sr_expr *res = NULL;
     if (!order || !G.pos_of || !G.dep || !G.adj || expr_toposort(f, order, n) != n) {
-        sr__builder_error(ctx, SR_ENOMEM, "Grad: out of memory");
+        expr_builder_error(ctx, SR_ENOMEM, "Grad: out of memory");
         goto done;
     }
     for (size_t p = 0; p < n; p++) {
         const sr_expr *e = order[p];
         if (e->op == OP_VAR && e != var && e->iattr[0] == var->iattr[0]) {
             static const char *const cats[] = {"Vi", "Vj", "Pm"};
-            sr__builder_error(ctx, SR_EDIM,
-                              "Grad: the variable of index %lld is %s of dimension %d in the "
-                              "formula, but %s of dimension %d in the variable to differentiate by",
-                              (long long)e->iattr[0], cats[e->iattr[1]], e->dim,
-                              cats[var->iattr[1]], var->dim);
+            expr_builder_error(
+                ctx, SR_EDIM,
+                "Grad: the variable of index %lld is %s of dimension %d in the "
+                "formula, but %s of dimension %d in the variable to differentiate by",
+                (long long)e->iattr[0], cats[e->iattr[1]], e->dim, cats[var->iattr[1]], var->dim);
             goto done;
         }
         G.pos_of[e->id] = (uint32_t)(p + 1);
@@ -529,21 +529,21 @@ static bool grad_check(sr_ctx *ctx, const char *fn, sr_expr *f, sr_expr *var, sr
     if (!ctx || !f || !var || !other)
         return false;
     if (f->ctx != ctx || var->ctx != ctx || other->ctx != ctx) {
-        sr__builder_error(ctx, SR_EINVAL, "%s: an operand belongs to another context", fn);
+        expr_builder_error(ctx, SR_EINVAL, "%s: an operand belongs to another context", fn);
         return false;
     }
     if (var->op != OP_VAR) {
-        sr__builder_error(ctx, SR_EINVAL,
-                          "%s: the variable to differentiate by must be a variable (Vi, Vj, Pm "
-                          "or Var), not %s",
-                          fn, expr_ops[var->op].name);
+        expr_builder_error(ctx, SR_EINVAL,
+                           "%s: the variable to differentiate by must be a variable (Vi, Vj, Pm "
+                           "or Var), not %s",
+                           fn, expr_ops[var->op].name);
         return false;
     }
     if (other->dim != want) {
-        sr__builder_error(ctx, SR_EDIM,
-                          "%s: the %s has dimension %d, but the %s has dimension %d; they must "
-                          "be equal",
-                          fn, other_name, other->dim, want_name, want);
+        expr_builder_error(ctx, SR_EDIM,
+                           "%s: the %s has dimension %d, but the %s has dimension %d; they must "
+                           "be equal",
+                           fn, other_name, other->dim, want_name, want);
         return false;
     }
     return true;
@@ -569,7 +569,7 @@ sr_expr *sr_diff(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *dir)
     int nvars;
     sr_status st = expr_collect_vars(ctx, roots, 3, &vars, &nvars);
     if (st != SR_OK) {
-        ctx->pending = st; /* reported by sr_kernel_new(NULL), as a builder error */
+        expr_ctx(ctx)->err.pending = st; /* reported by sr_kernel_new(NULL), as a builder error */
         return NULL;
     }
     free(vars);

@@ -1,5 +1,5 @@
 /* hashcons.c — the context's node store: a bump arena and the find-or-insert table. */
-#include "../core/core.h"
+#include "expr.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -115,7 +115,7 @@ static bool grow(struct expr_store *s)
 sr_expr *expr_intern(sr_ctx *ctx, const sr_expr *proto);
 sr_expr *expr_intern(sr_ctx *ctx, const sr_expr *proto)
 {
-    struct expr_store *s = &ctx->store;
+    struct expr_store *s = &expr_ctx(ctx)->store;
     uint64_t h = node_hash(proto);
     if (s->nbuckets) {
         for (sr_expr *e = s->buckets[h & (s->nbuckets - 1)]; e; e = e->next)
@@ -230,7 +230,7 @@ sr_status expr_collect_vars(sr_ctx *ctx, const sr_expr *const *roots, int nroots
         size_t cnt = expr_toposort(roots[r], NULL, 0);
         const sr_expr **order = malloc((cnt ? cnt : 1) * sizeof *order);
         if (!order) {
-            st = sr__error(ctx, SR_ENOMEM, "out of memory while walking the formula");
+            st = expr_error(ctx, SR_ENOMEM, "out of memory while walking the formula");
             break;
         }
         expr_toposort(roots[r], order, cnt);
@@ -243,7 +243,7 @@ sr_status expr_collect_vars(sr_ctx *ctx, const sr_expr *const *roots, int nroots
             if (idx >= nv) {
                 struct expr_var *nvp = realloc(v, (size_t)(idx + 1) * sizeof *v);
                 if (!nvp) {
-                    st = sr__error(ctx, SR_ENOMEM, "out of memory while collecting variables");
+                    st = expr_error(ctx, SR_ENOMEM, "out of memory while collecting variables");
                     break;
                 }
                 v = nvp;
@@ -255,10 +255,10 @@ sr_status expr_collect_vars(sr_ctx *ctx, const sr_expr *const *roots, int nroots
                 v[idx].dim = e->dim;
                 v[idx].cat = cat;
             } else if (v[idx].dim != e->dim || v[idx].cat != cat) {
-                st = sr__error(ctx, SR_EDIM,
-                               "variable index %d is used both as %s of dimension %d and as %s "
-                               "of dimension %d",
-                               idx, catname[v[idx].cat], v[idx].dim, catname[cat], e->dim);
+                st = expr_error(ctx, SR_EDIM,
+                                "variable index %d is used both as %s of dimension %d and as %s "
+                                "of dimension %d",
+                                idx, catname[v[idx].cat], v[idx].dim, catname[cat], e->dim);
             }
         }
         free(order);

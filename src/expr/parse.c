@@ -27,7 +27,7 @@
  * limited to PARSE_MAX_DEPTH, so no input can exhaust the C stack; every failure names the
  * 1-based byte column and what was expected.
  */
-#include "../core/core.h"
+#include "expr.h"
 
 #include <limits.h>
 #include <locale.h>
@@ -114,7 +114,7 @@ struct parser {
      * nesting costs little C stack. */
     char desc[2][48];
     unsigned ndesc;
-    char msg[SR_ERR_MAX];
+    char msg[EXPR_ERR_MAX];
 };
 
 static const char *const cat_names[3] = {"Vi", "Vj", "Pm"};
@@ -134,7 +134,7 @@ static sr_expr *fail(struct parser *p, sr_status st, size_t col, const char *fmt
     va_start(ap, fmt);
     vsnprintf(p->msg, sizeof p->msg, fmt, ap);
     va_end(ap);
-    sr__builder_error(p->ctx, st, "%scolumn %zu: %s", p->prefix, col + 1, p->msg);
+    expr_builder_error(p->ctx, st, "%scolumn %zu: %s", p->prefix, col + 1, p->msg);
     p->failed = true;
     p->st = st;
     return NULL;
@@ -147,11 +147,11 @@ static sr_expr *built(struct parser *p, size_t col, sr_expr *e)
 {
     if (e)
         return e;
-    sr__error_get(p->ctx, p->msg, sizeof p->msg);
-    sr_status st = p->ctx->pending;
+    expr_error_get(p->ctx, p->msg, sizeof p->msg);
+    sr_status st = expr_ctx(p->ctx)->err.pending;
     if (st != SR_EDIM && st != SR_ENOMEM)
         st = SR_EPARSE;
-    sr__builder_error(p->ctx, st, "%scolumn %zu: %s", p->prefix, col + 1, p->msg);
+    expr_builder_error(p->ctx, st, "%scolumn %zu: %s", p->prefix, col + 1, p->msg);
     p->failed = true;
     p->st = st;
     return NULL;
@@ -1393,10 +1393,10 @@ static bool parse_aliases(struct parser *p, const char *const *texts, struct ali
     }
     for (int64_t i = 0; i <= max && ok; i++) {
         if (owner[i] < 0) {
-            sr__builder_error(p->ctx, SR_EPARSE,
-                              "aliases: no alias declares index %lld (declared indices must "
-                              "be 0..%lld without gaps)",
-                              (long long)i, (long long)max);
+            expr_builder_error(p->ctx, SR_EPARSE,
+                               "aliases: no alias declares index %lld (declared indices must "
+                               "be 0..%lld without gaps)",
+                               (long long)i, (long long)max);
             p->failed = true;
             p->st = SR_EPARSE;
             ok = false;
@@ -1416,16 +1416,16 @@ sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases,
     if (!ctx)
         return SR_EINVAL;
     if (!out)
-        return sr__error(ctx, SR_EINVAL, "sr_parse: out is NULL");
+        return expr_error(ctx, SR_EINVAL, "sr_parse: out is NULL");
     if (!formula)
-        return sr__error(ctx, SR_EINVAL, "sr_parse: formula is NULL");
+        return expr_error(ctx, SR_EINVAL, "sr_parse: formula is NULL");
     if (naliases < 0)
-        return sr__error(ctx, SR_EINVAL, "sr_parse: naliases is %d, not >= 0", naliases);
+        return expr_error(ctx, SR_EINVAL, "sr_parse: naliases is %d, not >= 0", naliases);
     if (naliases > 0 && !aliases)
-        return sr__error(ctx, SR_EINVAL, "sr_parse: aliases is NULL but naliases is %d", naliases);
+        return expr_error(ctx, SR_EINVAL, "sr_parse: aliases is NULL but naliases is %d", naliases);
     for (int i = 0; i < naliases; i++)
         if (!aliases[i])
-            return sr__error(ctx, SR_EINVAL, "sr_parse: alias %d is NULL", i + 1);
+            return expr_error(ctx, SR_EINVAL, "sr_parse: alias %d is NULL", i + 1);
 
     struct parser p = {.ctx = ctx, .s = formula};
     struct alias *al = NULL;
@@ -1435,7 +1435,7 @@ sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases,
         if (!al || !p.by_name) {
             free(al);
             free(p.by_name);
-            return sr__error(ctx, SR_ENOMEM, "sr_parse: out of memory");
+            return expr_error(ctx, SR_ENOMEM, "sr_parse: out of memory");
         }
     }
     sr_expr *e = NULL;
@@ -1461,7 +1461,7 @@ sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases,
     free(p.by_name);
     free(p.uses);
     if (!e)
-        return p.failed ? p.st : sr__error(ctx, SR_EINTERNAL, "sr_parse: failed without a reason");
+        return p.failed ? p.st : expr_error(ctx, SR_EINTERNAL, "sr_parse: failed without a reason");
 
     /* The per-use check above gives the better message; this is the library-wide rule. */
     struct expr_var *vars;

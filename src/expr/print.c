@@ -15,7 +15,7 @@
  * expressions of any depth print without deep C recursion. The parser limits nesting (see
  * parse.c), so the text of a very deep expression prints fine but does not parse back.
  */
-#include "../core/core.h"
+#include "expr.h"
 
 #include <locale.h>
 #include <pthread.h>

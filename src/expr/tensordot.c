@@ -1,6 +1,6 @@
 /* tensordot.c — TensorDot's index lists: checking, interning in the context, and the index
  * arithmetic that the reference interpreter, the JIT emitter and the derivative rule share. */
-#include "../core/core.h"
+#include "expr.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -77,11 +77,12 @@ static sr_status check_shape(sr_ctx *ctx, char name, int r, const int *d, int32_
     int64_t prod = 1;
     for (int k = 0; k < r; k++) {
         if (d[k] < 1)
-            return sr__builder_error(ctx, SR_EDIM, "TensorDot: dimension %d of %c is %d, not >= 1",
-                                     k, name, d[k]);
+            return expr_builder_error(ctx, SR_EDIM, "TensorDot: dimension %d of %c is %d, not >= 1",
+                                      k, name, d[k]);
         prod *= d[k];
         if (prod > (1 << 24))
-            return sr__builder_error(ctx, SR_EDIM, "TensorDot: the shape of %c is too large", name);
+            return expr_builder_error(ctx, SR_EDIM, "TensorDot: the shape of %c is too large",
+                                      name);
         out[k] = d[k];
     }
     return SR_OK;
@@ -93,39 +94,40 @@ static sr_status check(sr_ctx *ctx, struct expr_tdot *t, int ra, const int *da, 
 {
     const int M = EXPR_TDOT_MAXRANK;
     if (ra < 0 || rb < 0 || ra > M || rb > M)
-        return sr__builder_error(ctx, SR_EINVAL,
-                                 "TensorDot: tensor ranks %d and %d must be in [0, %d]", ra, rb, M);
+        return expr_builder_error(
+            ctx, SR_EINVAL, "TensorDot: tensor ranks %d and %d must be in [0, %d]", ra, rb, M);
     if (nc < 0 || nc > ra || nc > rb)
-        return sr__builder_error(ctx, SR_EINVAL,
-                                 "TensorDot: %d contracted axes for tensors of ranks %d and %d", nc,
-                                 ra, rb);
+        return expr_builder_error(ctx, SR_EINVAL,
+                                  "TensorDot: %d contracted axes for tensors of ranks %d and %d",
+                                  nc, ra, rb);
     if ((ra && !da) || (rb && !db) || (nc && (!ca || !cb)))
-        return sr__builder_error(ctx, SR_EINVAL, "TensorDot: a list of dimensions or axes is NULL");
+        return expr_builder_error(ctx, SR_EINVAL,
+                                  "TensorDot: a list of dimensions or axes is NULL");
     sr_status st = check_shape(ctx, 'a', ra, da, t->key.da);
     if (st == SR_OK)
         st = check_shape(ctx, 'b', rb, db, t->key.db);
     if (st != SR_OK)
         return st;
     if (!distinct_in(ca, nc, ra) || !distinct_in(cb, nc, rb))
-        return sr__builder_error(ctx, SR_EINVAL,
-                                 "TensorDot: contracted axes must be distinct axes of their "
-                                 "tensor (a has rank %d, b has rank %d)",
-                                 ra, rb);
+        return expr_builder_error(ctx, SR_EINVAL,
+                                  "TensorDot: contracted axes must be distinct axes of their "
+                                  "tensor (a has rank %d, b has rank %d)",
+                                  ra, rb);
     for (int k = 0; k < nc; k++) {
         if (da[ca[k]] != db[cb[k]])
-            return sr__builder_error(ctx, SR_EDIM,
-                                     "TensorDot: contracted axis %d of a has size %d but axis %d "
-                                     "of b has size %d",
-                                     ca[k], da[ca[k]], cb[k], db[cb[k]]);
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "TensorDot: contracted axis %d of a has size %d but axis %d "
+                                      "of b has size %d",
+                                      ca[k], da[ca[k]], cb[k], db[cb[k]]);
         t->key.ca[k] = ca[k];
         t->key.cb[k] = cb[k];
     }
     int nk = ra + rb - 2 * nc;
     if (perm && !distinct_in(perm, nk, nk))
-        return sr__builder_error(ctx, SR_EINVAL,
-                                 "TensorDot: permute must be a permutation of 0..%d (the %d kept "
-                                 "axes)",
-                                 nk - 1, nk);
+        return expr_builder_error(ctx, SR_EINVAL,
+                                  "TensorDot: permute must be a permutation of 0..%d (the %d kept "
+                                  "axes)",
+                                  nk - 1, nk);
     for (int k = 0; k < nk; k++)
         t->key.perm[k] = perm ? perm[k] : k;
     t->key.ra = ra;
@@ -141,7 +143,7 @@ int expr_tdot_intern(sr_ctx *ctx, int ra, const int *da, int rb, const int *db, 
     memset(&t, 0, sizeof t);
     if (check(ctx, &t, ra, da, rb, db, nc, ca, cb, perm) != SR_OK)
         return -1;
-    struct expr_store *s = &ctx->store;
+    struct expr_store *s = &expr_ctx(ctx)->store;
     for (int i = 0; i < s->ntdots; i++)
         if (memcmp(&s->tdots[i]->key, &t.key, sizeof t.key) == 0)
             return i;
@@ -155,7 +157,7 @@ int expr_tdot_intern(sr_ctx *ctx, int ra, const int *da, int rb, const int *db, 
         int cap = s->captdots ? 2 * s->captdots : 8;
         struct expr_tdot **p = realloc(s->tdots, (size_t)cap * sizeof *p);
         if (!p) {
-            sr__builder_error(ctx, SR_ENOMEM, "TensorDot: out of memory");
+            expr_builder_error(ctx, SR_ENOMEM, "TensorDot: out of memory");
             return -1;
         }
         s->tdots = p;
@@ -163,7 +165,7 @@ int expr_tdot_intern(sr_ctx *ctx, int ra, const int *da, int rb, const int *db, 
     }
     struct expr_tdot *n = expr_arena_alloc(s, sizeof *n);
     if (!n) {
-        sr__builder_error(ctx, SR_ENOMEM, "TensorDot: out of memory");
+        expr_builder_error(ctx, SR_ENOMEM, "TensorDot: out of memory");
         return -1;
     }
     *n = t;
@@ -173,7 +175,8 @@ int expr_tdot_intern(sr_ctx *ctx, int ra, const int *da, int rb, const int *db, 
 
 const struct expr_tdot *expr_tdot_get(const sr_ctx *ctx, int64_t idx)
 {
-    return idx >= 0 && idx < ctx->store.ntdots ? ctx->store.tdots[idx] : NULL;
+    return idx >= 0 && idx < expr_ctx_c(ctx)->store.ntdots ? expr_ctx_c(ctx)->store.tdots[idx]
+                                                           : NULL;
 }
 
 const struct expr_tdot *expr_tdot_of(const sr_expr *e)

@@ -15,7 +15,7 @@
 #ifndef SYMRED_FORMULAS_H
 #define SYMRED_FORMULAS_H
 
-#include "../core/core.h"
+#include "../expr/expr.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -87,24 +87,6 @@ extern const int simp_nrules;
 int simp_expr(sr_ctx *ctx, sr_expr *e, const struct simp_opts *o, sr_expr **out,
               struct expr_buf *log);
 
-/* Whether SYMRED_SIMPLIFY (0 or 1, default 1) allows the simplifier; SR_EINVAL, naming the
- * variable, for any other value (then *on is true). */
-sr_status simp_enabled(sr_ctx *ctx, bool *on);
-
-/* Kernel hooks, called by kernel.c: simp_kernel replaces k->f and k->weight by their simplified
- * forms and fills k->simp; release frees what it allocated; explain appends its text. */
-sr_status simp_kernel(sr_kernel *k);
-void simp_kernel_release(sr_kernel *k);
-void simp_kernel_explain(const sr_kernel *k, struct expr_buf *b);
-/* The backend of a kernel with a reduction rewrite (k->simp.post; post.c): an inner kernel on
- * the user's device reduces k->simp.inner, then the post formula gives the output. kernel.c
- * installs it in place of any backend but the reference. */
-extern const struct sr_backend_i simp_post_backend;
-/* The most workspace one run of such a kernel uses: the inner and post kernels' workspaces and
- * the chunk of R (for the memory budget, src/core/budget.c; k->backend->run equals
- * simp_post_backend.run for these kernels). */
-int64_t simp_post_workspace(const sr_kernel *k);
-
 /* ---- facts about nodes (rules.c) ---- */
 
 /* Structural total order, the same in every process: constants first, then by structural
@@ -116,7 +98,35 @@ bool simp_nonneg(const sr_expr *e);
  * arithmetic on them and on constants). */
 bool simp_always_finite(const sr_expr *e);
 
-/* ---- cost model (cost.c); struct sr_cost is in core.h ---- */
+/* ---- cost model (cost.c) ---- */
+
+/* The cost model's estimate for a kernel (src/formulas/cost.c), in flop-equivalents. */
+struct sr_cost {
+    double flops_pair; /* per (i, j) pair */
+    double flops_row;  /* per output row: hoisted terms of the output index */
+    double flops_col;  /* per reduced row: hoisted terms of the reduced index */
+    double flops_call; /* once per call: parameter-only terms */
+    double bytes_pair; /* bytes of reduced-index operands read per pair */
+};
+
+/*
+ * The dimension from which inner products go through BLIS tiles (src/cpu/gemm.c).
+ * The crossover, measured on this machine (2-core AMD EPYC with AVX-512, Debian BLIS 0.9.0
+ * picking zen3, 2 threads, other jobs running: load average 2-3) with bench/bench-gemm, which
+ * runs the same kernel with SYMRED_BLIS=off and =on: a Gaussian mat-vec written with the inner
+ * product, Exp(-(SqNorm2(x)+SqNorm2(y)-2(x|y))*g)*b, float32, N = M = sqrt(F / 2D), best of 3.
+ * Direct / gemm time ratio, F = 2e10 (bench/README.md has the times):
+ *     D = 8: 0.49   16: 0.80   24: 1.45   32: 2.58   64: 4.57   256: 4.52   1024: 4.98
+ * Two earlier runs under heavier load gave 1.05 / 2.58 and 0.54 / 1.07 at D = 16 / 24: the
+ * crossover is between 16 and 24 in every run, so gemm-epilogue is chosen from D = 24 on, and the
+ * simplifier rewrites SqDist into norms and an inner product (the form that path needs) from the
+ * same D. (kNN, ArgKMin k = 10 of SqDist at D = 100, 10000 x 100000: direct 104.7 s, gemm 3.4 s.)
+ * Re-measured with symred's AVX-512 gemm (issue 14, Zen 5 EPYC, load 2-3): direct / gemm 0.72-1.46
+ * at D = 8, 1.30 at 12, 1.55-3.47 at 16, 2.67-3.83 at 24: on AVX-512 CPUs the crossover moved
+ * to between 8 and 16. The constant stays 24 (the BLIS crossover, and the simplifier's rewrite
+ * threshold, which cannot ask the backend which gemm will run); docs/avx512-gemm.md.
+ */
+#define SR_GEMM_MIN_DIM 24
 
 /* Flop-equivalents to compute node e once from its operands. */
 double simp_op_flops(const sr_expr *e);

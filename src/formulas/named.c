@@ -85,7 +85,7 @@ sr_expr *sr_formula(sr_ctx *ctx, const char *name, sr_expr *x, sr_expr *y, sr_ex
     if (!ctx)
         return NULL;
     if (!name) {
-        sr__builder_error(ctx, SR_EINVAL, "sr_formula: the name is NULL");
+        expr_builder_error(ctx, SR_EINVAL, "sr_formula: the name is NULL");
         return NULL;
     }
     const struct named_formula *nf = NULL;
@@ -93,31 +93,31 @@ sr_expr *sr_formula(sr_ctx *ctx, const char *name, sr_expr *x, sr_expr *y, sr_ex
         if (strcmp(named[i].name, name) == 0)
             nf = &named[i];
     if (!nf) {
-        sr__builder_error(ctx, SR_EINVAL,
-                          "sr_formula: unknown formula \"%s\" (known: gaussian, rbf, laplace, "
-                          "matern12, matern32, matern52, cauchy, imq, polynomial, linear, "
-                          "cosine, l1)",
-                          name);
+        expr_builder_error(ctx, SR_EINVAL,
+                           "sr_formula: unknown formula \"%s\" (known: gaussian, rbf, laplace, "
+                           "matern12, matern32, matern52, cauchy, imq, polynomial, linear, "
+                           "cosine, l1)",
+                           name);
         return NULL;
     }
     if (!x || !y)
         return NULL; /* an earlier builder failed and said why */
     if (nf->param != NP_NONE) {
         if (!param) {
-            if (ctx->pending == SR_OK)
-                sr__builder_error(ctx, SR_EINVAL, "sr_formula(%s): the parameter is NULL", name);
+            if (expr_ctx(ctx)->err.pending == SR_OK)
+                expr_builder_error(ctx, SR_EINVAL, "sr_formula(%s): the parameter is NULL", name);
             return NULL;
         }
         if (param->dim != 1) {
-            sr__builder_error(ctx, SR_EDIM,
-                              "sr_formula(%s): the parameter must have dimension 1, not %d", name,
-                              param->dim);
+            expr_builder_error(ctx, SR_EDIM,
+                               "sr_formula(%s): the parameter must have dimension 1, not %d", name,
+                               param->dim);
             return NULL;
         }
     }
     if (x->dim != y->dim) {
-        sr__builder_error(ctx, SR_EDIM, "sr_formula(%s): x and y have dimensions %d and %d", name,
-                          x->dim, y->dim);
+        expr_builder_error(ctx, SR_EDIM, "sr_formula(%s): x and y have dimensions %d and %d", name,
+                           x->dim, y->dim);
         return NULL;
     }
     return nf->build(ctx, x, y, param);

@@ -47,8 +47,8 @@ static void jlog(sr_ctx *ctx, int level, const char *fmt, ...)
 
 sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
 {
-    *out = ctx->jit;
-    if (ctx->jit)
+    *out = jit_ctx_of(ctx);
+    if (*out)
         return SR_OK;
     /* Options are read once per context; a malformed one fails every kernel of the context
      * until it is fixed, rather than silently meaning the default. */
@@ -64,14 +64,14 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
     snprintf(jc->cc, sizeof jc->cc, "%s", cc && *cc ? cc : "cc");
     jc->acc = acc;
     jc->keep_source = keep;
-    ctx->jit = jc;
+    ctx->backend_state[SR_BACKEND_JIT] = jc;
     *out = jc;
     return SR_OK;
 }
 
-void cpu_jit_ctx_free(sr_ctx *ctx)
+void jit_ctx_free(void *state)
 {
-    struct jit_ctx *jc = ctx->jit;
+    struct jit_ctx *jc = state;
     if (!jc)
         return;
     for (struct jit_module *m = jc->modules, *next; m; m = next) {
@@ -81,7 +81,6 @@ void cpu_jit_ctx_free(sr_ctx *ctx)
         free(m);
     }
     free(jc);
-    ctx->jit = NULL;
 }
 
 /* CPU feature flags (for -march=native), hashed once per process. */

@@ -625,8 +625,8 @@ out:
     return st;
 }
 
-sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
-                          int device_out)
+static sr_status cuda_run_device(const sr_kernel *k, const sr_run_desc *run, uint64_t device_args,
+                                 int device_out)
 {
     return cuda_reduce(k, run, device_args, device_out, NULL);
 }
@@ -676,4 +676,8 @@ const struct sr_backend_i cuda_backend = {
     /* .release = */ cuda_release,
     /* .explain = */ cuda_explain,
     /* .run_ranges = */ cuda_run_ranges,
+    /* .workspace = */ NULL, /* the host side's: core's reference estimate */
+    /* .run_device = */ cuda_run_device,
+    /* .ctx_free = */ NULL, /* its options live in the JIT's state (jit_ctx_get) */
+    /* .post_rewrite = */ false,
 };

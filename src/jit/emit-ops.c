@@ -193,8 +193,10 @@ const char *jit_ref(struct emitter *E, const sr_expr *e, const char *idx)
         E->fail = SR_EINTERNAL; /* an inner variable in the pair loop has a column */
         return "0";
     }
+    /* Parenthesised: a lazy node's expression (a conditional, a quotient) is an operand of
+     * whatever the caller writes around it (`a * b`). */
     if (jit_lazy_op(e))
-        return lazy_expr(E, e, idx);
+        return jit_sfmt(E, "(%s)", lazy_expr(E, e, idx));
     return jit_sfmt(E, "v%u[%s]", (unsigned)e->id, idx);
 }
 

@@ -134,7 +134,7 @@ struct jit_module {
     int refs;
 };
 
-/* Per-context JIT state (sr_ctx.jit): options read from the environment once, and the
+/* Per-context JIT state (jit_ctx_of): options read from the environment once, and the
  * in-memory module cache. Only the thread that owns the context touches it. */
 struct jit_ctx {
     char cc[512];         /* SYMRED_CC, default "cc" */
@@ -145,6 +145,15 @@ struct jit_ctx {
     struct jit_module *modules;
     unsigned long mem_hits, disk_hits, compiles;
 };
+
+/* The jit state of ctx, or NULL before the first jit_ctx_get. It hangs off the context in the
+ * JIT backend's state slot (the CUDA backend shares it), and cpu_jit_backend's ctx_free,
+ * jit_ctx_free, frees it with the context. */
+static inline struct jit_ctx *jit_ctx_of(const sr_ctx *ctx)
+{
+    return ctx->backend_state[SR_BACKEND_JIT];
+}
+void jit_ctx_free(void *state);
 
 /* The jit state of ctx, created on first use. Fails with SR_ENOMEM, or SR_EINVAL (message
  * naming the variable) when SYMRED_ACC, SYMRED_NUM_THREADS or SYMRED_JIT_KEEP is malformed. */
@@ -181,27 +190,6 @@ uint64_t jit_compiler_id(const char *cc);
 /* 64-bit FNV-1a. */
 uint64_t jit_hash(uint64_t h, const void *data, size_t len);
 #define JIT_HASH_INIT 0xcbf29ce484222325ULL
-
-/* ---- budget and the gemm-epilogue strategy (src/cpu/omp-runtime.c, src/cpu/gemm.c) ---- */
-
-/* The most workspace one call of a JIT kernel uses, all threads together (with the partial
- * states of a split of the reduced range when the budget allows one); the per-thread part and
- * the thread count in *per_thread and *threads (either may be NULL). */
-int64_t cpu_jit_workspace(const struct sr_kernel *k, int64_t *per_thread, int *threads);
-/* sr_kernel_eval_block's generated path (src/cpu/eval-block.c): the module's sr_block when k is a
- * direct-strategy JIT kernel (else NULL), with the per-thread workspace of its tiles and the
- * module's rows per block. */
-jit_block_fn cpu_jit_block(const struct sr_kernel *k, int64_t *per_thread, int64_t *rows_per_block);
-/* Plans kernel k for the gemm-epilogue strategy: when F depends on the pair only through one
- * inner product of an i-variable and a j-variable, the dimension is at least the measured
- * threshold, and BLIS can be loaded. On SR_OK k->backend is cpu_gemm_backend; SR_ENOTSUP: not
- * applicable (use the direct strategy); other errors (SR_EBUDGET, SR_ECOMPILE) are final. */
-sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
-int64_t cpu_gemm_workspace(const struct sr_kernel *k, int64_t *per_thread, int *threads);
-/* For a direct-strategy kernel whose F has a single inner product: why gemm-epilogue was not
- * chosen, appended to explain (nothing otherwise). */
-void cpu_gemm_explain_direct(const struct sr_kernel *k, struct expr_buf *b);
-extern const struct sr_backend_i cpu_gemm_backend;
 
 /* The disk cache's rules for other binaries (the CUDA backend's cubin/PTX): the checked cache
  * directory (SR_EIO and the reason in why when there is none or it is refused), whether the

@@ -10,7 +10,7 @@
  * inner kernel's backend, so that `backend: cpu-jit` in explain and backend->name still say
  * which backend does the pair work.
  */
-#include "formulas.h"
+#include "core.h"
 
 #include <stdlib.h>
 #include <string.h>

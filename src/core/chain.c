@@ -10,7 +10,7 @@
  * nx·ny·(flops per pair of f + 2 per column of the dense side) and a dense product 2·a·b·c, and
  * forbids multiplying two bare kernel factors (that would materialise one of them).
  */
-#include "formulas.h"
+#include "core.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -318,8 +318,8 @@ static sr_status apply_kernel(sr_chain *c, const struct chain_factor *kf, const 
     sr_expr *v = sr_var(ctx, kf->nargs, (int)other, left ? SR_CAT_I : SR_CAT_J);
     sr_expr *g = sr_mul(ctx, (sr_expr *)kf->f, v);
     if (!g) {
-        s = ctx->pending != SR_OK ? ctx->pending : SR_ENOMEM;
-        ctx->pending = SR_OK;
+        s = expr_ctx(ctx)->err.pending != SR_OK ? expr_ctx(ctx)->err.pending : SR_ENOMEM;
+        expr_ctx(ctx)->err.pending = SR_OK;
         goto done;
     }
     sr_kernel_desc d = sr_kernel_desc_default();
