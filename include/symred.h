@@ -569,14 +569,21 @@ SR_API int64_t sr_kernel_workspace_bytes(const sr_kernel *kernel);
  * [i0, i0 + ni) and columns [j0, j0 + nj) into out, row-major ni x nj x dim(F) values of the
  * kernel's dtype: out[((i - i0) * nj + (j - j0)) * dim(F) + c] = F(x_i, y_j)_c. args, nx and ny
  * are as for sr_kernel_run (all nx rows of the i-variables and ny rows of the j-variables; only
- * the block's rows are read); the block must lie inside [0, nx) x [0, ny). The values are those
- * of the reference interpreter (docs/semantics.md, computed in float64 and rounded to the
- * dtype), whatever the kernel's reduction and axis. This is the building block of
+ * the block's rows are read); the block must lie inside [0, nx) x [0, ny). Whatever the kernel's
+ * reduction and axis, the values are F's (a reduction rewrite of the simplifier does not
+ * change them) and agree with the reference interpreter's within the tolerances of
+ * docs/semantics.md ("Comparing backends", one term per output): a kernel on the CPU JIT's
+ * direct strategy computes them with code generated into its own module (the same tiles and
+ * vectorised loop as its reduction, in the kernel's dtype; no compile or cache lookup at call
+ * time); other kernels (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the
+ * reference interpreter (float64, rounded to the dtype); sr_kernel_explain says
+ * "eval_block: generated" for the first kind. This is the building block of
  * split-and-accumulate algorithms (e.g. the K_uf K_fu product of sparse GPs,
  * examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's own
- * workspace is a few values per formula node and thread. Errors: SR_EINVAL (NULL or missing
- * arrays, a block outside the matrix, negative sizes), SR_EOVERFLOW (ni * nj * dim(F) too large),
- * SR_EBUDGET. Thread-safe like sr_kernel_run. */
+ * workspace is one thread's kernel workspace (the JIT's tile) or a few values per formula node,
+ * per thread. Errors: SR_EINVAL (NULL or missing arrays, a block outside the matrix, negative
+ * sizes), SR_EOVERFLOW (ni * nj * dim(F) too large), SR_EBUDGET, SR_ENOMEM. Thread-safe like
+ * sr_kernel_run. */
 SR_API sr_status sr_kernel_eval_block(const sr_kernel *kernel, int64_t nx, int64_t ny,
                                       const void *const *args, int64_t i0, int64_t ni, int64_t j0,
                                       int64_t nj, void *out);

@@ -198,6 +198,12 @@ static const char *const big_group =
     " + TensorDot(x, y, [4,5], [5,4], [0,1], [1,0])"
     " + (TensorDot(Extract(x, 0, 4), Extract(w, 0, 5), [4], [5], [], [], [1,0])|y)";
 
+const char *diff_op_group_formula(int grp, const char *const **aliases)
+{
+    *aliases = grp < DIFF_OP_GROUPS - 1 ? op_aliases : big_aliases;
+    return grp < DIFF_OP_GROUPS - 1 ? op_groups[grp] : big_group;
+}
+
 void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt)
 {
     /* The backend must see every op as written, so the simplifier is off here. */

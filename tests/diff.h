@@ -44,6 +44,8 @@ int64_t diff_run(sr_ctx *ctx, sr_kernel *kb, sr_kernel *kr, int64_t nx, int64_t 
  * while they run, so each op reaches the backend as written). */
 #define DIFF_OP_GROUPS 7
 void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt);
+/* Op group grp's formula and its 4 aliases (x=Vi, y=Vj, g=Pm(1), and b=Vj(1) or w=Pm(20)). */
+const char *diff_op_group_formula(int grp, const char *const **aliases);
 
 /* Every reduction at sizes 1, 7, primes, 0, nx << ny and nx >> ny (the split paths). */
 void diff_reduction(sr_ctx *ctx, sr_device dev, sr_reduction red, sr_dtype dt);

@@ -3,7 +3,8 @@
  * is immutable and may be run concurrently from many threads"; contexts are independent).
  *
  * One kernel run from several threads at once on each CPU strategy (the JIT's direct one, the
- * gemm-epilogue, the reference), every thread getting the single-threaded result; failing runs
+ * gemm-epilogue, the reference), every thread getting the single-threaded result; the same for
+ * sr_kernel_eval_block (the JIT's generated block and the reference's); failing runs
  * writing the context's message while other threads read it; contexts in many threads
  * compiling into one disk cache, loading BLIS and NVRTC through their process-wide once-only
  * set-up. These are the tests the ThreadSanitizer build of scripts/test.sh runs
@@ -205,6 +206,65 @@ Test(threads, reference_kernel_shared)
     open_fixture(3);
     sr_kernel *k = kernel(ctx, "Exp(-SqDist(x, y) * g) * b", 3, SR_LOGSUMEXP, SR_DEVICE_REFERENCE);
     run_shared(k, D.args, NX);
+    sr_kernel_free(k);
+}
+
+/* sr_kernel_eval_block from NTHREADS threads on one kernel: the block of rows [BI0, NX - 2) x
+ * columns [BJ0, NY - 4), every thread's equal to the block computed alone, bit for bit. */
+enum { BI0 = 3, BJ0 = 7, BNI = NX - 2 - BI0, BNJ = NY - 4 - BJ0 };
+
+struct block_job {
+    const sr_kernel *k;
+    const void *const *args;
+    double *out;
+    sr_status st;
+};
+
+static void *block_run(void *p)
+{
+    struct block_job *j = p;
+    for (int rep = 0; rep < REPS && j->st == SR_OK; rep++)
+        j->st = sr_kernel_eval_block(j->k, NX, NY, j->args, BI0, BNI, BJ0, BNJ, j->out);
+    return NULL;
+}
+
+static void block_shared(const sr_kernel *k, const void *const *args)
+{
+    size_t n = (size_t)BNI * BNJ * (size_t)k->fdim;
+    double *alone = calloc(n, sizeof *alone);
+    cr_assert_eq(sr_kernel_eval_block(k, NX, NY, args, BI0, BNI, BJ0, BNJ, alone), SR_OK, "%s",
+                 sr_ctx_error(k->ctx));
+    struct block_job jobs[NTHREADS];
+    pthread_t th[NTHREADS];
+    for (int t = 0; t < NTHREADS; t++) {
+        jobs[t] = (struct block_job){k, args, calloc(n, sizeof(double)), SR_OK};
+        cr_assert_eq(pthread_create(&th[t], NULL, block_run, &jobs[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < NTHREADS; t++) {
+        cr_expect_eq(jobs[t].st, SR_OK, "thread %d", t);
+        cr_expect(memcmp(jobs[t].out, alone, n * sizeof *alone) == 0,
+                  "thread %d: the block differs from the one computed alone", t);
+        free(jobs[t].out);
+    }
+    free(alone);
+}
+
+/* The generated block (the JIT module's sr_block) and the reference's. */
+Test(threads, eval_block_shared)
+{
+    open_fixture(3);
+    const char *f = "Concat(Exp(-SqDist(x, y) * g) * b, x - y)";
+    sr_kernel *k = kernel(ctx, f, 3, SR_SUM, SR_DEVICE_CPU);
+    cr_assert_str_eq(k->backend->name, "cpu-jit");
+    block_shared(k, D.args);
+    sr_kernel_free(k);
+    k = kernel(ctx, f, 3, SR_KMIN, SR_DEVICE_CPU);
+    block_shared(k, D.args);
+    sr_kernel_free(k);
+    k = kernel(ctx, f, 3, SR_SUM, SR_DEVICE_REFERENCE);
+    block_shared(k, D.args);
     sr_kernel_free(k);
 }
 

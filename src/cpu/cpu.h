@@ -262,4 +262,12 @@ sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
 void cpu_gemm_explain_direct(const struct sr_kernel *k, struct expr_buf *b);
 extern const struct sr_backend_i cpu_gemm_backend;
 
+/* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
+
+/* The loaded module of k when k is a direct-strategy kernel of the CPU JIT (its sr_block, the
+ * block entry point, is jit_module.block, src/jit/jit.h), with the per-thread workspace of its
+ * tiles in *per_thread; NULL for every other kernel. (omp-runtime.c) */
+struct jit_module;
+const struct jit_module *cpu_jit_module(const struct sr_kernel *k, int64_t *per_thread);
+
 #endif /* SYMRED_CPU_H */

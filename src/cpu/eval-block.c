@@ -1,13 +1,22 @@
 /*
  * eval-block.c — sr_kernel_eval_block: the formula's values on a block of rows x columns.
  *
- * Correctness first: the block is computed by the reference interpreter (the test oracle), one
- * output row per call, as a Sum over the single row i of F(x_i, y_j) for the block's columns j
- * (axis 0), which is exactly row i of the block, written in place. Rows are spread over OpenMP
- * threads. The interpreter is prepared on a private copy of the kernel description, so the
+ * Two paths. A kernel on the CPU JIT's direct strategy has a block entry point in its own
+ * generated module (sr_block, emitted with the kernel's sr_part by src/jit/emit-c.c: the same
+ * placement, tiles and omp simd pair loop, storing F instead of reducing it), so the block costs
+ * what the pair loop costs and no compile, cache lookup or lock at call time. The block's output
+ * rows (and, when there are few of them, its reduced range too) are cut into pieces run over
+ * OpenMP threads.
+ *
+ * Every other kernel (the reference backend, gemm-epilogue, CUDA, a JIT that fell back, and a
+ * kernel whose reduction the simplifier rewrote: its module computes the inner formula, not F)
+ * runs the reference interpreter, one output row per call, as a Sum over the single row i of
+ * F(x_i, y_j) for the block's columns j (axis 0), which is exactly row i of the block, written
+ * in place. The interpreter is prepared on a private copy of the kernel description, so the
  * kernel itself is not touched and calls may run concurrently.
  */
-#include "../core/core.h"
+#include "../jit/jit.h"
+#include "cpu.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +65,78 @@ static sr_status block_check(const sr_kernel *k, int64_t nx, int64_t ny, const v
     return SR_OK;
 }
 
+/* Whether a workspace of per_thread bytes (one thread) fits in the context's budget. */
+static sr_status block_budget(const sr_kernel *k, int64_t per_thread)
+{
+    int64_t lim = k->ctx->mem_limit;
+    if (lim > 0 && per_thread > lim)
+        return sr__error(k->ctx, SR_EBUDGET,
+                         "memory budget exceeded: sr_kernel_eval_block needs %lld bytes of "
+                         "workspace, the budget is %lld bytes",
+                         (long long)per_thread, (long long)lim);
+    return SR_OK;
+}
+
+/* Output rows per piece: a few pieces per thread for balance, at most one block of the module
+ * (its tile of reduced-index terms is reused by the rows of a block). With fewer pieces than
+ * that, the reduced range is cut too, in pieces of at least BLOCK_MIN_REDUCED indices. */
+#define BLOCK_PIECES_PER_THREAD 4
+#define BLOCK_MIN_REDUCED       1024
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The generated path: the module's sr_block on pieces of the block. The kernel's output index
+ * o is i on axis 1 and j on axis 0; the block is row-major in (i, j) either way. */
+static sr_status block_jit(const sr_kernel *k, jit_block_fn fn, int64_t per_thread, int64_t rb,
+                           const void *const *args, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
+                           void *out)
+{
+    sr_status st = block_budget(k, per_thread);
+    if (st != SR_OK)
+        return st;
+    const bool ax1 = k->axis == 1;
+    const int64_t nout = ax1 ? ni : nj, nred = ax1 ? nj : ni, o0 = ax1 ? i0 : j0,
+                  r0 = ax1 ? j0 : i0, D = k->fdim;
+    const int64_t so = ax1 ? nj * D : D, sr = ax1 ? D : nj * D;
+    const size_t esz = sr_dtype_size(k->dtype);
+    const int nt = sr__threads(k->ctx, per_thread);
+    const int64_t want = (int64_t)nt * BLOCK_PIECES_PER_THREAD;
+    int64_t chunk = cdiv(nout, want);
+    if (chunk > rb)
+        chunk = rb;
+    if (chunk < 1)
+        chunk = 1;
+    const int64_t nco = cdiv(nout, chunk);
+    int64_t ncr = 1;
+    if (nco < want) {
+        ncr = cdiv(want, nco);
+        int64_t most = nred / BLOCK_MIN_REDUCED;
+        if (ncr > most)
+            ncr = most > 1 ? most : 1;
+    }
+    const int64_t piece = cdiv(nred, ncr);
+    ncr = cdiv(nred, piece);
+    const int64_t ntask = nco * ncr;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1 && ntask > 1)
+#endif
+    for (int64_t t = 0; t < ntask; t++) {
+        const int64_t a = (t / ncr) * chunk, b = a + chunk < nout ? a + chunk : nout;
+        const int64_t ra = (t % ncr) * piece, rz = ra + piece < nred ? ra + piece : nred;
+        char *dst = (char *)out + ((size_t)a * (size_t)so + (size_t)ra * (size_t)sr) * esz;
+        if (fn(o0 + a, o0 + b, r0 + ra, r0 + rz, args, dst, so, sr)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+    }
+    if (failed)
+        return sr__error(k->ctx, SR_ENOMEM, "sr_kernel_eval_block: out of memory");
+    return SR_OK;
+}
+
 sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args,
                                int64_t i0, int64_t ni, int64_t j0, int64_t nj, void *out)
 {
@@ -64,15 +145,15 @@ sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const
     sr_status st = block_check(k, nx, ny, args, i0, ni, j0, nj, out);
     if (st != SR_OK || ni == 0 || nj == 0)
         return st;
+    int64_t jit_ws = 0;
+    const struct jit_module *m = cpu_jit_module(k, &jit_ws);
+    if (m && m->block)
+        return block_jit(k, m->block, jit_ws, m->rows_per_block, args, i0, ni, j0, nj, out);
 
     /* Threads, within the memory budget: each runs the interpreter with its own working set. */
     int64_t per_thread = sr__reference_workspace(k) + (int64_t)k->nargs * (int64_t)sizeof(void *);
-    int64_t lim = k->ctx->mem_limit;
-    if (lim > 0 && per_thread > lim)
-        return sr__error(k->ctx, SR_EBUDGET,
-                         "memory budget exceeded: sr_kernel_eval_block needs %lld bytes of "
-                         "workspace, the budget is %lld bytes",
-                         (long long)per_thread, (long long)lim);
+    if ((st = block_budget(k, per_thread)) != SR_OK)
+        return st;
     int nt = sr__threads(k->ctx, per_thread);
     if (nt > ni)
         nt = (int)ni;

@@ -58,6 +58,15 @@ static int64_t jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threa
     return total;
 }
 
+const struct jit_module *cpu_jit_module(const sr_kernel *k, int64_t *per_thread)
+{
+    if (k->backend != &cpu_jit_backend || !k->backend_data)
+        return NULL;
+    const struct jit_kernel *jk = k->backend_data;
+    *per_thread = jk->plan.workspace_bytes;
+    return jk->m;
+}
+
 static sr_status fall_back(sr_kernel *k, const char *why)
 {
     struct jit_ctx *jc = jit_ctx_of(k->ctx);
@@ -269,7 +278,8 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "per thread)\n"
                     "accumulation: %s\n"
                     "compiler: %s %s\n"
-                    "module: %s, cache %s, %.1f ms\n",
+                    "module: %s, cache %s, %.1f ms\n"
+                    "eval_block: generated (sr_block, the same tiles, rows over OpenMP threads)\n",
                     p->tile_j, p->rows_per_block, p->columns, p->fbuf, p->hoisted_outer,
                     p->hoisted_inner, p->pair_nodes, (long long)p->state_bytes,
                     (long long)p->workspace_bytes, sr__threads(k->ctx, p->workspace_bytes),

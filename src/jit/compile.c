@@ -251,6 +251,7 @@ sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *er
     m->merge = (jit_merge_fn)dlsym(h, "sr_merge");
     m->final = (jit_final_fn)dlsym(h, "sr_final");
     m->run = (jit_run_fn)dlsym(h, "sr_run");
+    m->block = (jit_block_fn)dlsym(h, "sr_block"); /* optional: see jit.h */
     if (!abi || *abi != JIT_ABI_VERSION || !sb || !rb || !m->part || !m->part_iv || !m->merge ||
         !m->final || !m->run) {
         dlclose(h);

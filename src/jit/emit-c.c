@@ -1,5 +1,7 @@
 /*
- * emit-c.c — lowers a kernel (formula DAG, reduction, axis, dtype) to specialised C source.
+ * emit-c.c — lowers a kernel (formula DAG, reduction, axis, dtype) to specialised C source: the
+ * placement of the nodes and the skeletons of the generated entry points; the op spellings are in
+ * emit-ops.c.
  *
  * Shape of the generated code (see jit.h for the ABI):
  *   - every node of the DAG becomes one local scalar per component (v<id>_<c>): dimensions are
@@ -12,7 +14,7 @@
  *     reductions buffer the formula values of a tile and reduce them in a second loop, with the
  *     tie and NaN rules of docs/semantics.md.
  */
-#include "jit.h"
+#include "emit-c.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -21,697 +23,6 @@
 #include <string.h>
 
 const char *const jit_acc_names[3] = {"block", "kahan", "f64"};
-
-/* Where a node is evaluated. */
-enum place { PL_UNIFORM, PL_OUTER, PL_INNER, PL_PAIR };
-
-struct emitter {
-    const struct sr_kernel *k;
-    struct expr_buf *b;
-    bool f32;
-    const char *fs; /* libm suffix: "f" or "" */
-    int outer_dep, inner_dep;
-    const sr_expr **order;
-    size_t n;
-    enum place *place;        /* by position in order */
-    int *col;                 /* inner frontier: first column in the tile, else -1 */
-    bool *in_loop;            /* needed inside the simd loop */
-    uint32_t *pos_of;         /* node id -> position + 1 (0: not in the DAG) */
-    enum place scope;         /* where the code being emitted runs */
-    sr_status fail;           /* set by ref() and friends */
-    const sr_expr *gemm;      /* gemm-epilogue: this inner product is read from the tile sr_gt */
-    const char *const *spell; /* [OP_COUNT] other targets' templates (CUDA), NULL = C's */
-    char **strs;              /* expression strings, freed at the end */
-    size_t nstr, capstr;
-};
-
-/* ---- the op table: one C spelling per op ---------------------------------------------------
- * An elementwise op is a template: $a $b $c are the operands' components (broadcast), $F the
- * libm suffix of the dtype, $T the scalar type, $0 $1 the integer attributes. Other ops name an
- * emitter function. Every op of EXPR_OP_MAP needs a JIT_C_<id> definition: a missing one is a
- * compile error in the table below. */
-typedef void (*emit_fn)(struct emitter *E, const sr_expr *e);
-struct jit_cop {
-    const char *ew;
-    emit_fn fn;
-};
-
-static void e_var(struct emitter *E, const sr_expr *e);
-static void e_const(struct emitter *E, const sr_expr *e);
-static void e_pow(struct emitter *E, const sr_expr *e);
-static void e_round(struct emitter *E, const sr_expr *e);
-static void e_sqnorm(struct emitter *E, const sr_expr *e);
-static void e_normalize(struct emitter *E, const sr_expr *e);
-static void e_pair(struct emitter *E, const sr_expr *e);
-static void e_sum(struct emitter *E, const sr_expr *e);
-static void e_minmax(struct emitter *E, const sr_expr *e);
-static void e_slice(struct emitter *E, const sr_expr *e);
-static void e_onehot(struct emitter *E, const sr_expr *e);
-static void e_matvec(struct emitter *E, const sr_expr *e);
-static void e_tensor(struct emitter *E, const sr_expr *e);
-static void e_weighted(struct emitter *E, const sr_expr *e);
-static void e_tensordot(struct emitter *E, const sr_expr *e);
-
-#define EW(s)                                                                                      \
-    {                                                                                              \
-        s, NULL                                                                                    \
-    }
-#define FN(f)                                                                                      \
-    {                                                                                              \
-        NULL, f                                                                                    \
-    }
-#define JIT_C_VAR       FN(e_var)
-#define JIT_C_INTCST    FN(e_const)
-#define JIT_C_RATCST    FN(e_const)
-#define JIT_C_CST       FN(e_const)
-#define JIT_C_ADD       EW("$a + $b")
-#define JIT_C_SUB       EW("$a - $b")
-#define JIT_C_MUL       EW("$a * $b")
-#define JIT_C_DIV       EW("$a / $b")
-#define JIT_C_MINUS     EW("-$a")
-#define JIT_C_POWF      EW("pow$F($a, $b)")
-#define JIT_C_ATAN2     EW("atan2$F($a, $b)")
-#define JIT_C_LESS      EW("$a < $b ? ($T)1 : ($T)0")
-#define JIT_C_LESSEQ    EW("$a <= $b ? ($T)1 : ($T)0")
-#define JIT_C_GREATER   EW("$a > $b ? ($T)1 : ($T)0")
-#define JIT_C_GREATEREQ EW("$a >= $b ? ($T)1 : ($T)0")
-#define JIT_C_EQUAL     EW("$a == $b ? ($T)1 : ($T)0")
-#define JIT_C_NOTEQUAL  EW("$a != $b ? ($T)1 : ($T)0")
-#define JIT_C_INV       EW("($T)1 / $a")
-#define JIT_C_SQUARE    EW("$a * $a")
-#define JIT_C_SQRT      EW("sqrt$F($a)")
-#define JIT_C_RSQRT     EW("$a == 0 ? ($T)0 : ($T)1 / sqrt$F($a)")
-#define JIT_C_EXP       EW("sr_exp($a)")
-#define JIT_C_LOG       EW("log$F($a)")
-#define JIT_C_XLOGX     EW("$a == 0 ? ($T)0 : $a * log$F($a)")
-#define JIT_C_SIN       EW("sin$F($a)")
-#define JIT_C_COS       EW("cos$F($a)")
-#define JIT_C_ASIN      EW("asin$F($a)")
-#define JIT_C_ACOS      EW("acos$F($a)")
-#define JIT_C_ATAN      EW("atan$F($a)")
-#define JIT_C_ABS       EW("fabs$F($a)")
-#define JIT_C_SIGN      EW("$a > 0 ? ($T)1 : $a < 0 ? ($T)-1 : $a == 0 ? ($T)0 : $a")
-#define JIT_C_STEP      EW("$a >= 0 ? ($T)1 : $a < 0 ? ($T)0 : $a")
-#define JIT_C_RELU      EW("$a > 0 ? $a : $a <= 0 ? ($T)0 : $a")
-#define JIT_C_FLOOR     EW("floor$F($a)")
-#define JIT_C_SINXDIVX  EW("$a == 0 ? ($T)1 : sin$F($a) / $a")
-#define JIT_C_POW       FN(e_pow)
-#define JIT_C_ROUND     FN(e_round)
-#define JIT_C_CLAMPINT                                                                             \
-    EW("($a < ($T)$0 ? ($T)$0 : $a) > ($T)$1 ? ($T)$1 : ($a < ($T)$0 ? ($T)$0 : $a)")
-/* A NaN bound gives NaN (docs/semantics.md); the comparisons alone would ignore it. */
-#define JIT_C_CLAMP                                                                                \
-    EW("$b != $b || $c != $c ? $a + $b + $c : ($a < $b ? $b : $a) > $c ? $c : ($a < $b ? $b : "    \
-       "$a)")
-#define JIT_C_IFELSE         EW("$a >= 0 ? $b : $c")
-#define JIT_C_MOD            EW("$a - $b * floor$F(($a - $c) / $b)")
-#define JIT_C_SQNORM2        FN(e_sqnorm)
-#define JIT_C_NORM2          FN(e_sqnorm)
-#define JIT_C_NORMALIZE      FN(e_normalize)
-#define JIT_C_SQDIST         FN(e_pair)
-#define JIT_C_SCALPROD       FN(e_pair)
-#define JIT_C_SUM            FN(e_sum)
-#define JIT_C_MAX            FN(e_minmax)
-#define JIT_C_MIN            FN(e_minmax)
-#define JIT_C_ARGMAX         FN(e_minmax)
-#define JIT_C_ARGMIN         FN(e_minmax)
-#define JIT_C_ELEM           FN(e_slice)
-#define JIT_C_EXTRACT        FN(e_slice)
-#define JIT_C_CONCAT         FN(e_slice)
-#define JIT_C_ONEHOT         FN(e_onehot)
-#define JIT_C_MATVECMULT     FN(e_matvec)
-#define JIT_C_VECMATMULT     FN(e_matvec)
-#define JIT_C_TENSORPROD     FN(e_tensor)
-#define JIT_C_WEIGHTEDSQNORM FN(e_weighted)
-#define JIT_C_WEIGHTEDSQDIST FN(e_weighted)
-#define JIT_C_SUMT           FN(e_slice)
-#define JIT_C_ELEMT          FN(e_slice)
-#define JIT_C_EXTRACTT       FN(e_slice)
-#define JIT_C_TENSORDOT      FN(e_tensordot)
-
-static const struct jit_cop c_ops[] = {
-#define JIT_C_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = JIT_C_##id,
-    EXPR_OP_MAP(JIT_C_ENTRY_)
-#undef JIT_C_ENTRY_
-};
-_Static_assert(sizeof c_ops / sizeof *c_ops == OP_COUNT, "every op needs a C spelling");
-
-/* ---- helpers --------------------------------------------------------------------------------
- * Nodes of dimension <= JIT_BIG are "small": one named scalar per component (v<id>_<c>), and
- * vector ops are unrolled. Larger ("big") nodes are never unrolled: a variable is read in place
- * (or from its tile column), an elementwise node is "lazy" (its expression is inlined where a
- * component is used, inside a loop over the components), and the few other big ops are
- * materialised as arrays, which only the per-call and per-row scopes allow. ref() gives the C
- * expression of one component, for a constant or a loop index. */
-
-#define JIT_BIG 16
-
-#define P(...) expr_buf_printf(E->b, __VA_ARGS__)
-
-static bool big(const sr_expr *e) { return e->dim > JIT_BIG; }
-
-static char *sfmt(struct emitter *E, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static char *sfmt(struct emitter *E, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *s = NULL;
-    if (vasprintf(&s, fmt, ap) < 0)
-        s = NULL;
-    va_end(ap);
-    if (!s || E->nstr == E->capstr) {
-        size_t cap = E->capstr ? 2 * E->capstr : 256;
-        char **p = s ? realloc(E->strs, cap * sizeof *p) : NULL;
-        if (!p) {
-            free(s);
-            E->fail = SR_ENOMEM;
-            return (char *)"0";
-        }
-        E->strs = p;
-        E->capstr = cap;
-    }
-    E->strs[E->nstr++] = s;
-    return s;
-}
-
-static bool is_num(const char *s)
-{
-    if (!*s)
-        return false;
-    for (; *s; s++)
-        if (*s < '0' || *s > '9')
-            return false;
-    return true;
-}
-
-static const char *T(const struct emitter *E) { return E->f32 ? "float" : "double"; }
-
-static size_t pos(const struct emitter *E, const sr_expr *e) { return E->pos_of[e->id] - 1; }
-
-static bool lazy_op(const sr_expr *e);
-static const char *lazy_expr(struct emitter *E, const sr_expr *e, const char *idx);
-
-/* The C expression of component idx of e in the current scope. */
-static const char *ref(struct emitter *E, const sr_expr *e, const char *idx)
-{
-    if (e->dim == 1)
-        idx = "0";
-    if (!big(e)) {
-        if (!is_num(idx)) {
-            /* A small node's components have names, not indices: the caller unrolls. */
-            E->fail = SR_ENOTSUP;
-            return "0";
-        }
-        return sfmt(E, "v%u_%s", (unsigned)e->id, idx);
-    }
-    size_t p = pos(E, e);
-    if (E->col[p] >= 0 && (E->scope == PL_PAIR || (e->op != OP_VAR && !lazy_op(e))))
-        return sfmt(E, "tb[(%d + %s) * SR_TJ + jj]", E->col[p], idx);
-    if (e->op == OP_VAR) {
-        int v = (int)e->iattr[0];
-        if (e->iattr[1] == SR_CAT_PARAM)
-            return sfmt(E, "a%d[%s]", v, idx);
-        if (e->deps & E->outer_dep)
-            return sfmt(E, "a%d[o * %d + %s]", v, e->dim, idx);
-        if (E->scope == PL_INNER)
-            return sfmt(E, "a%d[r * %d + %s]", v, e->dim, idx);
-        E->fail = SR_EINTERNAL; /* an inner variable in the pair loop has a column */
-        return "0";
-    }
-    /* Parenthesised: a lazy node's expression (a conditional, a quotient) is an operand of
-     * whatever the caller writes around it (`a * b`). */
-    if (lazy_op(e))
-        return sfmt(E, "(%s)", lazy_expr(E, e, idx));
-    return sfmt(E, "v%u[%s]", (unsigned)e->id, idx);
-}
-
-static const char *ref_c(struct emitter *E, const sr_expr *e, int c)
-{
-    char idx[16];
-    snprintf(idx, sizeof idx, "%d", c);
-    return ref(E, e, idx);
-}
-
-/* The name of component c of node e, which is being defined (a small node's scalar). */
-static const char *nm(const sr_expr *e, int c, char *buf)
-{
-    if (e->dim == 1)
-        c = 0;
-    snprintf(buf, 32, "v%u_%d", (unsigned)e->id, c);
-    return buf;
-}
-
-/* A double constant as an exact C literal of the dtype. */
-static const char *lit(struct emitter *E, double v)
-{
-    if (isnan(v))
-        return sfmt(E, "(%s)__builtin_nan(\"\")", T(E));
-    if (isinf(v))
-        return sfmt(E, "(%s)(%s__builtin_inf())", T(E), v < 0 ? "-" : "");
-    return sfmt(E, "(%s)%a", T(E), v);
-}
-
-/* Where component idx of the big node e is stored: its array, or in the per-index pre-pass its
- * tile column. */
-static const char *dst(struct emitter *E, const sr_expr *e, const char *idx)
-{
-    size_t p = pos(E, e);
-    if (E->scope == PL_INNER && E->col[p] >= 0)
-        return sfmt(E, "tb[(%d + %s) * SR_TJ + jj]", E->col[p], idx);
-    return sfmt(E, "v%u[%s]", (unsigned)e->id, idx);
-}
-
-/* Starts the definition of component c of e: a const scalar, or an element of e's array. */
-static void def(struct emitter *E, const sr_expr *e, int c)
-{
-    char n[32];
-    if (big(e))
-        P("        %s = ", dst(E, e, sfmt(E, "%d", c)));
-    else
-        P("        const %s %s = ", T(E), nm(e, c, n));
-}
-
-static void e_var(struct emitter *E, const sr_expr *e)
-{
-    int v = (int)e->iattr[0], cat = (int)e->iattr[1];
-    const char *idx = cat == SR_CAT_PARAM ? "0" : (e->deps & E->outer_dep) ? "o" : "r";
-    for (int c = 0; c < e->dim; c++) {
-        def(E, e, c);
-        P("a%d[%s * %d + %d];\n", v, idx, e->dim, c);
-    }
-}
-
-static void e_const(struct emitter *E, const sr_expr *e)
-{
-    double v = e->op == OP_INTCST   ? (double)e->iattr[0]
-               : e->op == OP_RATCST ? (double)e->iattr[0] / (double)e->iattr[1]
-                                    : e->fattr;
-    def(E, e, 0);
-    P("%s;\n", lit(E, v));
-}
-
-/* Expands an elementwise template for component idx. */
-static const char *ew_expr(struct emitter *E, const sr_expr *e, const char *tmpl, const char *idx)
-{
-    struct expr_buf b = {0};
-    for (const char *p = tmpl; *p; p++) {
-        if (*p != '$') {
-            expr_buf_printf(&b, "%c", *p);
-            continue;
-        }
-        p++;
-        if (*p >= 'a' && *p <= 'c')
-            expr_buf_printf(&b, "(%s)", ref(E, e->child[*p - 'a'], idx));
-        else if (*p == 'F')
-            expr_buf_printf(&b, "%s", E->fs);
-        else if (*p == 'T')
-            expr_buf_printf(&b, "%s", T(E));
-        else if (*p == '0' || *p == '1')
-            expr_buf_printf(&b, "%lld", (long long)e->iattr[*p - '0']);
-    }
-    if (b.oom || !b.data) {
-        free(b.data);
-        E->fail = SR_ENOMEM;
-        return "0";
-    }
-    char *s = sfmt(E, "%s", b.data);
-    free(b.data);
-    return s;
-}
-
-static void ew(struct emitter *E, const sr_expr *e, const char *tmpl)
-{
-    for (int c = 0; c < e->dim; c++) {
-        const char *x = ew_expr(E, e, tmpl, sfmt(E, "%d", c));
-        def(E, e, c);
-        P("%s;\n", x);
-    }
-}
-
-static const char *round_expr(struct emitter *E, const sr_expr *e, const char *idx)
-{
-    const char *s = lit(E, pow(10.0, (double)e->iattr[0]));
-    return sfmt(E, "round%s((%s) * %s) / %s", E->fs, ref(E, e->child[0], idx), s, s);
-}
-
-static void e_round(struct emitter *E, const sr_expr *e)
-{
-    for (int c = 0; c < e->dim; c++) {
-        const char *x = round_expr(E, e, sfmt(E, "%d", c));
-        def(E, e, c);
-        P("%s;\n", x);
-    }
-}
-
-static void e_pow(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    long long p = e->iattr[0], q = p < 0 ? -p : p;
-    for (int c = 0; c < e->dim; c++) {
-        const char *a = ref_c(E, e->child[0], c);
-        nm(e, c, n);
-        if (q == 0) {
-            def(E, e, c);
-            P("(%s)1;\n", T(E));
-            continue;
-        }
-        /* Repeated multiplication, as the reference does. */
-        P("        %s %s_p = %s;\n", T(E), n, a);
-        if (q <= 16)
-            for (long long i = 1; i < q; i++)
-                P("        %s_p = %s_p * %s;\n", n, n, a);
-        else
-            P("        for (int q_ = 1; q_ < %lld; q_++) %s_p = %s_p * %s;\n", q, n, n, a);
-        def(E, e, c);
-        if (p < 0)
-            P("(%s)1 / %s_p;\n", T(E), n);
-        else
-            P("%s_p;\n", n);
-    }
-}
-
-/* Emits "acc += term(k)" for k < n, unrolled or as a loop over q_, with the component terms
- * given by fn. */
-typedef const char *(*term_fn)(struct emitter *E, const sr_expr *e, const char *idx);
-
-static void sum_terms(struct emitter *E, const sr_expr *e, const char *acc, int n, bool loop,
-                      term_fn fn)
-{
-    if (loop) {
-        const char *t = fn(E, e, "q_");
-        /* gemm-epilogue: the long row and column norms run outside any simd loop; let them
-         * vectorise along the vector (reassociated, as the gemm's own sums are). */
-        if (E->gemm && E->scope != PL_PAIR)
-            P("#pragma omp simd reduction(+:%s)\n", acc);
-        P("        for (int q_ = 0; q_ < %d; q_++) { %s += %s; }\n", n, acc, t);
-    } else {
-        for (int c = 0; c < n; c++)
-            P("        %s += %s;\n", acc, fn(E, e, sfmt(E, "%d", c)));
-    }
-}
-
-static const char *t_square(struct emitter *E, const sr_expr *e, const char *i)
-{
-    const char *a = ref(E, e->child[0], i);
-    return sfmt(E, "(%s) * (%s)", a, a);
-}
-static const char *t_plain(struct emitter *E, const sr_expr *e, const char *i)
-{
-    return ref(E, e->child[0], i);
-}
-static const char *t_prod(struct emitter *E, const sr_expr *e, const char *i)
-{
-    return sfmt(E, "(%s) * (%s)", ref(E, e->child[0], i), ref(E, e->child[1], i));
-}
-static const char *t_sqdiff(struct emitter *E, const sr_expr *e, const char *i)
-{
-    return sfmt(E, "sr_sq((%s) - (%s))", ref(E, e->child[0], i), ref(E, e->child[1], i));
-}
-
-static void e_sqnorm(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    const sr_expr *x = e->child[0];
-    nm(e, 0, n);
-    P("        %s %s_s = 0;\n", T(E), n);
-    sum_terms(E, e, sfmt(E, "%s_s", n), x->dim, big(x), t_square);
-    def(E, e, 0);
-    if (e->op == OP_NORM2)
-        P("sqrt%s(%s_s);\n", E->fs, n);
-    else
-        P("%s_s;\n", n);
-}
-
-static void e_normalize(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    const sr_expr *x = e->child[0];
-    nm(e, 0, n);
-    P("        %s %s_s = 0;\n", T(E), n);
-    sum_terms(E, e, sfmt(E, "%s_s", n), x->dim, big(x), t_square);
-    P("        const %s %s_r = %s_s == 0 ? (%s)0 : (%s)1 / sqrt%s(%s_s);\n", T(E), n, n, T(E), T(E),
-      E->fs, n);
-    if (big(e)) {
-        P("        for (int q_ = 0; q_ < %d; q_++) %s = (%s) * %s_r;\n", e->dim, dst(E, e, "q_"),
-          ref(E, x, "q_"), n);
-        return;
-    }
-    for (int c = 0; c < e->dim; c++) {
-        const char *a = ref_c(E, x, c);
-        def(E, e, c);
-        P("%s * %s_r;\n", a, n);
-    }
-}
-
-static void e_pair(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    if (e == E->gemm) {
-        /* The gemm-epilogue strategy computed this inner product with BLIS: the runtime passes
-         * the tile of rows [o0, o1) x reduced indices [r0, r1), leading dimension SR_GLD. */
-        def(E, e, 0);
-        P("sr_gt[(o - o0) * SR_GLD + (rt - r0 + jj)];\n");
-        return;
-    }
-    nm(e, 0, n);
-    P("        %s %s_s = 0;\n", T(E), n);
-    sum_terms(E, e, sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]),
-              e->op == OP_SQDIST ? t_sqdiff : t_prod);
-    def(E, e, 0);
-    P("%s_s;\n", n);
-}
-
-static void e_sum(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    nm(e, 0, n);
-    P("        %s %s_s = 0;\n", T(E), n);
-    sum_terms(E, e, sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]), t_plain);
-    def(E, e, 0);
-    P("%s_s;\n", n);
-}
-
-/* Max/Min/ArgMax/ArgMin of the components: the first extreme, or the first NaN. */
-static void e_minmax(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    const sr_expr *x = e->child[0];
-    const char *cmp = (e->op == OP_MAX || e->op == OP_ARGMAX) ? ">" : "<";
-    bool arg = e->op == OP_ARGMAX || e->op == OP_ARGMIN;
-    nm(e, 0, n);
-    P("        %s %s_m = %s; int %s_i = 0;\n", T(E), n, ref_c(E, x, 0), n);
-    const char *step = "        { const %s a_ = %s; const int t_ = %s_m == %s_m && (a_ %s %s_m || "
-                       "a_ != a_); %s_m = t_ ? a_ : %s_m; %s_i = t_ ? %s : %s_i; }\n";
-    if (big(x)) {
-        P("        for (int q_ = 1; q_ < %d; q_++)\n", x->dim);
-        P(step, T(E), ref(E, x, "q_"), n, n, cmp, n, n, n, n, "q_", n);
-    } else {
-        for (int c = 1; c < x->dim; c++)
-            P(step, T(E), ref_c(E, x, c), n, n, cmp, n, n, n, n, sfmt(E, "%d", c), n);
-    }
-    def(E, e, 0);
-    if (arg)
-        P("(%s)%s_i;\n", T(E), n);
-    else
-        P("%s_m;\n", n);
-}
-
-/* Component idx of ExtractT: the operand's component idx - start inside the window, else 0. A
- * symbolic idx (a loop over a big output) selects among a small operand's named components. */
-static const char *extractt_expr(struct emitter *E, const sr_expr *e, const char *idx)
-{
-    const sr_expr *a = e->child[0];
-    long long s = e->iattr[0];
-    const char *zero = sfmt(E, "(%s)0", T(E));
-    if (is_num(idx)) {
-        long long c = atoll(idx) - s;
-        return c >= 0 && c < a->dim ? ref_c(E, a, (int)c) : zero;
-    }
-    if (big(a))
-        return sfmt(E, "((%s) >= %lld && (%s) < %lld ? %s : %s)", idx, s, idx, s + a->dim,
-                    ref(E, a, sfmt(E, "((%s) - %lld)", idx, s)), zero);
-    const char *x = zero;
-    for (int c = a->dim; c-- > 0;)
-        x = sfmt(E, "((%s) == %lld ? %s : %s)", idx, s + c, ref_c(E, a, c), x);
-    return x;
-}
-
-static const char *slice_expr(struct emitter *E, const sr_expr *e, const char *idx)
-{
-    if (e->op == OP_SUMT)
-        return ref_c(E, e->child[0], 0);
-    if (e->op == OP_ELEMT) {
-        long long m = e->iattr[1];
-        const char *a = ref_c(E, e->child[0], 0), *zero = sfmt(E, "(%s)0", T(E));
-        if (is_num(idx))
-            return atoll(idx) == m ? a : zero;
-        return sfmt(E, "((%s) == %lld ? %s : %s)", idx, m, a, zero);
-    }
-    if (e->op == OP_EXTRACTT)
-        return extractt_expr(E, e, idx);
-    if (e->op == OP_ELEM)
-        return ref_c(E, e->child[0], (int)e->iattr[0]);
-    if (e->op == OP_EXTRACT) {
-        if (is_num(idx))
-            return ref_c(E, e->child[0], (int)e->iattr[0] + atoi(idx));
-        return ref(E, e->child[0], sfmt(E, "(%lld + %s)", (long long)e->iattr[0], idx));
-    }
-    const sr_expr *a = e->child[0], *b = e->child[1];
-    if (is_num(idx)) {
-        int c = atoi(idx);
-        return c < a->dim ? ref_c(E, a, c) : ref_c(E, b, c - a->dim);
-    }
-    return sfmt(E, "(%s < %d ? %s : %s)", idx, a->dim, ref(E, a, idx),
-                ref(E, b, sfmt(E, "(%s - %d)", idx, a->dim)));
-}
-
-static void e_slice(struct emitter *E, const sr_expr *e)
-{
-    for (int c = 0; c < e->dim; c++) {
-        const char *x = slice_expr(E, e, sfmt(E, "%d", c));
-        def(E, e, c);
-        P("%s;\n", x);
-    }
-}
-
-static void e_onehot(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    nm(e, 0, n);
-    P("        const %s %s_r = round%s(%s);\n", T(E), n, E->fs, ref_c(E, e->child[0], 0));
-    for (int c = 0; c < e->dim; c++) {
-        def(E, e, c);
-        P("%s_r == (%s)%d ? (%s)1 : (%s)0;\n", n, T(E), c, T(E), T(E));
-    }
-}
-
-static void e_matvec(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    bool mv = e->op == OP_MATVECMULT;
-    const sr_expr *A = mv ? e->child[0] : e->child[1], *v = mv ? e->child[1] : e->child[0];
-    int rows = mv ? e->dim : v->dim, cols = mv ? v->dim : e->dim;
-    for (int o = 0; o < e->dim; o++) {
-        nm(e, o, n);
-        P("        %s %s_s = 0;\n", T(E), n);
-        int len = mv ? cols : rows;
-        for (int q = 0; q < len; q++) {
-            int r = mv ? o : q, c = mv ? q : o;
-            const char *a = ref_c(E, A, r * cols + c), *b = ref_c(E, v, q);
-            P("        %s_s += %s * %s;\n", n, a, b);
-        }
-        def(E, e, o);
-        P("%s_s;\n", n);
-    }
-}
-
-static void e_tensor(struct emitter *E, const sr_expr *e)
-{
-    const sr_expr *x = e->child[0], *y = e->child[1];
-    for (int i = 0; i < x->dim; i++)
-        for (int j = 0; j < y->dim; j++) {
-            const char *a = ref_c(E, x, i), *b = ref_c(E, y, j);
-            def(E, e, i * y->dim + j);
-            P("%s * %s;\n", a, b);
-        }
-}
-
-/* Every output component unrolled: its terms in increasing order of the contracted index, as
- * the reference sums them. */
-static void e_tensordot(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    const struct expr_tdot *t = expr_tdot_of(e);
-    for (int o = 0; o < e->dim; o++) {
-        nm(e, o, n);
-        P("        %s %s_s = 0;\n", T(E), n);
-        for (int64_t c = 0; c < t->ncont; c++) {
-            int64_t ia, ib;
-            expr_tdot_index(t, o, c, &ia, &ib);
-            const char *a = ref_c(E, e->child[0], (int)ia), *b = ref_c(E, e->child[1], (int)ib);
-            P("        %s_s += %s * %s;\n", n, a, b);
-        }
-        def(E, e, o);
-        P("%s_s;\n", n);
-    }
-}
-
-/* Component idx of the point (or the difference) that a weighted norm measures. */
-static const char *wdiff(struct emitter *E, const sr_expr *e, const char *idx)
-{
-    if (e->op == OP_WEIGHTEDSQDIST)
-        return sfmt(E, "((%s) - (%s))", ref(E, e->child[1], idx), ref(E, e->child[2], idx));
-    return sfmt(E, "(%s)", ref(E, e->child[1], idx));
-}
-
-static void e_weighted(struct emitter *E, const sr_expr *e)
-{
-    char n[32];
-    const sr_expr *W = e->child[0], *x = e->child[1];
-    int d = x->dim;
-    bool full = W->dim == d * d && d > 1;
-    nm(e, 0, n);
-    P("        %s %s_s = 0;\n", T(E), n);
-    if (big(x) || big(W)) {
-        if (full)
-            P("        for (int r_ = 0; r_ < %d; r_++) { %s t_ = 0; for (int q_ = 0; q_ < %d; "
-              "q_++) "
-              "t_ += (%s) * %s; %s_s += %s * t_; }\n",
-              d, T(E), d, ref(E, W, sfmt(E, "(r_ * %d + q_)", d)), wdiff(E, e, "q_"), n,
-              wdiff(E, e, "r_"));
-        else
-            P("        for (int q_ = 0; q_ < %d; q_++) %s_s += (%s) * sr_sq(%s);\n", d, n,
-              ref(E, W, W->dim == 1 ? "0" : "q_"), wdiff(E, e, "q_"));
-    } else {
-        for (int c = 0; c < d; c++)
-            P("        const %s %s_d%d = %s;\n", T(E), n, c, wdiff(E, e, sfmt(E, "%d", c)));
-        if (full) {
-            for (int r = 0; r < d; r++) {
-                P("        { %s t_ = 0;", T(E));
-                for (int c = 0; c < d; c++)
-                    P(" t_ += %s * %s_d%d;", ref_c(E, W, r * d + c), n, c);
-                P(" %s_s += %s_d%d * t_; }\n", n, n, r);
-            }
-        } else {
-            for (int c = 0; c < d; c++)
-                P("        %s_s += %s * %s_d%d * %s_d%d;\n", n, ref_c(E, W, W->dim == 1 ? 0 : c), n,
-                  c, n, c);
-        }
-    }
-    def(E, e, 0);
-    P("%s_s;\n", n);
-}
-
-/* Big nodes of these ops are inlined where used instead of computed into an array. */
-static bool lazy_op(const sr_expr *e)
-{
-    return c_ops[e->op].ew || e->op == OP_ROUND || e->op == OP_EXTRACT || e->op == OP_CONCAT ||
-           e->op == OP_SUMT || e->op == OP_ELEMT || e->op == OP_EXTRACTT;
-}
-
-/* The elementwise template of op for the target: its override, else the C spelling. */
-static const char *ew_tmpl(const struct emitter *E, int op)
-{
-    return E->spell && E->spell[op] ? E->spell[op] : c_ops[op].ew;
-}
-
-static const char *lazy_expr(struct emitter *E, const sr_expr *e, const char *idx)
-{
-    if (c_ops[e->op].ew)
-        return ew_expr(E, e, ew_tmpl(E, e->op), idx);
-    if (e->op == OP_ROUND)
-        return round_expr(E, e, idx);
-    return slice_expr(E, e, idx);
-}
-
-static void emit_node(struct emitter *E, const sr_expr *e)
-{
-    const struct jit_cop *op = &c_ops[e->op];
-    if (op->ew)
-        ew(E, e, ew_tmpl(E, e->op));
-    else
-        op->fn(E, e);
-}
 
 /* ---- placement ------------------------------------------------------------------------------ */
 
@@ -770,11 +81,11 @@ static int emit_scope(struct emitter *E, enum place pl)
         const sr_expr *e = E->order[i];
         if (E->place[i] != pl)
             continue;
-        if (big(e) && (e->op == OP_VAR || lazy_op(e)))
+        if (big(e) && (e->op == OP_VAR || jit_lazy_op(e)))
             continue;
         if (big(e) && pl != PL_INNER)
             P("        sr_t v%u[%d];\n", (unsigned)e->id, e->dim);
-        emit_node(E, e);
+        jit_emit_node(E, e);
         n++;
     }
     return n;
@@ -788,14 +99,14 @@ static int emit_inner(struct emitter *E)
     char n[32];
     for (size_t i = 0; i < E->n; i++) {
         const sr_expr *e = E->order[i];
-        if (E->col[i] < 0 || (big(e) && e->op != OP_VAR && !lazy_op(e)))
+        if (E->col[i] < 0 || (big(e) && e->op != OP_VAR && !jit_lazy_op(e)))
             continue;
         if (big(e))
             P("        for (int q_ = 0; q_ < %d; q_++) tb[(%d + q_) * SR_TJ + jj] = %s;\n", e->dim,
-              E->col[i], ref(E, e, "q_"));
+              E->col[i], jit_ref(E, e, "q_"));
         else
             for (int c = 0; c < e->dim; c++)
-                P("        tb[%d * SR_TJ + jj] = %s;\n", E->col[i] + c, nm(e, c, n));
+                P("        tb[%d * SR_TJ + jj] = %s;\n", E->col[i] + c, jit_nm(e, c, n));
     }
     return nin;
 }
@@ -808,13 +119,59 @@ static int emit_pair(struct emitter *E)
     for (size_t i = 0; i < E->n; i++)
         if (E->col[i] >= 0 && !big(E->order[i]))
             for (int c = 0; c < E->order[i]->dim; c++)
-                P("        const sr_t %s = tb[%d * SR_TJ + jj];\n", nm(E->order[i], c, n),
+                P("        const sr_t %s = tb[%d * SR_TJ + jj];\n", jit_nm(E->order[i], c, n),
                   E->col[i] + c);
     E->scope = PL_PAIR;
     return emit_scope(E, PL_PAIR);
 }
 
 static void emitter_free(struct emitter *E);
+
+/* The argument arrays a<v> of a generated entry point, from its args parameter. */
+static void emit_args(struct emitter *E)
+{
+    for (int v = 0; v < E->k->nargs; v++)
+        if (E->k->vars[v].dim)
+            P("    const sr_t *restrict a%d = args[%d];\n", v, v);
+    P("    (void)args;\n");
+}
+
+/* sr_block (sr_kernel_eval_block): F's values on rows [o0, o1) x reduced indices [r0, r1),
+ * component c of (o, r) at out[(o - o0) * so + (r - r0) * sr + c]. The same placement, tiles
+ * and pair loop as sr_part_iv (bodytxt is its loop body), storing F where sr_part_iv reduces
+ * it. On axis 1 the reduced index is j, so a row of the block is contiguous and sr is the
+ * compile-time dim(F) (the simd stores need no scatter); on axis 0 it is the caller's. */
+static void emit_block(struct emitter *E, const char *bodytxt, int ncol, int RB)
+{
+    const struct sr_kernel *k = E->k;
+    P("int sr_block(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, "
+      "void *out_, int64_t so, int64_t sr)\n{\n    sr_t *restrict out = out_;\n");
+    emit_args(E);
+    if (k->axis == 1)
+        P("    (void)sr;\n");
+    emit_scope(E, PL_UNIFORM);
+    P("    sr_t *tb = malloc(sizeof(sr_t) * SR_TJ * %d + 64);\n    if (!tb) return 1;\n", ncol);
+    P("    for (int64_t ob = o0; ob < o1; ob += %d) {\n", RB);
+    P("      const int64_t oe = ob + %d < o1 ? ob + %d : o1;\n", RB, RB);
+    P("      for (int64_t rt = r0; rt < r1; rt += SR_TJ) {\n");
+    P("        const int nj = (int)(r1 - rt < SR_TJ ? r1 - rt : SR_TJ);\n");
+    if (ncol > 0) {
+        P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n"
+          "        const int64_t r = rt + jj;\n");
+        emit_inner(E);
+        P("        }\n");
+    }
+    P("        for (int64_t o = ob; o < oe; o++) {\n");
+    emit_scope(E, PL_OUTER);
+    P("        sr_t *restrict ob_ = out + (o - o0) * so + (rt - r0) * %s;\n",
+      k->axis == 1 ? jit_sfmt(E, "%d", k->fdim) : "sr");
+    P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
+    E->scope = PL_PAIR;
+    for (int c = 0; c < k->fdim; c++)
+        P("        ob_[jj * %s + %d] = %s;\n", k->axis == 1 ? jit_sfmt(E, "%d", k->fdim) : "sr", c,
+          jit_ref_c(E, k->f, c));
+    P("        }\n        }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
+}
 
 /* Orders the nodes of F and the weight, places each (per call, row, reduced index or pair),
  * and gives the inner nodes the pair loop reads their columns in the tile. SR_ENOTSUP when the
@@ -866,7 +223,7 @@ static sr_status analyse(struct emitter *E, int *ncol_out)
         if (e->op == OP_TENSORDOT) /* one statement per term */
             scalars += e->dim * expr_tdot_of(e)->ncont;
         /* Big nodes that need an array are not allowed in the vectorised loops. */
-        if (big(e) && e->op != OP_VAR && !lazy_op(e) && pl == PL_PAIR)
+        if (big(e) && e->op != OP_VAR && !jit_lazy_op(e) && pl == PL_PAIR)
             scalars = JIT_MAX_SCALARS + 1;
     }
     if (scalars > JIT_MAX_SCALARS || D + DG > 64) {
@@ -886,7 +243,7 @@ static sr_status analyse(struct emitter *E, int *ncol_out)
     for (size_t i = 0; i < E->n; i++) {
         const sr_expr *e = E->order[i];
         /* Big inner nodes that need storage are computed straight into their columns. */
-        bool stored = big(e) && e->op != OP_VAR && !lazy_op(e);
+        bool stored = big(e) && e->op != OP_VAR && !jit_lazy_op(e);
         if (E->place[i] == PL_INNER && (E->in_loop[i] || stored) && E->col[i] < 0) {
             E->col[i] = ncol;
             ncol += e->dim;
@@ -1007,10 +364,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
      * one-interval case. */
     P("int sr_part_iv(int64_t o0, int64_t o1, const int64_t *iv, int64_t niv, const void *const "
       "*args, void *state_)\n{\n    sr_state *st = state_;\n");
-    for (int v = 0; v < k->nargs; v++)
-        if (k->vars[v].dim)
-            P("    const sr_t *restrict a%d = args[%d];\n", v, v);
-    P("    (void)args;\n");
+    emit_args(E);
     if (E->gemm)
         P("    const sr_t *restrict sr_gt = args[%d];\n"
           "    const int sr_ginit = *(const int *)args[%d];\n",
@@ -1065,7 +419,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
             P("%sp%d", c ? "," : "", c);
         P(")\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
         for (int c = 0; c < D; c++)
-            P("        p%d += (sr_acc)%s;\n", c, ref_c(E, k->f, c));
+            P("        p%d += (sr_acc)%s;\n", c, jit_ref_c(E, k->f, c));
         P("        }\n");
         for (int c = 0; c < D; c++) {
             if (acc == JIT_ACC_KAHAN)
@@ -1079,9 +433,9 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     } else {
         P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
         for (int c = 0; c < D; c++)
-            P("        fb[%d * SR_TJ + jj] = %s;\n", c, ref_c(E, k->f, c));
+            P("        fb[%d * SR_TJ + jj] = %s;\n", c, jit_ref_c(E, k->f, c));
         for (int c = 0; c < DG; c++)
-            P("        fb[%d * SR_TJ + jj] = %s;\n", D + c, ref_c(E, k->weight, c));
+            P("        fb[%d * SR_TJ + jj] = %s;\n", D + c, jit_ref_c(E, k->weight, c));
         P("        }\n");
         /* Tile extreme with a NaN flag, vectorised: used by all the value-picking reductions. */
         const char *tcmp =
@@ -1185,8 +539,10 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
               E->gemm ? "          }\n" : "");
         }
     }
-    free(body.data);
     P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
+    if (!E->gemm)
+        emit_block(E, bodytxt, ncol, RB);
+    free(body.data);
     P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
       "*state_)\n{\n    const int64_t iv[2] = {r0, r1};\n"
       "    return sr_part_iv(o0, o1, iv, 1, args, state_);\n}\n\n");
@@ -1264,10 +620,10 @@ sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell, st
     E->b = &out->pair;
     out->npair = emit_pair(E);
     for (int c = 0; c < D && !E->fail; c++)
-        if (!(out->f[c] = strdup(ref_c(E, k->f, c))))
+        if (!(out->f[c] = strdup(jit_ref_c(E, k->f, c))))
             st = SR_ENOMEM;
     for (int c = 0; c < DG && !E->fail; c++)
-        if (!(out->w[c] = strdup(ref_c(E, k->weight, c))))
+        if (!(out->w[c] = strdup(jit_ref_c(E, k->weight, c))))
             st = SR_ENOMEM;
     if (out->uniform.oom || out->outer.oom || out->inner.oom || out->pair.oom)
         st = SR_ENOMEM;

@@ -1,10 +1,11 @@
 /*
  * jit.h — the CPU JIT: C emitter, compile driver, loader and disk cache.
  *
- * A kernel is lowered to one C translation unit (emit-c.c) that exports a fixed C ABI, compiled
- * by the system compiler into a shared object (compile.c), kept in a per-user disk cache
- * (cache.c) and in a per-context in-memory cache, and run by the OpenMP runtime in
- * src/cpu/omp-runtime.c.
+ * A kernel is lowered to one C translation unit (emit-c.c: the entry points' skeletons;
+ * emit-ops.c: the op spellings; emit-c.h between them) that exports a fixed C ABI, compiled by
+ * the system compiler into a shared object (compile.c), kept in a per-user disk cache (cache.c)
+ * and in a per-context in-memory cache, and run by the OpenMP runtime in src/cpu/omp-runtime.c
+ * (and src/cpu/eval-block.c for sr_block).
  *
  * The generated module exports (T is float or double, the kernel's dtype):
  *   const int     sr_abi_version;      JIT_ABI_VERSION
@@ -24,6 +25,11 @@
  *        writes the outputs of rows [o0, o1) from their states.
  *   int  sr_run(o0, o1, nr, args, out, out_idx)
  *        the whole reduction over [0, nr) for rows [o0, o1); nonzero when out of memory.
+ *   int  sr_block(o0, o1, r0, r1, args, out, so, sr)
+ *        F's values (not reduced) on output rows [o0, o1) x reduced indices [r0, r1): component
+ *        c of (o, r) goes to ((T *)out)[(o - o0) * so + (r - r0) * sr + c] (on axis 1 sr must be
+ *        dim(F)); nonzero when out of memory. sr_kernel_eval_block's generated path. Only in
+ *        direct-strategy modules (absent from gemm-epilogue ones: jit_module.block is NULL).
  * "o" is the output axis (i for axis 1, j for axis 0) and "r" the reduced one. The generated
  * code has no OpenMP runtime dependency (only `omp simd`, -fopenmp-simd); threads are the
  * library's business (omp-runtime.c).
@@ -35,7 +41,7 @@
 
 #include <stdint.h>
 
-#define JIT_ABI_VERSION 3
+#define JIT_ABI_VERSION 4
 
 enum jit_acc { JIT_ACC_BLOCK = 0, JIT_ACC_KAHAN = 1, JIT_ACC_F64 = 2 };
 
@@ -108,6 +114,8 @@ typedef void (*jit_final_fn)(const void *state, int64_t o0, int64_t o1, void *ou
                              int64_t *out_idx);
 typedef int (*jit_run_fn)(int64_t o0, int64_t o1, int64_t nr, const void *const *args, void *out,
                           int64_t *out_idx);
+typedef int (*jit_block_fn)(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args,
+                            void *out, int64_t so, int64_t sr);
 
 /* A loaded module, shared by the kernels of one context that have the same source. */
 struct jit_module {
@@ -119,6 +127,7 @@ struct jit_module {
     jit_merge_fn merge;
     jit_final_fn final;
     jit_run_fn run;
+    jit_block_fn block; /* NULL in gemm-epilogue modules */
     int64_t state_bytes;
     int64_t workspace_bytes; /* per thread: the tile and a block of row states */
     int64_t rows_per_block;

@@ -553,15 +553,16 @@ class Genred:
         select rows [i0, i0 + ni) and columns [j0, j0 + nj); the arrays are the whole ones, as
         for a call (only the block's rows are read). Returns an ``(ni, nj, D)`` array
         (``(ni, nj)`` when D = 1) of the arrays' dtype, written into ``out`` when given (a
-        C-contiguous array of that shape and dtype). The values are the reference
-        interpreter's, on the CPU, whatever the reduction and axis; they are not
-        differentiated. This is the building block of split-and-accumulate algorithms whose
+        C-contiguous array of that shape and dtype). The values are computed on the CPU by
+        the kernel's generated code (the CPU JIT; the reference interpreter where the JIT does
+        not apply), agree with the reference interpreter's within docs/semantics.md's
+        tolerances, whatever the reduction and axis; they are not differentiated. This is the building block of split-and-accumulate algorithms whose
         blocks the caller sizes from its memory budget (the K_uf K_fu product of sparse GPs,
         bench/exla/sgpr_model.py)."""
         arrays, dt, nx, ny = self._prepare(args)
         (i0, ni), (j0, nj) = rows, cols
         with self._h.lock:
-            k = self._kernel(_DTYPES[np.dtype(self._numpy_dtype(dt))], _lib.SR_DEVICE_REFERENCE)
+            k = self._kernel(_DTYPES[np.dtype(self._numpy_dtype(dt))], _lib.SR_DEVICE_CPU)
             nargs_c = lib.sr_kernel_nargs(k)
             D = lib.sr_kernel_out_dim(k)
         if self.reduction_op != "Sum":
