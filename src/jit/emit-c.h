@@ -35,6 +35,8 @@ struct emitter {
 /* Nodes of dimension <= JIT_BIG are "small": one named scalar per component (v<id>_<c>), and
  * vector ops are unrolled. Larger ("big") nodes are never unrolled (see emit-ops.c). */
 #define JIT_BIG 16
+/* Sums over a big node's components in the pair loop are unrolled up to this many terms. */
+#define JIT_PAIR_UNROLL 64
 
 /* Appends generated text to the emitter's buffer. */
 #define P(...) expr_buf_printf(E->b, __VA_ARGS__)
