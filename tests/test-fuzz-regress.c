@@ -37,7 +37,12 @@
      * rule gives x where Exp(x) underflows and the formula as given is -inf (documented); the     \
      * comparison now accepts the reference's value of the simplified formula there */             \
     X(log_exp_underflow, "Log(Exp(Var(0,3,1)))", "", SR_LOGSUMEXP, 0, 1, SR_F32, SR_ACC_DEFAULT,   \
-      1, 1, "E", 0xbb49415ae7c6d5d2ULL, 1)
+      1, 1, "E", 0xbb49415ae7c6d5d2ULL, 1)                                                         \
+    /* seed 20261123 case 594: Mod of a huge a (1e150) is rounding noise, and gcc fused the        \
+     * JIT's a - m*floor(q) into an fma (other noise than the reference's), which the softmax      \
+     * then selected on; Mod is now fused everywhere (reference, JIT, folding) */                  \
+    X(mod_fused, "Norm2(Mod(Var(0,5,1),Var(1,5,0),1000.0))", "Var(2,3,0)", SR_SUMSOFTMAXWEIGHT, 0, \
+      1, SR_F64, SR_ACC_DEFAULT, 2, 32, "EUU", 0x5eaa3059d015e8fcULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {

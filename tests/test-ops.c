@@ -437,7 +437,7 @@ Test(ops, mod)
             x[v] = rnd(dt, special[v]);
         for (int q = 0; q < 3; q++) {
             for (int v = 0; v < NSPECIAL; v++)
-                want[v] = x[v] - ms[q] * floor((x[v] - os[q]) / ms[q]);
+                want[v] = fma(-ms[q], floor((x[v] - os[q]) / ms[q]), x[v]); /* one rounding */
             eval1(sr_mod(ctx, sr_vi(ctx, 0, NSPECIAL), sr_pm(ctx, 1, 1), sr_pm(ctx, 2, 1)), dt, 3,
                   (const double *[]){x, &ms[q], &os[q]}, (int[]){NSPECIAL, 1, 1}, got);
             expect_vec(dt, got, want, NSPECIAL, "Mod");

@@ -140,8 +140,8 @@ static void ev_CLAMPINT(const sr_expr *e, double *out, const double *const *in)
 }
 
 EV_TERNARY(CLAMP, clamp(a, b, c))
-EV_TERNARY(IFELSE, a >= 0.0 ? b : c) /* a NaN condition compares false: selects c */
-EV_TERNARY(MOD, a - b * floor((a - c) / b))
+EV_TERNARY(IFELSE, a >= 0.0 ? b : c)            /* a NaN condition compares false: selects c */
+EV_TERNARY(MOD, fma(-b, floor((a - c) / b), a)) /* one rounding: docs/semantics.md */
 
 static double sqnorm(const double *a, int d)
 {

@@ -215,7 +215,7 @@ static double eval_scalar(const sr_expr *e, const double *v)
     case OP_IFELSE:
         return a >= 0 ? b : c;
     case OP_MOD:
-        return a - b * floor((a - c) / b);
+        return fma(-b, floor((a - c) / b), a); /* as the reference: one rounding */
     case OP_NORM2:
         return sqrt(a * a);
     case OP_NORMALIZE:

@@ -91,7 +91,7 @@ static void e_tensordot(struct emitter *E, const sr_expr *e);
     EW("$b != $b || $c != $c ? $a + $b + $c : ($a < $b ? $b : $a) > $c ? $c : ($a < $b ? $b : "    \
        "$a)")
 #define JIT_C_IFELSE         EW("$a >= 0 ? $b : $c")
-#define JIT_C_MOD            EW("$a - $b * floor$F(($a - $c) / $b)")
+#define JIT_C_MOD            EW("fma$F(-($b), floor$F(($a - $c) / $b), $a)")
 #define JIT_C_SQNORM2        FN(e_sqnorm)
 #define JIT_C_NORM2          FN(e_sqnorm)
 #define JIT_C_NORMALIZE      FN(e_normalize)
