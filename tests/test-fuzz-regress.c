@@ -42,7 +42,12 @@
      * JIT's a - m*floor(q) into an fma (other noise than the reference's), which the softmax      \
      * then selected on; Mod is now fused everywhere (reference, JIT, folding) */                  \
     X(mod_fused, "Norm2(Mod(Var(0,5,1),Var(1,5,0),1000.0))", "Var(2,3,0)", SR_SUMSOFTMAXWEIGHT, 0, \
-      1, SR_F64, SR_ACC_DEFAULT, 2, 32, "EUU", 0x5eaa3059d015e8fcULL, 1)
+      1, SR_F64, SR_ACC_DEFAULT, 2, 32, "EUU", 0x5eaa3059d015e8fcULL, 1)                           \
+    /* seed 5150 case 354: the fuzzer's: the minmax-nonneg-factor rewrite Min_i 0 * g_i =          \
+     * 0 * Min_i g_i drops the 0 * Inf = NaN term (documented); the comparison now runs the        \
+     * reduction rewrite on the reference too */                                                   \
+    X(minmax_zero_factor, "(0.0*(Var(0,8,0)|Var(1,8,1)))", "", SR_MIN, 0, 1, SR_F32,               \
+      SR_ACC_DEFAULT, 2, 1, "EUU", 0xe0ac99b3d2e174f2ULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {
