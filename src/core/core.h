@@ -58,13 +58,11 @@ struct sr_ctx {
 };
 _Static_assert(offsetof(struct sr_ctx, ir) == 0, "expr_ctx() needs the IR state first");
 
-/* Records status and a printf-style message in ctx's error sink (expr_verror, the sink the IR
- * reports to as well); returns status. ctx may be NULL. */
-sr_status sr__error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Same, also marking it as a builder failure (see struct expr_errors, pending). */
-sr_status sr__builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* Records status and a printf-style message in ctx's error sink (the IR's: core and the
+ * backends report to the same sink through these names); returns status. ctx may be NULL.
+ * sr__builder_error also marks it as a builder failure (see struct expr_errors, pending). */
+#define sr__error         expr_error
+#define sr__builder_error expr_builder_error
 /* Environment options. Unset or empty gives dflt; a malformed value records an SR_EINVAL
  * naming the variable, the value and what was expected, and returns it (then *out = dflt). */
 sr_status sr__env_int(sr_ctx *ctx, const char *name, long lo, long hi, long dflt, long *out);
@@ -88,7 +86,7 @@ int64_t sr__reference_workspace(const struct sr_kernel *k);
 /* Appends the budget and the kernel's workspace to its explain text. */
 void sr__budget_explain(const struct sr_kernel *k, struct expr_buf *b);
 /* Copies the current message of ctx (for callers that re-report it with context). */
-void sr__error_get(sr_ctx *ctx, char *buf, size_t cap);
+#define sr__error_get expr_error_get
 
 /* What each reduction needs and produces. Indexed by sr_reduction. */
 struct sr_reduction_info {

@@ -5,7 +5,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,26 +111,6 @@ void sr_ctx_free(sr_ctx *ctx)
     expr_ctx_free(&ctx->ir);
     free(ctx);
 }
-
-sr_status sr__error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    expr_verror(ctx, status, false, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-sr_status sr__builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    expr_verror(ctx, status, true, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-void sr__error_get(sr_ctx *ctx, char *buf, size_t cap) { expr_error_get(ctx, buf, cap); }
 
 const char *sr_ctx_error(const sr_ctx *ctx)
 {
