@@ -33,7 +33,8 @@ struct emitter {
 };
 
 /* Nodes of dimension <= JIT_BIG are "small": one named scalar per component (v<id>_<c>), and
- * vector ops are unrolled. Larger ("big") nodes are never unrolled (see emit-ops.c). */
+ * vector ops are unrolled. Larger ("big") nodes are arrays and their ops loops (see
+ * emit-ops.c), except the sums of the pair loop, unrolled up to JIT_PAIR_UNROLL terms. */
 #define JIT_BIG 16
 /* Sums over a big node's components in the pair loop are unrolled up to this many terms. */
 #define JIT_PAIR_UNROLL 64
