@@ -2,9 +2,10 @@
 M of inducing points under a memory limit; test RMSE, NLPD and time per L-BFGS iteration.
 
 Systems (each run in its own process by bench/exla/run.py; details in docs/sgpr.md):
-- ``symred``: the n-sized terms (K_uf K_fu, K_uf y) from symred, in blocks of n sized from the
-  budget ``limit_bytes`` (sr_kernel_eval_block) and a differentiated symred.torch reduction;
-- ``dense``: the same bound and optimiser with K_uf (M x n) materialised in torch;
+- ``symred``: the n-sized sums (K_uf K_fu, its derivative, K_uf y) from symred, in blocks of n
+  sized from the budget ``limit_bytes`` (sr_kernel_eval_block) and symred reductions;
+- ``dense``: the same bound, algebra and optimiser with K_uf and its derivative (M x n each)
+  materialised in NumPy;
 - ``gpflow``: GPflow's SGPR (TensorFlow), trained by gpflow.optimizers.Scipy (L-BFGS-B).
 
 Every system runs under the same address-space limit, set in run() once the process is warm:
@@ -23,23 +24,72 @@ N_TEST_FRACTION = 0.1
 
 
 def configs(quick):
-    """quick: n = 10 000, M up to 400, 10 iterations, a 16 MB budget (about 3 minutes).
-    Full: n = 200 000 (3droad has 434 874 points), M from 100 to 10 000, a 1 GB budget."""
+    """quick: n = 10 000, M up to 400, 10 iterations, a 16 MB budget (under a minute).
+    Full: n = 200 000 (3droad has 434 874 points), M from 100 to 10 000, a 1 GB budget; 20
+    L-BFGS iterations up to M = 1000, 10 at M = 2000, 5 at M = 5000 and 3 at M = 10 000 (one
+    evaluation there is 6e13 flops of GEMM over n and 9e12 of M x M algebra: 10-25 minutes on
+    the 2-core VM; docs/sgpr.md)."""
     if quick:
-        n, Ms, its, budget, timeout = 10_000, (50, 100, 200, 400), 10, 16 << 20, 120
+        n, Ms, budget, timeout = 10_000, (50, 100, 200, 400), 16 << 20, 120
+        its = {M: 10 for M in Ms}
     else:
-        n, Ms, its, budget, timeout = (200_000, (100, 200, 500, 1000, 2000, 5000, 10_000), 20,
-                                       1 << 30, 6 * 3600)
+        n, Ms, budget, timeout = (200_000, (100, 200, 500, 1000, 2000, 5000, 10_000), 1 << 30,
+                                  6 * 3600)
+        its = {M: 20 if M <= 1000 else 10 if M <= 2000 else 5 if M <= 5000 else 3 for M in Ms}
     return [{"experiment": "sgpr", "system": s, "n": n, "M": M, "d": 3, "limit_bytes": budget,
-             "n_test": int(n * N_TEST_FRACTION), "iterations": its, "timeout": timeout}
+             "n_test": int(n * N_TEST_FRACTION), "iterations": its[M], "timeout": timeout}
             for M in Ms for s in SYSTEMS]
 
 
 def mm_allowance(M):
-    """Bytes allowed for the M x M algebra, whatever the system: 40 float64 M x M matrices
-    (the symred and dense systems peaked at about 30 at M = 2000: the factors, inverses,
-    gradients and torch's temporaries) and 64 MB."""
-    return 40 * M * M * 8 + (64 << 20)
+    """Bytes allowed for the M x M algebra, whatever the system: 10 float64 M x M matrices
+    and 16 MB (sgpr_model.bound_and_grad keeps five at its peak, the predictions three; 40
+    and 64 MB before the algebra was written in place, when it peaked at about 30)."""
+    return 10 * M * M * 8 + (16 << 20)
+
+
+def _avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+
+
+OPENBLAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".openblas", "usr", "lib",
+                        "x86_64-linux-gnu", "openblas-openmp")
+
+
+def child_env(env):
+    """The SGPR runs are M x M algebra and GEMMs over n (BLAS-bound, float64). Debian's
+    default BLAS here is BLIS with its generic kernels (17 GFLOP/s in a float64 GEMM on the
+    2-core VM); setup.sh unpacks Debian's OpenBLAS (libopenblas0-openmp) into
+    bench/exla/.openblas, and every SGPR child (symred, dense, GPflow alike) loads it through
+    LD_LIBRARY_PATH: 130-170 GFLOP/s on a quiet machine with its AVX-512 kernels
+    (OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 F/BW/VL/DQ, Intel or AMD). torch sets
+    OpenMP to one thread when imported on these VMs, so OMP_NUM_THREADS is the number of CPUs.
+    Without bench/exla/.openblas the system's BLAS is used; run() records which."""
+    if os.path.isdir(OPENBLAS):
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            filter(None, [OPENBLAS, env.get("LD_LIBRARY_PATH", "")]))
+        if _avx512():
+            env["OPENBLAS_CORETYPE"] = "SkylakeX"
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    return env
+
+
+def _blas_loaded():
+    """The BLAS and LAPACK libraries this process has loaded (from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if line.rstrip().endswith((".so", ".so.3"))
+                    or ".so." in line}
+    except OSError:
+        return []
+    return sorted(p for p in libs if any(w in os.path.basename(p) for w in
+                                         ("blas", "lapack", "blis")))
 
 
 def _vm_size():
@@ -90,7 +140,7 @@ def run(config):
         if config["system"] == "gpflow":
             out.update(_run_gpflow(config, sm, X, y, Xs, ys, Z))
         else:
-            out.update(_run_torch(config, sm, X, y, Xs, ys, Z))
+            out.update(_run_bound(config, sm, X, y, Xs, ys, Z))
     except (RuntimeError, ValueError) as e:
         if _oom(e):
             text = str(e)
@@ -99,20 +149,13 @@ def run(config):
     return out
 
 
-def _run_torch(config, sm, X, y, Xs, ys, Z):
-    import torch
-
-    # torch keeps its own intra-op thread count (1 on the 2-core VMs); more threads made the
-    # M x M algebra 15 times slower on the shared, loaded machine (OpenMP teams waiting for
-    # descheduled threads). symred's eval_block and reduction use symred's count.
-    X, y, Xs, ys, Z = map(torch.from_numpy, (X, y, Xs, ys, Z))
-
+def _run_bound(config, sm, X, y, Xs, ys, Z):
     def terms(X_, y_, Z_):
         if config["system"] == "symred":
             return sm.SymredTerms(X_, y_, Z_, int(config["limit_bytes"]))
         return sm.DenseTerms(X_, y_, Z_)
 
-    # Warm-up on a tiny problem (the JIT compile of symred's reduction, torch's thread pools),
+    # Warm-up on a tiny problem (the JIT compile of symred's kernels, the BLAS thread pools),
     # so that the address-space limit starts from a process that is ready.
     sm.train(terms(X[:64], y[:64], Z[:8]), X[:64], y[:64], Xs[:16], ys[:16], 1)
     out = _limit_address_space(config)
@@ -121,7 +164,9 @@ def _run_torch(config, sm, X, y, Xs, ys, Z):
         out["block_columns"] = t.block
         out["block_bytes"] = sm.SymredTerms.bytes_needed(config["n"], config["M"],
                                                          int(config["limit_bytes"]))
-    out.update(sm.train(t, X, y, Xs, ys, config["iterations"]))
+    out.update(sm.train(t, X, y, Xs, ys, config["iterations"], log=True))
+    out["blas"] = _blas_loaded()
+    out["blas_env"] = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OMP_NUM_THREADS")}
     return out
 
 

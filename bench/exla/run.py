@@ -4,6 +4,7 @@ reproduced with symred beside the systems people would use instead.
 
     bench/exla/setup.sh                       # once: the peers (jax, pykeops, gpflow) in .venv
     python3 bench/exla/run.py [--quick] [--out DIR] [--only mem,knn,sgpr] [--timeout S]
+                              [--where FIELD=VALUE,...]
 
 Writes DIR/results.json (default bench/exla/out) and DIR/<experiment>.png. Every configuration
 runs in its own process, so an out-of-memory or a crash of a peer is a record, never the end of
@@ -28,6 +29,8 @@ configs(), so it imports its peers and numpy only inside run() and plot()):
   ``compile_seconds``, ``recall``, ``rmse``, ``nlpd``, ...) and optionally ``status`` /
   ``reason``. MemoryError (or being killed under the rlimit) is recorded as "oom", ImportError
   as "skipped" with the message, any other exception as "error" with its tail.
+- ``child_env(env: dict) -> dict`` (optional): the environment of this experiment's children,
+  from the common one (exp_sgpr.py uses it to give NumPy/SciPy/torch an optimised BLAS).
 - ``plot(records: list[dict], path: str) -> None``: draws the module's records (all statuses)
   into the PNG at path with matplotlib (Agg backend); run.py calls it in a child process
   (`child.py --plot`) with the children's interpreter.
@@ -39,7 +42,11 @@ The children use
 bench/exla/.venv/bin/python when setup.sh made it, else /usr/bin/python3 (peers then "skipped").
 Environment given to every child: SYMRED_LIB (found or built, common.find_symred_lib),
 SYMRED_CACHE_DIR and the pykeops build folder under DIR, EXLA_OUT=DIR, OMP/BLAS threads left
-as the machine has them.
+as the machine has them, then the module's child_env if it has one.
+
+--where M=10000,system=symred runs only the configurations whose fields have these values (the
+others are neither run nor touched in results.json): one point of a grid, or the most
+important one first.
 """
 
 import argparse
@@ -110,9 +117,16 @@ def previous_failure(records, cfg):
     return None
 
 
-def run_experiment(name, mod, quick, out, records, timeout, env, log):
+def matches(cfg, where):
+    """Whether cfg has every FIELD=VALUE of ``where`` (values compared as text)."""
+    return all(str(cfg.get(k)) == v for k, v in where.items())
+
+
+def run_experiment(name, mod, quick, out, records, timeout, env, log, where=None):
     by_key = {common.record_key(r): i for i, r in enumerate(records)}
-    configs = mod.configs(quick)
+    configs = [c for c in mod.configs(quick) if matches(c, where or {})]
+    if hasattr(mod, "child_env"):
+        env = mod.child_env(dict(env))
     for cfg in configs:
         cfg = dict(cfg)
         if cfg.get("experiment") != name:
@@ -173,7 +187,15 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds per run (default 120 with --quick, 7200 without)")
     ap.add_argument("--no-plot", action="store_true", help="write results.json only")
+    ap.add_argument("--where", default="",
+                    help="only the configurations with these field values: FIELD=VALUE,...")
     a = ap.parse_args(argv)
+    where = {}
+    for item in filter(None, (w.strip() for w in a.where.split(","))):
+        k, eq, v = item.partition("=")
+        if not eq or not k:
+            ap.error(f"--where: expected FIELD=VALUE, got {item!r}")
+        where[k.strip()] = v.strip()
     timeout = a.timeout if a.timeout is not None else (120.0 if a.quick else 7200.0)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +218,7 @@ def main(argv=None):
         mod = importlib.import_module(f"exp_{name}")
         t0 = time.perf_counter()
         log(f"{name}:")
-        run_experiment(name, mod, a.quick, out, records, timeout, env, log)
+        run_experiment(name, mod, a.quick, out, records, timeout, env, log, where)
         log(f"{name}: {time.perf_counter() - t0:.0f} s")
         if not a.no_plot:
             plot(name, records, out, log)

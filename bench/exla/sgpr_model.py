@@ -1,17 +1,18 @@
-"""Sparse GP regression (Titsias' collapsed bound, as GPflow's SGPR) on torch, with the n-sized
-terms from symred under a memory budget or from dense torch matrices.
+"""Sparse GP regression (Titsias' collapsed bound, as GPflow's SGPR) with the n-sized terms
+from symred under a memory budget or from dense matrices, and an M x M algebra written for
+large M (in place, LAPACK and BLAS through SciPy).
 
 The model, formulas and memory accounting are in docs/sgpr.md. In short, with
-K_uf = v E (E_ai = exp(-g |z_a - x_i|^2), g = 1 / (2 l^2), an isotropic SE kernel), the bound
-needs only three n-sized quantities:
+E_ai = exp(-g |z_a - x_i|^2) (g = 1 / (2 l^2), an isotropic SE kernel, K_uf = v E) and
+D = dE/dg, the bound and its gradient with respect to (g, v, s) need only these n-sized sums:
 
-    P = K_uf K_fu  (M x M),   r = K_uf y  (M),   sum_i k(x_i, x_i) = n v,
+    P = E E^T,  Q = E D^T  (M x M),   r = E y,  dr = D y  (M),   sum_i k(x_i, x_i) = n v,
 
-and everything else is M x M algebra (shared by both systems here: :func:`collapsed_bound`).
-``SymredTerms`` computes P blockwise over n from ``sr_kernel_eval_block`` blocks of E whose size
-comes from the memory budget (with Q = E (dE/dg)^T beside it for the gradient, dE/dg being the
-derivative formula built by symred's ``Grad``), and r by a symred.torch ``Sum`` reduction
-differentiated by symred (``sr_kernel_grad``). ``DenseTerms`` materialises K_uf (M x n).
+and everything else is M x M algebra shared by every system (:func:`bound_and_grad`).
+``SymredTerms`` computes P and Q blockwise over n from ``sr_kernel_eval_block`` blocks of E
+and D (D is symred's symbolic derivative ``Grad(E, g, 1)``), the block width from the memory
+budget, and r, dr by symred ``Sum`` reductions (the second one of the derivative formula).
+``DenseTerms`` materialises E and D (M x n each).
 """
 
 import math
@@ -21,6 +22,7 @@ import time
 
 import numpy as np
 import torch
+from scipy.linalg import blas, lapack
 
 _BINDINGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings",
                          "python")
@@ -61,21 +63,25 @@ def inducing_points(x, M, seed=1):
 INIT = {"lengthscale": 0.3, "variance": 1.0, "noise_variance": 0.1}
 
 
+
+# ---- the reference: GPflow's form of the bound, torch autograd (tests) --------------------------
+
+
 def sqdist(a, b):
     """|a_i - b_j|^2 (torch, dense)."""
     return ((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T).clamp_min(0)
 
 
 def kuu(Z, g, v):
-    """K_uu + jitter I (dense: M x M, not n-sized)."""
+    """K_uu + jitter I (torch, dense)."""
     return v * torch.exp(-g * sqdist(Z, Z)) + JITTER * torch.eye(Z.shape[0], dtype=Z.dtype)
 
 
 def collapsed_bound(P, r, yy, n, trace_kff, Kuu, noise):
     """Titsias' bound as GPflow's SGPR.elbo writes it (A = L^-1 K_uf / sigma, B = I + A A^T),
     from P = K_uf K_fu, r = K_uf y, yy = y'y and sum_i k(x_i, x_i), differentiated by torch
-    autograd through the Cholesky factors. The reference that :class:`CollapsedBound` (the one
-    the benchmark trains with) is tested against."""
+    autograd through the Cholesky factors: the reference that :func:`bound_and_grad` is
+    tested against (not used for training)."""
     L = torch.linalg.cholesky(Kuu)
     M = Kuu.shape[0]
     T = torch.linalg.solve_triangular(L, P, upper=False)  # L^-1 P
@@ -88,231 +94,375 @@ def collapsed_bound(P, r, yy, n, trace_kff, Kuu, noise):
             - 0.5 * trace_kff / noise + 0.5 * torch.diagonal(AAT).sum())
 
 
-class CollapsedBound(torch.autograd.Function):
-    """The same bound written with S = s K_uu + P = R R^T (s the noise variance):
+# ---- the M x M algebra (every system) -----------------------------------------------------------
 
-        bound = -n/2 log 2pi - 1/2 logdet S + 1/2 logdet K_uu + (M - n)/2 log s - yy / (2 s)
-                + r' S^-1 r / (2 s) - trace_kff / (2 s) + tr(K_uu^-1 P) / (2 s),
-
-    with its gradient written out (docs/sgpr.md), so that the M x M algebra costs two Cholesky
-    factors, two inverses and two products (about 7 M^3 flops, forward and backward) and
-    keeps about ten M x M matrices, where autograd through GPflow's form took 2-3 times the
-    time and four times the memory (measured at M = 2000). Inputs: P, r, K_uu, s, trace_kff;
-    n and yy are numbers. forward also returns nothing else: the prediction factors come
-    from :func:`prediction_factors`."""
-
-    @staticmethod
-    def forward(ctx, P, r, Kuu, s, trace_kff, n, yy):
-        M = Kuu.shape[0]
-        L = torch.linalg.cholesky(Kuu)
-        R = torch.linalg.cholesky(s * Kuu + P)
-        a = torch.cholesky_solve(r[:, None], R)[:, 0]
-        Ki = torch.cholesky_inverse(L)
-        KiP = Ki @ P
-        trKiP = torch.diagonal(KiP).sum()
-        logdet_S = 2 * torch.log(torch.diagonal(R)).sum()
-        logdet_K = 2 * torch.log(torch.diagonal(L)).sum()
-        ra = r @ a
-        bound = (-0.5 * n * math.log(2 * math.pi) - 0.5 * logdet_S + 0.5 * logdet_K
-                 + 0.5 * (M - n) * torch.log(s) - 0.5 * yy / s + 0.5 * ra / s
-                 - 0.5 * trace_kff / s + 0.5 * trKiP / s)
-        ctx.save_for_backward(R, a, Ki, KiP, Kuu, s, trace_kff, ra, trKiP)
-        ctx.n, ctx.yy = n, yy
-        return bound
-
-    @staticmethod
-    def backward(ctx, gb):
-        R, a, Ki, KiP, Kuu, s, trace_kff, ra, trKiP = ctx.saved_tensors
-        n, yy, M = ctx.n, ctx.yy, Kuu.shape[0]
-        Si = torch.cholesky_inverse(R)
-        aa = torch.outer(a, a)
-        # d/dP = -S^-1/2 - a a'/(2s) + K^-1/(2s)
-        # d/dK = -s S^-1/2 - a a'/2 + K^-1/2 - K^-1 P K^-1/(2s)
-        gP = -0.5 * Si - (0.5 / s) * aa + (0.5 / s) * Ki
-        gK = -0.5 * s * Si - 0.5 * aa + 0.5 * Ki - (0.5 / s) * (KiP @ Ki)
-        gs = (-0.5 * (Si * Kuu).sum() + 0.5 * (M - n) / s + 0.5 * yy / s ** 2
-              - 0.5 * (a @ Kuu @ a) / s - 0.5 * ra / s ** 2 + 0.5 * trace_kff / s ** 2
-              - 0.5 * trKiP / s ** 2)
-        gr = a / s
-        gt = -0.5 / s
-        return gb * gP, gb * gr, gb * gK, gb * gs, gb * gt, None, None
+ROWS = 256  # the row blocks of the passes over M x M matrices (ROWS x M temporaries)
 
 
-def prediction_factors(P, r, Kuu, s):
-    """(L, R, a): L L' = K_uu, R R' = s K_uu + P, a = (s K_uu + P)^-1 r."""
-    L = torch.linalg.cholesky(Kuu)
-    R = torch.linalg.cholesky(s * Kuu + P)
-    return L, R, torch.cholesky_solve(r[:, None], R)
+def sqdist_rows(A, B):
+    """|a_i - b_j|^2 for the rows of A against those of B (NumPy, explicit differences: exactly
+    0 where a row of A equals one of B)."""
+    d = np.subtract.outer(A[:, 0], B[:, 0])
+    d *= d
+    for c in range(1, A.shape[1]):
+        t = np.subtract.outer(A[:, c], B[:, c])
+        t *= t
+        d += t
+    return d
 
 
-def predict(kus_blocks, v, s, L, R, a):
-    """Predictive mean and variance of y at test points (GPflow SGPR.predict_y):
-    mean = K_su a, var = v - |L^-1 k_u|^2 + s |R^-1 k_u|^2 + s, from pairs (K_us block (M x b),
-    work) given by kus_blocks(): work is an M x b tensor to solve into, or None (allocate)."""
+def kernel_np(Z, g, out=None):
+    """exp(-g |z_a - z_b|^2) (NumPy, M x M, built in row blocks; exactly 1 on the diagonal)."""
+    M = Z.shape[0]
+    K = np.empty((M, M)) if out is None else out
+    for a0 in range(0, M, ROWS):
+        blk = K[a0:a0 + ROWS]
+        np.multiply(sqdist_rows(Z[a0:a0 + ROWS], Z), -g, out=blk)
+        np.exp(blk, out=blk)
+    return K
+
+
+def kernel_dg_np(Z, g, out):
+    """d/dg exp(-g |z_a - z_b|^2) = -|z_a - z_b|^2 exp(-g |z_a - z_b|^2), in row blocks."""
+    M = Z.shape[0]
+    for a0 in range(0, M, ROWS):
+        d = sqdist_rows(Z[a0:a0 + ROWS], Z)
+        blk = out[a0:a0 + ROWS]
+        np.multiply(d, -g, out=blk)
+        np.exp(blk, out=blk)
+        blk *= d
+        np.negative(blk, out=blk)
+    return out
+
+
+def inner(X, Y):
+    """sum_ab X_ab Y_ab for two M x M arrays in their memory order (no copy). Right whatever
+    the orders when one of them is symmetric."""
+    return float(np.vdot(X.ravel("K"), Y.ravel("K")))
+
+
+def fview(X):
+    """X as a Fortran-contiguous array without a copy: X itself, or X.T for a C-contiguous X
+    (the same matrix when X is symmetric; the algebra below only uses such views of symmetric
+    matrices, or of Q, whose transpose gives the same results)."""
+    if X.flags.f_contiguous:
+        return X
+    assert X.flags.c_contiguous
+    return X.T
+
+
+def _fill_lower(A):
+    """A (Fortran order) holds a symmetric matrix in its lower triangle: copy it into the
+    upper one (in the blocks of the C-order view A.T, whose upper triangle it is)."""
+    C = A.T
+    M = C.shape[0]
+    for a0 in range(0, M, ROWS):
+        a1 = min(M, a0 + ROWS)
+        C[a1:, a0:a1] = C[a0:a1, a1:].T
+        blk = C[a0:a1, a0:a1]
+        low = np.tril_indices(a1 - a0, -1)
+        blk[low] = blk.T[low]
+
+
+def _check(name, info):
+    if info != 0:
+        raise np.linalg.LinAlgError(f"{name}: LAPACK info {info}")
+
+
+def cholesky_(A):
+    """A = L L^T in place (A Fortran-contiguous, L in its lower triangle); returns log det A."""
+    c, info = lapack.dpotrf(A, lower=1, clean=0, overwrite_a=1)
+    _check("dpotrf", info)
+    assert np.shares_memory(c, A), "dpotrf did not work in place"
+    return 2.0 * float(np.log(np.diagonal(A)).sum())
+
+
+def cholesky_inverse_(A):
+    """A holds L from :func:`cholesky_`: A becomes (L L^T)^-1 (both triangles)."""
+    c, info = lapack.dpotri(A, lower=1, overwrite_c=1)
+    _check("dpotri", info)
+    assert np.shares_memory(c, A), "dpotri did not work in place"
+    _fill_lower(A)
+
+
+def lsolve(L, B):
+    """L^-1 B for L lower triangular (Fortran), B a vector or M x b; a new array."""
+    return blas.dtrsm(1.0, L, np.asfortranarray(B.reshape(B.shape[0], -1)), lower=1)
+
+
+def whiten_(L, X):
+    """X <- L^-1 X L^-T in place (X Fortran-contiguous M x M): two triangular solves."""
+    b = blas.dtrsm(1.0, L, X, lower=1, overwrite_b=1)
+    b = blas.dtrsm(1.0, L, b, side=1, lower=1, trans_a=1, overwrite_b=1)
+    assert np.shares_memory(b, X), "dtrsm did not work in place"
+
+
+class Factors:
+    """What the bound and the predictions share (see :func:`factor`)."""
+
+    __slots__ = ("L", "W", "LC", "logdet_C", "a", "ra", "trW")
+
+
+def factor(st, Z, g, v, s):
+    """K_uu = L L^T, W = L^-1 P L^-T (in st.P's place), s I + W = L_C L_C^T (LC, a new
+    array), rho = L^-1 r, a = (s I + W)^-1 rho, rho'a and tr W."""
+    st.scale(v)
+    f = Factors()
+    f.W = W = fview(st.P)
+    M = W.shape[0]
+    f.L = L = np.asfortranarray(kernel_np(Z, g).T)  # symmetric: .T is a free Fortran view
+    L *= v
+    L.flat[::M + 1] += JITTER
+    cholesky_(L)
+    whiten_(L, W)
+    f.trW = float(np.trace(W))
+    f.LC = np.array(W, order="F")
+    f.LC.flat[::M + 1] += s
+    f.logdet_C = cholesky_(f.LC)
+    rho = lsolve(L, v * st.r)[:, 0]
+    f.a = lapack.dpotrs(f.LC, rho, lower=1)[0]
+    f.ra = float(rho @ f.a)
+    return f
+
+
+def bound_and_grad(st, Z, g, v, s, n, yy, grad=True):
+    """Titsias' collapsed bound F and (dF/dg, dF/dv, dF/ds), or without ``grad`` F and the
+    :class:`Factors` (for :func:`predict`), from the n-sized sums ``st`` (:class:`Stats`;
+    st.P and st.Q are overwritten).
+
+    With P = v^2 E E^T, r = v E y, K = K_uu = v K_e + jitter I = L L^T, whitened matrices
+    X_w = L^-1 X L^-T, W = P_w, C = s I + W = L_C L_C^T, rho = L^-1 r and a = C^-1 rho:
+
+        F = -n/2 log 2pi - 1/2 logdet C + (M - n)/2 log s - y'y/(2s) + rho'a/(2s)
+            - n v/(2s) + tr W/(2s)
+
+    (GPflow's SGPR.elbo, C = s B). For a change (dK, dP, dr, ds) of the inputs, with
+    V = dK_w, U = dP_w and dS_w = ds I + s V + U (docs/sgpr.md):
+
+        dF = -1/2 <C^-1, dS_w> + 1/2 tr V - a'dS_w a/(2s) + a'L^-1 dr/s
+             + (tr U - <W, V>)/(2s) + c_s ds - d(n v)/(2s),
+
+    c_s = (M - n)/(2s) + y'y/(2s^2) - rho'a/(2s^2) + n v/(2s^2) - tr W/(2s^2). Directions:
+    g: dK = v dK_e/dg, dP = v^2 (Q + Q^T), dr = v dr_e; v: dK = K_e, dP = 2 P/v, dr = r_e,
+    d(n v) = n; s: ds = 1. Everything goes through triangular solves with L and L_C and one
+    inverse of the well-conditioned C; no inverse of K (its condition number reaches 1/jitter,
+    and an explicit K^-1 P K^-1 lost every digit of dF/dg at M = 400). Five M x M matrices are
+    alive at the peak: P (W in place), Q (Q_w in place), L, C^-1 and one V."""
+    f = factor(st, Z, g, v, s)
+    L, W, Ci, a, ra, trW = f.L, f.W, f.LC, f.a, f.ra, f.trW
+    M = W.shape[0]
+    F = (-0.5 * n * math.log(2 * math.pi) - 0.5 * f.logdet_C + 0.5 * (M - n) * math.log(s)
+         - 0.5 * yy / s + 0.5 * ra / s - 0.5 * n * v / s + 0.5 * trW / s)
+    if not grad:
+        return F, f
+    cholesky_inverse_(Ci)
+    Uq = fview(st.Q)
+    whiten_(L, Uq)
+    V = kernel_dg_np(Z, g, np.empty((M, M), order="F"))
+    V *= v
+    whiten_(L, V)
+    Ci_Vg, trVg, aVga, W_Vg = inner(Ci, V), float(np.trace(V)), float(a @ (V @ a)), inner(W, V)
+    kernel_np(Z, g, V.T)
+    whiten_(L, V)
+    Ci_Vv, trVv, aVva, W_Vv = inner(Ci, V), float(np.trace(V)), float(a @ (V @ a)), inner(W, V)
+    del V
+    Ci_U, trU, aUa = inner(Ci, Uq), float(np.trace(Uq)), float(a @ (Uq @ a))
+    Ci_W, aWa = inner(Ci, W), float(a @ (W @ a))
+    dg = (-0.5 * (s * Ci_Vg + 2 * Ci_U) + 0.5 * trVg - (s * aVga + 2 * aUa) / (2 * s)
+          + v * float(a @ lsolve(L, st.dr)[:, 0]) / s + (2 * trU - W_Vg) / (2 * s))
+    dv = (-0.5 * (s * Ci_Vv + 2 * Ci_W / v) + 0.5 * trVv - (s * aVva + 2 * aWa / v) / (2 * s)
+          + float(a @ lsolve(L, st.r)[:, 0]) / s + (2 * trW / v - W_Vv) / (2 * s)
+          - 0.5 * n / s)
+    ds = (-0.5 * float(np.trace(Ci)) - float(a @ a) / (2 * s) + (M - n) / (2 * s)
+          + yy / (2 * s * s) - ra / (2 * s * s) + n * v / (2 * s * s) - trW / (2 * s * s))
+    return F, (dg, dv, ds)
+
+
+def predict(terms, Xs, v, s, f, g):
+    """Predictive mean and variance of y at Xs (GPflow's SGPR.predict_y) from the factors f
+    (:func:`factor`): with k_u = K(Z, x*) and u = L^-1 k_u, mean = u'a and
+    var = v - |u|^2 + s |L_C^-1 u|^2 + s; the K(Z, Xs) blocks come from ``terms.kus_blocks``."""
     means, variances = [], []
-    for Kus, work in kus_blocks():
-        means.append(a[:, 0] @ Kus)
-        q1 = torch.linalg.solve_triangular(L, Kus, upper=False, out=work).pow_(2).sum(0)
-        q2 = torch.linalg.solve_triangular(R, Kus, upper=False, out=work).pow_(2).sum(0)
-        variances.append(v - q1 + s * q2 + s)
-    return torch.cat(means), torch.cat(variances)
+    for E in terms.kus_blocks(Xs, g):
+        u = lsolve(f.L, E * v)
+        means.append(f.a @ u)
+        q2 = (lsolve(f.LC, u) ** 2).sum(0)
+        variances.append(v - (u * u).sum(0) + s * q2 + s)
+    return np.concatenate(means), np.concatenate(variances)
 
 
 def metrics(mean, var, y):
     """Test RMSE and NLPD (mean of -log N(y; mean, var))."""
-    mean, var = mean.detach().numpy(), var.detach().numpy()
     rmse = float(np.sqrt(np.mean((mean - y) ** 2)))
     nlpd = float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * (y - mean) ** 2 / var))
     return rmse, nlpd
 
 
+# ---- the n-sized sums ---------------------------------------------------------------------------
+
+
+class Stats:
+    """The n-sized sums at one g: P = E E^T, Q = E D^T (M x M; Q None without a gradient),
+    r = E y, dr = D y (M), E_ai = exp(-g |z_a - x_i|^2), D = dE/dg."""
+
+    __slots__ = ("P", "Q", "r", "dr", "v")
+
+    def __init__(self, P, Q, r, dr):
+        self.P, self.Q, self.r, self.dr, self.v = P, Q, r, dr, None
+
+    def scale(self, v):
+        """P, Q -> v^2 P, v^2 Q in place (K_uf K_fu and its g-derivative's half), once."""
+        if self.v is None:
+            self.P *= v * v
+            if self.Q is not None:
+                self.Q *= v * v
+            self.v = v
+        elif self.v != v:
+            raise ValueError(f"these sums were scaled by v = {self.v}, not {v}")
+
+
 class DenseTerms:
-    """The n-sized terms from a dense K_uf (M x n), differentiated by torch autograd."""
+    """The n-sized sums from dense E and D (M x n each, NumPy)."""
 
     name = "dense"
 
     def __init__(self, X, y, Z):
         self.X, self.y, self.Z = X, y, Z
 
-    def __call__(self, g, v):
-        Kuf = v * torch.exp(-g * sqdist(self.Z, self.X))
-        return Kuf @ Kuf.T, Kuf @ self.y
+    def __call__(self, g, grad=True):
+        E = sqdist_rows(self.Z, self.X)  # M x n
+        D = np.multiply(E, -1.0) if grad else None
+        np.multiply(E, -g, out=E)
+        np.exp(E, out=E)
+        if grad:
+            D *= E
+        return Stats(E @ E.T, E @ D.T if grad else None, E @ self.y,
+                     D @ self.y if grad else None)
 
-    def kus_blocks(self, Xs, g, v):
-        return lambda: [(v * torch.exp(-g * sqdist(self.Z, Xs)), None)]
+    def kus_blocks(self, Xs, g):
+        yield np.exp(-g * sqdist_rows(self.Z, Xs))
 
     @staticmethod
     def bytes_needed(n, M):
-        """K_uf's M x n doubles, and the two more M x n tensors autograd keeps (the squared
-        distances and exp(-g r^2)); the M x M algebra is not counted."""
+        """E, D and the squared-distance temporary of sqdist_rows: 3 n M doubles."""
         return 3 * n * M * 8
 
 
-class _BlockGram(torch.autograd.Function):
-    """P_e(g) = E E^T, E_ai = exp(-g |z_a - x_i|^2), summed over blocks of the n columns.
-
-    dP_e/dg = D E^T + E D^T with D = dE/dg, so dL/dg = sum_ab (G + G^T)_ab Q_ab where
-    Q = E D^T. When g requires a gradient the forward accumulates Q beside P from the same
-    blocks (E_b and D_b, the derivative formula Grad(E, g, 1) built by symred's symbolic
-    differentiation, both from sr_kernel_eval_block), and the backward is one M x M product
-    with no pass over n. Nothing n-sized is kept: two M x b blocks are alive at a time."""
-
-    @staticmethod
-    def forward(ctx, g, terms):
-        M = terms.Z.shape[0]
-        P = np.zeros((M, M))
-        tmp = np.empty((M, M))
-        want_q = ctx.needs_input_grad[0]
-        Q = torch.zeros(M, M, dtype=torch.float64) if want_q else None
-        for E, D in terms.blocks(g, derivative=want_q):
-            np.matmul(E, E.T, out=tmp)  # NumPy's A A^T is a symmetric rank-k update (syrk)
-            P += tmp
-            if want_q:
-                Q.addmm_(torch.from_numpy(E), torch.from_numpy(D).T)
-        ctx.save_for_backward(Q)
-        return torch.from_numpy(P)
-
-    @staticmethod
-    def backward(ctx, G):
-        (Q,) = ctx.saved_tensors
-        return ((G + G.T) * Q).sum().reshape(1), None
-
-
 class SymredTerms:
-    """The n-sized terms from symred, under a memory budget of ``budget`` bytes for the blocks.
+    """The n-sized sums from symred, under a memory budget of ``budget`` bytes for the blocks.
 
-    P = v^2 E E^T by :class:`_BlockGram` (blocks of E and dE/dg from ``sr_kernel_eval_block``,
-    two M x b float64 blocks alive at once, b = budget / (2 M 8)), r = v sum_i E_ai y_i by a
-    symred.torch Sum reduction (gradient by symred: sr_kernel_grad), and
-    sum_i k(x_i, x_i) = n v.
-    """
+    P and Q accumulate over blocks of b columns of E and D from ``sr_kernel_eval_block`` (two
+    M x b float64 blocks alive at once, b = budget / (2 M 8)): P += E_b E_b^T (BLAS dsyrk, one
+    triangle) and Q += E_b D_b^T (dgemm), both in place in their M x M arrays; r and dr are
+    symred Sum reductions of E y and of symred's derivative formula times y."""
 
     name = "symred"
 
     def __init__(self, X, y, Z, budget):
-        import symred.torch as srt
+        from symred.numpy import Genred
 
-        self.X, self.y, self.Z = X, y, Z
+        self.X, self.y, self.Z = X, np.ascontiguousarray(y[:, None]), Z
         aliases = ["z=Vi(3)", "x=Vj(3)", "g=Pm(1)"]
-        # eval_block through symred.torch: it runs with symred's thread count, not torch's.
-        self.fE = srt.Genred("Exp(-g*SqDist(z,x))", aliases, axis=1)
-        self.fD = srt.Genred("Grad(Exp(-g*SqDist(z,x)), g, e)", aliases + ["e=Pm(1)"], axis=1)
-        self.fr = srt.Genred("Exp(-g*SqDist(z,x))*b", ["z=Vi(3)", "x=Vj(3)", "b=Vj(1)",
-                                                       "g=Pm(1)"], axis=1)
+        self.fE = Genred("Exp(-g*SqDist(z,x))", aliases, axis=1)
+        self.fD = Genred("Grad(Exp(-g*SqDist(z,x)), g, e)", aliases + ["e=Pm(1)"], axis=1)
+        self.fr = Genred("Exp(-g*SqDist(z,x))*b", aliases + ["b=Vj(1)"], axis=1)
+        self.fdr = Genred("Grad(Exp(-g*SqDist(z,x))*b, g, e)",
+                          aliases + ["b=Vj(1)", "e=Pm(1)"], axis=1)
         M, n = Z.shape[0], X.shape[0]
         if budget < 2 * M * 8:
             raise MemoryError(f"a budget of {budget} bytes holds no block of 2 x {M} doubles")
         self.block = min(n, budget // (2 * M * 8))
         # Flat, so that a narrower block is a contiguous view of the first M x nj values.
-        self._bufs = [torch.empty(M * self.block, dtype=torch.float64) for _ in range(2)]
+        self._bufs = [np.empty(M * self.block) for _ in range(2)]
+        self._P = self._Q = None
 
     def blocks(self, g, derivative=False, X=None, block=None):
         """(E_b, D_b) for blocks of ``block`` columns (default: the budget's) of X (the
-        training inputs by default), NumPy views of the two budgeted buffers, each valid until
-        the next pair is made; D_b is None unless ``derivative``."""
+        training inputs by default), views of the two budgeted buffers, each valid until the
+        next pair is made; D_b is None unless ``derivative``."""
         X = self.X if X is None else X
-        gt = g.detach().reshape(1)
-        one = torch.ones(1, dtype=torch.float64)
+        gp, one = np.array([g]), np.ones(1)
         n, b, M = X.shape[0], min(block or self.block, self.block), self.Z.shape[0]
         for j0 in range(0, n, b):
             nj = min(b, n - j0)
-            E, D = (buf[:M * nj].view(M, nj) for buf in self._bufs)
-            self.fE.eval_block(self.Z, X, gt, rows=(0, M), cols=(j0, nj), out=E)
+            E, D = (buf[:M * nj].reshape(M, nj) for buf in self._bufs)
+            self.fE.eval_block(self.Z, X, gp, rows=(0, M), cols=(j0, nj), out=E)
             if derivative:
-                self.fD.eval_block(self.Z, X, gt, one, rows=(0, M), cols=(j0, nj), out=D)
-            yield E.numpy(), (D.numpy() if derivative else None)
+                self.fD.eval_block(self.Z, X, gp, one, rows=(0, M), cols=(j0, nj), out=D)
+            yield E, (D if derivative else None)
 
-    def __call__(self, g, v):
-        P = v * v * _BlockGram.apply(g.reshape(1), self)
-        r = v * self.fr(self.Z, self.X, self.y[:, None], g.reshape(1))[:, 0]
-        return P, r
+    def __call__(self, g, grad=True):
+        M = self.Z.shape[0]
+        # P and Q live in Fortran order (BLAS's), reused from call to call. dsyrk fills P's
+        # lower triangle (Fortran order); Q is E D^T read in Fortran order, i.e. its transpose
+        # in NumPy's: the algebra only takes inner products with symmetric matrices and a'Qa.
+        if self._P is None:
+            self._P, self._Q = np.zeros((M, M), order="F"), np.zeros((M, M), order="F")
+        P, Q = self._P, self._Q
+        P.fill(0.0)
+        Q.fill(0.0)
+        for E, D in self.blocks(g, derivative=grad):
+            # E is C-order M x nj, i.e. E^T in Fortran order: P += (E^T)^T (E^T).
+            P = blas.dsyrk(1.0, E.T, beta=1.0, c=P, trans=1, lower=1, overwrite_c=1)
+            if grad:
+                Q = blas.dgemm(1.0, E.T, D.T, beta=1.0, c=Q, trans_a=1, overwrite_c=1)
+        assert P is self._P and (not grad or Q is self._Q), "BLAS did not work in place"
+        _fill_lower(P)
+        gp = np.array([g])
+        r = self.fr(self.Z, self.X, gp, self.y)[:, 0]
+        dr = self.fdr(self.Z, self.X, gp, self.y, np.ones(1))[:, 0] if grad else None
+        return Stats(P, Q if grad else None, r, dr)
 
-    def kus_blocks(self, Xs, g, v):
-        # In place in the two budgeted buffers: K_us = v E_b in the first, the triangular
-        # solves into the second. Blocks of b/16 columns keep what torch may allocate inside
-        # solve_triangular small beside them (the 0.8 GB buffers at M = 500 left no room for
-        # three more M x 20 000 tensors: that run died in its predictions).
-        def gen():
-            for E, _ in self.blocks(g, X=Xs, block=max(1, self.block // 16)):
-                Kus = torch.from_numpy(E).mul_(v)
-                work = self._bufs[1][:Kus.numel()].view(Kus.shape)
-                yield Kus, work
-        return gen
+    def kus_blocks(self, Xs, g):
+        # Blocks of b/16 columns: the triangular solves copy each block (Fortran order).
+        for E, _ in self.blocks(g, X=Xs, block=max(1, self.block // 16)):
+            yield E
 
     @staticmethod
     def bytes_needed(n, M, budget):
-        """The blocks: two M x b doubles, b = budget / (2 M 8); the M x M algebra (P, Q and a
-        temporary here) is not counted."""
+        """The blocks: two M x b doubles, b = budget / (2 M 8); the M x M algebra is not
+        counted."""
         return 2 * M * 8 * max(1, min(n, budget // (2 * M * 8)))
 
 
 def unpack(theta):
-    """log-parameters -> (g, v, noise); g = 1 / (2 l^2)."""
-    l, v, s2 = torch.exp(theta[0]), torch.exp(theta[1]), torch.exp(theta[2])
-    return 0.5 / (l * l), v, s2
+    """log-parameters (a sequence of 3 floats) -> (g, v, s) = (1 / (2 l^2), variance, noise
+    variance)."""
+    l, v, s = (math.exp(float(t)) for t in theta)
+    return 0.5 / (l * l), v, s
 
 
-def train(terms, X, y, Xs, ys, iterations):
-    """L-BFGS (torch, strong Wolfe line search) on the log hyperparameters for ``iterations``
-    iterations, maximising the bound; then test RMSE and NLPD. Returns a dict of results."""
+def evaluate(terms, theta, grad=True):
+    """The bound at log-parameters theta and, if ``grad``, its gradient with respect to theta
+    (a NumPy array of 3)."""
+    g, v, s = unpack(theta)
+    n, y = terms.X.shape[0], terms.y.ravel()
+    F, d = bound_and_grad(terms(g, grad=grad), terms.Z, g, v, s, n, float(y @ y), grad=grad)
+    if not grad:
+        return F, None
+    dg, dv, ds = d
+    return F, np.array([-2 * g * dg, v * dv, s * ds])
+
+
+def train(terms, X, y, Xs, ys, iterations, log=False):
+    """L-BFGS (torch's, strong Wolfe line search, on the log hyperparameters, maximising the
+    bound / n) for ``iterations`` iterations, the gradient from :func:`evaluate`; then test RMSE
+    and NLPD. Returns a dict of results."""
     n = X.shape[0]
-    yy = float((y * y).sum())
     theta = torch.tensor([math.log(INIT["lengthscale"]), math.log(INIT["variance"]),
-                          math.log(INIT["noise_variance"])], dtype=torch.float64,
-                         requires_grad=True)
+                          math.log(INIT["noise_variance"])], dtype=torch.float64)
     evals = [0]
 
-    def objective():
-        g, v, s2 = unpack(theta)
-        P, r = terms(g, v)
-        return CollapsedBound.apply(P, r, kuu(terms.Z, g, v), s2, n * v, n, yy)
-
     def closure():
-        opt.zero_grad()
-        loss = -objective() / n
-        loss.backward()
+        t = time.perf_counter()
+        F, dF = evaluate(terms, theta.tolist())
+        theta.grad = torch.from_numpy(-dF / n)
         evals[0] += 1
-        return loss
+        if log:  # the long runs' progress (bench/exla: the child's log)
+            print(f"evaluation {evals[0]}: bound/n {F / n:.6f} at (l, v, s) = "
+                  f"{[round(math.exp(x), 6) for x in theta.tolist()]}, "
+                  f"{time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        return torch.tensor(-F / n, dtype=torch.float64)
 
     opt = torch.optim.LBFGS([theta], lr=1, max_iter=iterations, max_eval=10 * iterations,
                             tolerance_grad=0, tolerance_change=0, history_size=10,
@@ -321,16 +471,13 @@ def train(terms, X, y, Xs, ys, iterations):
     opt.step(closure)
     seconds = time.perf_counter() - t0
     iters = int(opt.state[opt._params[0]].get("n_iter", 0))
-    with torch.no_grad():
-        bound = objective()
-        g, v, s2 = unpack(theta)
-        P, r = terms(g, v)
-        Kuu = kuu(terms.Z, g, v)
-        mean, var = predict(terms.kus_blocks(Xs, g, v), v, s2,
-                            *prediction_factors(P, r, Kuu, s2))
-    rmse, nlpd = metrics(mean, var, ys.numpy())
-    l, v, s2 = (float(t) for t in torch.exp(theta.detach()))
+    g, v, s = unpack(theta.tolist())
+    bound, f = bound_and_grad(terms(g, grad=False), terms.Z, g, v, s, n, float(y @ y),
+                              grad=False)
+    mean, var = predict(terms, Xs, v, s, f, g)
+    rmse, nlpd = metrics(mean, var, ys)
+    l = math.exp(float(theta[0]))
     return {"seconds": seconds, "iterations": iters, "evaluations": evals[0],
             "seconds_per_iter": seconds / max(iters, 1),
             "seconds_per_eval": seconds / max(evals[0], 1), "rmse": rmse, "nlpd": nlpd,
-            "bound": float(bound), "lengthscale": l, "variance": v, "noise_variance": s2}
+            "bound": float(bound), "lengthscale": l, "variance": v, "noise_variance": s}

@@ -131,3 +131,14 @@ def test_resume_rules(run_py):
     assert run_py.previous_failure([timed_out], dict(base, n=2000)) is timed_out
     assert run_py.previous_failure([timed_out], dict(base, n=500)) is None
     assert run_py.previous_failure([timed_out], dict(base, n=2000, system="symred")) is None
+
+
+def test_where_runs_only_matching_configs(run_py, tmp_path):
+    assert run_py.matches({"n": 300, "system": "numpy"}, {"n": "300"})
+    assert not run_py.matches({"n": 300, "system": "numpy"}, {"n": "300", "system": "symred"})
+    out = tmp_path / "out"
+    assert run_py.main(["--quick", "--only", "mem", "--out", str(out), "--no-plot",
+                        "--where", "n=300,system=numpy"]) == 0
+    assert [(r["system"], r["n"], r["status"]) for r in load(out)] == [("numpy", 300, "ok")]
+    with pytest.raises(SystemExit):
+        run_py.main(["--only", "mem", "--out", str(out), "--where", "n300"])
