@@ -42,7 +42,7 @@ int main(int argc, char **argv)
     bool have_seed = false, coverage_only = false;
     long ncases = 0, one_case = -1, max_failures = 5;
     double seconds = 0;
-    struct fz_opts o = {stdout, 0, true, true, 120, false};
+    struct fz_opts o = {stdout, 0, true, true, 120, false, false};
     for (int a = 1; a < argc; a++) {
         const char *s = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
         if (!strcmp(s, "--seed") && v) {

@@ -65,6 +65,9 @@ struct fz_opts {
     bool shrink;     /* shrink failing cases */
     double shrink_s; /* time limit of one shrink, seconds */
     bool inject;     /* testing the fuzzer itself: corrupt the cpu-jit+simplifier result */
+    /* The same: cpu-jit+simplifier's selections (Min, KMin...) pick the pairs one rank too
+     * far, with F's values there. */
+    bool inject_selection;
 };
 
 /* Counters of a fuzzing run. */
