@@ -158,8 +158,10 @@ int main(int argc, char **argv)
         printf(" %s %ld%s", fz_variant_names[v], st.variants[v], v + 1 < FZ_NVARIANTS ? "," : "");
     printf("\nfuzz-diff: gemm-epilogue kernels %ld; JIT kernels handed to the reference (too "
            "large for the direct strategy) %ld; CUDA emitter declined (too large) %ld; outputs "
-           "compared %ld, of which unstable under perturbation %ld\n",
-           st.gemm_shaped, st.jit_fallback, st.cuda_enotsup, st.outputs, st.unstable_outputs);
+           "compared %ld, of which unstable under perturbation %ld, accepted pair by pair only "
+           "%ld\n",
+           st.gemm_shaped, st.jit_fallback, st.cuda_enotsup, st.outputs, st.unstable_outputs,
+           st.pairwise);
     printf("fuzz-diff: cases using each op:");
     for (int op = 0; op < OP_COUNT; op++)
         printf(" %s %ld", expr_ops[op].name, st.op_used[op]);

@@ -76,6 +76,7 @@ struct fz_stats {
     long variants[8]; /* per variant (FZ_VARIANT_MAP order): times it ran */
     long gemm_shaped, unstable_outputs, outputs, nvrtc_unavailable, cuda_enotsup;
     long jit_fallback; /* JIT kernels that fell back to the reference (formula too large) */
+    long pairwise;     /* cpu-jit+simplifier outputs accepted pair by pair only (docs/fuzzing.md) */
     long op_used[128]; /* per op: cases whose formula used it */
 };
 
