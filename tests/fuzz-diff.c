@@ -42,7 +42,7 @@ int main(int argc, char **argv)
     bool have_seed = false, coverage_only = false;
     long ncases = 0, one_case = -1, max_failures = 5;
     double seconds = 0;
-    struct fz_opts o = {stdout, 0, true, true, 120, false};
+    struct fz_opts o = {stdout, 0, true, true, 120, false, false};
     for (int a = 1; a < argc; a++) {
         const char *s = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
         if (!strcmp(s, "--seed") && v) {
@@ -158,8 +158,10 @@ int main(int argc, char **argv)
         printf(" %s %ld%s", fz_variant_names[v], st.variants[v], v + 1 < FZ_NVARIANTS ? "," : "");
     printf("\nfuzz-diff: gemm-epilogue kernels %ld; JIT kernels handed to the reference (too "
            "large for the direct strategy) %ld; CUDA emitter declined (too large) %ld; outputs "
-           "compared %ld, of which unstable under perturbation %ld\n",
-           st.gemm_shaped, st.jit_fallback, st.cuda_enotsup, st.outputs, st.unstable_outputs);
+           "compared %ld, of which unstable under perturbation %ld, accepted pair by pair only "
+           "%ld\n",
+           st.gemm_shaped, st.jit_fallback, st.cuda_enotsup, st.outputs, st.unstable_outputs,
+           st.pairwise);
     printf("fuzz-diff: cases using each op:");
     for (int op = 0; op < OP_COUNT; op++)
         printf(" %s %ld", expr_ops[op].name, st.op_used[op]);

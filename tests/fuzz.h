@@ -65,6 +65,9 @@ struct fz_opts {
     bool shrink;     /* shrink failing cases */
     double shrink_s; /* time limit of one shrink, seconds */
     bool inject;     /* testing the fuzzer itself: corrupt the cpu-jit+simplifier result */
+    /* The same: cpu-jit+simplifier's selections (Min, KMin...) pick the pairs one rank too
+     * far, with F's values there. */
+    bool inject_selection;
 };
 
 /* Counters of a fuzzing run. */
@@ -73,6 +76,7 @@ struct fz_stats {
     long variants[8]; /* per variant (FZ_VARIANT_MAP order): times it ran */
     long gemm_shaped, unstable_outputs, outputs, nvrtc_unavailable, cuda_enotsup;
     long jit_fallback; /* JIT kernels that fell back to the reference (formula too large) */
+    long pairwise;     /* cpu-jit+simplifier outputs accepted pair by pair only (docs/fuzzing.md) */
     long op_used[128]; /* per op: cases whose formula used it */
 };
 

@@ -47,11 +47,23 @@
      * 0 * Min_i g_i drops the 0 * Inf = NaN term (documented); the comparison now runs the        \
      * reduction rewrite on the reference too */                                                   \
     X(minmax_zero_factor, "(0.0*(Var(0,8,0)|Var(1,8,1)))", "", SR_MIN, 0, 1, SR_F32,               \
-      SR_ACC_DEFAULT, 2, 1, "EUU", 0xe0ac99b3d2e174f2ULL, 1)
+      SR_ACC_DEFAULT, 2, 1, "EUU", 0xe0ac99b3d2e174f2ULL, 1)                                       \
+    /* seed 32333674410788 case 63: the fuzzer's: Cos of Exp(13) is rounding noise that differs    \
+     * pair by pair, so the JIT's K smallest are other pairs than the oracle's; selections are     \
+     * now also checked pair by pair (each value within its own pair's rounding interval) */       \
+    X(kmin_pair_noise, "Cos(Exp((Var(0,24,0)|Var(1,24,1))))", "", SR_KMIN_ARGKMIN, 0, 4, SR_F32,   \
+      SR_ACC_DEFAULT, 4, 78, "UG", 0x714fbf91c4f0aa1fULL, 1)                                       \
+    /* not found by the fuzzer but written with kmin_pair_noise: the same noise, sharpened by      \
+     * 30, picked by LogSumExp and by SumSoftMaxWeight (both failed the comparison before the      \
+     * pair-by-pair bounds) */                                                                     \
+    X(lse_pair_noise, "(30.0*Cos(Exp((Var(0,24,0)|Var(1,24,1)))))", "", SR_LOGSUMEXP, 0, 1,        \
+      SR_F32, SR_ACC_DEFAULT, 64, 625, "UG", 0x714fbf91c4f0aa1fULL, 1)                             \
+    X(softmax_pair_noise, "(30.0*Cos(Exp((Var(0,24,0)|Var(1,24,1)))))", "Var(2,1,0)",              \
+      SR_SUMSOFTMAXWEIGHT, 0, 1, SR_F32, SR_ACC_DEFAULT, 64, 625, "UGU", 0x714fbf91c4f0aa1fULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {
-    struct fz_opts o = {NULL, 0, true, false, 30, false};
+    struct fz_opts o = {NULL, 0, true, false, 30, false, false};
     return o;
 }
 
@@ -179,6 +191,44 @@ Test(fuzz, wrong_result_reported_and_shrunk, .timeout = 300)
     cr_assert_leq(c.nx, 3, "sizes not shrunk: %lld", (long long)c.nx);
     cr_assert_not(fz_case_run(&c, &o, NULL, why, sizeof why, NULL), "shrunk case passes: %s",
                   c.formula);
+}
+
+/* A selection that picks the pairs one rank too far (the smallest skipped), with F's values at
+ * them, is reported for each selection reduction: on a formula whose values are well apart, and
+ * on one whose values are rounding noise for some pairs (the pair-by-pair check must not excuse
+ * the other pairs). */
+Test(fuzz, wrong_selection_reported, .timeout = 300)
+{
+    static const sr_reduction reds[] = {SR_MIN,    SR_MAX,        SR_ARGMIN,
+                                        SR_ARGMAX, SR_MIN_ARGMIN, SR_MAX_ARGMAX,
+                                        SR_KMIN,   SR_ARGKMIN,    SR_KMIN_ARGKMIN};
+    static const char *const formulas[] = {"SqDist(Var(0,3,0),Var(1,3,1))",
+                                           "Cos(Exp((Var(0,24,0)|Var(1,24,1))))"};
+    struct fz_opts o = quiet_opts();
+    o.cuda = false;
+    for (int f = 0; f < 2; f++)
+        for (size_t r = 0; r < sizeof reds / sizeof *reds; r++) {
+            struct fz_case c;
+            memset(&c, 0, sizeof c);
+            snprintf(c.formula, sizeof c.formula, "%s", formulas[f]);
+            c.red = reds[r];
+            c.k = sr_reductions[c.red].uses_k ? 3 : 1;
+            c.dtype = SR_F32;
+            c.nx = 13;
+            c.ny = 78;
+            snprintf(c.inputs, sizeof c.inputs, "UG");
+            c.input_seed = 0x714fbf91c4f0aa1fULL;
+            c.threads = 1;
+            char why[2048];
+            cr_expect(fz_case_run(&c, &o, NULL, why, sizeof why, NULL), "%s %s: %s", formulas[f],
+                      sr_reduction_name(c.red), why);
+            o.inject_selection = true;
+            int variant = -1;
+            cr_expect_not(fz_case_run(&c, &o, NULL, why, sizeof why, &variant),
+                          "%s %s: a wrong selection passed", formulas[f], sr_reduction_name(c.red));
+            cr_expect_eq(variant, FZ_JIT_SIMP, "%s", why);
+            o.inject_selection = false;
+        }
 }
 
 /* ---- the cases the fuzzer found ---------------------------------------------------------- */
