@@ -245,9 +245,10 @@ def bound_and_grad(st, Z, g, v, s, n, yy, grad=True):
     c_s = (M - n)/(2s) + y'y/(2s^2) - rho'a/(2s^2) + n v/(2s^2) - tr W/(2s^2). Directions:
     g: dK = v dK_e/dg, dP = v^2 (Q + Q^T), dr = v dr_e; v: dK = K_e, dP = 2 P/v, dr = r_e,
     d(n v) = n; s: ds = 1. Everything goes through triangular solves with L and L_C and one
-    inverse of the well-conditioned C; no inverse of K (its condition number reaches 1/jitter,
-    and an explicit K^-1 P K^-1 lost every digit of dF/dg at M = 400). Five M x M matrices are
-    alive at the peak: P (W in place), Q (Q_w in place), L, C^-1 and one V."""
+    inverse of the well-conditioned C; no inverse of K (its condition number nears 1/jitter: a
+    draft with explicit K^-1 and K^-1 P K^-1 got dF/dl and dF/dv wrong by up to 10x at
+    M = 400). Five M x M matrices are alive at the peak: P (W in place), Q (Q_w in place), L,
+    C^-1 and one V."""
     f = factor(st, Z, g, v, s)
     L, W, Ci, a, ra, trW = f.L, f.W, f.LC, f.a, f.ra, f.trW
     M = W.shape[0]

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Tables of an eXLA run: times, peak RSS, ratios peer / symred, and the issue's targets.
+"""Tables of an eXLA run: times, peak RSS, ratios peer / symred (SGPR: seconds per
+iteration, RMSE, NLPD), and the issue's targets.
 
     python3 bench/exla/summary.py [DIR/results.json]      # default bench/exla/out/results.json
 
@@ -104,11 +105,50 @@ def knn_tables(recs):
     return lines
 
 
+def sgpr_tables(recs):
+    recs = [r for r in recs if r["experiment"] == "sgpr"]
+    if not recs:
+        return []
+    lines = ["| system | n | M | budget | status | s / iteration | iterations (evaluations) "
+             "| test RMSE | test NLPD | lengthscale | noise var. | peak RSS | dense need (2nM·8) |",
+             "|---" * 13 + "|"]
+    order = {"symred": 0, "dense": 1, "gpflow": 2}
+    for r in sorted(recs, key=lambda r: (r["n"], r["limit_bytes"], r["M"],
+                                         order.get(r["system"], 9))):
+        ok = r.get("status") == "ok"
+        reason = "" if ok else f" ({str(r.get('reason', ''))[:70]})"
+        num = (lambda k, f: f.format(r[k]) if ok and isinstance(r.get(k), (int, float))  # noqa: E731
+               else "")
+        rss = f"{r['peak_rss_bytes'] / 1e6:.0f} MB" if r.get("peak_rss_bytes") else "—"
+        lines.append(
+            f"| {r['system']} | {r['n']:,} | {r['M']:,} | {r['limit_bytes'] / 2**20:.0f} MB "
+            f"| {'ok' if ok else '**' + r.get('status', '?') + '**'}{reason} "
+            f"| {num('seconds_per_iter', '{:.3g}')} "
+            f"| {(str(r['iterations']) + ' (' + str(r.get('evaluations')) + ')') if ok else ''} "
+            f"| {num('rmse', '{:.4f}')} | {num('nlpd', '{:.3f}')} | {num('lengthscale', '{:.3f}')} "
+            f"| {num('noise_variance', '{:.4f}')} | {rss} "
+            f"| {2 * r['n'] * r['M'] * 8 / 1e9:.2f} GB |")
+    by = {(r["system"], r["n"], r["M"], r["limit_bytes"]): r for r in recs}
+    top = max((k for k in by if k[0] == "symred"), key=lambda k: k[2], default=None)
+    lines.append("")
+    if top:
+        me, dense = by[top], by.get(("dense",) + top[1:])
+        met = (me.get("status") == "ok" and top[2] >= 10_000 and top[3] <= 2**30
+               and (dense is None or dense.get("status") != "ok"))
+        lines.append(f"- largest M symred trained: {top[2]:,} (n = {top[1]:,}, budget "
+                     f"{top[3] / 2**20:.0f} MB): {me.get('status')}; dense there: "
+                     f"{dense.get('status') if dense else 'not run'} (needs "
+                     f"{2 * top[1] * top[2] * 8 / 1e9:.1f} GB); target M = 10 000 under 1 GB "
+                     f"where the dense bound needs more: {'met' if met else 'not met'}")
+    return lines
+
+
 def main():
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "out" / "results.json"
     with open(path) as f:
         recs = json.load(f)
-    for title, lines in (("mem", mem_tables(recs)), ("knn", knn_tables(recs))):
+    for title, lines in (("mem", mem_tables(recs)), ("knn", knn_tables(recs)),
+                         ("sgpr", sgpr_tables(recs))):
         if lines:
             print(f"### {title}\n")
             print("\n".join(lines))
