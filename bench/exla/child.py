@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 OOM_WORDS = ("resource_exhausted", "out of memory", "bad_alloc", "cannot allocate memory",
-             "failed to allocate", "ebudget")
+             "failed to allocate", "ebudget", "oom when allocating")
 
 
 def plot(name, records_path, png_path):

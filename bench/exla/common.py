@@ -185,7 +185,7 @@ def _classify(rc_signal, stderr_tail, rlimit):
     """Status of a child that printed no result: killed, or an interpreter-level failure."""
     text = stderr_tail.lower()
     oom_words = ("memoryerror", "bad_alloc", "resource_exhausted", "out of memory",
-                 "cannot allocate memory", "failed to allocate")
+                 "cannot allocate memory", "failed to allocate", "oom when allocating")
     if any(w in text for w in oom_words):
         return "oom"
     if rc_signal in (signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS) and rlimit:
@@ -250,7 +250,8 @@ def run_child(config, log_path, timeout, env=None, python=None):
             rec["peak_rss_bytes"] = result["self_peak_rss_bytes"]
         return rec
     sig = -proc.returncode if proc.returncode < 0 else None
-    rec["status"] = _classify(sig, stderr_tail, config.get("rlimit"))
+    rec["status"] = _classify(sig, stderr_tail,
+                              config.get("rlimit") or config.get("rlimit_in_run"))
     how = (f"killed by signal {signal.Signals(sig).name}" if sig
            else f"exit status {proc.returncode}")
     tail = " | ".join(line.strip() for line in stderr_tail.strip().splitlines()[-3:])

@@ -36,8 +36,11 @@ def configs(quick):
         n, Ms, budget, timeout = (200_000, (100, 200, 500, 1000, 2000, 5000, 10_000), 1 << 30,
                                   6 * 3600)
         its = {M: 20 if M <= 1000 else 10 if M <= 2000 else 5 if M <= 5000 else 3 for M in Ms}
+    # rlimit_in_run: run() sets RLIMIT_AS itself (once warm), so a child killed by a signal
+    # (TensorFlow aborts or segfaults when an allocation fails) is recorded as "oom".
     return [{"experiment": "sgpr", "system": s, "n": n, "M": M, "d": 3, "limit_bytes": budget,
-             "n_test": int(n * N_TEST_FRACTION), "iterations": its[M], "timeout": timeout}
+             "n_test": int(n * N_TEST_FRACTION), "iterations": its[M], "timeout": timeout,
+             "rlimit_in_run": True}
             for M in Ms for s in SYSTEMS]
 
 
@@ -126,8 +129,8 @@ def _data(config):
 
 def _oom(e):
     text = str(e).lower()
-    return any(w in text for w in ("allocate", "out of memory", "bad_alloc", "resource_exhausted",
-                                   "budget"))
+    return any(w in text for w in ("allocate", "allocating", "out of memory", "bad_alloc",
+                                   "resource_exhausted", "budget"))
 
 
 def run(config):

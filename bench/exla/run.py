@@ -21,7 +21,9 @@ configs(), so it imports its peers and numpy only inside run() and plot()):
 - ``configs(quick: bool) -> list[dict]``: one dict per run. Required keys: ``experiment``
   (== name), ``system``, the sizes that apply (``n``, ``m``, ``d``, ``M``, ``k``,
   ``dataset``, ``distance``) and ``limit_bytes``. Optional: ``rlimit: True`` (the child runs
-  under RLIMIT_AS = limit_bytes + common.RLIMIT_ALLOWANCE, set before anything is imported),
+  under RLIMIT_AS = limit_bytes + common.RLIMIT_ALLOWANCE, set before anything is imported;
+  ``rlimit_in_run: True`` when run() sets a limit itself: either way a child killed by a
+  signal is recorded as "oom"),
   ``timeout`` (seconds; else --timeout), and any other JSON field run() needs.
 - ``run(config: dict) -> dict``: executed in the child (bench/exla/child.py, with
   bench/exla/ on sys.path, so ``import common`` works; the symred library is $SYMRED_LIB and

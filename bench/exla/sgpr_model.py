@@ -190,6 +190,12 @@ def lsolve(L, B):
     return blas.dtrsm(1.0, L, np.asfortranarray(B.reshape(B.shape[0], -1)), lower=1)
 
 
+def _trsm_(L, X):
+    """X <- L^-1 X in place (X Fortran-contiguous)."""
+    b = blas.dtrsm(1.0, L, X, lower=1, overwrite_b=1)
+    assert np.shares_memory(b, X), "dtrsm did not work in place"
+
+
 def whiten_(L, X):
     """X <- L^-1 X L^-T in place (X Fortran-contiguous M x M): two triangular solves."""
     b = blas.dtrsm(1.0, L, X, lower=1, overwrite_b=1)
@@ -282,13 +288,20 @@ def bound_and_grad(st, Z, g, v, s, n, yy, grad=True):
 def predict(terms, Xs, v, s, f, g):
     """Predictive mean and variance of y at Xs (GPflow's SGPR.predict_y) from the factors f
     (:func:`factor`): with k_u = K(Z, x*) and u = L^-1 k_u, mean = u'a and
-    var = v - |u|^2 + s |L_C^-1 u|^2 + s; the K(Z, Xs) blocks come from ``terms.kus_blocks``."""
+    var = v - |u|^2 + s |L_C^-1 u|^2 + s. ``terms.kus_blocks`` gives the blocks of K(Z, Xs) /
+    v with a flat buffer to solve them in (symred: its second budgeted buffer, so the
+    predictions allocate nothing n-sized) or None (a new array)."""
     means, variances = [], []
-    for E in terms.kus_blocks(Xs, g):
-        u = lsolve(f.L, E * v)
+    for E, work in terms.kus_blocks(Xs, g):
+        M, b = E.shape
+        u = (np.empty((M, b), order="F") if work is None
+             else work[:M * b].reshape((M, b), order="F"))
+        np.multiply(E, v, out=u)
+        _trsm_(f.L, u)
         means.append(f.a @ u)
-        q2 = (lsolve(f.LC, u) ** 2).sum(0)
-        variances.append(v - (u * u).sum(0) + s * q2 + s)
+        uu = np.einsum("ij,ij->j", u, u)
+        _trsm_(f.LC, u)
+        variances.append(v - uu + s * np.einsum("ij,ij->j", u, u) + s)
     return np.concatenate(means), np.concatenate(variances)
 
 
@@ -341,7 +354,7 @@ class DenseTerms:
                      D @ self.y if grad else None)
 
     def kus_blocks(self, Xs, g):
-        yield np.exp(-g * sqdist_rows(self.Z, Xs))
+        yield np.exp(-g * sqdist_rows(self.Z, Xs)), None
 
     @staticmethod
     def bytes_needed(n, M):
@@ -415,9 +428,9 @@ class SymredTerms:
         return Stats(P, Q if grad else None, r, dr)
 
     def kus_blocks(self, Xs, g):
-        # Blocks of b/16 columns: the triangular solves copy each block (Fortran order).
-        for E, _ in self.blocks(g, X=Xs, block=max(1, self.block // 16)):
-            yield E
+        # E in the first budgeted buffer, the solves in the second.
+        for E, _ in self.blocks(g, X=Xs):
+            yield E, self._bufs[1]
 
     @staticmethod
     def bytes_needed(n, M, budget):

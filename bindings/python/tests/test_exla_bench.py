@@ -142,3 +142,14 @@ def test_where_runs_only_matching_configs(run_py, tmp_path):
     assert [(r["system"], r["n"], r["status"]) for r in load(out)] == [("numpy", 300, "ok")]
     with pytest.raises(SystemExit):
         run_py.main(["--only", "mem", "--out", str(out), "--where", "n300"])
+
+
+def test_child_killed_under_a_limit_set_in_run_is_oom(run_py, tmp_path, monkeypatch):
+    common = sys.modules["common"]
+    (tmp_path / "exp_fake.py").write_text(FAKE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cfg = {"experiment": "fake", "system": "x", "limit_bytes": 10**9, "mode": "kill"}
+    rec = common.run_child(dict(cfg, rlimit_in_run=True), tmp_path / "a.log", 10)
+    assert rec["status"] == "oom", rec
+    assert common.run_child(cfg, tmp_path / "b.log", 10)["status"] == "error"
+    assert common._classify(None, "OOM when allocating tensor with shape[200,200000]", False) == "oom"

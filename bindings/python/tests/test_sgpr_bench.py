@@ -238,6 +238,18 @@ def test_run_under_the_limit_symred_fits_dense_does_not():
     assert r["block_bytes"] <= 4 << 20 and r["iterations"] == 1 and r["rmse"] < 1.0
 
 
+def test_run_predictions_stay_in_the_budget():
+    # 256 MB of blocks (b = 167 772 columns at M = 100) and 30 000 test points: predictions
+    # that solve in a new M x 30 000 array (24 MB) beside the full buffers go past the limit's
+    # 16 MB + 10 M^2 doubles of slack (a first version of the in-place algebra copied its
+    # blocks and failed at M = 500 and 1000 under the 1 GB budget).
+    cfg = {"experiment": "sgpr", "system": "symred", "n": 170_000, "M": 100, "d": 3,
+           "limit_bytes": 256 << 20, "n_test": 30_000, "iterations": 1}
+    r = run_child(cfg)
+    assert r.get("status", "ok") == "ok", r
+    assert r["block_columns"] == (256 << 20) // (2 * 100 * 8) and r["rmse"] < 1.0
+
+
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib")
     recs = []
