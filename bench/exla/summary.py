@@ -116,7 +116,7 @@ def sgpr_tables(recs):
     for r in sorted(recs, key=lambda r: (r["n"], r["limit_bytes"], r["M"],
                                          order.get(r["system"], 9))):
         ok = r.get("status") == "ok"
-        reason = "" if ok else f" ({str(r.get('reason', ''))[:70]})"
+        reason = "" if ok else f" ({' '.join(str(r.get('reason', '')).split())[:70]})"
         num = (lambda k, f: f.format(r[k]) if ok and isinstance(r.get(k), (int, float))  # noqa: E731
                else "")
         rss = f"{r['peak_rss_bytes'] / 1e6:.0f} MB" if r.get("peak_rss_bytes") else "—"
