@@ -1224,12 +1224,22 @@ static bool lse_ok(const struct oracle *o, const struct fz_case *c, const struct
     return ok;
 }
 
+/* Ascending order of the indices in ord by keys[index]; NaN keys last. */
+static int cmp_by_key(const void *a, const void *b, void *keys)
+{
+    const double *key = keys;
+    double x = key[*(const int64_t *)a], y = key[*(const int64_t *)b];
+    if (isnan(x) || isnan(y))
+        return isnan(x) - isnan(y);
+    return x < y ? -1 : x > y;
+}
+
 /* The largest softmax average Σ w g / Σ w with each weight w_j in [wlo_j, whi_j] and the
- * values g_j fixed, ord the pairs by decreasing g: the optimum gives the top weight to the
+ * values g_j fixed, ord the pairs by increasing g: the optimum gives the top weight to the
  * pairs whose g is above it and the bottom one to the others, so it is one of the n + 1
- * prefixes of ord at the top weights. */
-static double softmax_top(const double *g, const double *wlo, const double *whi, const int64_t *ord,
-                          int64_t n)
+ * suffixes of ord at the top weights. */
+double fz_softmax_top(const double *g, const double *wlo, const double *whi, const int64_t *ord,
+                      int64_t n)
 {
     double num = 0, den = 0, best = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
@@ -1240,19 +1250,12 @@ static double softmax_top(const double *g, const double *wlo, const double *whi,
         if (den > 0)
             best = fmax(best, num / den);
         if (q < n) {
-            int64_t j = ord[q];
+            int64_t j = ord[n - 1 - q];
             num += (whi[j] - wlo[j]) * g[j];
             den += whi[j] - wlo[j];
         }
     }
     return best;
-}
-
-static int cmp_desc_by_key(const void *a, const void *b, void *keys)
-{
-    const double *key = keys;
-    double x = key[*(const int64_t *)a], y = key[*(const int64_t *)b];
-    return x > y ? -1 : x < y;
 }
 
 /*
@@ -1289,14 +1292,14 @@ static bool ssmw_ok(const struct oracle *o, const struct fz_case *c, const struc
             whi[j] = exp(hi[j] - m);
             ord[j] = j;
         }
-        qsort_r(ord, (size_t)nred, sizeof *ord, cmp_desc_by_key, ghi);
-        double top = softmax_top(ghi, wlo, whi, ord, nred);
+        qsort_r(ord, (size_t)nred, sizeof *ord, cmp_by_key, ghi);
+        double top = fz_softmax_top(ghi, wlo, whi, ord, nred);
         for (int64_t j = 0; j < nred; j++) {
             glo[j] = -glo[j];
             ord[j] = j;
         }
-        qsort_r(ord, (size_t)nred, sizeof *ord, cmp_desc_by_key, glo);
-        double bottom = -softmax_top(glo, wlo, whi, ord, nred);
+        qsort_r(ord, (size_t)nred, sizeof *ord, cmp_by_key, glo);
+        double bottom = -fz_softmax_top(glo, wlo, whi, ord, nred);
         double slack = o->rel * gmax, v = r->val[t];
         ok = v >= bottom - slack && v <= top + slack;
         if (!ok)
@@ -1333,15 +1336,6 @@ static bool pairwise_ok(const struct oracle *o, const struct fz_case *c, const s
  * Every output row and component of r gets, at rank q, the pair of rank q + 1 in the oracle's
  * order of F (the smallest is skipped; the largest for Max), with the oracle's F there as its
  * value: values consistent with their indices, the wrong pairs picked. */
-static int cmp_by_key(const void *a, const void *b, void *keys)
-{
-    const double *key = keys;
-    double x = key[*(const int64_t *)a], y = key[*(const int64_t *)b];
-    if (isnan(x) || isnan(y))
-        return isnan(x) - isnan(y);
-    return x < y ? -1 : x > y;
-}
-
 static void inject_wrong_selection(const struct oracle *o, const struct fz_case *c,
                                    struct result *r)
 {

@@ -113,6 +113,11 @@ bool fz_case_run(const struct fz_case *c, const struct fz_opts *o, struct fz_sta
  * disagrees, within o->shrink_s seconds. Returns the number of accepted steps. */
 int fz_case_shrink(struct fz_case *c, const struct fz_opts *o, int variant);
 
+/* The largest softmax average sum w g / sum w over weights w_j in [wlo_j, whi_j], the values
+ * g_j fixed, ord the indices 0..n-1 by increasing g (the SumSoftMaxWeight check of fuzz.c). */
+double fz_softmax_top(const double *g, const double *wlo, const double *whi, const int64_t *ord,
+                      int64_t n);
+
 /* Writes c as one FZ_REGRESS(...) line for tests/test-fuzz-regress.c. */
 void fz_case_print(FILE *f, const struct fz_case *c);
 

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -229,6 +230,46 @@ Test(fuzz, wrong_selection_reported, .timeout = 300)
             cr_expect_eq(variant, FZ_JIT_SIMP, "%s", why);
             o.inject_selection = false;
         }
+}
+
+/* The softmax average's upper bound over a box of weights (the SumSoftMaxWeight check) equals
+ * the largest average over the box's corners, found by trying them all, on random boxes. */
+Test(fuzz, softmax_bound_is_the_best_corner)
+{
+    uint64_t s = 0x9e3779b97f4a7c15ULL;
+    for (int trial = 0; trial < 200; trial++) {
+        enum { N = 7 };
+        double g[N], wlo[N], whi[N];
+        int64_t ord[N];
+        for (int j = 0; j < N; j++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            g[j] = (double)(s >> 40) / (1 << 24) * 4 - 2;
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            wlo[j] = (double)(s >> 40) / (1 << 24);
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            whi[j] = wlo[j] + (double)(s >> 40) / (1 << 24) * 10;
+            ord[j] = j;
+        }
+        for (int a = 1; a < N; a++) /* increasing g */
+            for (int b = a; b > 0 && g[ord[b]] < g[ord[b - 1]]; b--) {
+                int64_t t = ord[b];
+                ord[b] = ord[b - 1];
+                ord[b - 1] = t;
+            }
+        double best = -INFINITY;
+        for (int m = 0; m < 1 << N; m++) {
+            double num = 0, den = 0;
+            for (int j = 0; j < N; j++) {
+                double w = m >> j & 1 ? whi[j] : wlo[j];
+                num += w * g[j];
+                den += w;
+            }
+            best = fmax(best, num / den);
+        }
+        double top = fz_softmax_top(g, wlo, whi, ord, N);
+        cr_expect(fabs(top - best) <= 1e-12 * (1 + fabs(best)), "trial %d: %.17g, corners %.17g",
+                  trial, top, best);
+    }
 }
 
 /* ---- the cases the fuzzer found ---------------------------------------------------------- */

@@ -251,10 +251,9 @@ def bound_and_grad(st, Z, g, v, s, n, yy, grad=True):
     c_s = (M - n)/(2s) + y'y/(2s^2) - rho'a/(2s^2) + n v/(2s^2) - tr W/(2s^2). Directions:
     g: dK = v dK_e/dg, dP = v^2 (Q + Q^T), dr = v dr_e; v: dK = K_e, dP = 2 P/v, dr = r_e,
     d(n v) = n; s: ds = 1. Everything goes through triangular solves with L and L_C and one
-    inverse of the well-conditioned C; no inverse of K (its condition number nears 1/jitter: a
-    draft with explicit K^-1 and K^-1 P K^-1 got dF/dl and dF/dv wrong by up to 10x at
-    M = 400). Five M x M matrices are alive at the peak: P (W in place), Q (Q_w in place), L,
-    C^-1 and one V."""
+    inverse of the well-conditioned C; no inverse of K (its condition number nears 1/jitter).
+    Five M x M matrices are alive at the peak: P (W in place), Q (Q_w in place), L, C^-1 and
+    one V."""
     f = factor(st, Z, g, v, s)
     L, W, Ci, a, ra, trW = f.L, f.W, f.LC, f.a, f.ra, f.trW
     M = W.shape[0]
@@ -336,7 +335,8 @@ class Stats:
 
 
 class DenseTerms:
-    """The n-sized sums from dense E and D (M x n each, NumPy)."""
+    """The n-sized sums from dense E and D (M x n each, NumPy: 2 n M doubles, which is also
+    the peak while E is built, its squared distances and one temporary)."""
 
     name = "dense"
 
@@ -355,11 +355,6 @@ class DenseTerms:
 
     def kus_blocks(self, Xs, g):
         yield np.exp(-g * sqdist_rows(self.Z, Xs)), None
-
-    @staticmethod
-    def bytes_needed(n, M):
-        """E, D and the squared-distance temporary of sqdist_rows: 3 n M doubles."""
-        return 3 * n * M * 8
 
 
 class SymredTerms:
