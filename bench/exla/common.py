@@ -57,6 +57,53 @@ def child_python():
     return str(VENV_PYTHON) if VENV_PYTHON.exists() else SYSTEM_PYTHON
 
 
+# ---- BLAS ---------------------------------------------------------------------------------------
+
+OPENBLAS = str(HERE / ".openblas" / "usr" / "lib" / "x86_64-linux-gnu" / "openblas-openmp")
+
+
+def avx512():
+    """Whether the CPU has AVX-512 F/BW/VL/DQ (Intel or AMD)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+
+
+def blas_env(env):
+    """The environment of children whose peers call BLAS (the SGPR and kNN runs). Debian's default
+    BLAS here is BLIS with its generic kernels (17 GFLOP/s in a float64 GEMM on one thread, 27 on
+    two, on the 2-core VM), where the NumPy, FAISS and TensorFlow wheels people install bring
+    OpenBLAS or MKL: setup.sh unpacks Debian's OpenBLAS (libopenblas0-openmp) into
+    bench/exla/.openblas and these children load it through LD_LIBRARY_PATH (130-170 GFLOP/s
+    float64 on a quiet machine with its AVX-512 kernels: OPENBLAS_CORETYPE=SkylakeX where the
+    CPU has them). symred does not use it (it dlopens BLIS for its gemm epilogue). torch sets
+    OpenMP to one thread when imported on these VMs, so OMP_NUM_THREADS is the number of CPUs.
+    Without bench/exla/.openblas the system's BLAS is used; the runs record which
+    (blas_loaded)."""
+    if os.path.isdir(OPENBLAS):
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            filter(None, [OPENBLAS, env.get("LD_LIBRARY_PATH", "")]))
+        if avx512():
+            env["OPENBLAS_CORETYPE"] = "SkylakeX"
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    return env
+
+
+def blas_loaded():
+    """The BLAS and LAPACK libraries this process has loaded (from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if ".so" in line}
+    except OSError:
+        return []
+    return sorted(p for p in libs if any(w in os.path.basename(p) for w in
+                                         ("blas", "lapack", "blis")))
+
+
 # ---- symred -------------------------------------------------------------------------------------
 
 

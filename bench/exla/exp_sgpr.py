@@ -19,6 +19,8 @@ import os
 import resource
 import time
 
+import common
+
 SYSTEMS = ("symred", "dense", "gpflow")
 N_TEST_FRACTION = 0.1
 
@@ -51,47 +53,10 @@ def mm_allowance(M):
     return 10 * M * M * 8 + (16 << 20)
 
 
-def _avx512():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f
-                          if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
-
-
-OPENBLAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".openblas", "usr", "lib",
-                        "x86_64-linux-gnu", "openblas-openmp")
-
-
 def child_env(env):
-    """The SGPR runs are M x M algebra and GEMMs over n (BLAS-bound, float64). Debian's
-    default BLAS here is BLIS with its generic kernels (17 GFLOP/s in a float64 GEMM on one
-    thread, 27 on two, on the 2-core VM); setup.sh unpacks Debian's OpenBLAS (libopenblas0-openmp) into
-    bench/exla/.openblas, and every SGPR child (symred, dense, GPflow alike) loads it through
-    LD_LIBRARY_PATH: 130-170 GFLOP/s on a quiet machine with its AVX-512 kernels
-    (OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 F/BW/VL/DQ, Intel or AMD). torch sets
-    OpenMP to one thread when imported on these VMs, so OMP_NUM_THREADS is the number of CPUs.
-    Without bench/exla/.openblas the system's BLAS is used; run() records which."""
-    if os.path.isdir(OPENBLAS):
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            filter(None, [OPENBLAS, env.get("LD_LIBRARY_PATH", "")]))
-        if _avx512():
-            env["OPENBLAS_CORETYPE"] = "SkylakeX"
-    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    return env
-
-
-def _blas_loaded():
-    """The BLAS and LAPACK libraries this process has loaded (from /proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as f:
-            libs = {line.split()[-1] for line in f if ".so" in line}
-    except OSError:
-        return []
-    return sorted(p for p in libs if any(w in os.path.basename(p) for w in
-                                         ("blas", "lapack", "blis")))
+    """The SGPR runs are M x M algebra and GEMMs over n (BLAS-bound, float64): every SGPR child
+    (symred, dense, GPflow alike) loads the OpenBLAS of setup.sh (common.blas_env)."""
+    return common.blas_env(env)
 
 
 def _vm_size():
@@ -167,7 +132,7 @@ def _run_bound(config, sm, X, y, Xs, ys, Z):
         out["block_bytes"] = sm.SymredTerms.bytes_needed(config["n"], config["M"],
                                                          int(config["limit_bytes"]))
     out.update(sm.train(t, X, y, Xs, ys, config["iterations"], log=True))
-    out["blas"] = _blas_loaded()
+    out["blas"] = common.blas_loaded()
     out["blas_env"] = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OMP_NUM_THREADS")}
     return out
 

@@ -153,3 +153,37 @@ def test_child_killed_under_a_limit_set_in_run_is_oom(run_py, tmp_path, monkeypa
     assert rec["status"] == "oom", rec
     assert common.run_child(cfg, tmp_path / "b.log", 10)["status"] == "error"
     assert common._classify(None, "OOM when allocating tensor with shape[200,200000]", False) == "oom"
+
+
+@pytest.mark.parametrize("distance, d", [("L2", 3), ("L2", 12), ("L1", 5), ("cosine", 3),
+                                         ("cosine", 12)])
+def test_knn_truth_and_recall(run_py, tmp_path, monkeypatch, distance, d):
+    """The exact run (torch, float64) writes the truth; NumPy and symred are scored against it
+    at 1.0, and a wrong answer is not."""
+    pytest.importorskip("torch")
+    import numpy as np
+    monkeypatch.setenv("EXLA_OUT", str(tmp_path))
+    sys.modules.pop("exp_knn", None)
+    exp_knn = importlib.import_module("exp_knn")
+    cfg = {"experiment": "knn", "dataset": "random", "n": 997, "m": 31, "d": d, "k": 10,
+           "distance": distance, "reps": 1, "max_seconds": 1.0}
+    truth = exp_knn.run(dict(cfg, system="exact"))
+    assert Path(truth["truth"]).is_file() and "recall" not in truth
+    for system in ("numpy", "symred"):
+        assert exp_knn.run(dict(cfg, system=system))["recall"] == 1.0, system
+    x, q = exp_knn._data(cfg)
+    t = np.load(truth["truth"])
+    wrong = t["idx"].copy()
+    wrong[:, -1] = (wrong[:, -1] + 1) % cfg["n"]  # one neighbour per query replaced
+    assert exp_knn.recall(x, q, wrong, t["idx"], t["kth"], distance) < 1.0
+    # The truth's k-th distance is the smallest possible, by brute force in NumPy.
+    x64, q64 = x.astype(np.float64), q.astype(np.float64)
+    if distance == "cosine":
+        x64 /= np.linalg.norm(x64, axis=1, keepdims=True)
+        q64 /= np.linalg.norm(q64, axis=1, keepdims=True)
+    diff = q64[:, None, :] - x64[None, :, :]
+    full = np.abs(diff).sum(-1) if distance == "L1" else (diff ** 2).sum(-1)
+    kth = np.sort(full, axis=1)[:, cfg["k"] - 1]
+    if distance == "cosine":
+        kth = kth / 2  # |a - b|^2 = 2 - 2 cos for unit rows
+    np.testing.assert_allclose(t["kth"], kth, rtol=1e-9, atol=1e-12)

@@ -202,11 +202,11 @@ def test_configs():
 
 
 def test_child_env_gives_the_sgpr_runs_openblas(monkeypatch, tmp_path):
-    monkeypatch.setattr(exp_sgpr, "OPENBLAS", str(tmp_path))
+    monkeypatch.setattr(exp_sgpr.common, "OPENBLAS", str(tmp_path))
     env = exp_sgpr.child_env({"LD_LIBRARY_PATH": "/x"})
     assert env["LD_LIBRARY_PATH"].split(os.pathsep) == [str(tmp_path), "/x"]
     assert int(env["OMP_NUM_THREADS"]) >= 1
-    monkeypatch.setattr(exp_sgpr, "OPENBLAS", str(tmp_path / "absent"))
+    monkeypatch.setattr(exp_sgpr.common, "OPENBLAS", str(tmp_path / "absent"))
     env = exp_sgpr.child_env({"OMP_NUM_THREADS": "1"})
     assert "LD_LIBRARY_PATH" not in env and env["OMP_NUM_THREADS"] == "1"
 
