@@ -6,8 +6,8 @@ Every system runs under RLIMIT_AS = LIMIT + common.RLIMIT_ALLOWANCE. Distances: 
 Euclidean, L1 = sum of |x - y|, cosine = 1 - <x, y> / (|x| |y|). Systems:
 
 - exact: the ground truth, not a contestant (not plotted, no memory limit): float64 distances
-  with torch on every core over chunks of queries (explicit differences when d <= 8 for L2 and
-  cosine, else a GEMM; L1 by torch.cdist), torch.topk. Its neighbours and each query's k-th
+  with torch on every core over chunks of queries (torch.cdist of the differences when d <= 8
+  for L2 and cosine, else a GEMM; L1 by torch.cdist), torch.topk. Its neighbours and each query's k-th
   distance are saved under $EXLA_OUT/knn-truth/ for every system's recall; it runs first at each
   point, with its own timeout (TRUTH_TIMEOUT), so the others' recall does not depend on the
   slowest peer finishing.
@@ -129,9 +129,8 @@ def _exact(x, q, cfg):
         if distance == "L1":
             dist = torch.cdist(qc, x64, p=1)
         elif d <= 8:
-            dist = torch.zeros(len(qc), n, dtype=torch.float64)
-            for c in range(d):
-                dist.add_((qc[:, c:c + 1] - x64[None, :, c]).square_())
+            # Differences, not a GEMM (cancellation); the Euclidean distance, same order.
+            dist = torch.cdist(qc, x64, p=2, compute_mode="donot_use_mm_for_euclid_dist")
         elif distance == "L2":
             dist = torch.addmm(x2[None, :], qc, x64.T, alpha=-2.0)  # |x|^2 - 2<q, x>
         else:
