@@ -187,3 +187,24 @@ def test_knn_truth_and_recall(run_py, tmp_path, monkeypatch, distance, d):
     if distance == "cosine":
         kth = kth / 2  # |a - b|^2 = 2 - 2 cos for unit rows
     np.testing.assert_allclose(t["kth"], kth, rtol=1e-9, atol=1e-12)
+
+
+def test_summary_targets_count_timeouts_and_recall_misses(run_py):
+    """summary.py's kNN targets: a peer that timed out after longer than symred's whole run is
+    beaten, one that won is named, and a recall below 1 is reported with its point."""
+    sys.modules.pop("summary", None)
+    summary = importlib.import_module("summary")
+    pt = {"experiment": "knn", "dataset": "random", "n": 1000, "m": 10, "d": 3, "k": 10,
+          "distance": "L2"}
+    me = dict(pt, system="symred", status="ok", seconds=1.0, wall_seconds=5.0, recall=1.0)
+    slow = dict(pt, system="pykeops", status="timeout", timeout_used=200.0)
+    assert summary.beaten(slow, me)
+    assert not summary.beaten(dict(slow, timeout_used=4.0), me)
+    assert not summary.beaten(dict(pt, system="jax", status="ok", seconds=0.5), me)
+    text = "\n".join(summary.knn_tables([me, slow]))
+    assert "timeout (200 s)" in text and ": met" in text and "not met" not in text
+    fast = dict(pt, system="jax", status="ok", seconds=0.5, recall=1.0)
+    text = "\n".join(summary.knn_tables([dict(me, recall=0.99), slow, fast]))
+    assert "not met: jax at random n=1,000 d=3 L2" in text
+    assert "not met at random n=1,000 d=3 L2 (0.99)" in text
+    assert "jax as fast or faster than symred at: random n=1,000 d=3 L2" in text
