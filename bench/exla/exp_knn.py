@@ -355,11 +355,11 @@ def plot(records, path):
                                            (r["dataset"], r["n"], r["m"], r["d"]) == p
                                            for r in records)] for dist in DISTANCES}
     shown = [dist for dist in DISTANCES if per[dist]]
-    fig_width = 1.2 + 1.5 * sum(len(per[t]) for t in shown)
-    fig, axes = plt.subplots(1, len(shown), figsize=(fig_width, 3.4),
-                             sharey=True, squeeze=False,
-                             gridspec_kw={"width_ratios": [len(per[t]) for t in shown]})
-    axes = axes[0]
+    # One row per distance (the full grid has 10 points per distance).
+    widest = max(len(per[t]) for t in shown)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(1.6 + 1.15 * widest, 2.9 * len(shown)),
+                             sharey=True, squeeze=False)
+    axes = axes[:, 0]
     width = 0.8 / max(1, len(systems))
     for ax, distance in zip(axes, shown):
         pts = per[distance]
@@ -374,8 +374,8 @@ def plot(records, path):
                     ax.bar(xpos, r["seconds"], width, color=COLOURS[s],
                            label=s if pi == 0 else None)
                     rec = r.get("recall")
-                    if isinstance(rec, float) and rec < 0.99995:
-                        ax.text(xpos, r["seconds"], f"{rec:.4f}", rotation=90, fontsize=5,
+                    if isinstance(rec, float) and rec < 1.0:
+                        ax.text(xpos, r["seconds"], f"{rec:.5g}", rotation=90, fontsize=5,
                                 ha="center", va="bottom")
                 else:
                     ax.text(xpos, 0.02, {"oom": "OOM", "timeout": "T/O", "skipped": "n/a",
@@ -385,6 +385,7 @@ def plot(records, path):
                     if pi == 0:
                         ax.bar(xpos, np.nan, width, color=COLOURS[s], label=s)
         ax.set_yscale("log")
+        ax.set_xlim(-0.6, widest - 0.4)
         ax.set_xticks(range(len(pts)))
         ax.set_xticklabels([("F-MNIST" if p[0] != "random" else "random")
                             + f"\nn={p[1]:.0e}\nm={p[2]:.0e}\nd={p[3]}" for p in pts],
@@ -393,7 +394,8 @@ def plot(records, path):
         ax.grid(True, axis="y", which="both", linestyle=":", linewidth=0.5)
         ax.spines["right"].set_visible(False)
         ax.spines["top"].set_visible(False)
-    axes[0].set_ylabel("time, s (best of runs)\nrecall printed when < 1")
+    for ax in axes:
+        ax.set_ylabel("time, s (best of runs)\nrecall printed when < 1")
     fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, frameon=False,
                loc="upper center", ncol=len(systems), bbox_to_anchor=(0.5, 1.06))
     fig.tight_layout()

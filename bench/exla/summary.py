@@ -101,7 +101,7 @@ def knn_tables(recs):
         for s in ("symred", "jax", "pykeops", "faiss"):
             r = by.get((s,) + p)
             v = r.get("recall") if r and r.get("status") == "ok" else None
-            rc.append(f"{v:.4f}" if isinstance(v, float) else "—")
+            rc.append(("1" if v == 1.0 else f"{v:.5f}") if isinstance(v, float) else "—")
         lines.append(f"| {p[0]} | {p[1]:,} | {p[2]:,} | {p[3]} | {p[4]} | "
                      + " | ".join(cell(by.get((s,) + p)) for s in systems) + " | "
                      + " | ".join(ratio(by.get((q,) + p), me) for q in peers) + " | "
