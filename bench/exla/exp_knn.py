@@ -7,10 +7,10 @@ Euclidean, L1 = sum of |x - y|, cosine = 1 - <x, y> / (|x| |y|). Systems:
 
 - exact: the ground truth, not a contestant (not plotted, no memory limit): float64 distances
   with torch on every core over chunks of queries (torch.cdist of the differences when d <= 8
-  for L2 and cosine, else a GEMM; L1 by torch.cdist), torch.topk. Its neighbours and each query's k-th
-  distance are saved under $EXLA_OUT/knn-truth/ for every system's recall; it runs first at each
-  point, with its own timeout (TRUTH_TIMEOUT), so the others' recall does not depend on the
-  slowest peer finishing.
+  for L2 and cosine, else a GEMM; L1 by torch.cdist), torch.topk. Its neighbours and each
+  query's k-th distance are saved under $EXLA_OUT/knn-truth/ for every system's recall; it
+  runs first at each point, with its own timeout (TRUTH_TIMEOUT), so the others' recall does
+  not depend on the slowest peer finishing.
 - numpy: the plain NumPy baseline, in float64 over chunks of queries (L2 and cosine with BLAS,
   or explicit differences when d <= 8; L1 by broadcasting), argpartition + sort; one run, no
   warm-up.
@@ -119,7 +119,7 @@ def _exact(x, q, cfg):
     if distance == "cosine":
         x64 = x64 / x64.norm(dim=1, keepdim=True)
     n, d = x64.shape
-    x2 = (x64 ** 2).sum(1)
+    x2 = (x64 ** 2).sum(1) if distance == "L2" and d > 8 else None
     chunk = max(1, min(len(q), (256 << 20) // (8 * n)))
     idx = np.empty((len(q), k), dtype=np.int64)
     for i in range(0, len(q), chunk):
