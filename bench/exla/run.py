@@ -32,7 +32,7 @@ configs(), so it imports its peers and numpy only inside run() and plot()):
   ``reason``. MemoryError (or being killed under the rlimit) is recorded as "oom", ImportError
   as "skipped" with the message, any other exception as "error" with its tail.
 - ``child_env(env: dict) -> dict`` (optional): the environment of this experiment's children,
-  from the common one (exp_sgpr.py uses it to give NumPy/SciPy/torch an optimised BLAS).
+  from the common one (exp_sgpr.py and exp_knn.py use it to give the peers an optimised BLAS).
 - ``plot(records: list[dict], path: str) -> None``: draws the module's records (all statuses)
   into the PNG at path with matplotlib (Agg backend); run.py calls it in a child process
   (`child.py --plot`) with the children's interpreter.

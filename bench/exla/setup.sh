@@ -15,17 +15,17 @@ py=$venv/bin/python
 if [ ! -x "$py" ]; then
     /usr/bin/python3 -m venv --system-site-packages "$venv" || exit 1
 fi
-# The SGPR runs are BLAS-bound (float64 GEMMs and LAPACK): Debian's OpenBLAS, unpacked here
-# and loaded by those runs only (exp_sgpr.child_env, LD_LIBRARY_PATH), so the machine's default
-# BLAS (BLIS, generic kernels on these CPUs) stays what it is for everything else.
+# The SGPR runs (float64 GEMMs and LAPACK) and the kNN peers (NumPy, FAISS) call BLAS: Debian's
+# OpenBLAS, unpacked here and loaded by those runs only (common.blas_env, LD_LIBRARY_PATH), so
+# the machine's default BLAS (BLIS, generic kernels on these CPUs) stays what it is elsewhere.
 openblas=$here/.openblas
 if [ ! -e "$openblas/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3" ]; then
     tmp=$(mktemp -d)
     if (cd "$tmp" && apt-get download libopenblas0-openmp >/dev/null 2>&1) \
         && dpkg -x "$tmp"/libopenblas0-openmp_*.deb "$openblas"; then
-        echo "setup.sh: OpenBLAS for the SGPR runs unpacked into $openblas"
+        echo "setup.sh: OpenBLAS for the SGPR and kNN runs unpacked into $openblas"
     else
-        echo "setup.sh: could not fetch libopenblas0-openmp; the SGPR runs use the system BLAS"
+        echo "setup.sh: could not fetch libopenblas0-openmp; the SGPR and kNN runs use the system BLAS"
     fi
     rm -rf "$tmp"
 fi
