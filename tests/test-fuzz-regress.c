@@ -60,7 +60,16 @@
     X(lse_pair_noise, "(30.0*Cos(Exp((Var(0,24,0)|Var(1,24,1)))))", "", SR_LOGSUMEXP, 0, 1,        \
       SR_F32, SR_ACC_DEFAULT, 64, 625, "UG", 0x714fbf91c4f0aa1fULL, 1)                             \
     X(softmax_pair_noise, "(30.0*Cos(Exp((Var(0,24,0)|Var(1,24,1)))))", "Var(2,1,0)",              \
-      SR_SUMSOFTMAXWEIGHT, 0, 1, SR_F32, SR_ACC_DEFAULT, 64, 625, "UGU", 0x714fbf91c4f0aa1fULL, 1)
+      SR_SUMSOFTMAXWEIGHT, 0, 1, SR_F32, SR_ACC_DEFAULT, 64, 625, "UGU", 0x714fbf91c4f0aa1fULL, 1) \
+    /* seed 102793111308998 case 47: gcc contracted the JIT's sum of products into FMAs; a         \
+     * product that overflows when rounded alone (1e150 cubed) added to an infinity of the other   \
+     * sign gave that infinity where the reference adds +Inf and -Inf (NaN). The JIT now           \
+     * compiles with -ffp-contract=off */                                                          \
+    X(fma_overflow,                                                                                \
+      "(SqDist(VecMatMult(WeightedSqDist(VecMatMult(Var(4,2,1),Var(3,4,0)),VecMatMult(Var(4,2,1)," \
+      "Var(3,4,0)),Var(4,2,1)),Var(2,2,1)),Var(4,2,1))*(Var(0,24,0)|Var(1,24,1)))",                \
+      "", SR_KMIN_ARGKMIN, 1, 1, SR_F64, SR_ACC_DEFAULT, 2, 17, "UUUUEUU", 0x92893e1dd46013d1ULL,  \
+      1)
 
 static struct fz_opts quiet_opts(void)
 {
