@@ -275,6 +275,167 @@ Test(gemm, small_budget)
     sr_kernel_free(k);
 }
 
+/* ---- selections ranked again by F as given (gemm.c, "ranking the candidates again") ---- */
+
+/* KMin_ArgKMin (or the one-output forms) of SqDist(x, y), D 64, float32 or float64, on x, y as
+ * given: values into vals, indices into idx (either may be NULL). */
+static sr_kernel *knn_kernel(sr_reduction red, int K, int axis, sr_dtype dt, int D)
+{
+    sr_expr *f = sr_sqdist(ctx, sr_vi(ctx, 0, D), sr_vj(ctx, 1, D));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = red;
+    d.k = K;
+    d.axis = axis;
+    d.dtype = dt;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    return k;
+}
+
+/* Near ties that the float32 expansion |x|^2 + |y|^2 - 2<x, y> cannot order: query i sits at a
+ * centre c_i (coordinates in [2, 6], |c|^2 ~ 1000, where float32's spacing is 6e-5) and has six
+ * neighbours c_i + s e_a at squared distances 1 + 3e-5 q, q = 0..5, on random axes a, in shuffled
+ * index order; the other queries' neighbours are ~80 away. The truth (double, from the float32
+ * inputs) is the order of q. The gemm path keeps 7 candidates, so all six are among them, and
+ * must find the truth exactly; without the ranking
+ * (SYMRED_GEMM_REFINE=off) it must not, which shows that the case tests something. */
+Test(gemm, selection_near_ties_exact)
+{
+    if (!have_avx512 && !have_blis)
+        return; /* no gemm: nothing to rank (the direct strategy is exact here) */
+    enum { D = 64, NX = 24, NN = 6, NY = NX * NN, K = 3 };
+    uint64_t s = 99;
+    float *x = malloc(sizeof(float) * NX * D), *y = malloc(sizeof(float) * NY * D);
+    for (int i = 0; i < NX; i++)
+        for (int c = 0; c < D; c++)
+            x[i * D + c] = (float)tu_uniform(&s, 2, 6);
+    int perm[NY];
+    for (int j = 0; j < NY; j++)
+        perm[j] = j;
+    for (int j = NY - 1; j > 0; j--) { /* shuffle: index order is not distance order */
+        int r = (int)(tu_rand(&s) % (uint64_t)(j + 1)), t = perm[j];
+        perm[j] = perm[r];
+        perm[r] = t;
+    }
+    for (int i = 0; i < NX; i++)
+        for (int q = 0; q < NN; q++) {
+            float *yj = y + (size_t)perm[i * NN + q] * D;
+            memcpy(yj, x + i * D, sizeof(float) * D);
+            yj[tu_rand(&s) % D] += (float)sqrt(1.0 + 3e-5 * q);
+        }
+    int64_t truth[NX * K];
+    for (int i = 0; i < NX; i++) {
+        double best[K];
+        for (int q = 0; q < K; q++) {
+            best[q] = INFINITY;
+            truth[i * K + q] = -1;
+        }
+        for (int j = 0; j < NY; j++) {
+            double d2 = 0;
+            for (int c = 0; c < D; c++) {
+                double t = (double)x[i * D + c] - (double)y[j * D + c];
+                d2 += t * t;
+            }
+            for (int q = 0; q < K; q++)
+                if (d2 < best[q]) {
+                    for (int r = K - 1; r > q; r--) {
+                        best[r] = best[r - 1];
+                        truth[i * K + r] = truth[i * K + r - 1];
+                    }
+                    best[q] = d2;
+                    truth[i * K + q] = j;
+                    break;
+                }
+        }
+    }
+    const void *args[2] = {x, y};
+    int64_t idx[NX * K];
+    int wrong_unranked = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            setenv("SYMRED_GEMM_REFINE", "off", 1);
+        sr_kernel *k = knn_kernel(SR_ARGKMIN, K, 1, SR_F32, D);
+        const char *ex = sr_kernel_explain(k);
+        cr_assert(strstr(ex, "strategy: gemm-epilogue"), "%s", ex);
+        cr_assert(strstr(ex, pass == 0 ? "selection: the tiles keep the 7 smallest"
+                                       : "not ranked again (SYMRED_GEMM_REFINE=off)"),
+                  "%s", ex);
+        cr_assert_eq(sr_kernel_run(k, NX, NY, args, idx), SR_OK, "%s", sr_ctx_error(ctx));
+        for (int t = 0; t < NX * K; t++) {
+            if (pass == 0)
+                cr_assert_eq(idx[t], truth[t], "query %d rank %d: %lld, truth %lld", t / K, t % K,
+                             (long long)idx[t], (long long)truth[t]);
+            else
+                wrong_unranked += idx[t] != truth[t];
+        }
+        sr_kernel_free(k);
+    }
+    unsetenv("SYMRED_GEMM_REFINE");
+    cr_assert_gt(wrong_unranked, 0, "the expansion alone ordered every near tie: no test");
+    free(x);
+    free(y);
+}
+
+/* The ranked selections equal the direct strategy's on F as given (SYMRED_BLIS=off,
+ * SYMRED_SIMPLIFY=0), values and indices bit for bit, ties (grid inputs) by index: KMin_ArgKMin,
+ * Min_ArgMin, KMin, ArgMin on both axes, both dtypes, the split of the reduced range (3 rows)
+ * and K more than the candidates' margin. */
+Test(gemm, selection_equals_direct)
+{
+    static const struct {
+        sr_reduction red;
+        int K, axis;
+        int64_t nx, ny;
+        sr_dtype dt;
+    } cases[] = {
+        {SR_KMIN_ARGKMIN, 5, 1, 131, 1031, SR_F32}, {SR_MIN_ARGMIN, 1, 1, 131, 1031, SR_F32},
+        {SR_KMIN, 4, 0, 1031, 67, SR_F32},          {SR_ARGMIN, 1, 0, 257, 61, SR_F64},
+        {SR_KMIN_ARGKMIN, 7, 1, 3, 20011, SR_F32},  {SR_KMIN_ARGKMIN, 40, 1, 61, 523, SR_F64},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        uint64_t s = 7 + c;
+        enum { D = 100 };
+        sr_dtype dt = cases[c].dt;
+        void *x = grid(dt, cases[c].nx * D, &s), *y = grid(dt, cases[c].ny * D, &s);
+        const void *args[2] = {x, y};
+        int64_t nout = cases[c].axis == 1 ? cases[c].nx : cases[c].ny, n = nout * cases[c].K;
+        size_t es = dt == SR_F64 ? 8 : 4;
+        char *v[2] = {calloc((size_t)n, es), calloc((size_t)n, es)};
+        int64_t *ix[2] = {calloc((size_t)n, 8), calloc((size_t)n, 8)};
+        const struct sr_reduction_info *ri = &sr_reductions[cases[c].red];
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 1) {
+                setenv("SYMRED_BLIS", "off", 1);
+                setenv("SYMRED_SIMPLIFY", "0", 1);
+            }
+            sr_kernel *k = knn_kernel(cases[c].red, cases[c].K, cases[c].axis, dt, D);
+            const char *ex = sr_kernel_explain(k);
+            if (pass == 0 && (have_avx512 || have_blis))
+                cr_assert(strstr(ex, "selection: the tiles keep"), "case %zu:\n%s", c, ex);
+            sr_run_desc r = {cases[c].nx,
+                             cases[c].ny,
+                             2,
+                             args,
+                             ri->values ? v[pass] : NULL,
+                             ri->indices ? ix[pass] : NULL};
+            cr_assert_eq(sr_kernel_run_ex(k, &r), SR_OK, "%s", sr_ctx_error(ctx));
+            sr_kernel_free(k);
+        }
+        unsetenv("SYMRED_BLIS");
+        unsetenv("SYMRED_SIMPLIFY");
+        cr_assert(memcmp(v[0], v[1], (size_t)n * es) == 0, "case %zu: values differ", c);
+        for (int64_t t = 0; t < n; t++)
+            cr_assert_eq(ix[0][t], ix[1][t], "case %zu [%lld]: index %lld, direct %lld", c,
+                         (long long)t, (long long)ix[0][t], (long long)ix[1][t]);
+        free(x);
+        free(y);
+        for (int p = 0; p < 2; p++) {
+            free(v[p]);
+            free(ix[p]);
+        }
+    }
+}
+
 /* A user's BLIS_ARCH_TYPE makes Debian's BLIS 0.9.0 abort at initialisation: symred must not
  * initialise it then (direct strategy, no crash), and explain says why. */
 Test(gemm_blis, user_blis_arch_type_no_abort)

@@ -12,7 +12,9 @@
  * column terms and folds the tile into the reduction states with the module's own sr_part,
  * sr_merge and sr_final, so every reduction the direct strategy supports (Sum, Min/ArgMin,
  * KMin/ArgKMin, LogSumExp, SumSoftMaxWeight, ...) works here too, with the same tie rules. The
- * n x m matrix is never built.
+ * n x m matrix is never built. The Min-family selections keep a few more candidates than asked
+ * and rank them again by F as given (below, "ranking the candidates again"): the tile's SqDist
+ * is an expansion whose rounding can swap near ties.
  *
  * The gemm (SYMRED_GEMM_KERNEL=auto|avx512|blis): where the CPU has AVX-512F, symred's own
  * (gemm-avx512.c: the rows packed once per row block, 14 x 32 micro-kernel; docs/avx512-gemm.md),
@@ -40,6 +42,7 @@
 #include "cpu.h"
 
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +136,13 @@ struct gemm_kernel {
     int mode;  /* SYMRED_BLIS: 0 auto, 1 on, 2 off */
     int kern;  /* the tile's gemm: KERN_AVX512 or KERN_BLIS */
     int asked; /* SYMRED_GEMM_KERNEL: 0 auto, 1 avx512, 2 blis */
+    /* Exact selection (see "ranking the candidates again" below): kc > 0 when m keeps the kc
+     * smallest values of each row as KMin_ArgKMin and mr, the direct strategy's module of F as
+     * given, ranks them again; rdims: the dimensions of the reduced-axis variables, summed. */
+    int kc, rdims, refine; /* refine: SYMRED_GEMM_REFINE, 0 on, 1 off */
+    struct jit_module *mr;
+    struct jit_load_info rinfo;
+    const char *no_refine; /* why a selection is not ranked again, NULL otherwise */
 };
 
 enum { KERN_AVX512, KERN_BLIS };
@@ -196,10 +206,21 @@ static int64_t pack_bytes(const struct gemm_kernel *g, int ti, int tj, int64_t e
     return ((int64_t)ti + tj + 32) * kc * es + (64 << 10);
 }
 
+/* The scratch of ranking the candidates again (finish): ti rows of kc values and indices,
+ * then per row the gathered reduced-axis rows, F at them and the sort keys; the direct
+ * module's own tile. 0 without it. */
+static int64_t refine_bytes(const struct gemm_kernel *g, int ti, int64_t es)
+{
+    if (!g->kc)
+        return 0;
+    return (int64_t)ti * g->kc * (es + 8) + (int64_t)g->kc * (g->rdims * es + es + 16) +
+           g->mr->workspace_bytes;
+}
+
 static int64_t thread_bytes(const struct gemm_kernel *g, int ti, int tj, int64_t es, int64_t sb)
 {
     return (int64_t)ti * tj * es + (int64_t)ti * sb + pack_bytes(g, ti, tj, es) +
-           g->plan.workspace_bytes;
+           g->plan.workspace_bytes + refine_bytes(g, ti, es);
 }
 
 /* The tile's gemm for SYMRED_GEMM_KERNEL=asked: symred's AVX-512 one where the CPU has AVX-512
@@ -213,14 +234,81 @@ static int choose_kernel(int asked)
 }
 
 static const char *const blis_modes[] = {"auto", "on", "off"};
+static const char *const refine_modes[] = {"on", "off"};
+
+/* The selections whose candidates are ranked again: the Min family of a scalar F. */
+static bool refinable(const sr_kernel *k)
+{
+    switch (k->red) {
+    case SR_MIN:
+    case SR_ARGMIN:
+    case SR_MIN_ARGMIN:
+    case SR_KMIN:
+    case SR_ARGKMIN:
+    case SR_KMIN_ARGKMIN:
+        return k->fdim == 1 && !k->weight;
+    default:
+        return false;
+    }
+}
+
+/* How many candidates the gemm pass keeps for a selection of K: K/2 more, at least 4 and at
+ * most 16 more. Each costs the epilogue about 0.6 % at D = 100 (ArgKMin K = 10, 10 000 x
+ * 100 000 float32: 4 more 3 %, 10 more 7 %, 22 more 14 %; ranking the candidates 1 %). */
+static int candidates(int K) { return K + (K < 8 ? 4 : K > 32 ? 16 : K / 2); }
+
+/* The direct strategy's module of F as the user gave it (no gemm expansion), for ranking the
+ * candidates again. SR_OK with g->mr NULL and g->no_refine set when it cannot be had. */
+static sr_status refine_prepare(sr_kernel *k, struct gemm_kernel *g, int64_t lim)
+{
+    sr_kernel tr = *k;
+    tr.f = k->simp.f_user ? k->simp.f_user : k->f;
+    struct jit_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.ws_limit = lim > 0 ? lim / 4 : 0;
+    plan.tile_j_max = candidates(k->k);
+    struct expr_buf src = {0};
+    sr_status st = jit_emit_c(&tr, (enum jit_acc)g->acc, &src, &plan);
+    if (st == SR_OK && src.oom)
+        st = SR_ENOMEM;
+    if (st == SR_OK)
+        st = jit_module_get(k->ctx, src.data, src.len, &g->mr, &g->rinfo);
+    free(src.data);
+    if (st == SR_OK && !g->mr->block) {
+        jit_module_release(k->ctx, g->mr);
+        g->mr = NULL;
+    }
+    if (st == SR_ENOTSUP || st == SR_ENODEV || (st == SR_OK && !g->mr)) {
+        g->no_refine = "F as given is too large for the direct strategy";
+        return SR_OK;
+    }
+    if (st != SR_OK)
+        return st == SR_ENOMEM ? sr__error(k->ctx, st, "gemm-epilogue: out of memory") : st;
+    g->kc = candidates(k->k);
+    for (int v = 0; v < k->nargs; v++)
+        if (k->vars[v].dim && k->vars[v].cat == (k->axis == 1 ? SR_CAT_J : SR_CAT_I))
+            g->rdims += k->vars[v].dim;
+    return SR_OK;
+}
+
+static void gemm_free(sr_ctx *ctx, struct gemm_kernel *g)
+{
+    if (g->m)
+        jit_module_release(ctx, g->m);
+    if (g->mr)
+        jit_module_release(ctx, g->mr);
+    free(g);
+}
 
 sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
 {
     sr_ctx *ctx = k->ctx;
-    int mode, asked;
+    int mode, asked, refine;
     sr_status st = sr__env_choice(ctx, "SYMRED_BLIS", blis_modes, 3, 0, &mode);
     if (st == SR_OK)
         st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
+    if (st == SR_OK)
+        st = sr__env_choice(ctx, "SYMRED_GEMM_REFINE", refine_modes, 2, 0, &refine);
     if (st != SR_OK)
         return st;
     int va = -1, vb = -1;
@@ -248,7 +336,24 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     g->mode = mode;
     g->kern = kern;
     g->asked = asked;
+    g->refine = refine;
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
+    int64_t lim = ctx->mem_limit;
+    /* A selection: the gemm pass keeps kc candidates per row (kernel kk), ranked again. */
+    sr_kernel kk = *k;
+    if (refinable(k) && refine == 0) {
+        if ((st = refine_prepare(k, g, lim)) != SR_OK) {
+            gemm_free(ctx, g);
+            return st;
+        }
+        if (g->kc) {
+            kk.red = SR_KMIN_ARGKMIN;
+            kk.k = g->kc;
+            kk.out_dim = g->kc;
+        }
+    } else if (refinable(k)) {
+        g->no_refine = "SYMRED_GEMM_REFINE=off";
+    }
     /* The tile of inner products: 2 MiB, 1024 x 512 float32 (256 x 1024 float64). Measured on
      * Fashion-MNIST kNN (ArgKMin k = 10, 10 000 x 60 000, D = 784, 2 threads, one run each
      * under load, the states kept across tiles): ti x tj = 512x1024 7.9 s, 512x512 6.2 s,
@@ -259,7 +364,6 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
      * 256x512, 576x512, 288x1024 and 144x2048; float64 keeps that shape.) */
     g->ti = k->dtype == SR_F64 ? 256 : 1024;
     g->tj = k->dtype == SR_F64 ? 1024 : 512;
-    int64_t lim = ctx->mem_limit;
     for (;;) {
         struct expr_buf src = {0};
         memset(&g->plan, 0, sizeof g->plan);
@@ -268,12 +372,12 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
         g->plan.gemm_ld = g->tj;
         g->plan.gemm_rows = g->ti;
         g->plan.ws_limit = lim > 0 ? lim / 4 : 0;
-        st = jit_emit_c(k, (enum jit_acc)acc, &src, &g->plan);
+        st = jit_emit_c(&kk, (enum jit_acc)acc, &src, &g->plan);
         if (st == SR_OK && src.oom)
             st = SR_ENOMEM;
         if (st != SR_OK) {
             free(src.data);
-            free(g);
+            gemm_free(k->ctx, g);
             return st == SR_ENOTSUP ? SR_ENOTSUP
                                     : sr__error(ctx, st, "gemm-epilogue: cannot emit the epilogue");
         }
@@ -294,7 +398,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
         if (lim > 0 && g->per_thread > lim) {
             /* The direct strategy may need less: let it try (and fail with SR_EBUDGET). */
             free(src.data);
-            free(g);
+            gemm_free(k->ctx, g);
             return SR_ENOTSUP;
         }
         st = jit_module_get(ctx, src.data, src.len, &g->m, &g->info);
@@ -302,7 +406,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
         break;
     }
     if (st != SR_OK) {
-        free(g);
+        gemm_free(k->ctx, g);
         return st == SR_ENODEV ? SR_ENOTSUP : st;
     }
     k->backend = &cpu_gemm_backend;
@@ -383,6 +487,115 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, const int64_t
                 return 1;
         }
     return 0;
+}
+
+/* ---- ranking the candidates again ------------------------------------------------------------
+ *
+ * The gemm pass computes F from the tile's inner products, and for SqDist that is the expansion
+ * |x|^2 + |y|^2 - 2 <x, y>: its rounding error is relative to the norms, not to the distance, so
+ * in float32 two neighbours whose distances differ by 1e-5 relative may come out in the wrong
+ * order (Fashion-MNIST cosine kNN, docs/exla.md). For the Min family the pass therefore keeps
+ * kc > K candidates per row (KMin_ArgKMin), and finish computes F as the user gave it at those
+ * pairs with the direct strategy's module (sr_block on the candidates' reduced-axis rows,
+ * gathered) and keeps the K smallest, in the direct strategy's order: increasing value, NaN
+ * last, equal values by index. Exact unless more than kc - K pairs lie within the expansion's
+ * rounding error of the K-th value. */
+
+struct cand {
+    double v;
+    int64_t i;
+};
+
+static int cand_cmp(const void *pa, const void *pb)
+{
+    const struct cand *a = pa, *b = pb;
+    bool na = a->v != a->v, nb = b->v != b->v;
+    if (na != nb)
+        return na ? 1 : -1;
+    if (!na && a->v != b->v)
+        return a->v < b->v ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/* Row o's outputs from its nc candidates (indices ci, all >= 0): F at them through the direct
+ * module, the K smallest written. args: the kernel's arguments with the reduced-axis variables
+ * pointing at panels, which this fills. */
+static int rank_row(const struct gemm_call *c, int64_t o, const int64_t *ci, int nc,
+                    const void **args, char *panels, void *fv, struct cand *cd)
+{
+    const sr_kernel *k = c->k;
+    const struct gemm_kernel *g = c->g;
+    int64_t es = (int64_t)sr_dtype_size(k->dtype);
+    char *p = panels;
+    for (int v = 0; v < k->nargs; v++) {
+        if (!k->vars[v].dim || k->vars[v].cat != (k->axis == 1 ? SR_CAT_J : SR_CAT_I))
+            continue;
+        size_t row = (size_t)(k->vars[v].dim * es);
+        for (int q = 0; q < nc; q++)
+            memcpy(p + q * row, (const char *)c->r->args[v] + (size_t)ci[q] * row, row);
+        args[v] = p;
+        p += nc * row;
+    }
+    if (nc && g->mr->block(o, o + 1, 0, nc, args, fv, nc, 1))
+        return 1;
+    for (int q = 0; q < nc; q++) {
+        cd[q].v = k->dtype == SR_F64 ? ((const double *)fv)[q] : ((const float *)fv)[q];
+        cd[q].i = ci[q];
+    }
+    qsort(cd, (size_t)nc, sizeof *cd, cand_cmp);
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    for (int q = 0; q < k->k; q++) {
+        double v = q < nc ? cd[q].v : HUGE_VAL;
+        if (ri->values) {
+            if (k->dtype == SR_F64)
+                ((double *)c->r->out)[o * k->k + q] = v;
+            else
+                ((float *)c->r->out)[o * k->k + q] = (float)v;
+        }
+        if (ri->indices)
+            c->r->out_idx[o * k->k + q] = q < nc ? cd[q].i : -1;
+    }
+    return 0;
+}
+
+/* Writes the outputs of rows [o0, o1) from their states st (one per row): the module's final,
+ * or, for a selection with candidates, each row ranked again (rows in chunks of ti). */
+static int finish(const struct gemm_call *c, const void *st, int64_t o0, int64_t o1)
+{
+    const struct gemm_kernel *g = c->g;
+    const sr_kernel *k = c->k;
+    if (!g->kc) {
+        g->m->final(st, o0, o1, c->r->out, c->r->out_idx);
+        return 0;
+    }
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), kc = g->kc;
+    int64_t rows = o1 - o0 < g->ti ? o1 - o0 : g->ti;
+    char *buf = malloc((size_t)(rows * kc * (es + 8) + kc * (g->rdims * es + es) + 64));
+    struct cand *cd = malloc((size_t)kc * sizeof *cd);
+    const void **args = malloc((size_t)(k->nargs ? k->nargs : 1) * sizeof *args);
+    int failed = !buf || !cd || !args;
+    if (!failed) {
+        int64_t *ci = (int64_t *)buf;
+        char *cv = buf + rows * kc * 8, *fv = cv + rows * kc * es, *panels = fv + kc * es;
+        for (int v = 0; v < k->nargs; v++)
+            args[v] = c->r->args[v];
+        for (int64_t a = o0; a < o1 && !failed; a += rows) {
+            int64_t b = a + rows < o1 ? a + rows : o1;
+            g->m->final((const char *)st + (a - o0) * g->m->state_bytes, 0, b - a, cv, ci);
+            for (int64_t o = a; o < b && !failed; o++) {
+                int64_t *row = ci + (o - a) * kc;
+                int nc = 0;
+                for (int q = 0; q < kc; q++)
+                    if (row[q] >= 0)
+                        row[nc++] = row[q];
+                failed = rank_row(c, o, row, nc, args, panels, fv, cd);
+            }
+        }
+    }
+    free(buf);
+    free(cd);
+    free(args);
+    return failed;
 }
 
 /* One thread's buffers: the gemm tile, a block of row states, the packing room (one
@@ -469,8 +682,11 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
 #pragma omp atomic write
 #endif
                     failed = 1;
-                } else if (nsplit == 1) {
-                    g->m->final(st, o0, o1, r->out, r->out_idx);
+                } else if (nsplit == 1 && finish(&c, st, o0, o1)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                    failed = 1;
                 }
             }
         }
@@ -481,7 +697,7 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
         for (int p = 1; p < nsplit && !failed; p++)
             failed = g->m->merge(partial, partial + (size_t)(p * nout * sb), nout) != 0;
         if (!failed)
-            g->m->final(partial, 0, nout, r->out, r->out_idx);
+            failed = finish(&c, partial, 0, nout);
     }
     free(partial);
     if (failed)
@@ -535,8 +751,11 @@ static sr_status gemm_run_ranges(const sr_kernel *k, const sr_run_desc *r, const
 #pragma omp atomic write
 #endif
                     failed = 1;
-                } else {
-                    g->m->final(buf + gbytes, o0, o1, r->out, r->out_idx);
+                } else if (finish(&c, buf + gbytes, o0, o1)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                    failed = 1;
                 }
             }
         }
@@ -553,8 +772,7 @@ static void gemm_release(sr_kernel *k)
     struct gemm_kernel *g = k->backend_data;
     if (!g)
         return;
-    jit_module_release(k->ctx, g->m);
-    free(g);
+    gemm_free(k->ctx, g);
     k->backend_data = NULL;
 }
 
@@ -598,6 +816,18 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
                     (long long)g->plan.state_bytes, g->plan.tile_j,
                     sr__threads(k->ctx, g->per_thread), g->info.origin, g->info.cache,
                     g->info.compile_ms);
+    if (g->kc)
+        expr_buf_printf(b,
+                        "selection: the tiles keep the %d smallest values of each row (rounded "
+                        "as the epilogue computes them), then F as given is computed at those "
+                        "pairs by the direct strategy and the %d smallest kept (exact unless more "
+                        "than %d pairs lie within the epilogue's rounding of the %d-th; "
+                        "SYMRED_GEMM_REFINE=off skips it); module: %s, cache %s, %.1f ms\n",
+                        g->kc, k->k, g->kc - k->k, k->k, g->rinfo.origin, g->rinfo.cache,
+                        g->rinfo.compile_ms);
+    else if (g->no_refine)
+        expr_buf_printf(b, "selection: from the tiles' values as computed, not ranked again (%s)\n",
+                        g->no_refine);
 }
 
 const struct sr_backend_i cpu_gemm_backend = {

@@ -293,6 +293,8 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     int TJ = 512;
     while (TJ > 16 && (int64_t)TJ * (ncol + nfb) * (E->f32 ? 4 : 8) > (256 << 10))
         TJ /= 2;
+    while (plan && plan->tile_j_max > 0 && TJ > 16 && TJ / 2 >= plan->tile_j_max)
+        TJ /= 2;
 
     /* ---- header and prelude ---- */
     P("/* symred generated kernel (JIT ABI %d)\n * formula: ", JIT_ABI_VERSION);

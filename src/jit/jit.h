@@ -63,8 +63,11 @@ struct jit_plan {
      * gemm_rows rows; args[gemm_arg + 1] points to an int: nonzero, sr_part initialises the
      * states first (as it always does outside gemm mode); zero, it folds the tile into the
      * states as they are, so one block of states runs through all the tiles of a row block
-     * without a merge per tile. */
+     * without a merge per tile. tile_j_max: the tile need not be wider than this (the
+     * smallest power of two from 16 that holds it): the gemm path ranks a few pairs per row
+     * with sr_block, where a wide tile only spreads their transposed columns over L2. */
     int64_t ws_limit;
+    int tile_j_max;
     const sr_expr *gemm;
     int gemm_arg, gemm_ld, gemm_rows;
 };
