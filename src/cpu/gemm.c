@@ -139,7 +139,7 @@ struct gemm_kernel {
     /* Exact selection (see "ranking the candidates again" below): kc > 0 when m keeps the kc
      * smallest values of each row as KMin_ArgKMin and mr, the direct strategy's module of F as
      * given, ranks them again; rdims: the dimensions of the reduced-axis variables, summed. */
-    int kc, rdims, refine; /* refine: SYMRED_GEMM_REFINE, 0 on, 1 off */
+    int kc, rdims;
     struct jit_module *mr;
     struct jit_load_info rinfo;
     const char *no_refine; /* why a selection is not ranked again, NULL otherwise */
@@ -336,7 +336,6 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     g->mode = mode;
     g->kern = kern;
     g->asked = asked;
-    g->refine = refine;
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
     int64_t lim = ctx->mem_limit;
     /* A selection: the gemm pass keeps kc candidates per row (kernel kk), ranked again. */
