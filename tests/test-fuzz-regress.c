@@ -69,7 +69,12 @@
       "(SqDist(VecMatMult(WeightedSqDist(VecMatMult(Var(4,2,1),Var(3,4,0)),VecMatMult(Var(4,2,1)," \
       "Var(3,4,0)),Var(4,2,1)),Var(2,2,1)),Var(4,2,1))*(Var(0,24,0)|Var(1,24,1)))",                \
       "", SR_KMIN_ARGKMIN, 1, 1, SR_F64, SR_ACC_DEFAULT, 2, 17, "UUUUEUU", 0x92893e1dd46013d1ULL,  \
-      1)
+      1)                                                                                           \
+    /* seed 31337 case 140: the gemm path ranked Min_ArgMin's candidates again with NaN last,      \
+     * where Min propagates it; only the K-min reductions are ranked now (gemm.c) */               \
+    X(min_nan_not_ranked,                                                                          \
+      "(VecMatMult((-Var(2,2,0)),Square(Var(2,2,0)))*(Var(0,8,0)|Var(1,8,1)))", "", SR_MIN_ARGMIN, \
+      0, 1, SR_F64, SR_ACC_BLOCK, 3, 1, "EUT", 0xf8d5a427093553c8ULL, 0)
 
 static struct fz_opts quiet_opts(void)
 {

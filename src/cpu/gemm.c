@@ -12,7 +12,7 @@
  * column terms and folds the tile into the reduction states with the module's own sr_part,
  * sr_merge and sr_final, so every reduction the direct strategy supports (Sum, Min/ArgMin,
  * KMin/ArgKMin, LogSumExp, SumSoftMaxWeight, ...) works here too, with the same tie rules. The
- * n x m matrix is never built. The Min-family selections keep a few more candidates than asked
+ * n x m matrix is never built. The K-min selections keep a few more candidates than asked
  * and rank them again by F as given (below, "ranking the candidates again"): the tile's SqDist
  * is an expansion whose rounding can swap near ties.
  *
@@ -236,13 +236,13 @@ static int choose_kernel(int asked)
 static const char *const blis_modes[] = {"auto", "on", "off"};
 static const char *const refine_modes[] = {"on", "off"};
 
-/* The selections whose candidates are ranked again: the Min family of a scalar F. */
+/* The selections whose candidates are ranked again: the K-min family of a scalar F, which
+ * orders NaN last, as the candidates list does. Min and ArgMin propagate a NaN (the first one
+ * wins), which a list of the smallest values cannot hold: they are not ranked (ArgKMin with
+ * K = 1 is). */
 static bool refinable(const sr_kernel *k)
 {
     switch (k->red) {
-    case SR_MIN:
-    case SR_ARGMIN:
-    case SR_MIN_ARGMIN:
     case SR_KMIN:
     case SR_ARGKMIN:
     case SR_KMIN_ARGKMIN:
@@ -493,7 +493,7 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, const int64_t
  * The gemm pass computes F from the tile's inner products, and for SqDist that is the expansion
  * |x|^2 + |y|^2 - 2 <x, y>: its rounding error is relative to the norms, not to the distance, so
  * in float32 two neighbours whose distances differ by 1e-5 relative may come out in the wrong
- * order (Fashion-MNIST cosine kNN, docs/exla.md). For the Min family the pass therefore keeps
+ * order (Fashion-MNIST cosine kNN, docs/exla.md). For KMin and ArgKMin the pass therefore keeps
  * kc > K candidates per row (KMin_ArgKMin), and finish computes F as the user gave it at those
  * pairs with the direct strategy's module (sr_block on the candidates' reduced-axis rows,
  * gathered) and keeps the K smallest, in the direct strategy's order: increasing value, NaN
@@ -827,6 +827,10 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
     else if (g->no_refine)
         expr_buf_printf(b, "selection: from the tiles' values as computed, not ranked again (%s)\n",
                         g->no_refine);
+    else if (k->red == SR_MIN || k->red == SR_ARGMIN || k->red == SR_MIN_ARGMIN)
+        expr_buf_printf(b, "selection: from the tiles' values as computed, not ranked again (Min "
+                           "and ArgMin propagate NaN, which a list of candidates cannot hold; "
+                           "ArgKMin with K = 1 is ranked)\n");
 }
 
 const struct sr_backend_i cpu_gemm_backend = {
