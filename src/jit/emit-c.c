@@ -83,7 +83,7 @@ static int emit_scope(struct emitter *E, enum place pl)
             continue;
         if (big(e) && (e->op == OP_VAR || jit_lazy_op(e)))
             continue;
-        if (big(e) && pl != PL_INNER)
+        if (big(e) && (pl != PL_INNER || E->col[i] < 0))
             P("        sr_t v%u[%d];\n", (unsigned)e->id, e->dim);
         jit_emit_node(E, e);
         n++;
@@ -123,6 +123,55 @@ static int emit_pair(struct emitter *E)
                   E->col[i] + c);
     E->scope = PL_PAIR;
     return emit_scope(E, PL_PAIR);
+}
+
+/* The row cache of sr_part_iv: the output-row nodes the pair loop reads, computed once per block
+ * of rows instead of once per tile and row. Without it, a row term such as the norms of
+ * Normalize(x) in the cosine kNN's SqDist(Normalize(x), Normalize(y)) (four passes over x) was
+ * recomputed for every tile of 512 reduced indices, and made the gemm path's epilogue cost
+ * about as much as the gemm itself at D = 100. Marks in cache[] the small outer nodes whose
+ * values the loop reads (those of the lazy or variable big outer nodes it inlines included)
+ * and returns how many scalars they hold; 0 when the outer nodes are only variables (nothing to
+ * save), or when the loop reads a big outer node held in an array (not cached). */
+static int row_cache(struct emitter *E, bool *cache)
+{
+    bool work = false;
+    for (size_t i = 0; i < E->n; i++) {
+        const sr_expr *e = E->order[i];
+        cache[i] = false;
+        if (E->place[i] == PL_OUTER && e->op != OP_VAR && !(big(e) && jit_lazy_op(e)))
+            work = true;
+    }
+    if (!work)
+        return 0;
+    const sr_expr *roots[2] = {E->k->f, E->k->weight};
+    for (int r = 0; r < 2; r++)
+        if (roots[r] && E->place[pos(E, roots[r])] == PL_OUTER)
+            cache[pos(E, roots[r])] = true;
+    for (size_t i = 0; i < E->n; i++) {
+        const sr_expr *e = E->order[i];
+        if (E->place[i] != PL_PAIR || e == E->gemm)
+            continue;
+        for (int c = 0; c < expr_arity(e); c++)
+            if (E->place[pos(E, e->child[c])] == PL_OUTER)
+                cache[pos(E, e->child[c])] = true;
+    }
+    int nb = 0;
+    for (size_t i = E->n; i-- > 0;) { /* parents first: a big inlined node passes it on */
+        const sr_expr *e = E->order[i];
+        if (!cache[i] || !big(e))
+            continue;
+        if (e->op != OP_VAR && !jit_lazy_op(e))
+            return 0;
+        cache[i] = false;
+        for (int c = 0; c < expr_arity(e); c++)
+            if (E->place[pos(E, e->child[c])] == PL_OUTER)
+                cache[pos(E, e->child[c])] = true;
+    }
+    for (size_t i = 0; i < E->n; i++)
+        if (cache[i])
+            nb += E->order[i]->dim;
+    return nb <= 64 ? nb : 0;
 }
 
 static void emitter_free(struct emitter *E);
@@ -242,8 +291,12 @@ static sr_status analyse(struct emitter *E, int *ncol_out)
     int ncol = 0;
     for (size_t i = 0; i < E->n; i++) {
         const sr_expr *e = E->order[i];
-        /* Big inner nodes that need storage are computed straight into their columns. */
-        bool stored = big(e) && e->op != OP_VAR && !jit_lazy_op(e);
+        /* Big inner nodes that need storage are computed straight into their columns, where
+         * the pre-pass is vectorised across the tile; the gemm-epilogue's pre-pass runs along
+         * each vector instead, and keeps one the pair loop does not read (Normalize(y) under
+         * its norm, in the cosine kNN) in a local array: in the tile, a sum over it read one
+         * column entry per cache line, 60 % of that kernel's time at D = 100. */
+        bool stored = big(e) && e->op != OP_VAR && !jit_lazy_op(e) && !E->gemm;
         if (E->place[i] == PL_INNER && (E->in_loop[i] || stored) && E->col[i] < 0) {
             E->col[i] = ncol;
             ncol += e->dim;
@@ -282,11 +335,17 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     const int D = k->fdim, K = k->k, DG = k->weight ? k->weight->dim : 0;
     const int OUTD = k->out_dim;
     sr_status st = SR_OK;
+    bool *cache = NULL; /* row_cache's marks */
 
     int ncol = 0;
     st = analyse(E, &ncol);
     if (st != SR_OK)
         goto done;
+    if (!(cache = calloc(E->n + 1, sizeof *cache))) {
+        st = SR_ENOMEM;
+        goto done;
+    }
+    const int NB = row_cache(E, cache);
     bool fused_sum = red == SR_SUM;
     int nfb = fused_sum ? 0 : D + DG;
     /* Tile width: the tile (columns + buffered values) should stay in L2. */
@@ -327,7 +386,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     const int64_t es_ = E->f32 ? 4 : 8;
     const int64_t kextra_ = sr_reductions[red].uses_k ? (int64_t)K * (es_ + 8) : 0;
 #define JIT_WS_(tj, rb)                                                                            \
-    ((int64_t)(tj) * (ncol + nfb) * es_ + 64 + (int64_t)(rb)*state_bytes + kextra_)
+    ((int64_t)(tj) * (ncol + nfb) * es_ + 64 + (int64_t)(rb) * (state_bytes + NB * es_) + kextra_)
     while (plan && plan->ws_limit > 0 && JIT_WS_(TJ, RB) > plan->ws_limit && (TJ > 16 || RB > 1)) {
         if (TJ > 16 && (RB == 1 || (int64_t)TJ * (ncol + nfb) * es_ >= (int64_t)RB * state_bytes))
             TJ /= 2;
@@ -374,14 +433,25 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     /* Uniform nodes: constants and parameters, once per call. */
     int nout = 0, nin = 0, npair = 0;
     emit_scope(E, PL_UNIFORM);
-    P("    sr_t *tb = malloc(sizeof(sr_t) * SR_TJ * %d + 64);\n    if (!tb) return 1;\n",
-      ncol + nfb);
+    P("    sr_t *tb = malloc(sizeof(sr_t) * (SR_TJ * %d + %d) + 64);\n    if (!tb) return 1;\n",
+      ncol + nfb, RB * NB);
     P("    sr_t *fb = tb + SR_TJ * %d;\n    (void)fb;\n", ncol);
+    if (NB)
+        P("    sr_t *rc = tb + SR_TJ * %d;\n", ncol + nfb);
     /* gemm-epilogue: the caller folds tile after tile into the same states (see jit.h). */
     P("    %sfor (int64_t o = o0; o < o1; o++) st_init(&st[o - o0]);\n",
       E->gemm ? "if (sr_ginit) " : "");
     P("    for (int64_t ob = o0; ob < o1; ob += %d) {\n", RB);
     P("      const int64_t oe = ob + %d < o1 ? ob + %d : o1;\n", RB, RB);
+    if (NB) { /* the row cache: the output-row nodes once per block of rows */
+        char n[32];
+        P("      for (int64_t o = ob; o < oe; o++) {\n");
+        nout = emit_scope(E, PL_OUTER);
+        for (size_t i = 0, u = 0; i < E->n; i++)
+            for (int c = 0; cache[i] && c < E->order[i]->dim; c++, u++)
+                P("        rc[(o - ob) * %d + %zu] = %s;\n", NB, u, jit_nm(E->order[i], c, n));
+        P("      }\n");
+    }
     P("      for (int64_t q = 0; q < niv; q++) {\n"
       "      const int64_t r0 = iv[2 * q], r1 = iv[2 * q + 1];\n");
     P("      for (int64_t rt = r0; rt < r1; rt += SR_TJ) {\n");
@@ -397,7 +467,16 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         P("        }\n");
     }
     P("        for (int64_t o = ob; o < oe; o++) {\n        sr_state *s = &st[o - o0];\n");
-    nout = emit_scope(E, PL_OUTER);
+    if (NB) {
+        char n[32];
+        for (size_t i = 0, u = 0; i < E->n; i++)
+            for (int c = 0; cache[i] && c < E->order[i]->dim; c++, u++)
+                P("        const sr_t %s = rc[(o - ob) * %d + %zu];\n", jit_nm(E->order[i], c, n),
+                  NB, u);
+    } else {
+        nout = emit_scope(E, PL_OUTER);
+    }
+
     /* The simd loop body: load the columns, compute the pair nodes. */
     struct expr_buf body = {0};
     {
@@ -575,6 +654,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     if (E->fail)
         st = E->fail;
 done:
+    free(cache);
     emitter_free(E);
     return st;
 }
