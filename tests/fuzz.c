@@ -744,7 +744,7 @@ static sr_expr *f32_range(sr_ctx *ctx, sr_expr *n)
 }
 
 static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint64_t *signs,
-                                bool to_zero, bool f32)
+                                bool to_zero, bool f32, double exp_flush)
 {
     if (!e)
         return NULL;
@@ -763,7 +763,7 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
     }
     sr_expr *kid[EXPR_MAX_ARITY] = {NULL, NULL, NULL};
     for (int i = 0; i < expr_arity(e); i++)
-        if (!(kid[i] = perturb_formula(ctx, e->child[i], rel, signs, to_zero, f32)))
+        if (!(kid[i] = perturb_formula(ctx, e->child[i], rel, signs, to_zero, f32, exp_flush)))
             return NULL;
     if (to_zero && is_comparison(e->op)) {
         /* Compare a - b moved towards zero by sqrt(eps) times the operands: operands equal up
@@ -776,6 +776,33 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
                           sr_const(ctx, 0.0)};
         return expr_make(ctx, (enum expr_op)e->op, dz, NULL, 0, 0.0);
     }
+    if (to_zero && e->op == OP_POWF) {
+        /* pow is discontinuous where a rounding may land: pow(1, y) is 1 for every y (NaN and
+         * infinities included) and pow(1 + d, y) is not; pow(x, y) of a negative x is finite
+         * at an integer y only. A base within sqrt(eps) of 1 is made 1 and an exponent within
+         * sqrt(eps) of an integer that integer, as they may be in the dtype (Normalize of a
+         * scalar is +-1 up to its rounding: seed 20261124 case 601). */
+        sr_expr *one = sr_const(ctx, 1.0), *c = sr_const(ctx, sqrt(fabs(r) / 8.0));
+        sr_expr *tb = sr_mul(ctx, c, sr_add(ctx, sr_abs(ctx, kid[0]), one));
+        kid[0] =
+            sr_ifelse(ctx, sr_sub(ctx, tb, sr_abs(ctx, sr_sub(ctx, kid[0], one))), one, kid[0]);
+        sr_expr *ry = sr_round(ctx, kid[1], 0);
+        sr_expr *ty = sr_mul(ctx, c, sr_add(ctx, sr_abs(ctx, kid[1]), one));
+        kid[1] = sr_ifelse(ctx, sr_sub(ctx, ty, sr_abs(ctx, sr_sub(ctx, kid[1], ry))), ry, kid[1]);
+    }
+    if (to_zero && (e->op == OP_ARGMAX || e->op == OP_ARGMIN)) {
+        /* The same for the comparisons inside ArgMax and ArgMin: a component within sqrt(eps)
+         * of the extreme is made equal to it, so the first of them wins, as where they are
+         * equal in the dtype (Cos of 3.8e-5 and of 1.1e-5 are both 1 in float32). A NaN
+         * extreme leaves the components as they are (IfElse of a NaN selects the last). */
+        bool mx = e->op == OP_ARGMAX;
+        sr_expr *a = kid[0], *m = mx ? sr_max(ctx, a) : sr_min(ctx, a);
+        sr_expr *tol = sr_mul(ctx, sr_const(ctx, sqrt(fabs(r) / 8.0)),
+                              sr_add(ctx, sr_abs(ctx, m), sr_abs(ctx, a)));
+        sr_expr *gap = mx ? sr_sub(ctx, m, a) : sr_sub(ctx, a, m);
+        sr_expr *snapped[1] = {sr_ifelse(ctx, sr_sub(ctx, tol, gap), m, a)};
+        return expr_make(ctx, (enum expr_op)e->op, snapped, e->iattr, e->dim, e->fattr);
+    }
     if (f32) { /* float32's range: an intermediate value past it overflows there */
         sr_expr *n;
         if (e->op == OP_NORMALIZE) /* its sum of squares overflows first */
@@ -787,6 +814,10 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
         return n ? f32_range(ctx, n) : NULL;
     }
     sr_expr *n = expr_make(ctx, (enum expr_op)e->op, kid, e->iattr, e->dim, e->fattr);
+    if (to_zero && exp_flush > 0 && e->op == OP_EXP)
+        /* The JIT's Exp is 0 below exp_flush (docs/semantics.md, "Exp's underflow"): 0 where
+         * n <= exp_flush, n where it is above or NaN (IfElse of a NaN selects the last). */
+        n = sr_ifelse(ctx, sr_sub(ctx, sr_const(ctx, exp_flush), n), sr_const(ctx, 0.0), n);
     sr_expr *err = sr_mul(ctx, sr_const(ctx, fabs(r)), magnitude(ctx, e, kid, n)), *moved;
     if (to_zero) /* n - Clamp(n, -err, err): 0 when |n| <= err, the value a cancellation gives */
         moved = sr_sub(ctx, n, sr_clamp(ctx, n, sr_neg(ctx, err), err));
@@ -1024,7 +1055,8 @@ static bool f_row(const sr_kernel *k, const struct inputs *in, const struct fz_c
  * where it is noise, s is already as large as the noise, and w keeps the interval to twice the
  * noise's own range instead of sixteen times (Cos stays in [-1, 1]). An infinity that every
  * perturbed run keeps is an interval of its own. False when some pair has no interval: a NaN,
- * or a perturbed run that changes its class (no bound applies).
+ * or a perturbed run that changes its class (no bound applies) — except for the K-min
+ * reductions, where a NaN is +Inf and a class-changing pair spans its runs' values.
  */
 static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_case *c,
                            int64_t row, int comp, int64_t nred, double *lo, double *hi)
@@ -1032,14 +1064,26 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
     const sr_kernel *k0 = weight ? o->kg : o->kf;
     sr_kernel *const *kp = weight ? o->pkg : o->pk, *const *kw = weight ? o->wkg : o->wk;
     int fd = k0 ? k0->fdim : 1;
+    /* The K-min reductions order NaN last: there a NaN is +Inf, and a pair whose class the
+     * perturbed runs change may lie anywhere between their values (wild). */
+    bool nan_last =
+        !weight && (c->red == SR_KMIN || c->red == SR_ARGKMIN || c->red == SR_KMIN_ARGKMIN);
     size_t nb = (size_t)(nred > 0 ? nred : 1) * (size_t)fd * sizeof(double);
-    double *f = malloc(nb), *fp = malloc(nb);
+    size_t nw = (size_t)(nred > 0 ? nred : 1) * sizeof(double);
+    double *f = malloc(nb), *fp = malloc(nb), *mn = malloc(nw), *mx = malloc(nw);
+    double *fmn = malloc(nw), *fmx = malloc(nw);
     double eps = c->dtype == SR_F64 ? DBL_EPSILON : FLT_EPSILON;
-    bool ok = k0 && f && fp && f_row(k0, o->in, c, row, nred, f);
+    bool ok = k0 && f && fp && mn && mx && fmn && fmx && f_row(k0, o->in, c, row, nred, f);
     for (int64_t j = 0; ok && j < nred; j++) {
-        ok = !isnan(f[j * fd + comp]);
+        double *v = &f[j * fd + comp];
+        if (nan_last && isnan(*v))
+            *v = INFINITY;
+        ok = !isnan(*v);
         lo[j] = 0;        /* s */
         hi[j] = INFINITY; /* w, until the wide runs say */
+        mn[j] = mx[j] = *v;
+        fmn[j] = isfinite(*v) ? *v : INFINITY; /* the finite values' range */
+        fmx[j] = isfinite(*v) ? *v : -INFINITY;
     }
     for (int p = 0; ok && p < FZ_NPERT; p++) {
         if (!kp[p])
@@ -1047,10 +1091,20 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
         ok = f_row(kp[p], &o->pin[p], c, row, nred, fp);
         for (int64_t j = 0; ok && j < nred; j++) {
             double v = f[j * fd + comp], q = fp[j * fd + comp];
-            if (isinf(v) || isinf(q))
-                ok = q == v;
-            else if (!(ok = !isnan(q)))
+            if (nan_last && isnan(q))
+                q = INFINITY;
+            if (isnan(q)) {
+                ok = false;
                 break;
+            }
+            mn[j] = fmin(mn[j], q);
+            mx[j] = fmax(mx[j], q);
+            if (isfinite(q)) {
+                fmn[j] = fmin(fmn[j], q);
+                fmx[j] = fmax(fmx[j], q);
+            }
+            if (isinf(v) || isinf(q))
+                ok = q == v || nan_last;
             else
                 lo[j] = fmax(lo[j], fabs(q - v));
         }
@@ -1074,12 +1128,24 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
     }
     for (int64_t j = 0; ok && j < nred; j++) {
         double v = f[j * fd + comp];
+        if (mn[j] != mx[j] && (isinf(mn[j]) || isinf(mx[j]))) { /* wild: a class change */
+            double span = fmx[j] >= fmn[j] ? fmx[j] - fmn[j] : 0;
+            double big = fmx[j] >= fmn[j] ? fmax(fabs(fmn[j]), fabs(fmx[j])) : 0;
+            double a = 64 * eps * big + FZ_K_SPREAD * span;
+            lo[j] = mn[j] - a;
+            hi[j] = mx[j] + a;
+            continue;
+        }
         double a = isinf(v) ? 0 : 64 * eps * fabs(v) + fmin(FZ_K_SPREAD * lo[j], 2 * hi[j]);
         lo[j] = v - a;
         hi[j] = v + a;
     }
     free(f);
     free(fp);
+    free(mn);
+    free(mx);
+    free(fmn);
+    free(fmx);
     return ok;
 }
 
@@ -1099,7 +1165,8 @@ static int cmp_double(const void *a, const void *b)
  * values the least ascending choice inside the picked pairs' intervals is the K-th value.
  * Values alone: the r-th value lies between the r-th smallest bottom and the r-th smallest top
  * of the intervals (the range of the r-th order statistic). Pairs whose F the oracle has as NaN,
- * or that a perturbed run moves to another class, are not judged here (false).
+ * or that a perturbed run moves to another class, are not judged here (false), except in the
+ * K-min reductions, which order NaN last: there NaN is +Inf (pair_intervals).
  */
 static bool selection_ok(const struct oracle *o, const struct fz_case *c, const struct result *r,
                          int64_t t, char *why, size_t cap)
@@ -1108,6 +1175,7 @@ static bool selection_ok(const struct oracle *o, const struct fz_case *c, const 
     int fd = k->fdim, K = k->k, comp = (int)(t % k->out_dim) % fd;
     int64_t row = t / k->out_dim, nred = c->axis == 1 ? c->ny : c->nx, base = row * k->out_dim;
     bool max = c->red == SR_MAX || c->red == SR_ARGMAX || c->red == SR_MAX_ARGMAX;
+    bool kmin = c->red == SR_KMIN || c->red == SR_ARGKMIN || c->red == SR_KMIN_ARGKMIN;
     if (nred <= 0 || K > nred)
         return false;
     size_t nb = (size_t)nred * sizeof(double);
@@ -1125,6 +1193,8 @@ static bool selection_ok(const struct oracle *o, const struct fz_case *c, const 
     for (int q = 0; ok && q < K; q++) {
         int64_t s = base + (int64_t)q * fd + comp;
         double v = r->val ? (max ? -r->val[s] : r->val[s]) : NAN;
+        if (r->val && isnan(v) && kmin)
+            v = INFINITY; /* the K-min reductions order NaN last (pair_intervals) */
         if (r->idx) {
             int64_t g = r->idx[s];
             for (int q2 = 0; q2 < q && ok; q2++)
@@ -1617,8 +1687,10 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
             bool tz = pert[p][2] != 0, f32 = pert[p][3] != 0;
             if (f32 && c->dtype != SR_F32)
                 continue;
-            sr_expr *pf = perturb_formula(b.ctx, b.f, pert[p][0] * eps, sp, tz, f32);
-            sr_expr *pw = b.w ? perturb_formula(b.ctx, b.w, pert[p][0] * eps, sp, tz, f32) : NULL;
+            double flush = tz ? (c->dtype == SR_F32 ? 1.7e-38 : 3.4e-308) : 0;
+            sr_expr *pf = perturb_formula(b.ctx, b.f, pert[p][0] * eps, sp, tz, f32, flush);
+            sr_expr *pw =
+                b.w ? perturb_formula(b.ctx, b.w, pert[p][0] * eps, sp, tz, f32, flush) : NULL;
             sr_status pst;
             sr_kernel *kp = pf ? kernel_of(&b, pf, b.w ? pw : NULL, c->red, SR_DEVICE_REFERENCE,
                                            false, NULL, &pst, NULL, 0)
@@ -1635,8 +1707,8 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         for (int p = 0; p < FZ_NWIDE; p++) {
             double rel = pert[p][0] * FZ_K_SPREAD;
             uint64_t signs = c->input_seed + (uint64_t)p, *sp = pert[p][1] != 0 ? &signs : NULL;
-            sr_expr *pf = perturb_formula(b.ctx, b.f, rel * eps, sp, false, false);
-            sr_expr *pw = b.w ? perturb_formula(b.ctx, b.w, rel * eps, sp, false, false) : NULL;
+            sr_expr *pf = perturb_formula(b.ctx, b.f, rel * eps, sp, false, false, 0);
+            sr_expr *pw = b.w ? perturb_formula(b.ctx, b.w, rel * eps, sp, false, false, 0) : NULL;
             sr_status pst;
             if (!pf || (b.w && !pw))
                 continue;

@@ -74,7 +74,26 @@
      * where Min propagates it; only the K-min reductions are ranked now (gemm.c) */               \
     X(min_nan_not_ranked,                                                                          \
       "(VecMatMult((-Var(2,2,0)),Square(Var(2,2,0)))*(Var(0,8,0)|Var(1,8,1)))", "", SR_MIN_ARGMIN, \
-      0, 1, SR_F64, SR_ACC_BLOCK, 3, 1, "EUT", 0xf8d5a427093553c8ULL, 0)
+      0, 1, SR_F64, SR_ACC_BLOCK, 3, 1, "EUT", 0xf8d5a427093553c8ULL, 0)                           \
+    /* seed 20261124 case 84: the fuzzer's: Cos of 3.8e-5 and of 1.1e-5 are both 1 in float32,     \
+     * so ArgMax picks the first, the double oracle the second; the towards-zero perturbation      \
+     * now makes components within sqrt(eps) of the extreme equal to it */                         \
+    X(argmax_float32_tie, "ArgMax(Cos(Powf(Var(0,7,1),MatVecMult(Var(1,4,0),Var(1,4,0)))))", "",   \
+      SR_KMIN_ARGKMIN, 0, 4, SR_F32, SR_ACC_DEFAULT, 7, 16, "PU", 0x53edaf8b939bc327ULL, 1)        \
+    /* seed 20261124 case 601: the fuzzer's: Normalize of a scalar is +-1 up to rounding, and      \
+     * pow(1, NaN) = 1 where pow(1 + d, NaN) is NaN, pow(-x, -1) finite where pow(-x, -1 + d)      \
+     * is NaN; the towards-zero perturbation now snaps a base near 1 and an exponent near an       \
+     * integer, and the K-min selections' pair-by-pair check takes NaN as +Inf and lets a pair     \
+     * whose class the perturbed runs change lie anywhere between their values */                  \
+    X(powf_base_one, "Powf(Normalize((Var(0,3,0)|Var(1,3,1))),Elem(Log(Var(3,3,1)),2))", "",       \
+      SR_ARGKMIN, 1, 3, SR_F32, SR_ACC_DEFAULT, 15, 3, "PTUU", 0xe6a5702a879951bfULL, 1)           \
+    X(powf_integer_exponent, "Powf((Var(0,3,0)|Var(1,3,1)),Normalize((Var(0,3,0)|Var(1,3,1))))",   \
+      "", SR_ARGKMIN, 1, 3, SR_F32, SR_ACC_DEFAULT, 1, 6, "UUUU", 0xe6a5702a879951bfULL, 1)        \
+    /* seed 20261125 case 503: the fuzzer's: the JIT's Exp is 0 below 1.7e-38 (documented), the    \
+     * oracle's a subnormal, and KMin's tolerance is relative; the towards-zero run now flushes    \
+     * Exp as the JIT does */                                                                      \
+    X(exp_flush, "Exp((Var(0,3,1)-Powf(Var(1,1,0),(Var(1,1,0)-2.0))))", "", SR_KMIN_ARGKMIN, 1, 2, \
+      SR_F32, SR_ACC_DEFAULT, 48, 2, "UEU", 0x359caf58a3e71f5aULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {
