@@ -93,7 +93,13 @@
      * oracle's a subnormal, and KMin's tolerance is relative; the towards-zero run now flushes    \
      * Exp as the JIT does */                                                                      \
     X(exp_flush, "Exp((Var(0,3,1)-Powf(Var(1,1,0),(Var(1,1,0)-2.0))))", "", SR_KMIN_ARGKMIN, 1, 2, \
-      SR_F32, SR_ACC_DEFAULT, 48, 2, "UEU", 0x359caf58a3e71f5aULL, 1)
+      SR_F32, SR_ACC_DEFAULT, 48, 2, "UEU", 0x359caf58a3e71f5aULL, 1)                              \
+    /* seed 20261126 cases 126 and 337: gcc rewrote the JIT's sin(atan(x)) and cos(atan(x)),       \
+     * which a NaN x turned into -1 and 0; the JIT now calls libm's atan under another name */     \
+    X(atan_rewrite_sin, "Sin(Atan(Powf(RatCst(-1,2),0.001)))", "", SR_LOGSUMEXP, 0, 1, SR_F64,     \
+      SR_ACC_DEFAULT, 1, 1, "", 0x44d65588b52b4ec1ULL, 1)                                          \
+    X(atan_rewrite_cos, "Cos(Atan(Var(0,3,0)))", "", SR_MAX, 1, 1, SR_F32, SR_ACC_DEFAULT, 16, 1,  \
+      "E", 0xe82d84a3283aa5f1ULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {

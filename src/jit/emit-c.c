@@ -51,9 +51,14 @@ static void prelude(struct emitter *E, const char *A)
     for (int i = 0; i < 4; i++)
         P("#pragma omp declare simd notinbranch\nextern %s %s%s(%s);\n", t, simd_fns[i], f, t);
     P("#pragma omp declare simd notinbranch\nextern %s pow%s(%s, %s);\n", t, f, t, t);
-    static const char *const fns1[] = {"sqrt", "asin", "acos", "atan", "fabs", "floor", "round"};
-    for (int i = 0; i < 7; i++)
+    static const char *const fns1[] = {"sqrt", "asin", "acos", "fabs", "floor", "round"};
+    for (int i = 0; i < 6; i++)
         P("extern %s %s%s(%s);\n", t, fns1[i], f, t);
+    /* libm's atan under another name: gcc rewrites sin(atan(x)) to x / sqrt(x*x + 1) and
+     * cos(atan(x)) to 1 / sqrt(x*x + 1), with copysign(1, x) and copysign(0, x) past a bound
+     * that a NaN fails, so Sin(Atan(NaN)) was -1 and Cos(Atan(NaN)) 0 (fuzz seed 20261126). A
+     * function that is not the builtin atan takes no such rewrite. */
+    P("extern %s sr_atan%s(%s) __asm__(\"atan%s\");\n", t, f, t, f);
     P("extern %s atan2%s(%s, %s);\n\n", t, f, t, t);
     P("static inline %s sr_sq(%s a) { return a * a; }\n", t, t);
     /* exp without libmvec's slow paths. Its vector exp falls back to scalar code for a whole

@@ -32,6 +32,7 @@
  * libdevice functions (the C spellings) stay. */
 static const char *const cuda_spell[OP_COUNT] = {
     [OP_RSQRT] = "$a == 0 ? ($T)0 : rsqrt$F($a)",
+    [OP_ATAN] = "atan$F($a)", /* the C spelling calls sr_atan, a name for libm's (emit-c.c) */
 };
 
 /* Largest K * D of the K-reductions: their state lives in registers (or local memory). */

@@ -75,7 +75,7 @@ static void e_tensordot(struct emitter *E, const sr_expr *e);
 #define JIT_C_COS       EW("cos$F($a)")
 #define JIT_C_ASIN      EW("asin$F($a)")
 #define JIT_C_ACOS      EW("acos$F($a)")
-#define JIT_C_ATAN      EW("atan$F($a)")
+#define JIT_C_ATAN      EW("sr_atan$F($a)") /* libm's atan, not gcc's builtin (emit-c.c) */
 #define JIT_C_ABS       EW("fabs$F($a)")
 #define JIT_C_SIGN      EW("$a > 0 ? ($T)1 : $a < 0 ? ($T)-1 : $a == 0 ? ($T)0 : $a")
 #define JIT_C_STEP      EW("$a >= 0 ? ($T)1 : $a < 0 ? ($T)0 : $a")
