@@ -791,17 +791,22 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
         kid[1] = sr_ifelse(ctx, sr_sub(ctx, ty, sr_abs(ctx, sr_sub(ctx, kid[1], ry))), ry, kid[1]);
     }
     if (to_zero && (e->op == OP_ARGMAX || e->op == OP_ARGMIN)) {
-        /* The same for the comparisons inside ArgMax and ArgMin: a component within sqrt(eps)
-         * of the extreme is made equal to it, so the first of them wins, as where they are
-         * equal in the dtype (Cos of 3.8e-5 and of 1.1e-5 are both 1 in float32). A NaN
-         * extreme leaves the components as they are (IfElse of a NaN selects the last). */
+        /* The comparisons inside ArgMax and ArgMin: another component within sqrt(eps) of
+         * the extreme may be the extreme in the dtype (Cos of 3.8e-5 and of 1.1e-5 are both 1
+         * in float32; s v_k / Normalize(v)_k is s |v| for every k up to rounding, equal in
+         * double and not in float32), so the index has no defined value there: NaN, which
+         * makes the output unstable. A NaN extreme leaves the op as it is. */
         bool mx = e->op == OP_ARGMAX;
         sr_expr *a = kid[0], *m = mx ? sr_max(ctx, a) : sr_min(ctx, a);
         sr_expr *tol = sr_mul(ctx, sr_const(ctx, sqrt(fabs(r) / 8.0)),
                               sr_add(ctx, sr_abs(ctx, m), sr_abs(ctx, a)));
         sr_expr *gap = mx ? sr_sub(ctx, m, a) : sr_sub(ctx, a, m);
-        sr_expr *snapped[1] = {sr_ifelse(ctx, sr_sub(ctx, tol, gap), m, a)};
-        return expr_make(ctx, (enum expr_op)e->op, snapped, e->iattr, e->dim, e->fattr);
+        /* how many components lie within tol of the extreme, itself included: 2 or more, and
+         * which is the extreme in the dtype is not defined */
+        sr_expr *near = sr_sum(ctx, sr_greatereq(ctx, tol, gap));
+        sr_expr *op = expr_make(ctx, (enum expr_op)e->op, kid, e->iattr, e->dim, e->fattr);
+        sr_expr *nan = sr_sqrt(ctx, sr_const(ctx, -1.0)); /* constants must be finite */
+        return sr_ifelse(ctx, sr_sub(ctx, sr_const(ctx, 1.5), near), op, nan);
     }
     if (f32) { /* float32's range: an intermediate value past it overflows there */
         sr_expr *n;
@@ -1056,7 +1061,9 @@ static bool f_row(const sr_kernel *k, const struct inputs *in, const struct fz_c
  * noise's own range instead of sixteen times (Cos stays in [-1, 1]). An infinity that every
  * perturbed run keeps is an interval of its own. False when some pair has no interval: a NaN,
  * or a perturbed run that changes its class (no bound applies) — except for the K-min
- * reductions, where a NaN is +Inf and a class-changing pair spans its runs' values.
+ * reductions, where a NaN is +Inf, a pair between finite and infinite spans its runs' values,
+ * and a pair that is NaN in some runs only (an undefined value: an ambiguous ArgMax, pow at a
+ * discontinuity) may be anything.
  */
 static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_case *c,
                            int64_t row, int comp, int64_t nred, double *lo, double *hi)
@@ -1071,11 +1078,13 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
     size_t nb = (size_t)(nred > 0 ? nred : 1) * (size_t)fd * sizeof(double);
     size_t nw = (size_t)(nred > 0 ? nred : 1) * sizeof(double);
     double *f = malloc(nb), *fp = malloc(nb), *mn = malloc(nw), *mx = malloc(nw);
-    double *fmn = malloc(nw), *fmx = malloc(nw);
+    double *fmn = malloc(nw), *fmx = malloc(nw), *nans = malloc(nw);
     double eps = c->dtype == SR_F64 ? DBL_EPSILON : FLT_EPSILON;
-    bool ok = k0 && f && fp && mn && mx && fmn && fmx && f_row(k0, o->in, c, row, nred, f);
+    bool ok = k0 && f && fp && mn && mx && fmn && fmx && nans && f_row(k0, o->in, c, row, nred, f);
+    int runs = 1;
     for (int64_t j = 0; ok && j < nred; j++) {
         double *v = &f[j * fd + comp];
+        nans[j] = isnan(*v);
         if (nan_last && isnan(*v))
             *v = INFINITY;
         ok = !isnan(*v);
@@ -1089,8 +1098,10 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
         if (!kp[p])
             continue;
         ok = f_row(kp[p], &o->pin[p], c, row, nred, fp);
+        runs++;
         for (int64_t j = 0; ok && j < nred; j++) {
             double v = f[j * fd + comp], q = fp[j * fd + comp];
+            nans[j] += isnan(q);
             if (nan_last && isnan(q))
                 q = INFINITY;
             if (isnan(q)) {
@@ -1128,6 +1139,11 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
     }
     for (int64_t j = 0; ok && j < nred; j++) {
         double v = f[j * fd + comp];
+        if (nans[j] > 0 && nans[j] < runs) { /* NaN in some runs only: no defined value */
+            lo[j] = -INFINITY;
+            hi[j] = INFINITY;
+            continue;
+        }
         if (mn[j] != mx[j] && (isinf(mn[j]) || isinf(mx[j]))) { /* wild: a class change */
             double span = fmx[j] >= fmn[j] ? fmx[j] - fmn[j] : 0;
             double big = fmx[j] >= fmn[j] ? fmax(fabs(fmn[j]), fabs(fmx[j])) : 0;
@@ -1146,6 +1162,7 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
     free(mx);
     free(fmn);
     free(fmx);
+    free(nans);
     return ok;
 }
 
