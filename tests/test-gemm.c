@@ -277,8 +277,8 @@ Test(gemm, small_budget)
 
 /* ---- selections ranked again by F as given (gemm.c, "ranking the candidates again") ---- */
 
-/* KMin_ArgKMin (or the one-output forms) of SqDist(x, y), D 64, float32 or float64, on x, y as
- * given: values into vals, indices into idx (either may be NULL). */
+/* A kernel of the test context reducing SqDist(x, y), x = Vi(D), y = Vj(D), by red (K, axis,
+ * dtype as given). */
 static sr_kernel *knn_kernel(sr_reduction red, int K, int axis, sr_dtype dt, int D)
 {
     sr_expr *f = sr_sqdist(ctx, sr_vi(ctx, 0, D), sr_vj(ctx, 1, D));
@@ -297,12 +297,12 @@ static sr_kernel *knn_kernel(sr_reduction red, int K, int axis, sr_dtype dt, int
  * neighbours c_i + s e_a at squared distances 1 + 3e-5 q, q = 0..5, on random axes a, in shuffled
  * index order; the other queries' neighbours are ~80 away. The truth (double, from the float32
  * inputs) is the order of q. The gemm path keeps 7 candidates, so all six are among them, and
- * must find the truth exactly; without the ranking
- * (SYMRED_GEMM_REFINE=off) it must not, which shows that the case tests something. */
+ * must find the truth exactly; without the ranking (SYMRED_GEMM_REFINE=off) it must not, which
+ * shows that the case tests something. */
 Test(gemm, selection_near_ties_exact)
 {
     if (!have_avx512 && !have_blis)
-        return; /* no gemm: nothing to rank (the direct strategy is exact here) */
+        cr_skip_test("neither AVX-512F nor BLIS: the gemm path is never chosen, nothing to rank");
     enum { D = 64, NX = 24, NN = 6, NY = NX * NN, K = 3 };
     uint64_t s = 99;
     float *x = malloc(sizeof(float) * NX * D), *y = malloc(sizeof(float) * NY * D);
