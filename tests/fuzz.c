@@ -739,7 +739,13 @@ static sr_expr *f32_range(sr_ctx *ctx, sr_expr *n)
     sr_expr *a = sr_abs(ctx, n), *half = sr_const(ctx, 0.5);
     sr_expr *big = sr_sub(ctx, sr_less(ctx, a, sr_const(ctx, (double)FLT_MAX)), half);
     sr_expr *tiny = sr_sub(ctx, sr_less(ctx, a, sr_const(ctx, (double)FLT_TRUE_MIN / 2)), half);
-    sr_expr *in = sr_ifelse(ctx, tiny, sr_mul(ctx, n, sr_const(ctx, 0.0)), n);
+    /* ... and float32's precision: n rounded to 24 significant bits (Veltkamp's split, t - (t -
+     * n) with t = n (2^29 + 1); the reference does not contract it), as each float32 node is:
+     * asin(sin(1)) is 1 in double and 0.99999994 in float32, and a comparison with 1 tells
+     * (seed 20261127 case 1024). */
+    sr_expr *t = sr_mul(ctx, n, sr_const(ctx, 536870913.0));
+    sr_expr *r24 = sr_sub(ctx, t, sr_sub(ctx, t, n));
+    sr_expr *in = sr_ifelse(ctx, tiny, sr_mul(ctx, n, sr_const(ctx, 0.0)), r24);
     return sr_ifelse(ctx, big, in, sr_mul(ctx, n, sr_const(ctx, 1e300)));
 }
 

@@ -105,7 +105,11 @@
     X(argmin_rounding_tie, "ArgMin((-(VecMatMult(Var(3,1,1),Var(2,8,1))/Normalize(Var(2,8,1)))))", \
       "", SR_KMIN_ARGKMIN, 0, 1, SR_F32, SR_ACC_DEFAULT, 1, 1, "UUGPU", 0x58f1071be40a3ac9ULL, 1)  \
     X(atan_rewrite_cos, "Cos(Atan(Var(0,3,0)))", "", SR_MAX, 1, 1, SR_F32, SR_ACC_DEFAULT, 16, 1,  \
-      "E", 0xe82d84a3283aa5f1ULL, 1)
+      "E", 0xe82d84a3283aa5f1ULL, 1)                                                               \
+    /* seed 20261127 case 1024: the fuzzer's: asin(sin(1)) is 1 in double, 0.99999994 in           \
+     * float32, and Less tells; the float32 run now rounds every node to 24 bits */                \
+    X(f32_precision, "Less(Asin(Sin(Var(1,1,1))),Floor(Var(1,1,1)))", "", SR_KMIN, 0, 1, SR_F32,   \
+      SR_ACC_DEFAULT, 1, 32, "UT", 0xb019b79f2ab9c7f6ULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {
