@@ -715,6 +715,10 @@ static sr_expr *magnitude(sr_ctx *ctx, const sr_expr *e, sr_expr **kid, sr_expr 
                                  sr_add(ctx, sr_abs(ctx, kid[1]), sr_abs(ctx, kid[2])));
     case OP_MOD:
         return sr_add(ctx, sr_abs(ctx, kid[0]), sr_abs(ctx, n));
+    case OP_TENSORDOT: { /* a sum of products too (seed 238437737183095 case 50) */
+        sr_expr *ab[2] = {sr_abs(ctx, kid[0]), sr_abs(ctx, kid[1])};
+        return expr_make(ctx, OP_TENSORDOT, ab, e->iattr, e->dim, e->fattr);
+    }
     default:
         return sr_abs(ctx, n);
     }

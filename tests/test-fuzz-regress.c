@@ -109,7 +109,13 @@
     /* seed 20261127 case 1024: the fuzzer's: asin(sin(1)) is 1 in double, 0.99999994 in           \
      * float32, and Less tells; the float32 run now rounds every node to 24 bits */                \
     X(f32_precision, "Less(Asin(Sin(Var(1,1,1))),Floor(Var(1,1,1)))", "", SR_KMIN, 0, 1, SR_F32,   \
-      SR_ACC_DEFAULT, 1, 32, "UT", 0xb019b79f2ab9c7f6ULL, 1)
+      SR_ACC_DEFAULT, 1, 32, "UT", 0xb019b79f2ab9c7f6ULL, 1)                                       \
+    /* seed 238437737183095 case 50: the fuzzer's: TensorDot's rounding bound is the sum of its    \
+     * terms' magnitudes, as for the other sums of products */                                     \
+    X(tensordot_magnitude,                                                                         \
+      "Square(TensorDot(IfElse(Elem(Var(1,2,1),1),Var(0,1,1),Var(2,3,0)),Var(2,3,0),[3,1],[3,1],[" \
+      "0],[0]))",                                                                                  \
+      "", SR_MIN, 0, 1, SR_F32, SR_ACC_DEFAULT, 257, 13, "UEGU", 0x686c12d108bbd1feULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {
