@@ -724,6 +724,15 @@ static sr_expr *magnitude(sr_ctx *ctx, const sr_expr *e, sr_expr **kid, sr_expr 
     }
 }
 
+/* The towards-zero run's "equal up to rounding, amplified": sqrt(eps) for rel = 8 eps. */
+static sr_expr *near_tol(sr_ctx *ctx, double r) { return sr_const(ctx, sqrt(fabs(r) / 8.0)); }
+
+/* The K-min reductions, which order NaN last (the pair-by-pair check takes NaN as +Inf). */
+static bool nan_last_red(sr_reduction red)
+{
+    return red == SR_KMIN || red == SR_ARGKMIN || red == SR_KMIN_ARGKMIN;
+}
+
 static bool is_comparison(int op)
 {
     return op == OP_LESS || op == OP_LESSEQ || op == OP_GREATER || op == OP_GREATEREQ ||
@@ -780,8 +789,8 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
          * to rounding (amplified by the ill-conditioning of what computed them, up to
          * 1/sqrt(eps)) compare equal, as they may in the dtype. */
         sr_expr *d = sr_sub(ctx, kid[0], kid[1]);
-        sr_expr *derr = sr_mul(ctx, sr_const(ctx, sqrt(fabs(r) / 8.0)),
-                               sr_add(ctx, sr_abs(ctx, kid[0]), sr_abs(ctx, kid[1])));
+        sr_expr *derr =
+            sr_mul(ctx, near_tol(ctx, r), sr_add(ctx, sr_abs(ctx, kid[0]), sr_abs(ctx, kid[1])));
         sr_expr *dz[2] = {sr_sub(ctx, d, sr_clamp(ctx, d, sr_neg(ctx, derr), derr)),
                           sr_const(ctx, 0.0)};
         return expr_make(ctx, (enum expr_op)e->op, dz, NULL, 0, 0.0);
@@ -792,7 +801,7 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
          * at an integer y only. A base within sqrt(eps) of 1 is made 1 and an exponent within
          * sqrt(eps) of an integer that integer, as they may be in the dtype (Normalize of a
          * scalar is +-1 up to its rounding: seed 20261124 case 601). */
-        sr_expr *one = sr_const(ctx, 1.0), *c = sr_const(ctx, sqrt(fabs(r) / 8.0));
+        sr_expr *one = sr_const(ctx, 1.0), *c = near_tol(ctx, r);
         sr_expr *tb = sr_mul(ctx, c, sr_add(ctx, sr_abs(ctx, kid[0]), one));
         kid[0] =
             sr_ifelse(ctx, sr_sub(ctx, tb, sr_abs(ctx, sr_sub(ctx, kid[0], one))), one, kid[0]);
@@ -808,8 +817,7 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
          * makes the output unstable. A NaN extreme leaves the op as it is. */
         bool mx = e->op == OP_ARGMAX;
         sr_expr *a = kid[0], *m = mx ? sr_max(ctx, a) : sr_min(ctx, a);
-        sr_expr *tol = sr_mul(ctx, sr_const(ctx, sqrt(fabs(r) / 8.0)),
-                              sr_add(ctx, sr_abs(ctx, m), sr_abs(ctx, a)));
+        sr_expr *tol = sr_mul(ctx, near_tol(ctx, r), sr_add(ctx, sr_abs(ctx, m), sr_abs(ctx, a)));
         sr_expr *gap = mx ? sr_sub(ctx, m, a) : sr_sub(ctx, a, m);
         /* how many components lie within tol of the extreme, itself included: 2 or more, and
          * which is the extreme in the dtype is not defined */
@@ -1083,8 +1091,7 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
     int fd = k0 ? k0->fdim : 1;
     /* The K-min reductions order NaN last: there a NaN is +Inf, and a pair whose class the
      * perturbed runs change may lie anywhere between their values (wild). */
-    bool nan_last =
-        !weight && (c->red == SR_KMIN || c->red == SR_ARGKMIN || c->red == SR_KMIN_ARGKMIN);
+    bool nan_last = !weight && nan_last_red(c->red);
     size_t nb = (size_t)(nred > 0 ? nred : 1) * (size_t)fd * sizeof(double);
     size_t nw = (size_t)(nred > 0 ? nred : 1) * sizeof(double);
     double *f = malloc(nb), *fp = malloc(nb), *mn = malloc(nw), *mx = malloc(nw);
@@ -1202,7 +1209,7 @@ static bool selection_ok(const struct oracle *o, const struct fz_case *c, const 
     int fd = k->fdim, K = k->k, comp = (int)(t % k->out_dim) % fd;
     int64_t row = t / k->out_dim, nred = c->axis == 1 ? c->ny : c->nx, base = row * k->out_dim;
     bool max = c->red == SR_MAX || c->red == SR_ARGMAX || c->red == SR_MAX_ARGMAX;
-    bool kmin = c->red == SR_KMIN || c->red == SR_ARGKMIN || c->red == SR_KMIN_ARGKMIN;
+    bool kmin = nan_last_red(c->red);
     if (nred <= 0 || K > nred)
         return false;
     size_t nb = (size_t)nred * sizeof(double);

@@ -252,6 +252,12 @@ static bool refinable(const sr_kernel *k)
     }
 }
 
+/* Whether argument v is a variable of the reduced axis (gathered for the ranking). */
+static bool reduced_var(const sr_kernel *k, int v)
+{
+    return k->vars[v].dim && k->vars[v].cat == (k->axis == 1 ? SR_CAT_J : SR_CAT_I);
+}
+
 /* How many candidates the gemm pass keeps for a selection of K: K/2 more, at least 4 and at
  * most 16 more. Each costs the epilogue about 0.6 % at D = 100 (ArgKMin K = 10, 10 000 x
  * 100 000 float32: 4 more 3 %, 10 more 7 %, 22 more 14 %; ranking the candidates 1 %). */
@@ -286,7 +292,7 @@ static sr_status refine_prepare(sr_kernel *k, struct gemm_kernel *g, int64_t lim
         return st == SR_ENOMEM ? sr__error(k->ctx, st, "gemm-epilogue: out of memory") : st;
     g->kc = candidates(k->k);
     for (int v = 0; v < k->nargs; v++)
-        if (k->vars[v].dim && k->vars[v].cat == (k->axis == 1 ? SR_CAT_J : SR_CAT_I))
+        if (reduced_var(k, v))
             g->rdims += k->vars[v].dim;
     return SR_OK;
 }
@@ -527,7 +533,7 @@ static int rank_row(const struct gemm_call *c, int64_t o, const int64_t *ci, int
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
     char *p = panels;
     for (int v = 0; v < k->nargs; v++) {
-        if (!k->vars[v].dim || k->vars[v].cat != (k->axis == 1 ? SR_CAT_J : SR_CAT_I))
+        if (!reduced_var(k, v))
             continue;
         size_t row = (size_t)(k->vars[v].dim * es);
         for (int q = 0; q < nc; q++)
