@@ -14,6 +14,7 @@
 #include "symred.h"
 
 #include "bench.h"
+#include "record.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -60,6 +61,8 @@ int main(int argc, char **argv)
         return 1;
     }
     setenv("SYMRED_CACHE_DIR", dir, 1);
+    bench_record rec;
+    bench_record_open(&rec, "bench-gauss", argc, argv);
 
     float *x = bench_alloc(sizeof(float) * 3 * n), *y = bench_alloc(sizeof(float) * 3 * n);
     float *b = bench_alloc(sizeof(float) * n), *o1 = bench_alloc(sizeof(float) * n);
@@ -118,6 +121,12 @@ int main(int argc, char **argv)
     printf("warm kernel creation (new context, disk cache%s): %.2f ms\n",
            disk_hit ? " hit" : ": NOT a hit", t_warm_new * 1e3);
 
+    bench_record_row(&rec,
+                     "\"N\": %lld, \"reps\": %d, \"symred_gpairs\": %.3f, \"hand_gpairs\": %.3f, "
+                     "\"symred_over_hand\": %.3f, \"cold_ms\": %.1f, \"warm_ms\": %.2f",
+                     (long long)n, reps, pairs / best_sr * 1e-9, pairs / best_hand * 1e-9,
+                     best_hand / best_sr, t_cold_new * 1e3, t_warm_new * 1e3);
+    bench_record_close(&rec);
     sr_kernel_free(k);
     sr_kernel_free(k2);
     sr_ctx_free(ctx);

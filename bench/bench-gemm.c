@@ -40,6 +40,7 @@
 #include <symred.h>
 
 #include "bench.h"
+#include "record.h"
 #include "fma-peak.h"
 
 #include <math.h>
@@ -170,7 +171,7 @@ static const char *loadavg(void)
 
 /* kNN on Fashion-MNIST with the AVX-512 gemm (and with BLIS when nkern is 2), between two
  * FMA-peak runs. */
-static int fashion_mnist(sr_ctx *ctx, int reps, int nkern)
+static int fashion_mnist(sr_ctx *ctx, int reps, int nkern, bench_record *rec)
 {
     const char *dir = "/usr/share/datasets/fashion-mnist";
     char pp[256], pq[256];
@@ -242,6 +243,14 @@ static int fashion_mnist(sr_ctx *ctx, int reps, int nkern)
                med[q], flops / best[q] / 1e9, flops / med[q] / 1e9, 100 * medfrac[q],
                100 * maxfrac[q], 100 * medcfrac[q]);
     printf("load average at the end: %s\n", loadavg());
+    for (int q = 0; q < nkern; q++)
+        bench_record_row(rec,
+                         "\"table\": \"fashion-mnist\", \"kernel\": \"%s\", \"n\": %lld, "
+                         "\"m\": %lld, \"D\": %lld, \"k\": %d, \"min_s\": %.4f, "
+                         "\"median_s\": %.4f, \"peak_fraction_median\": %.3f, "
+                         "\"cpu_peak_fraction_median\": %.3f",
+                         names[q], (long long)np, (long long)nq, (long long)D, K, best[q], med[q],
+                         medfrac[q], medcfrac[q]);
     if (nkern < 2) {
         free(idx[0]);
         free(xp);
@@ -317,10 +326,13 @@ int main(int argc, char **argv)
     }
     if (nknn == 0)
         nknn = 1;
+    bench_record rec;
+    bench_record_open(&rec, "bench-gemm", argc, argv);
     sr_ctx *ctx;
     sr_ctx_new(&ctx);
     if (fmnist) {
-        int rc = fashion_mnist(ctx, fm_reps, fm_kerns);
+        int rc = fashion_mnist(ctx, fm_reps, fm_kerns, &rec);
+        bench_record_close(&rec);
         sr_ctx_free(ctx);
         return rc;
     }
@@ -370,6 +382,12 @@ int main(int argc, char **argv)
         timed(ctx, f, &d, "auto", n, n, args, out, 1, s3);
         printf("%6d %7lld %11.3f %11.3f %11.3f %8.2f %8.2f %7.1f%% %8s\n", D, (long long)n, td, tg,
                tb, td / tg, tb / tg, 100 * 2.0 * D * (double)n * (double)n / tg / 1e9 / peak, s3);
+        bench_record_row(&rec,
+                         "\"table\": \"matvec\", \"D\": %d, \"N\": %lld, \"direct_s\": %.4f, "
+                         "\"avx512_s\": %.4f, \"blis_s\": %.4f, \"auto\": \"%s\", "
+                         "\"cpu_time\": %d",
+                         D, (long long)n, isnan(td) ? -1.0 : td, tg, isnan(tb) ? -1.0 : tb, s3,
+                         use_cpu_time);
         free(x);
         free(y);
         free(b);
@@ -377,6 +395,7 @@ int main(int argc, char **argv)
     }
 
     if (matvec_only) { /* --dims: the mat-vec table only */
+        bench_record_close(&rec);
         unsetenv("SYMRED_BLIS");
         unsetenv("SYMRED_GEMM_KERNEL");
         sr_ctx_free(ctx);
@@ -400,6 +419,11 @@ int main(int argc, char **argv)
             double td = timed(ctx, f, &d, "off", nq, np, args, idx, 1, s1);
             double tg = timed(ctx, f, &d, "on", nq, np, args, idx, 1, s2);
             timed(ctx, f, &d, "auto", nq, np, args, idx, 1, s3);
+            bench_record_row(&rec,
+                             "\"table\": \"knn\", \"n\": %lld, \"m\": %lld, \"D\": %d, "
+                             "\"direct_s\": %.4f, \"gemm_s\": %.4f, \"auto\": \"%s\"",
+                             (long long)np, (long long)nq, D, td,
+                             strcmp(s2, "gemm") == 0 ? tg : -1.0, s3);
             if (strcmp(s2, "gemm") == 0)
                 printf("%9lld %6d %12.3f %12.3f %8.2f %8s\n", (long long)np, D, td, tg, td / tg,
                        s3);
@@ -409,6 +433,7 @@ int main(int argc, char **argv)
             free(xp);
             free(idx);
         }
+    bench_record_close(&rec);
     unsetenv("SYMRED_BLIS");
     unsetenv("SYMRED_GEMM_KERNEL");
     sr_ctx_free(ctx);

@@ -13,6 +13,7 @@
 #include "symred.h"
 
 #include "bench.h"
+#include "record.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [N] [reps]\n", argv[0]);
         return 2;
     }
+    bench_record rec;
+    bench_record_open(&rec, "bench-grad", argc, argv);
     float *x = bench_alloc(sizeof(float) * 3 * n), *y = bench_alloc(sizeof(float) * 3 * n);
     float *b = bench_alloc(sizeof(float) * n), *G = bench_alloc(sizeof(float) * n);
     float *out = bench_alloc(sizeof(float) * 3 * n), g = 2.0f;
@@ -112,6 +115,13 @@ int main(int argc, char **argv)
     print_line(sr_kernel_explain(gx), "simplified formula:");
     print_line(sr_kernel_explain(gx), "cost estimate:");
     print_line(sr_kernel_explain(fwd), "cost estimate:");
+    bench_record_row(&rec,
+                     "\"N\": %lld, \"reps\": %d, \"forward_s\": %.4f, \"dx_s\": %.4f, "
+                     "\"dy_s\": %.4f, \"dx_over_forward\": %.2f, \"dy_over_forward\": %.2f, "
+                     "\"dx_over_forward_cpu\": %.2f, \"dy_over_forward_cpu\": %.2f",
+                     (long long)n, reps, t_f, t_x, t_y, t_x / t_f, t_y / t_f, cpu[1] / cpu[0],
+                     cpu[2] / cpu[0]);
+    bench_record_close(&rec);
     if (getenv("BENCH_GRAD_EXPLAIN"))
         printf("%s\n%s\n", sr_kernel_explain(gx), sr_kernel_explain(gy));
     sr_kernel_free(gx);

@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "python"))
 from symred import Genred  # noqa: E402
 
+from record import Record  # noqa: E402  (bench/record.py, beside this file)
+
 DIR = "/usr/share/datasets/fashion-mnist"
 
 
@@ -38,7 +40,7 @@ def read_idx(path, count):
         return np.frombuffer(f.read(count * item), dtype=np.uint8).reshape(count, item)
 
 
-def compare(name, xtr, xte, k, reps, faiss):
+def compare(name, xtr, xte, k, reps, faiss, rec):
     """Times symred's ArgKMin of SqDist and FAISS IndexFlatL2 on the same arrays, prints both,
     the ratio, and the neighbour-set check. Returns the number of sets that differ by more than
     exact ties."""
@@ -87,6 +89,9 @@ def compare(name, xtr, xte, k, reps, faiss):
     print(f"speedup symred / FAISS: {t_f / t_s:.2f}x")
     print(f"neighbour sets: {m - differ} identical, {tie_only} differ only by exact ties, "
           f"{real} differ otherwise")
+    rec.row(data=name, n=n, m=m, D=d, k=k, strategy=strategy, symred_s=round(t_s, 4),
+            faiss_s=round(t_f, 4), faiss_over_symred=round(t_f / t_s, 3), identical=m - differ,
+            ties_only=tie_only, other=real, faiss_threads=faiss.omp_get_max_threads())
     return real
 
 
@@ -103,6 +108,7 @@ def main():
         import faiss
     except ImportError:
         sys.exit("knn_faiss: python3-faiss is not installed (apt-get install python3-faiss)")
+    rec = Record("knn_faiss")
     if a.random:
         rng = np.random.default_rng(0)
         bad = 0
@@ -110,14 +116,16 @@ def main():
             for d in [int(v) for v in a.dims.split(",")]:
                 xtr = rng.random((n, d), dtype=np.float32)
                 xte = rng.random((a.test, d), dtype=np.float32)
-                bad += compare("random uniform kNN", xtr, xte, a.k, a.reps, faiss)
+                bad += compare("random uniform kNN", xtr, xte, a.k, a.reps, faiss, rec)
                 print()
+        rec.close()
         return 0 if bad == 0 else 1
     xtr = np.ascontiguousarray(read_idx(os.path.join(DIR, "train-images-idx3-ubyte.gz"),
                                         a.train).astype(np.float32) / 255.0)
     xte = np.ascontiguousarray(read_idx(os.path.join(DIR, "t10k-images-idx3-ubyte.gz"),
                                         a.test).astype(np.float32) / 255.0)
-    real = compare("Fashion-MNIST exact kNN", xtr, xte, a.k, a.reps, faiss)
+    real = compare("Fashion-MNIST exact kNN", xtr, xte, a.k, a.reps, faiss, rec)
+    rec.close()
     return 0 if real == 0 else 1
 
 
