@@ -3,7 +3,7 @@
  * parser they share.
  *
  * The budget bounds the workspace of every kernel of a context (the eXLA idea made a library
- * guarantee, see DESIGN.md): the backends shrink their tiles, threads and splits to stay under
+ * guarantee): the backends shrink their tiles, threads and splits to stay under
  * it and fail with SR_EBUDGET, saying how many bytes they need, when even their smallest plan
  * does not fit. Inputs and outputs are the caller's and are not counted.
  */

@@ -27,7 +27,7 @@
  * threads (bli_thread_set_num_threads(1)), so there is no oversubscription.
  *
  * BLIS configuration. Debian's BLIS 0.9.0 picks its sub-configuration from cpuid at bli_init:
- * on Intel AVX-512 VMs `haswell` (issue 5 reports `skx` at 114 vs 67 GFLOP/s on one thread), on
+ * on Intel AVX-512 VMs `haswell` (where `skx` measured 114 vs 67 GFLOP/s on one thread), on
  * this AMD EPYC AVX-512 VM `zen3`, which measured 98 GFLOP/s on one idle core for our tile
  * shape, as fast as OpenBLAS 0.3.21's AVX-512 (Cooperlake) kernels (94-95). The only way to
  * choose another is the BLIS_ARCH_TYPE variable read at bli_init, and in this BLIS build *any*

@@ -4,7 +4,7 @@
  *
  * The unit is a "flop-equivalent": one add or multiply of one component. Division and square
  * root count 4, exp and log 10, trigonometric functions 15, pow 20: the rough throughput ratios
- * of vectorised code on the AVX-512 machines this library targets (see DESIGN.md). The model
+ * of vectorised code on the AVX-512 machines this library targets. The model
  * only has to rank alternatives, not predict times.
  */
 #include "formulas.h"
@@ -155,8 +155,8 @@ void simp_cost_estimate(const sr_expr *const *roots, int nroots, unsigned red_de
 
 /*
  * The rewritten form SqNorm2(x) + SqNorm2(y) - 2(x|y) only pays when the backend computes the
- * inner products as BLIS tiles, and the backend takes that path from SR_GEMM_MIN_DIM on: the
- * crossover measured with bench/bench-gemm (see core.h). Below it the direct SqDist is cheaper.
+ * inner products as GEMM tiles, and the backend takes that path from SR_GEMM_MIN_DIM on: the
+ * crossover measured with bench/bench-gemm (see formulas.h). Below it the direct SqDist is cheaper.
  */
 int simp_cost_gemm_min_dim(void) { return SR_GEMM_MIN_DIM; }
 

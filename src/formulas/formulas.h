@@ -110,9 +110,9 @@ struct sr_cost {
 };
 
 /*
- * The dimension from which inner products go through BLIS tiles (src/cpu/gemm.c).
- * The crossover, measured on this machine (2-core AMD EPYC with AVX-512, Debian BLIS 0.9.0
- * picking zen3, 2 threads, other jobs running: load average 2-3) with bench/bench-gemm, which
+ * The dimension from which inner products go through the gemm-epilogue path's tiles
+ * (src/cpu/gemm.c). The crossover, measured on the 2-core AMD EPYC AVX-512 development VM with
+ * BLIS 0.9.0 picking zen3 (2 threads, load average 2-3) with bench/bench-gemm, which
  * runs the same kernel with SYMRED_BLIS=off and =on: a Gaussian mat-vec written with the inner
  * product, Exp(-(SqNorm2(x)+SqNorm2(y)-2(x|y))*g)*b, float32, N = M = sqrt(F / 2D), best of 3.
  * Direct / gemm time ratio, F = 2e10 (bench/README.md has the times):
@@ -121,9 +121,9 @@ struct sr_cost {
  * crossover is between 16 and 24 in every run, so gemm-epilogue is chosen from D = 24 on, and the
  * simplifier rewrites SqDist into norms and an inner product (the form that path needs) from the
  * same D. (kNN, ArgKMin k = 10 of SqDist at D = 100, 10000 x 100000: direct 104.7 s, gemm 3.4 s.)
- * Re-measured with symred's AVX-512 gemm (issue 14, Zen 5 EPYC, load 2-3): direct / gemm 0.72-1.46
- * at D = 8, 1.30 at 12, 1.55-3.47 at 16, 2.67-3.83 at 24: on AVX-512 CPUs the crossover moved
- * to between 8 and 16. The constant stays 24 (the BLIS crossover, and the simplifier's rewrite
+ * Measured with symred's AVX-512 gemm (Zen 5 EPYC, load 2-3): direct / gemm 0.72-1.46
+ * at D = 8, 1.30 at 12, 1.55-3.47 at 16, 2.67-3.83 at 24: on AVX-512 CPUs the crossover is
+ * between 8 and 16. The constant stays 24 (the BLIS crossover, and the simplifier's rewrite
  * threshold, which cannot ask the backend which gemm will run); docs/avx512-gemm.md.
  */
 #define SR_GEMM_MIN_DIM 24
@@ -135,8 +135,8 @@ double simp_op_flops(const sr_expr *e);
  * the pair are charged per row, column or call; without, every non-constant node per pair. */
 void simp_cost_estimate(const sr_expr *const *roots, int nroots, unsigned red_dep, size_t esize,
                         bool hoist, struct sr_cost *c);
-/* The smallest dimension at which the norms + inner product form of SqDist beats the direct
- * form in the model (32 with the constants in cost.c). */
+/* The smallest dimension at which SqDist becomes norms + an inner product: SR_GEMM_MIN_DIM,
+ * the measured crossover of the gemm-epilogue path. */
 int simp_cost_gemm_min_dim(void);
 /* Whether SqDist(a, b) should become norms + inner product: a and b separable (one depends on
  * i only, the other on j only) and their dimension at least o->gemm_min_dim. */

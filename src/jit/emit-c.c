@@ -56,7 +56,7 @@ static void prelude(struct emitter *E, const char *A)
         P("extern %s %s%s(%s);\n", t, fns1[i], f, t);
     /* libm's atan under another name: gcc rewrites sin(atan(x)) to x / sqrt(x*x + 1) and
      * cos(atan(x)) to 1 / sqrt(x*x + 1), with copysign(1, x) and copysign(0, x) past a bound
-     * that a NaN fails, so Sin(Atan(NaN)) was -1 and Cos(Atan(NaN)) 0 (fuzz seed 20261126). A
+     * that a NaN fails, which would make Sin(Atan(NaN)) -1 and Cos(Atan(NaN)) 0. A
      * function that is not the builtin atan takes no such rewrite. */
     P("extern %s sr_atan%s(%s) __asm__(\"atan%s\");\n", t, f, t, f);
     P("extern %s atan2%s(%s, %s);\n\n", t, f, t, t);
