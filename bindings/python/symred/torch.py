@@ -46,7 +46,9 @@ from ._lib import SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, RunDesc, SolveDesc, 
 __all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm", "cluster"]
 
 # ``from symred.torch.cluster import ...`` (pykeops' path): this module is not a package.
+# pykeops keeps KernelSolve in ``pykeops.torch.operations``: here, this module.
 sys.modules[__name__ + ".cluster"] = cluster
+sys.modules[__name__ + ".operations"] = sys.modules[__name__]
 
 _SR_DTYPES = {torch.float32: SR_F32, torch.float64: SR_F64}
 _NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
