@@ -370,6 +370,14 @@ class Genred(_genred.Genred):
                              f"tensor of shape {shape}")
         return out
 
+    @staticmethod
+    def _log(a):
+        return torch.log(a)
+
+    @staticmethod
+    def _copy_into(out, res):
+        return out.copy_(res)
+
     def eval_block(self, *args, rows, cols, out=None):
         """:meth:`symred.Genred.eval_block` on CPU tensors (not differentiated), with symred's
         thread count as this module's reductions (see :class:`_omp_threads`)."""
@@ -396,7 +404,9 @@ class Genred(_genred.Genred):
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
         """Runs the reduction on tensors given in alias-index order."""
         device = self._device(backend)
-        self._unsupported(out)
+        if self._needs_extended_call(out):
+            return self._extended_call(args, out, backend=backend, device_id=device_id,
+                                       ranges=ranges)
         full = self._batch_shape(args)
         if full is not None:  # batch dimensions: flattened by differentiable torch ops
             return self._call_batched(args, full, backend, device_id, ranges)
