@@ -331,7 +331,8 @@ class Genred:
             given, arrays of another dtype raise TypeError.
         opt_arg (int): K of KMin, ArgKMin and KMin_ArgKMin (required there, refused elsewhere).
         formula2 (str): the weight G of SumSoftMaxWeight, parsed with the same aliases:
-            ``sum_j exp(F_ij) G_ij / sum_j exp(F_ij)``.
+            ``sum_j exp(F_ij) G_ij / sum_j exp(F_ij)``; or of LogSumExp (F scalar):
+            ``log sum_j exp(F_ij) G_ij``, componentwise in G, as pykeops.
         dtype_acc, use_double_acc, sum_scheme: pykeops' accuracy options for float32 sums,
             mapped to the kernel's accumulation mode (``sr_kernel_desc.acc``):
             ``use_double_acc=True`` or ``dtype_acc="float64"`` accumulate in double;
@@ -340,7 +341,8 @@ class Genred:
             and more accurate); ``"auto"`` leaves it to ``SYMRED_ACC``. The reference backend
             always accumulates in double.
 
-    Calling ``f(*args, backend="auto")`` returns, with ``n`` the number of output rows and
+    Calling ``f(*args, backend="auto", out=None)`` returns (written into ``out`` when it is
+    given, an array of the result's shape and dtype), with ``n`` the number of output rows and
     ``D`` the dimension of F:
 
     - Sum, Min, Max, LogSumExp: an ``(n, D)`` array of the input dtype; SumSoftMaxWeight:

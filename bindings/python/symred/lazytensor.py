@@ -102,7 +102,9 @@ class LazyTensor:
 
     Operations build formula text; reductions over ``dim=0`` (i, one result per j) or
     ``dim=1`` (j, one result per i) run it and return NumPy arrays shaped as
-    :class:`~symred.Genred` documents (indices in int64).
+    :class:`~symred.Genred` documents (indices in int64). With B leading batch dimensions
+    (arrays of shape (B.., n, 1, d), ...), those are ``dim=B`` and ``dim=B+1``, as in pykeops
+    (docs/pykeops.md).
     """
 
     # NumPy must leave `array + lazytensor` to our reflected operators.
