@@ -4,7 +4,9 @@
 # Steps: install missing Debian packages; a warnings-as-errors build in build-ci/ and ctest
 # there (unit tests, examples checked against brute force, the install test); the same with
 # AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/; clang-format on the C
-# sources; the Python tests when bindings/python/tests exists; 150 cases of differential
+# sources; the Python tests when bindings/python/tests exists, with Debian's python3 (torch
+# 1.13) and again in the cached virtual environment of scripts/pyenv.sh (PyTorch 2.x), and
+# pykeops 2.3's own test suite against symred (scripts/pykeops-suite.sh); 150 cases of differential
 # fuzzing with a seed fresh for each commit (printed) and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a
 # ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
 # threads (docs/fuzzing.md). Every step runs even after a failure, and the last line says how
@@ -62,12 +64,12 @@ format_check() {
     clang-format --dry-run -Werror "${files[@]}"
 }
 
-python_tests() {
-    local dir=bindings/python/tests
+python_tests() { # python_tests [PYTHON]: Debian's python3 (torch 1.13) unless told
+    local dir=bindings/python/tests python=${1:-/usr/bin/python3}
     local ntests
     ntests=$(find "$dir" -name 'test_*.py' -o -name '*_test.py' | wc -l)
     # The bindings find the library built above.
-    SYMRED_LIB="$(cd "$ci_dir" && pwd)/libsymred.so" /usr/bin/python3 -m pytest -q "$dir"
+    SYMRED_LIB="$(cd "$ci_dir" && pwd)/libsymred.so" "$python" -m pytest -q "$dir"
     local rc=$?
     if [ "$rc" -eq 5 ] && [ "$ntests" -eq 0 ]; then
         echo "test.sh: $dir has no test files yet"
@@ -75,6 +77,16 @@ python_tests() {
     fi
     return "$rc"
 }
+
+# The same Python tests under the cached virtual environment's python (PyTorch 2.x, jax,
+# GPyTorch, pykeops from PyPI), created by scripts/pyenv.sh when missing.
+python_tests_venv() {
+    local venv
+    venv=$(./scripts/pyenv.sh) && python_tests "$venv/bin/python"
+}
+
+# pykeops 2.3's own test suite against symred (scripts/pykeops-suite.sh: which tests may fail).
+pykeops_suite() { ./scripts/pykeops-suite.sh "$(cd "$ci_dir" && pwd)/libsymred.so"; }
 
 # Random formulas through every backend, using the fuzz-diff of build-ci/. The seed is fresh for
 # every commit and the same for every run of one commit: it is the commit's hash (printed by
@@ -137,6 +149,8 @@ step "ctest (ASan + UBSan)" run_ctest "$asan_dir"
 step "clang-format" format_check
 if [ -d bindings/python/tests ]; then
     step "python tests" python_tests
+    step "python tests (PyTorch 2.x, scripts/pyenv.sh)" python_tests_venv
+    step "pykeops 2.3 test suite" pykeops_suite
 fi
 step "fuzz: differential (${SYMRED_FUZZ_CASES:-150} cases)" fuzz_diff
 step "fuzz: libFuzzer parser (${SYMRED_FUZZ_PARSE_SECONDS:-30} s)" fuzz_parse

@@ -427,6 +427,22 @@ Test(parse, arity_errors)
     assert_fails("Cst(1,2)", SR_EPARSE, "Cst takes 1 number (value), got 2", NULL);
 }
 
+/* keopscore prints its formulas with a comma after the last argument. */
+Test(parse, trailing_comma)
+{
+    sr_expr *x = X(), *y = Y();
+    assert_parses_to("Abs(x,)", sr_abs(ctx, x));
+    assert_parses_to("SqDist(x,y,)", sr_sqdist(ctx, x, y));
+    assert_parses_to("Pow(x,3,)", sr_pow(ctx, x, 3));
+    assert_parses_to("Exp(-Var(0,3,0,),)", sr_exp(ctx, sr_neg(ctx, sr_vi(ctx, 0, 3))));
+    assert_parses_to("Sum(Abs(x,),)", sr_sum(ctx, sr_abs(ctx, x)));
+    assert_fails("Abs(x,,)", SR_EPARSE, "Abs takes 1 operand", NULL);
+    assert_fails("Abs(x,y)", SR_EPARSE, "Abs takes 1 operand, got 2", NULL);
+    assert_fails("Abs(x,y,z)", SR_EPARSE, "Abs takes 1 operand, got 3", NULL);
+    assert_fails("Abs(,)", SR_EPARSE, NULL, NULL);
+    assert_fails("Exp(x,", SR_EPARSE, NULL, NULL);
+}
+
 Test(parse, literal_errors)
 {
     assert_fails("Pow(x,2.0)", SR_EPARSE,

@@ -5,8 +5,8 @@
 
 Applies RLIMIT_AS when the config asks for it (before any peer is imported), imports
 exp_<experiment>, calls its run(config) and prints the result as JSON on the last stdout line:
-run()'s fields plus `self_peak_rss_bytes` (getrusage RUSAGE_SELF). MemoryError, and errors whose
-text says an allocation failed, become status "oom"; ImportError becomes "skipped" with the
+run()'s fields plus `self_peak_rss_bytes` (VmHWM, see self_peak_rss_bytes). MemoryError, and
+errors whose text says an allocation failed, become status "oom"; ImportError becomes "skipped" with the
 message; anything else "error" with the message's tail (the traceback goes to stderr).
 """
 
@@ -32,6 +32,21 @@ def plot(name, records_path, png_path):
     importlib.import_module("exp_" + name).plot(records, png_path)
 
 
+def self_peak_rss_bytes():
+    """This process's peak RSS: VmHWM of /proc/self/status, which counts from the exec. Linux's
+    getrusage ru_maxrss keeps the high-water mark of the process before its exec, so a child of
+    a large process (a pytest run that imported PyTorch 2 and jax: 640 MB) would report the
+    parent's size; ru_maxrss only where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def main():
     if sys.argv[1] == "--plot":
         return plot(*sys.argv[2:5])
@@ -54,7 +69,7 @@ def main():
         text = f"{type(e).__name__}: {e}"
         status = "oom" if any(w in text.lower() for w in OOM_WORDS) else "error"
         result = {"status": status, "reason": text[-400:]}
-    result["self_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["self_peak_rss_bytes"] = self_peak_rss_bytes()
     sys.stdout.flush()
     print("\n" + json.dumps(result, default=float), flush=True)
 

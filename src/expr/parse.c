@@ -507,23 +507,27 @@ static int count_rest(struct parser *p)
     return count;
 }
 
-/* Reports a call with the wrong number of arguments: k read so far, the current token being
- * the ')' or the ',' where the count went wrong. */
-COLD static void arity_error(struct parser *p, const char *fn, size_t fn_col, int k,
-                             const struct signature *sig)
+/* Reports a call with got arguments, saying what sig takes. */
+COLD static void arity_fail(struct parser *p, const char *fn, size_t fn_col, int got,
+                            const struct signature *sig)
 {
-    int got = k;
-    if (p->t.kind == T_COMMA)
-        got += count_rest(p);
     char want[128];
     describe_signature(want, sizeof want, sig);
     fail(p, SR_EPARSE, fn_col, "%s takes %s, got %d", fn, want, got);
 }
 
+/* Reports a call with the wrong number of arguments: k read so far, the current token being
+ * the ')' or the ',' where the count went wrong. */
+COLD static void arity_error(struct parser *p, const char *fn, size_t fn_col, int k,
+                             const struct signature *sig)
+{
+    arity_fail(p, fn, fn_col, p->t.kind == T_COMMA ? k + count_rest(p) : k, sig);
+}
+
 /*
  * Parses the arguments of a call, the current token being its '(': sig->nexpr expressions
- * into exprs, then sig->nlit signed literals into nums. The count is checked, with a message
- * saying what the function takes.
+ * into exprs, then sig->nlit signed literals into nums, optionally followed by one comma. The
+ * count is checked, with a message saying what the function takes.
  */
 static bool parse_args(struct parser *p, const char *fn, size_t fn_col, const struct signature *sig,
                        sr_expr **exprs, struct num *nums)
@@ -549,6 +553,16 @@ static bool parse_args(struct parser *p, const char *fn, size_t fn_col, const st
         if (p->t.kind == T_RPAREN && !more) {
             next(p);
             return true;
+        }
+        if (p->t.kind == T_COMMA && !more && nslot > 0) {
+            /* One trailing comma, as keopscore writes them: Abs(v0,) */
+            next(p);
+            if (p->t.kind == T_RPAREN) {
+                next(p);
+                return true;
+            }
+            arity_fail(p, fn, fn_col, k + 1 + count_rest(p), sig);
+            return false;
         }
         if (p->t.kind == T_RPAREN || (p->t.kind == T_COMMA && !more)) {
             arity_error(p, fn, fn_col, k, sig);

@@ -1,6 +1,7 @@
 """Genred: a generic reduction, called like pykeops.numpy.Genred."""
 
 import ctypes
+import inspect
 import re
 import threading
 import weakref
@@ -282,6 +283,11 @@ def _check_dtype_option(dtype):
     return dt
 
 
+def _rebuild(cls, args, kwargs):
+    """Unpickles a Genred (or a subclass): constructed again from its arguments."""
+    return cls(*args, **kwargs)
+
+
 class _Handle:
     """The C objects of one Genred: its context, parsed formulas and compiled kernels.
 
@@ -325,7 +331,8 @@ class Genred:
             given, arrays of another dtype raise TypeError.
         opt_arg (int): K of KMin, ArgKMin and KMin_ArgKMin (required there, refused elsewhere).
         formula2 (str): the weight G of SumSoftMaxWeight, parsed with the same aliases:
-            ``sum_j exp(F_ij) G_ij / sum_j exp(F_ij)``.
+            ``sum_j exp(F_ij) G_ij / sum_j exp(F_ij)``; or of LogSumExp (F scalar):
+            ``log sum_j exp(F_ij) G_ij``, componentwise in G, as pykeops.
         dtype_acc, use_double_acc, sum_scheme: pykeops' accuracy options for float32 sums,
             mapped to the kernel's accumulation mode (``sr_kernel_desc.acc``):
             ``use_double_acc=True`` or ``dtype_acc="float64"`` accumulate in double;
@@ -334,7 +341,8 @@ class Genred:
             and more accurate); ``"auto"`` leaves it to ``SYMRED_ACC``. The reference backend
             always accumulates in double.
 
-    Calling ``f(*args, backend="auto")`` returns, with ``n`` the number of output rows and
+    Calling ``f(*args, backend="auto", out=None)`` returns (written into ``out`` when it is
+    given, an array of the result's shape and dtype), with ``n`` the number of output rows and
     ``D`` the dimension of F:
 
     - Sum, Min, Max, LogSumExp: an ``(n, D)`` array of the input dtype; SumSoftMaxWeight:
@@ -404,11 +412,13 @@ class Genred:
                 raise ValueError(
                     "SumSoftMaxWeight needs formula2, the formula whose values are averaged"
                 )
-        elif formula2 is not None:
+        elif formula2 is not None and reduction_op != "LogSumExp":
             raise ValueError(
-                f"formula2 is the weight of SumSoftMaxWeight; {reduction_op} takes none "
-                f"(weighted LogSumExp is not supported)"
+                f"formula2 is the weight of SumSoftMaxWeight and of LogSumExp; {reduction_op} "
+                f"takes none"
             )
+        elif formula2 is not None and not isinstance(formula2, str):
+            raise TypeError(f"formula2 must be a str, not {type(formula2).__name__}")
         self.dtype = _check_dtype_option(dtype)
         if dtype_acc not in ("auto", "float32", "float64"):
             raise ValueError(
@@ -460,10 +470,28 @@ class Genred:
                  if formula2 is not None else None)
         self._expr = self._parse(text, "formula")
         self._weight = self._parse(text2, "formula2") if text2 is not None else None
+        # The weighted LogSumExp log(sum_j exp(F_ij) G_ij) (pykeops' LogSumExp with formula2;
+        # F scalar, G of any dimension) is the LogSumExp of F plus the log of the
+        # SumSoftMaxWeight of F and G: two reductions, built when first called.
+        self._weighted_lse = reduction_op == "LogSumExp" and formula2 is not None
+        if self._weighted_lse and lib.sr_expr_dim(self._expr) != 1:
+            raise ValueError(f"LogSumExp with a weight (formula2) needs a scalar formula; "
+                             f"{formula!r} has dimension {lib.sr_expr_dim(self._expr)}")
 
         self._args = _args_from(aliases, [text, text2])
         self._check_args_with_parser()
         self.nargs = 1 + max(self._args) if self._args else 0
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        # The constructor's arguments, for pickling: the C objects are not pickled, and a copy
+        # is built again from these.
+        self._init_args = (args, kwargs)
+        return self
+
+    def __reduce__(self):
+        args, kwargs = self._init_args
+        return (_rebuild, (type(self), args, kwargs))
 
     # -- construction helpers
 
@@ -708,11 +736,46 @@ class Genred:
             sizes.append(next(iter(counts.values())) if counts else 1)
         return arrays, dt, sizes[0], sizes[1]
 
+    def _needs_extended_call(self, out):
+        return out is not None or self._weighted_lse
+
+    def _extended_call(self, args, out, **kwargs):
+        """A call with ``out=`` (the result written into ``out``, which is returned) or of a
+        weighted LogSumExp (two reductions, see __init__)."""
+        if self._weighted_lse:
+            parts = self.__dict__.get("_lse_parts")
+            if parts is None:
+                kw = inspect.signature(Genred.__init__).bind(
+                    None, *self._init_args[0], **self._init_args[1]).arguments
+                kw.pop("self")
+                kw.pop("reduction_op")
+                formula2 = kw.pop("formula2")
+                parts = (type(self)(reduction_op="LogSumExp", **kw),
+                         type(self)(reduction_op="SumSoftMaxWeight", formula2=formula2, **kw))
+                self._lse_parts = parts
+            res = parts[0](*args, **kwargs) + self._log(parts[1](*args, **kwargs))
+        else:
+            res = self(*args, **kwargs)
+        if out is None:
+            return res
+        if isinstance(res, tuple):
+            raise ValueError(f"out= holds one array; {self.reduction_op} returns two")
+        if (not self._is_array(out) or tuple(out.shape) != tuple(res.shape)
+                or out.dtype != res.dtype):
+            raise ValueError(f"out must be a {self._ARRAY_NAME} of shape {tuple(res.shape)} and "
+                             f"dtype {self._dtype_name(res.dtype)}, got "
+                             + (f"shape {tuple(out.shape)} and dtype {self._dtype_name(out.dtype)}"
+                                if self._is_array(out) else type(out).__name__))
+        return self._copy_into(out, res)
+
     @staticmethod
-    def _unsupported(out=None):
-        """Refuses the pykeops call options symred does not have yet, with a clear error."""
-        if out is not None:
-            raise ValueError("out= (in-place output) is not supported by symred")
+    def _log(a):
+        return np.log(a)
+
+    @staticmethod
+    def _copy_into(out, res):
+        out[...] = res
+        return out
 
     @staticmethod
     def _ranges_array(a):
@@ -858,7 +921,9 @@ class Genred:
         variable, (B, D) for a parameter): the batches run as one launch and the result has
         shape (B..., M, D)."""
         device = self._device(backend)
-        self._unsupported(out)
+        if self._needs_extended_call(out):
+            return self._extended_call(args, out, backend=backend, device_id=device_id,
+                                       ranges=ranges)
         full = self._batch_shape(args)
         if full is not None:
             return self._call_batched(args, full, backend, device_id, ranges)

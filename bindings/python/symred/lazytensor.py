@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .cluster import swap_axes
 from .genred import Genred
 from .solve import KernelSolve
 
@@ -28,7 +29,7 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 # Keyword arguments of a reduction that configure the Genred, and those of its call.
 _INIT_KWARGS = ("dtype_acc", "use_double_acc", "sum_scheme", "enable_chunks", "use_fast_math")
-_CALL_KWARGS = ("backend", "device_id", "ranges")
+_CALL_KWARGS = ("backend", "device_id", "ranges", "out")
 
 _cache = OrderedDict()
 _cache_lock = threading.Lock()
@@ -101,7 +102,9 @@ class LazyTensor:
 
     Operations build formula text; reductions over ``dim=0`` (i, one result per j) or
     ``dim=1`` (j, one result per i) run it and return NumPy arrays shaped as
-    :class:`~symred.Genred` documents (indices in int64).
+    :class:`~symred.Genred` documents (indices in int64). With B leading batch dimensions
+    (arrays of shape (B.., n, 1, d), ...), those are ``dim=B`` and ``dim=B+1``, as in pykeops
+    (docs/pykeops.md).
     """
 
     # NumPy must leave `array + lazytensor` to our reflected operators.
@@ -444,6 +447,10 @@ class LazyTensor:
     def sinxdivx(self):
         return self._unary("SinXDivX")
 
+    def sinc(self):
+        """torch's normalised sinc: sin(pi x) / (pi x), 1 at x = 0 (SinXDivX of pi x)."""
+        return (math.pi * self).sinxdivx()
+
     def round(self, decimals=0):
         if not _is_int(decimals):
             raise TypeError("round: decimals must be an int")
@@ -640,13 +647,25 @@ class LazyTensor:
 
     # ---- reductions --------------------------------------------------------------------------
 
-    @staticmethod
-    def _axis(axis, dim):
+    def _axis(self, axis, dim):
+        """The Genred axis (0: over i, 1: over j) of a reduction's ``dim``/``axis``, numbered
+        as pykeops does: with B batch dimensions, B reduces over i and B + 1 over j; a
+        negative value counts from the end of :attr:`shape` with the vector axis kept (-3: i,
+        -2: j)."""
         ax = dim if dim is not None else axis
-        if isinstance(ax, bool) or ax not in (0, 1):
-            raise ValueError(f"reduction dimension must be 0 (over i, one result per j) or 1 "
-                             f"(over j, one result per i), not {ax!r}")
-        return ax
+        B = self.nbatchdims
+        k = ax + B + 3 if _is_int(ax) and ax < 0 else ax
+        if isinstance(ax, bool) or not _is_int(ax) or k not in (B, B + 1):
+            batch = f" for a LazyTensor with {B} batch dimensions" if B else ""
+            raise ValueError(f"reduction dimension must be {B} (over i, one result per j) or "
+                             f"{B + 1} (over j, one result per i){batch}, not {ax!r}")
+        return int(k) - B
+
+    def _is_vector_axis(self, axis, dim):
+        """Whether ``sum(dim)``, ``min(dim)``, ... names the vector axis (-1, or the last one
+        of :attr:`_shape`): then they are operations on the vector, not reductions."""
+        ax = dim if dim is not None else axis
+        return not isinstance(ax, bool) and _is_int(ax) and ax in (-1, len(self._shape) - 1)
 
     def _reduce(self, red, axis, dim, K=None, weight=None, kwargs=None):
         ax = self._axis(axis, dim)
@@ -734,29 +753,30 @@ class LazyTensor:
         return ks(*arrays, alpha=alpha, eps=eps, **call_kwargs)
 
     def sum(self, axis=-1, dim=None, **kwargs):
-        """``sum(-1)``: the sum of the components (a LazyTensor); ``sum(dim=0|1)``: the Sum
-        reduction over i or j (an array)."""
-        if (dim if dim is not None else axis) in (-1, 2):
+        """``sum(-1)`` (or the last axis of :attr:`_shape`): the sum of the components (a
+        LazyTensor); ``sum(dim=B|B+1)``, B the number of batch dimensions: the Sum reduction
+        over i or j (an array)."""
+        if self._is_vector_axis(axis, dim):
             return self._unary("Sum", 1)
         return self._reduce("Sum", axis, dim, kwargs=kwargs)
 
     def min(self, axis=-1, dim=None, **kwargs):
-        if (dim if dim is not None else axis) in (-1, 2):
+        if self._is_vector_axis(axis, dim):
             return self._unary("Min", 1)
         return self._reduce("Min", axis, dim, kwargs=kwargs)
 
     def max(self, axis=-1, dim=None, **kwargs):
-        if (dim if dim is not None else axis) in (-1, 2):
+        if self._is_vector_axis(axis, dim):
             return self._unary("Max", 1)
         return self._reduce("Max", axis, dim, kwargs=kwargs)
 
     def argmin(self, axis=-1, dim=None, **kwargs):
-        if (dim if dim is not None else axis) in (-1, 2):
+        if self._is_vector_axis(axis, dim):
             return self._unary("ArgMin", 1)
         return self._reduce("ArgMin", axis, dim, kwargs=kwargs)
 
     def argmax(self, axis=-1, dim=None, **kwargs):
-        if (dim if dim is not None else axis) in (-1, 2):
+        if self._is_vector_axis(axis, dim):
             return self._unary("ArgMax", 1)
         return self._reduce("ArgMax", axis, dim, kwargs=kwargs)
 
@@ -776,9 +796,16 @@ class LazyTensor:
         return self._reduce("KMin_ArgKMin", axis, dim, K=K, kwargs=kwargs)
 
     def logsumexp(self, axis=None, dim=None, weight=None, **kwargs):
-        if weight is not None:
-            raise ValueError("logsumexp: a weight is not supported by symred")
-        return self._reduce("LogSumExp", axis, dim, kwargs=kwargs)
+        """``log sum exp(self)`` over i or j; with a ``weight`` w (a LazyTensor or array of
+        any dimension; self scalar), ``log sum exp(self) * w``, componentwise in w.
+        ``other=`` is another name for ``weight`` (pykeops accepts both)."""
+        if "other" in kwargs:
+            if weight is not None:
+                raise TypeError("logsumexp: weight and other name the same argument; give one")
+            weight = kwargs.pop("other")
+        return self._reduce("LogSumExp", axis, dim,
+                            weight=self._wrap(weight) if weight is not None else None,
+                            kwargs=kwargs)
 
     def sumsoftmaxweight(self, weight, axis=None, dim=None, **kwargs):
         """``sum exp(self) * weight / sum exp(self)`` over i (dim=0) or j (dim=1); self must
@@ -824,14 +851,86 @@ class LazyTensor:
     def sumsoftmaxweight_reduction(self, **kwargs):
         return self.sumsoftmaxweight(**kwargs)
 
+    # ---- linear operator ---------------------------------------------------------------------
+
+    def __matmul__(self, v, **kwargs):
+        """``K @ v``: the sum over j of K_ij v_j, for K of dimension 1 and v a 1-D array of m
+        values (result: n values) or an array of shape (B.., m, e) (result (B.., n, e)).
+        Keyword arguments (``K.__matmul__(v, backend=..., out=...)``) go to the reduction."""
+        if self.ndim != 1:
+            raise ValueError(f"K @ v needs a LazyTensor K of dimension 1, got shape {self.shape}")
+        if not isinstance(v, self._ARRAY_TYPE):
+            return NotImplemented
+        shape = tuple(v.shape)
+        if len(shape) == 0:
+            raise ValueError("K @ v: v must have at least one dimension")
+        view = (1, shape[0], 1) if len(shape) == 1 else shape[:-2] + (1,) + shape[-2:]
+        kv = self * type(self)(v.reshape(view))
+        res = kv.sum(kv.dim() - 2, **kwargs)
+        return res.reshape(-1) if len(shape) == 1 else res
+
+    def matvec(self, v):
+        """``self @ v`` (scipy.sparse.linalg's LinearOperator name)."""
+        return self @ v
+
+    def rmatvec(self, v):
+        """``self.T @ v``."""
+        return self.T @ v
+
+    def t(self):
+        """The transpose: i-variables become j-variables and the other way round (shape
+        (B.., nj, ni, d)); ranges are swapped."""
+        res = type(self)()
+        res._copy_from(self)
+        res.ni, res.nj = self.nj, self.ni
+        res.ranges = swap_axes(self.ranges)
+        swapped, res.leaves = {}, {}
+        for tok, leaf in self.leaves.items():
+            if leaf.cat == _P:
+                res.leaves[tok] = leaf
+                continue
+            new = _Leaf(leaf.data, _J if leaf.cat == _I else _I, leaf.dim)
+            swapped[tok] = new.token
+            res.leaves[new.token] = new
+        res.formula = _TOKEN_RE.sub(lambda m: swapped.get(m.group(0), m.group(0)), self.formula)
+        return res
+
+    @property
+    def T(self):
+        return self.t()
+
     # ---- description -------------------------------------------------------------------------
 
     @property
+    def batchdims(self):
+        """The batch dimensions: the broadcast of the leading dimensions of the arrays (beyond
+        (n, d) for a variable, (d,) for a parameter); () when there are none."""
+        shapes = []
+        for leaf in self.leaves.values():
+            if isinstance(leaf.data, self._ARRAY_TYPE):
+                base = 1 if leaf.cat == _P else 2
+                shapes.append(tuple(leaf.data.shape[: leaf.data.ndim - base]))
+        return tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+
+    @property
+    def nbatchdims(self):
+        return len(self.batchdims)
+
+    @property
+    def _shape(self):
+        """(B.., ni, nj, ndim): 1 for a missing index."""
+        return self.batchdims + (self.ni or 1, self.nj or 1, self.ndim)
+
+    @property
     def shape(self):
-        """(ni, nj, ndim) as pykeops reports it: 1 for a missing index, the last entry
+        """(B.., ni, nj, ndim) as pykeops reports it: 1 for a missing index, the last entry
         dropped when ndim is 1."""
-        s = (self.ni or 1, self.nj or 1, self.ndim)
-        return s[:2] if self.ndim == 1 else s
+        s = self._shape
+        return s[:-1] if self.ndim == 1 else s
+
+    def dim(self):
+        """The number of axes of :attr:`_shape` (batch dimensions + 3), as pykeops."""
+        return len(self._shape)
 
     def __repr__(self):
         names = {}

@@ -2,13 +2,17 @@
 
 import sys
 
+from . import _np_utils as utils
 from . import cluster
 from .genred import Genred
 from .lazytensor import LazyTensor, Pm, Vi, Vj
 from .solve import KernelSolve
 
-__all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm", "cluster"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm", "cluster", "utils"]
 
-# ``import symred.numpy.cluster`` / ``from symred.numpy.cluster import ...`` (pykeops' path):
-# this module is not a package, so the submodule is registered under that name.
+# ``import symred.numpy.cluster`` / ``from symred.numpy.cluster import ...`` (pykeops' paths,
+# also .utils and .operations): this module is not a package, so the submodules are registered
+# under those names; ``operations`` (where pykeops keeps KernelSolve) is this module.
 sys.modules[__name__ + ".cluster"] = cluster
+sys.modules[__name__ + ".utils"] = utils
+sys.modules[__name__ + ".operations"] = sys.modules[__name__]

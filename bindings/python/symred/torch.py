@@ -46,7 +46,9 @@ from ._lib import SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, RunDesc, SolveDesc, 
 __all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm", "cluster"]
 
 # ``from symred.torch.cluster import ...`` (pykeops' path): this module is not a package.
+# pykeops keeps KernelSolve in ``pykeops.torch.operations``: here, this module.
 sys.modules[__name__ + ".cluster"] = cluster
+sys.modules[__name__ + ".operations"] = sys.modules[__name__]
 
 _SR_DTYPES = {torch.float32: SR_F32, torch.float64: SR_F64}
 _NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
@@ -368,6 +370,14 @@ class Genred(_genred.Genred):
                              f"tensor of shape {shape}")
         return out
 
+    @staticmethod
+    def _log(a):
+        return torch.log(a)
+
+    @staticmethod
+    def _copy_into(out, res):
+        return out.copy_(res)
+
     def eval_block(self, *args, rows, cols, out=None):
         """:meth:`symred.Genred.eval_block` on CPU tensors (not differentiated), with symred's
         thread count as this module's reductions (see :class:`_omp_threads`)."""
@@ -394,7 +404,9 @@ class Genred(_genred.Genred):
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
         """Runs the reduction on tensors given in alias-index order."""
         device = self._device(backend)
-        self._unsupported(out)
+        if self._needs_extended_call(out):
+            return self._extended_call(args, out, backend=backend, device_id=device_id,
+                                       ranges=ranges)
         full = self._batch_shape(args)
         if full is not None:  # batch dimensions: flattened by differentiable torch ops
             return self._call_batched(args, full, backend, device_id, ranges)

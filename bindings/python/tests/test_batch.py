@@ -99,12 +99,13 @@ def test_lazytensor_batches():
     x, y, b, p = data(5)
     X, Y = LazyTensor(x[:, :, None, :]), LazyTensor(y[:, None, :, :])
     Bv, P = LazyTensor(b[:, None, :, :]), LazyTensor(p[:, None, None, :])
-    out = ((-((X - Y) ** 2).sum(-1) * P).exp() * Bv).sum(dim=1)
+    # pykeops' numbering: with one batch dimension, dim=1 reduces over i and dim=2 over j.
+    out = ((-((X - Y) ** 2).sum(-1) * P).exp() * Bv).sum(dim=2)
     g = Genred(GAUSS, ALIASES, axis=1)
     loop = np.stack([g(x[k], y[k], b[k], p[k]) for k in range(3)])
     assert out.shape == (3, 7, 1)
     np.testing.assert_allclose(out, loop, rtol=1e-12)
-    idx = ((X - Y) ** 2).sum(-1).argmin(dim=0)
+    idx = ((X - Y) ** 2).sum(-1).argmin(dim=1)
     assert idx.shape == (3, 5, 1)
     D = ((x[:, :, None, :] - y[:, None, :, :]) ** 2).sum(-1)
     np.testing.assert_array_equal(idx[..., 0], D.argmin(axis=1))
@@ -228,7 +229,7 @@ def test_lazytensor_batched_ranges():
     per = [random_ranges(13, 17, seed=30 + k) for k in range(3)]
     R = stack_ranges(per)
     X, Y = LazyTensor(x[:, :, None, :]), LazyTensor(y[:, None, :, :])
-    out = (X - Y).sqnorm2().sum(dim=1, ranges=R)
+    out = (X - Y).sqnorm2().sum(dim=2, ranges=R)
     for k in range(3):
         Fd = dense_F(x[k], y[k])[..., :1]
         want = masked_reduce("Sum", Fd, mask_of(per[k], 1, 13, 17), 1)

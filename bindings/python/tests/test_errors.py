@@ -173,8 +173,10 @@ def test_unknown_backend_and_unsupported_options():
         f(x, y, backend="TPU")
     with pytest.raises(ValueError, match="ranges"):
         f(x, y, ranges=(1, 2, 3, 4, 5, 6))
-    with pytest.raises(ValueError, match="out="):
-        f(x, y, out=np.empty((6, 1)))
+    with pytest.raises(ValueError, match="out must be a NumPy array of shape"):
+        f(x, y, out=np.empty((5, 1)))
+    with pytest.raises(ValueError, match="dtype float64"):
+        f(x, y, out=np.empty((6, 1), dtype=np.float32))
 
 
 def test_many_failures_leave_the_library_usable():

@@ -208,3 +208,19 @@ def test_summary_targets_count_timeouts_and_recall_misses(run_py):
     assert "not met: jax at random n=1,000 d=3 L2" in text
     assert "not met at random n=1,000 d=3 L2 (0.99)" in text
     assert "jax as fast or faster than symred at: random n=1,000 d=3 L2" in text
+
+
+def test_child_peak_rss_is_its_own():
+    """A child started by a process that once held 400 MB reports its own peak, not that."""
+    import subprocess
+
+    code = ("import subprocess, sys\n"
+            "big = bytearray(400 * 2**20)\n"
+            "big[::4096] = b'x' * len(big[::4096])\n"
+            "del big\n"
+            "print(subprocess.run([sys.executable, '-c', 'import child; "
+            "print(child.self_peak_rss_bytes())'], capture_output=True, text=True, "
+            "check=True).stdout)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(BENCH), "PATH": "/usr/bin:/bin"}, check=True)
+    assert 0 < int(r.stdout.split()[-1]) < 200 * 2**20, r.stdout

@@ -216,12 +216,15 @@ def test_child_env_gives_the_sgpr_runs_openblas(monkeypatch, tmp_path):
 
 
 def run_child(config):
-    """exp_sgpr.run in a process of its own (it sets RLIMIT_AS), as bench/exla/run.py does."""
+    """exp_sgpr.run in a process of its own (it sets RLIMIT_AS), with the interpreter that
+    bench/exla/run.py gives its children (common.child_python, not this test's: a PyPI NumPy's
+    OpenBLAS allocates its buffers after the limit is set and gives up)."""
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import exp_sgpr\n"
             "try:\n    r = exp_sgpr.run(json.loads(sys.argv[2]))\n"
             "except MemoryError as e:\n    r = {'status': 'oom', 'reason': str(e)}\n"
             "print(json.dumps(r))")
-    p = subprocess.run([sys.executable, "-c", code, str(BENCH), json.dumps(config)],
+    p = subprocess.run([exp_sgpr.common.child_python(), "-c", code, str(BENCH),
+                        json.dumps(config)],
                        capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])

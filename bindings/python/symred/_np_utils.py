@@ -1,0 +1,78 @@
+"""``symred.numpy.utils``: dense NumPy versions of the common kernels, under the names of
+``pykeops.numpy.utils``, for checking symbolic reductions against the full n x m matrix.
+
+``x`` is (n, d), ``y`` is (m, d); results are (n, m) unless stated.
+"""
+
+import numpy as np
+
+__all__ = ["squared_distances", "differences", "np_kernel", "log_np_kernel", "grad_np_kernel",
+           "np_kernel_sphere", "log_sum_exp"]
+
+
+def squared_distances(x, y):
+    """|x_i - y_j|^2, as |x_i|^2 + |y_j|^2 - 2 <x_i, y_j>."""
+    return (np.sum(x * x, axis=1)[:, None] + np.sum(y * y, axis=1)[None, :]
+            - 2.0 * (x @ y.T))
+
+
+def differences(x, y):
+    """x_i[k] - y_j[k], of shape (d, n, m)."""
+    return x.T[:, :, None] - y.T[:, None, :]
+
+
+def np_kernel(x, y, s, kernel):
+    """The kernel matrix of scale s: ``gaussian`` exp(-r^2/s^2), ``laplacian`` exp(-r/s),
+    ``cauchy`` 1/(1 + r^2/s^2), ``inverse_multiquadric`` 1/sqrt(1 + r^2/s^2)."""
+    return np.exp(log_np_kernel(x, y, s, kernel))
+
+
+def log_np_kernel(x, y, s, kernel):
+    """The logarithm of :func:`np_kernel`."""
+    q = squared_distances(x, y) / (s * s)
+    logs = {
+        "gaussian": lambda: -q,
+        "laplacian": lambda: -np.sqrt(q),
+        "cauchy": lambda: -np.log1p(q),
+        "inverse_multiquadric": lambda: -0.5 * np.log1p(q),
+    }
+    if kernel not in logs:
+        raise ValueError(f"unknown kernel {kernel!r}; expected one of {', '.join(logs)}")
+    return logs[kernel]()
+
+
+def grad_np_kernel(x, y, s, kernel):
+    """The derivative of the kernel with respect to r^2 = |x_i - y_j|^2."""
+    r2 = squared_distances(x, y)
+    s2 = s * s
+    q = r2 / s2
+    grads = {
+        "gaussian": lambda: -np.exp(-q) / s2,
+        "laplacian": lambda: -np.exp(-np.sqrt(q)) / (2 * s2 * np.sqrt(q)),
+        "cauchy": lambda: -1.0 / (s2 * (1 + q) ** 2),
+        "inverse_multiquadric": lambda: -0.5 / (s2 * (1 + q) ** 1.5),
+    }
+    if kernel not in grads:
+        raise ValueError(f"unknown kernel {kernel!r}; expected one of {', '.join(grads)}")
+    return grads[kernel]()
+
+
+def np_kernel_sphere(nalpha, nbeta, s, kernel):
+    """Kernels of unit normals: ``binet`` <a,b>^2, ``linear`` <a,b>, ``gaussian_unoriented``
+    exp((2<a,b>^2 - 2)/s^2), ``gaussian_oriented`` exp((2<a,b> - 2)/s^2)."""
+    p = nalpha @ nbeta.T
+    kernels = {
+        "binet": lambda: p * p,
+        "linear": lambda: p,
+        "gaussian_unoriented": lambda: np.exp((2.0 * p * p - 2.0) / (s * s)),
+        "gaussian_oriented": lambda: np.exp((2.0 * p - 2.0) / (s * s)),
+    }
+    if kernel not in kernels:
+        raise ValueError(f"unknown kernel {kernel!r}; expected one of {', '.join(kernels)}")
+    return kernels[kernel]()
+
+
+def log_sum_exp(mat, axis=0):
+    """log(sum(exp(mat), axis)), with the maximum factored out."""
+    m = np.max(mat, axis=axis)
+    return m + np.log(np.sum(np.exp(mat - np.expand_dims(m, axis)), axis=axis))
