@@ -7,7 +7,7 @@
  * jax.ffi.register_ffi_target through ctypes and jax.ffi.pycapsule.
  *
  * The call's contract, set by symred/jax.py:
- *   attributes  kernel (u64): the sr_kernel pointer; ctx (u64): its sr_ctx, for error messages;
+ *   attributes  kernel (u64): the sr_kernel pointer; context (u64): its sr_ctx, for error messages;
  *               nx, ny (s64): the sizes of sr_run_desc; nout (s64): output rows (nx for axis 1,
  *               ny for axis 0); optionally ranges_i, slices_i, redranges_j, ranges_j, slices_j,
  *               redranges_i (arrays of s64): block-sparse ranges for sr_kernel_run_ranges.
@@ -127,7 +127,7 @@ static XLA_FFI_Error *decode_attrs(XLA_FFI_CallFrame *frame, call *c)
 {
     const XLA_FFI_Attrs *a = &frame->attrs;
     int64_t kernel = 0, ctx = 0;
-    static const char *const scalar_names[] = {"kernel", "ctx", "nx", "ny", "nout"};
+    static const char *const scalar_names[] = {"kernel", "context", "nx", "ny", "nout"};
     int64_t *slots[] = {&kernel, &ctx, &c->nx, &c->ny, &c->nout};
     int have = 0; /* bit s: scalar_names[s] was given */
     for (int64_t i = 0; i < a->size; i++) {
@@ -156,7 +156,7 @@ static XLA_FFI_Error *decode_attrs(XLA_FFI_CallFrame *frame, call *c)
     }
     if (have != 31)
         return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                    "symred: the call lacks one of the attributes kernel, ctx, nx, ny, nout");
+                    "symred: the call lacks one of the attributes kernel, context, nx, ny, nout");
     int nr = 0;
     for (int r = 0; r < NRANGES; r++)
         nr += c->ranges[r] != NULL;
