@@ -188,7 +188,7 @@ def _ffi(call, args):
     """The custom call itself: the results of the kernel as a tuple (values, indices, or
     both)."""
     kern = call.kern
-    dt = next(a.dtype for a in args)
+    dt = jnp.float64 if kern.desc[0] == SR_F64 else jnp.float32  # a kernel may read no array
     shape = (call.nout, kern.out_dim)
     results = []
     if kern.red not in _INDEX_ONLY:
