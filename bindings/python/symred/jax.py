@@ -221,10 +221,13 @@ def _batched(call, B, in_batched, args):
     (N shared when no reduced-side array is batched and there are no ranges), run as one call
     with block-diagonal ranges (or the call's ranges repeated for each batch); the results are
     reshaped to (B, M, ...) and the indices made local to their batch again. A batched
-    parameter, which one kernel cannot vary, runs as a loop."""
+    parameter, which one kernel cannot vary, runs as a loop, as do batches on the GPU."""
     kern = call.kern
     outs_batched = (True,) * (int(kern.red not in _INDEX_ONLY) + int(kern.red in _WITH_INDICES))
-    if any(b and kern.vars.get(i, (None,))[0] == SR_CAT_PARAM for i, b in enumerate(in_batched)):
+    param_batched = any(b and kern.vars.get(i, (None,))[0] == SR_CAT_PARAM
+                        for i, b in enumerate(in_batched))
+    # The CUDA handler has no ranges (sr_kernel_run_device): batches loop there too.
+    if param_batched or kern.desc[1] == _lib.SR_DEVICE_CUDA:
         idx = [i for i, b in enumerate(in_batched) if b]
 
         def one(xs):

@@ -300,3 +300,21 @@ def test_grad_of_a_linear_loss_runs_only_the_gradient_kernel():
     ct = jnp.ones((x.shape[0], 2))
     gr = gaussian_sum(1)
     assert hlo_custom_calls(jax.grad(lambda x: (gr(x, y, b, g) * ct).sum()), x) == 1
+
+
+def test_batch_dimensions_with_a_batched_parameter_are_one_call():
+    """pykeops-style batch dimensions: a (B, 1) parameter becomes a variable of the output
+    index, so even a batched parameter is one call (and differentiable)."""
+    _, y, b, _ = data()
+    rng = np.random.default_rng(5)
+    xb = jnp.asarray(rng.normal(size=(3, 7, 3)))
+    gb = jnp.asarray([[0.3], [0.7], [1.5]])
+    gr = gaussian_sum(1)
+
+    def dense(x, g):
+        return (dense_f(x, y, g)[:, :, None] * b[None]).sum(1)
+
+    assert_close(gr(xb, y, b, gb), jax.vmap(dense)(xb, gb))
+    assert hlo_custom_calls(lambda xb, gb: gr(xb, y, b, gb), xb, gb) == 1
+    assert_close(jax.grad(lambda gb: (gr(xb, y, b, gb) ** 2).sum())(gb),
+                 jax.grad(lambda gb: (jax.vmap(dense)(xb, gb) ** 2).sum())(gb), 1e-10)
