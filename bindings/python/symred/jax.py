@@ -116,11 +116,13 @@ def _kernel_vars(ptr):
 
 class _Kernel:
     """A compiled sr_kernel and what the FFI calls and their derivatives need of it; its
-    gradient kernels are created on demand in the same context."""
+    gradient kernels are created on demand in the same context. ``make`` rebuilds the same
+    kernel from another Genred (see :meth:`promoted`): for a Genred's kernel its reduction,
+    for a derived kernel how it derives from its parent."""
 
-    def __init__(self, owner, ptr, red, axis, desc, expr=None):
+    def __init__(self, owner, ptr, red, axis, desc, expr=None, make=None):
         self.owner, self.ptr, self.red, self.axis = owner, ptr, red, axis
-        self.desc, self.expr = desc, expr
+        self.desc, self.expr, self.make = desc, expr, make
         self.nargs = lib.sr_kernel_nargs(ptr)
         self.out_dim = lib.sr_kernel_out_dim(ptr)
         self.vars = _kernel_vars(ptr)
@@ -132,6 +134,7 @@ class _Kernel:
             k = self._derived.get(key)
             if k is None:
                 k = self._derived[key] = make(h)
+                k.parent = self
             return k
 
     def grad(self, index):
@@ -142,7 +145,8 @@ class _Kernel:
             h.kernels[("grad", id(self), index)] = out
             reduced_cat = SR_CAT_J if self.axis == 1 else SR_CAT_I
             axis = 1 - self.axis if self.vars[index][0] == reduced_cat else self.axis
-            return _Kernel(self.owner, out, "Sum", axis, self.desc)
+            return _Kernel(self.owner, out, "Sum", axis, self.desc,
+                           make=lambda parent: parent.grad(index))
 
         return self._new_derived(("grad", index), make)
 
@@ -157,9 +161,27 @@ class _Kernel:
             check(lib.sr_kernel_new(h.ctx, self.expr, ctypes.byref(desc), ctypes.byref(out)),
                   h.ctx, "the log-normalizer of SumSoftMaxWeight")
             h.kernels[("lse", id(self))] = out
-            return _Kernel(self.owner, out, "LogSumExp", self.axis, self.desc)
+            return _Kernel(self.owner, out, "LogSumExp", self.axis, self.desc,
+                           make=lambda parent: parent.logsumexp())
 
         return self._new_derived(("lse",), make)
+
+    def promoted(self, indices):
+        """The same kernel with the parameters of the given indices turned into variables of
+        the output index of the Genred's reduction (one value per output row: symred.Genred's
+        batched parameters), or None when that Genred cannot (parameters declared by Var())."""
+        owner, chain, k = self.owner, [], self
+        while not isinstance(k.make, tuple):
+            chain.append(k.make)
+            k = k.parent
+        try:
+            g = owner._promoted(tuple(sorted(indices)))
+        except ValueError:
+            return None
+        out = g._jax_kernel(*k.make)
+        for make in reversed(chain):
+            out = make(out)
+        return out
 
 
 class _Call:
@@ -221,13 +243,23 @@ def _batched(call, B, in_batched, args):
     (N shared when no reduced-side array is batched and there are no ranges), run as one call
     with block-diagonal ranges (or the call's ranges repeated for each batch); the results are
     reshaped to (B, M, ...) and the indices made local to their batch again. A batched
-    parameter, which one kernel cannot vary, runs as a loop, as do batches on the GPU."""
+    parameter becomes a variable of the output index of the Genred's reduction (the kernel of
+    :meth:`_Kernel.promoted`); where it cannot (a parameter declared by Var()), and on the
+    GPU, the batches run as a loop."""
     kern = call.kern
     outs_batched = (True,) * (int(kern.red not in _INDEX_ONLY) + int(kern.red in _WITH_INDICES))
-    param_batched = any(b and kern.vars.get(i, (None,))[0] == SR_CAT_PARAM
-                        for i, b in enumerate(in_batched))
-    # The CUDA handler has no ranges (sr_kernel_run_device): batches loop there too.
-    if param_batched or kern.desc[1] == _lib.SR_DEVICE_CUDA:
+    params = [i for i, b in enumerate(in_batched)
+              if b and kern.vars.get(i, (None,))[0] == SR_CAT_PARAM]
+    pk = kern.promoted(params) if params and kern.desc[1] != _lib.SR_DEVICE_CUDA else None
+    if pk is not None:
+        # Batched parameters as variables of the Genred's output index: one value per row.
+        args = list(args)
+        for i in params:
+            rows = call.nx if pk.vars[i][0] == SR_CAT_I else call.ny
+            args[i] = jnp.broadcast_to(args[i][:, None, :], (B, rows, args[i].shape[-1]))
+        call, kern = _Call(pk, call.nx, call.ny, call.ranges), pk
+    # The CUDA handler has no ranges (sr_kernel_run_device): batches loop there.
+    elif params or kern.desc[1] == _lib.SR_DEVICE_CUDA:
         idx = [i for i, b in enumerate(in_batched) if b]
 
         def one(xs):
@@ -395,7 +427,7 @@ class Genred(_genred.Genred):
                 red = _WITH_ARG.get(self.reduction_op, self.reduction_op)
                 ptr = self._kernel(sr_dtype, device, _genred.REDUCTIONS.index(red))
                 jk = _Kernel(self, ptr, red, self.axis, (sr_dtype, device, self._acc),
-                             self._expr)
+                             self._expr, make=(sr_dtype, device))
                 self._jax_kernels[(sr_dtype, device)] = jk
             return jk
 

@@ -175,12 +175,28 @@ def test_vmap_is_one_call(in_axes, axis):
     assert hlo_custom_calls(jax.vmap(gr, in_axes), *args) == 1
 
 
-def test_vmap_over_a_parameter_loops():
+@pytest.mark.parametrize("axis", [0, 1])
+def test_vmap_over_a_parameter_is_one_call(axis):
+    """A batched parameter becomes a variable of the output index (one value per row), in the
+    forward and in the gradient kernels."""
     x, y, b, _ = data()
     gs = jnp.asarray([[0.3], [0.7], [1.5]])
-    gr = gaussian_sum(1)
-    want = jax.vmap(lambda g: (dense_f(x, y, g)[:, :, None] * b[None]).sum(1))(gs)
-    assert_close(jax.vmap(lambda g: gr(x, y, b, g))(gs), want)
+    gr = gaussian_sum(axis)
+
+    def dense(g):
+        return (dense_f(x, y, g)[:, :, None] * b[None]).sum(axis)
+
+    def fn(g):
+        return gr(x, y, b, g)
+
+    assert_close(jax.vmap(fn)(gs), jax.vmap(dense)(gs))
+    assert hlo_custom_calls(jax.vmap(fn), gs) == 1
+    grad = jax.vmap(jax.grad(lambda g: (fn(g) ** 2).sum()))
+    assert_close(grad(gs), jax.vmap(jax.grad(lambda g: (dense(g) ** 2).sum()))(gs), 1e-10)
+    assert hlo_custom_calls(grad, gs) == 2
+    # A parameter declared by Var() cannot be promoted: the batches loop, with the same values.
+    gv = Genred("Exp(-Var(3, 1, 2) * SqDist(x, y)) * b", ALIASES[:3], axis=axis)
+    assert_close(jax.vmap(lambda g: gv(x, y, b, g))(gs), jax.vmap(dense)(gs))
 
 
 @pytest.mark.parametrize("red", ["ArgMin", "Min_ArgMin", "ArgKMin"])
