@@ -334,3 +334,20 @@ def test_batch_dimensions_with_a_batched_parameter_are_one_call():
     assert hlo_custom_calls(lambda xb, gb: gr(xb, y, b, gb), xb, gb) == 1
     assert_close(jax.grad(lambda gb: (gr(xb, y, b, gb) ** 2).sum())(gb),
                  jax.grad(lambda gb: (jax.vmap(dense)(xb, gb) ** 2).sum())(gb), 1e-10)
+
+
+def test_sgpr_bound_through_symred_matches_dense():
+    """bench/exla/sgpr_jax.py: the collapsed SGPR bound with K_uf K_fu and K_uf y from
+    symred.jax equals the one with K_uf materialised, value and gradient."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "exla"))
+    import sgpr_jax
+
+    rng = np.random.default_rng(6)
+    X = jnp.asarray(rng.random((300, 3)))
+    y = jnp.asarray(np.sin(6 * X[:, 0]) + 0.1 * rng.standard_normal(300))
+    Z = X[:12]
+    theta = jnp.log(jnp.asarray([0.3, 1.2, 0.1]))
+    vs, gs = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.terms_symred)
+    vd, gd = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.terms_dense)
+    assert_close(vs, vd, 1e-9)
+    assert_close(gs, gd, 1e-7)
