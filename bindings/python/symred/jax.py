@@ -17,7 +17,9 @@ calls, through the same function: gradients nest to any order (``jax.hessian``,
 vmap. Every kernel run is also a ``jax.custom_batching.custom_vmap`` function whose rule lays
 the batches end to end and runs them as **one** call with block-diagonal block-sparse ranges,
 symred's batch dimensions (docs/ranges.md). A batched parameter (``vmap`` over a bandwidth,
-say) cannot share one kernel: those calls run as a ``jax.lax.map`` loop, one call per batch.
+say) becomes a variable of the output index, one value per row, in a kernel rebuilt from the
+Genred (still one call); only a parameter declared by ``Var()``, and batches on the GPU, run
+as a ``jax.lax.map`` loop.
 
 Kernels live as long as the process: a jitted function holds their address, and JAX may keep
 it compiled after the Genred that made it is gone. ``import symred`` never imports jax; this
@@ -123,6 +125,7 @@ class _Kernel:
     def __init__(self, owner, ptr, red, axis, desc, expr=None, make=None):
         self.owner, self.ptr, self.red, self.axis = owner, ptr, red, axis
         self.desc, self.expr, self.make = desc, expr, make
+        self.parent = None  # the kernel this one derives from (set by _new_derived)
         self.nargs = lib.sr_kernel_nargs(ptr)
         self.out_dim = lib.sr_kernel_out_dim(ptr)
         self.vars = _kernel_vars(ptr)
