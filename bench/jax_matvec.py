@@ -2,8 +2,8 @@
 jax.jit of symred.jax (one XLA custom call), symred from NumPy (the same kernel without XLA),
 and the same function written in jax.numpy under jax.jit (XLA builds the N x M matrix); then
 the gradient with respect to x through jax.grad (symred.jax) and through symred.torch's
-autograd. Prints the times (best of --reps calls, after a warm-up that compiles) and the
-ratios; records them with bench/record.py when SYMRED_BENCH_RECORD is set.
+autograd. Prints the times (best of --reps calls, after a warm-up that compiles; symred.jax
+and symred from NumPy alternate call by call) and the ratios; records them with bench/record.py when SYMRED_BENCH_RECORD is set.
 
     SYMRED_LIB=build/libsymred.so ~/.cache/symred-venv/bin/python bench/jax_matvec.py
 """
@@ -40,6 +40,20 @@ def best(fn, reps):
     return min(times)
 
 
+def best_interleaved(fns, reps):
+    """best() of several functions whose calls alternate, so that a change of load on the
+    shared machine hits them alike."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for t, fn in zip(times, fns):
+            t0 = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - t0)
+    return [min(t) for t in times]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=20000)
@@ -71,8 +85,8 @@ def main():
     print(f"max |symred.jax - symred numpy| / max|out| = {np.abs(out_sym - out_np).max() / scale:.2e}")
     print(f"max |symred.jax - jax.numpy|    / max|out| = {np.abs(out_sym - out_dense).max() / scale:.2e}")
 
-    t_sym = best(lambda: f_sym(xj, yj, bj, gj).block_until_ready(), a.reps)
-    t_np = best(lambda: gn(x, y, b, g), a.reps)
+    t_sym, t_np = best_interleaved([lambda: f_sym(xj, yj, bj, gj).block_until_ready(),
+                                    lambda: gn(x, y, b, g)], a.reps)
     t_dense = best(lambda: f_dense(xj, yj, bj, gj).block_until_ready(), max(1, a.reps // 2))
 
     grad_sym = jax.jit(jax.grad(lambda x: (gj_red(x, yj, bj, gj) * ctj).sum()))
