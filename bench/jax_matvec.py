@@ -61,6 +61,11 @@ def main():
     ap.add_argument("--no-torch", action="store_true", help="skip the symred.torch gradient")
     a = ap.parse_args()
     n = a.n
+    try:  # made before timing: it notes the load average then
+        from record import Record
+        rec = Record("jax-matvec")
+    except ImportError:
+        rec = None
     rng = np.random.default_rng(0)
     x = rng.random((n, 3), dtype=np.float32)
     y = rng.random((n, 3), dtype=np.float32)
@@ -124,11 +129,8 @@ def main():
         print(f"  symred.torch grad wrt x    {t_torch * 1e3:9.2f} ms   symred.jax / torch = "
               f"{t_grad / t_torch:.3f} (target <= 1.10)")
 
-    try:
-        from record import Record
-    except ImportError:
+    if rec is None:
         return
-    rec = Record("jax-matvec")
     rec.row(case="matvec", n=n, d=3, dtype="float32", symred_jax_s=t_sym, symred_numpy_s=t_np,
             jax_numpy_s=t_dense, ratio_vs_numpy=t_sym / t_np, speedup_vs_jnp=t_dense / t_sym)
     rec.row(case="grad_x", n=n, d=3, dtype="float32", symred_jax_s=t_grad,
