@@ -7,17 +7,20 @@
  * jax.ffi.register_ffi_target through ctypes and jax.ffi.pycapsule.
  *
  * The call's contract, set by symred/jax.py:
- *   attributes  kernel (u64): the sr_kernel pointer; context (u64): its sr_ctx, for error messages;
- *               nx, ny (s64): the sizes of sr_run_desc; nout (s64): output rows (nx for axis 1,
- *               ny for axis 0); optionally ranges_i, slices_i, redranges_j, ranges_j, slices_j,
- *               redranges_i (arrays of s64): block-sparse ranges for sr_kernel_run_ranges.
+ *   attributes  kernel (u64): the sr_kernel pointer; context (u64): its sr_ctx, for error
+ *               messages; dtype (s64): the kernel's sr_dtype, which every argument and the
+ *               values must have; nx, ny (s64): the sizes of sr_run_desc; nout (s64): output
+ *               rows (nx for axis 1, ny for axis 0); optionally ranges_i, slices_i, redranges_j,
+ * ranges_j, slices_j, redranges_i (arrays of s64): block-sparse ranges for sr_kernel_run_ranges.
  *   arguments   sr_kernel_nargs(kernel) buffers, argument v being the array of variable index v
  *               (any placeholder for an index the formula does not use: the kernel never reads
  *               it), in the kernel's dtype.
  *   results     one or two buffers: the values (F32/F64), the indices (S64, or S32 when JAX runs
  *               without 64-bit types: converted from int64 here), or both in that order.
  * The Python side builds these from the kernel itself; the handler still checks the counts,
- * dtypes and output sizes so that a mismatch is an error, never a write outside a buffer.
+ * dtypes and result sizes so that a mismatch is an error, never a write outside a result. The
+ * arguments' sizes are not checked here (the C API does not state a kernel's variables): the
+ * Python side checks the shapes at trace time.
  * Errors are returned through XLA's error API with symred's message; JAX raises them as
  * Python exceptions.
  */
@@ -48,6 +51,7 @@ typedef struct call {
     sr_kernel *kernel;
     sr_ctx *ctx;
     int64_t nx, ny, nout;
+    XLA_FFI_DataType dtype;               /* of the arrays and values: the kernel's */
     const XLA_FFI_Array *ranges[NRANGES]; /* all NULL without ranges */
     const void **args;
     XLA_FFI_Buffer *values, *indices;
@@ -126,16 +130,17 @@ static int scalar_i64(XLA_FFI_AttrType type, void *attr, int64_t *out)
 static XLA_FFI_Error *decode_attrs(XLA_FFI_CallFrame *frame, call *c)
 {
     const XLA_FFI_Attrs *a = &frame->attrs;
-    int64_t kernel = 0, ctx = 0;
-    static const char *const scalar_names[] = {"kernel", "context", "nx", "ny", "nout"};
-    int64_t *slots[] = {&kernel, &ctx, &c->nx, &c->ny, &c->nout};
+    int64_t kernel = 0, ctx = 0, dtype = -1;
+    static const char *const scalar_names[] = {"kernel", "context", "dtype", "nx", "ny", "nout"};
+    int64_t *slots[] = {&kernel, &ctx, &dtype, &c->nx, &c->ny, &c->nout};
+    enum { NSCALARS = 6 };
     int have = 0; /* bit s: scalar_names[s] was given */
     for (int64_t i = 0; i < a->size; i++) {
         const XLA_FFI_ByteSpan *name = a->names[i];
         int s = 0;
-        while (s < 5 && !name_is(name, scalar_names[s]))
+        while (s < NSCALARS && !name_is(name, scalar_names[s]))
             s++;
-        if (s < 5) {
+        if (s < NSCALARS) {
             if (!scalar_i64(a->types[i], a->attrs[i], slots[s]))
                 return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
                             "symred: attribute %s must be an integer scalar", scalar_names[s]);
@@ -154,9 +159,15 @@ static XLA_FFI_Error *decode_attrs(XLA_FFI_CallFrame *frame, call *c)
                         "symred: attribute %s must be an int64 array", range_names[r]);
         c->ranges[r] = arr;
     }
-    if (have != 31)
+    if (have != (1 << NSCALARS) - 1)
         return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                    "symred: the call lacks one of the attributes kernel, context, nx, ny, nout");
+                    "symred: the call lacks one of the attributes kernel, context, dtype, nx, ny, "
+                    "nout");
+    if (dtype != SR_F32 && dtype != SR_F64)
+        return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                    "symred: attribute dtype must be 0 (float32) or 1 (float64), not %lld",
+                    (long long)dtype);
+    c->dtype = dtype == SR_F32 ? XLA_FFI_DataType_F32 : XLA_FFI_DataType_F64;
     int nr = 0;
     for (int r = 0; r < NRANGES; r++)
         nr += c->ranges[r] != NULL;
@@ -201,9 +212,11 @@ static XLA_FFI_Error *decode(XLA_FFI_CallFrame *frame, call *c)
         return fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
                     "symred: a call has one or two results, not %lld", (long long)frame->rets.size);
     for (int64_t i = 0; i < frame->args.size; i++)
-        if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER)
+        if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER ||
+            ((XLA_FFI_Buffer *)frame->args.args[i])->dtype != c->dtype)
             return fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                        "symred: argument %lld is not a buffer", (long long)i);
+                        "symred: argument %lld is not a buffer of the kernel's dtype",
+                        (long long)i);
     XLA_FFI_Buffer *r0 = frame->rets.rets[0];
     if (frame->rets.size == 2) {
         c->values = r0;
@@ -214,11 +227,10 @@ static XLA_FFI_Error *decode(XLA_FFI_CallFrame *frame, call *c)
         c->values = r0;
     }
     int64_t want = c->nout * sr_kernel_out_dim(c->kernel);
-    if (c->values != NULL &&
-        ((c->values->dtype != XLA_FFI_DataType_F32 && c->values->dtype != XLA_FFI_DataType_F64) ||
-         elements(c->values) != want))
+    if (c->values != NULL && (c->values->dtype != c->dtype || elements(c->values) != want))
         return fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                    "symred: the values result must hold %lld floats", (long long)want);
+                    "symred: the values result must hold %lld values of the kernel's dtype",
+                    (long long)want);
     if (c->indices != NULL && (!is_index_type(c->indices->dtype) || elements(c->indices) != want))
         return fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
                     "symred: the indices result must hold %lld integers", (long long)want);

@@ -221,6 +221,7 @@ def _ffi(call, args):
     if kern.red in _WITH_INDICES:
         results.append(jax.ShapeDtypeStruct(shape, _index_dtype()))
     attrs = dict(kernel=np.uint64(kern.ptr.value), context=np.uint64(kern.owner._h.ctx.value),
+                 dtype=np.int64(kern.desc[0]),
                  nx=np.int64(call.nx), ny=np.int64(call.ny), nout=np.int64(call.nout))
     if call.ranges is not None:
         attrs.update(zip(_genred._RANGES_NAMES, call.ranges))
