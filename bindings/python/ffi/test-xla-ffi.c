@@ -120,8 +120,9 @@ static void add_attr(frame *f, const char *name, int64_t value)
 enum { NX = 5, NY = 4 };
 static double x[NX * 3], y[NY * 3], b[NY];
 
-/* A frame for kernel k on x, y, b with the attributes of a correct call. */
-static void std_frame(frame *f, sr_ctx *ctx, sr_kernel *k, int64_t nout)
+/* A frame for kernel k on x, y, b with the attributes of a correct call, its one result of
+ * type t in out (NX rows). */
+static void std_frame(frame *f, sr_ctx *ctx, sr_kernel *k, XLA_FFI_DataType t, void *out)
 {
     frame_init(f);
     add_arg(f, x, NX, 3);
@@ -130,9 +131,10 @@ static void std_frame(frame *f, sr_ctx *ctx, sr_kernel *k, int64_t nout)
     add_attr(f, "context", (int64_t)(uintptr_t)ctx);
     add_attr(f, "kernel", (int64_t)(uintptr_t)k);
     add_attr(f, "dtype", SR_F64);
-    add_attr(f, "nout", nout);
+    add_attr(f, "nout", NX);
     add_attr(f, "nx", NX);
     add_attr(f, "ny", NY);
+    add_ret(f, t, out, NX, 1);
 }
 
 static sr_kernel *kernel(sr_ctx *ctx, const char *formula, sr_reduction red)
@@ -201,8 +203,7 @@ int main(void)
     const void *args[] = {x, y, b};
     sr_run_desc run = {.nx = NX, .ny = NY, .nargs = 3, .args = args, .out = want};
     CHECK(sr_kernel_run_ex(sum, &run) == SR_OK, "%s", sr_ctx_error(ctx));
-    std_frame(&f, ctx, sum, NX);
-    add_ret(&f, XLA_FFI_DataType_F64, got, NX, 1);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, got);
     XLA_FFI_Error *err = symred_xla_cpu(&f.cf);
     CHECK(err == NULL, "run: %s", last_error);
     for (int i = 0; i < NX; i++)
@@ -214,8 +215,7 @@ int main(void)
     run.out = NULL;
     run.out_idx = want_idx;
     CHECK(sr_kernel_run_ex(amin, &run) == SR_OK, "%s", sr_ctx_error(ctx));
-    std_frame(&f, ctx, amin, NX);
-    add_ret(&f, XLA_FFI_DataType_S32, idx32, NX, 1);
+    std_frame(&f, ctx, amin, XLA_FFI_DataType_S32, idx32);
     err = symred_xla_cpu(&f.cf);
     CHECK(err == NULL, "argmin: %s", last_error);
     for (int i = 0; i < NX; i++)
@@ -226,48 +226,39 @@ int main(void)
     double untouched[NX + 1];
     for (int i = 0; i <= NX; i++)
         untouched[i] = -7.0;
-    std_frame(&f, ctx, sum, NX);
-    add_ret(&f, XLA_FFI_DataType_F64, untouched, NX + 1, 1); /* one row too many */
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, untouched);
+    f.ret_dims[0][0] = NX + 1; /* one row too many */
     expect_error(symred_xla_cpu(&f.cf), "must hold 5 values");
-    std_frame(&f, ctx, sum, NX);
-    add_ret(&f, XLA_FFI_DataType_F32, untouched, NX, 1); /* not the values' dtype */
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F32, untouched); /* not the values' dtype */
     expect_error(symred_xla_cpu(&f.cf), "must hold 5 values");
-    std_frame(&f, ctx, sum, NX);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, untouched);
     f.arg_bufs[1].dtype = XLA_FFI_DataType_F32; /* an array of another dtype */
-    add_ret(&f, XLA_FFI_DataType_F64, untouched, NX, 1);
     expect_error(symred_xla_cpu(&f.cf), "argument 1 is not a buffer of the kernel's dtype");
-    std_frame(&f, ctx, sum, NX);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, untouched);
     f.values[2] = 7; /* not a dtype */
-    add_ret(&f, XLA_FFI_DataType_F64, untouched, NX, 1);
     expect_error(symred_xla_cpu(&f.cf), "dtype must be 0 (float32) or 1 (float64)");
-    std_frame(&f, ctx, sum, NX);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, untouched);
     f.cf.args.size = 2; /* an array missing */
-    add_ret(&f, XLA_FFI_DataType_F64, untouched, NX, 1);
     expect_error(symred_xla_cpu(&f.cf), "takes 3 arrays, the call passes 2");
-    std_frame(&f, ctx, sum, NX);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, untouched);
     f.cf.attrs.size = 5; /* no "ny" */
-    add_ret(&f, XLA_FFI_DataType_F64, untouched, NX, 1);
     expect_error(symred_xla_cpu(&f.cf), "lacks one of the attributes");
-    std_frame(&f, ctx, sum, NX);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, untouched);
     add_attr(&f, "bogus", 1);
-    add_ret(&f, XLA_FFI_DataType_F64, untouched, NX, 1);
     expect_error(symred_xla_cpu(&f.cf), "unknown attribute bogus");
-    std_frame(&f, ctx, sum, NX);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, untouched);
     f.values[1] = 0; /* a NULL kernel */
-    add_ret(&f, XLA_FFI_DataType_F64, untouched, NX, 1);
     expect_error(symred_xla_cpu(&f.cf), "NULL kernel");
     for (int i = 0; i <= NX; i++)
         CHECK(untouched[i] == -7.0, "a failed call wrote row %d", i);
 
     /* A failure of the library itself: its message, through the error API. */
-    std_frame(&f, ctx, sum, NX);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, got);
     f.values[4] = -1; /* nx < 0 */
-    add_ret(&f, XLA_FFI_DataType_F64, got, NX, 1);
     expect_error(symred_xla_cpu(&f.cf), "symred: ");
 
     /* The CUDA handler: no GPU here, or a CPU kernel: an error either way. */
-    std_frame(&f, ctx, sum, NX);
-    add_ret(&f, XLA_FFI_DataType_F64, got, NX, 1);
+    std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, got);
     err = symred_xla_cuda(&f.cf);
     CHECK(err != NULL, "the CUDA handler ran a CPU kernel on host pointers");
     if (err != NULL)
