@@ -327,15 +327,18 @@ XLA_FFI_Error *symred_xla_cpu(XLA_FFI_CallFrame *frame)
 
 /* ---- CUDA ------------------------------------------------------------------------------- */
 
-/* cuStreamSynchronize from the driver library that libsymred also dlopens: loaded once per
- * process, so the handler library itself needs no CUDA to build or load. */
+/* cuStreamSynchronize from the driver library that libsymred also dlopens ($SYMRED_LIBCUDA,
+ * else libcuda.so.1): loaded once per process, so the handler library itself needs no CUDA to
+ * build or load. */
 typedef int (*stream_sync_fn)(void *stream);
 static stream_sync_fn stream_sync;
 static pthread_once_t stream_sync_once = PTHREAD_ONCE_INIT;
 
 static void load_stream_sync(void)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char *name = getenv("SYMRED_LIBCUDA"); /* as libsymred's own loader */
+    void *h =
+        dlopen(name != NULL && name[0] != '\0' ? name : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (h != NULL)
         *(void **)&stream_sync = dlsym(h, "cuStreamSynchronize");
 }
@@ -369,7 +372,8 @@ XLA_FFI_Error *symred_xla_cuda(XLA_FFI_CallFrame *frame)
     pthread_once(&stream_sync_once, load_stream_sync);
     if (err == NULL && stream_sync == NULL)
         err = fail(api, XLA_FFI_Error_Code_UNAVAILABLE,
-                   "symred: cuStreamSynchronize not found in libcuda.so.1");
+                   "symred: cuStreamSynchronize not found (no CUDA driver library: libcuda.so.1 "
+                   "or $SYMRED_LIBCUDA)");
     if (err == NULL && stream_sync(sargs.stream) != 0)
         err = fail(api, XLA_FFI_Error_Code_INTERNAL,
                    "symred: cuStreamSynchronize on XLA's stream failed");
