@@ -351,3 +351,20 @@ def test_sgpr_bound_through_symred_matches_dense():
     vd, gd = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.terms_dense)
     assert_close(vs, vd, 1e-9)
     assert_close(gs, gd, 1e-7)
+
+
+def test_hessian_by_reverse_over_reverse():
+    """jax.hessian is forward over reverse, which custom_vjp refuses; jacrev(grad) is the
+    Hessian through two levels of gradient kernels."""
+    x, y, b, g = data(4, 3)
+    gr = gaussian_sum(1)
+
+    def loss(fn):
+        return lambda x: (fn(x, y, b, g) ** 2).sum()
+
+    def dense(x, y, b, g):
+        return (dense_f(x, y, g)[:, :, None] * b[None]).sum(1)
+
+    assert_close(jax.jacrev(jax.grad(loss(gr)))(x), jax.hessian(loss(dense))(x), 1e-9)
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.hessian(loss(gr))(x)
