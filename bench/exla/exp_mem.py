@@ -10,6 +10,9 @@ RLIMIT_AS = LIMIT + common.RLIMIT_ALLOWANCE; symred also under its own workspace
 - numpy: the dense matrix in one n x n buffer (in-place operations), then K @ v.
 - jax: jax.jit of exp(-0.5 (x - x^T)^2) @ v on the CPU, float64 (jax_enable_x64); the XLA
   compile is timed separately (compile_seconds).
+- jax_symred: JAX + symred, a jax.jit-compiled program whose mat-vec is symred.jax's Genred
+  (one XLA custom call running the symred kernel on XLA's buffers), float64, under the same
+  RLIMIT_AS and the same workspace budget as symred; the XLA compile is compile_seconds.
 - pykeops: pykeops.numpy.Genred with the same formula on the CPU (its build folder under
   $EXLA_OUT/keops-build); first call on a tiny input = compile_seconds.
 
@@ -21,7 +24,7 @@ import os
 
 LIMIT = 10**9  # bytes of RLIMIT_AS beyond the allowance, every system
 BUDGET = 10**8  # symred's workspace budget (SYMRED_MEM_LIMIT)
-SYSTEMS = ("symred", "numpy", "jax", "pykeops")
+SYSTEMS = ("symred", "numpy", "jax", "jax_symred", "pykeops")
 FULL = (1000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
 QUICK = (1000, 10_000, 30_000, 100_000)
 SEED = 0
@@ -39,7 +42,7 @@ def configs(quick):
         for system in systems:
             c = {"experiment": "mem", "system": system, "n": n, "d": 1, "dtype": "float64",
                  "limit_bytes": LIMIT, "rlimit": True}
-            if system == "symred":
+            if system in ("symred", "jax_symred"):
                 c["budget_bytes"] = BUDGET
             if quick:
                 c["reps"], c["max_seconds"] = 3, 4.0
@@ -112,6 +115,23 @@ def _jax(x, v, cfg):
     return common.best_of_jit(matvec, (jnp.asarray(x), jnp.asarray(v)), cfg)
 
 
+def _jax_symred(x, v, cfg):
+    import common
+    os.environ["SYMRED_MEM_LIMIT"] = str(cfg["budget_bytes"])
+    jax = common.jax_cpu()
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    common.import_symred()
+    import symred.jax as sjax
+    f = sjax.Genred("Exp(-SqDist(x,y)*g)*b", ["x = Vi(1)", "y = Vj(1)", "b = Vj(1)",
+                                              "g = Pm(1)"], reduction_op="Sum", axis=1)
+    g = jnp.asarray([0.5])
+    fields, out = common.best_of_jit(lambda x, v: f(x, x, v, g), (jnp.asarray(x), jnp.asarray(v)),
+                                     cfg)
+    fields["strategy"] = common.strategy(f)
+    return fields, out
+
+
 def _pykeops(x, v, cfg):
     import common
     import numpy as np
@@ -129,7 +149,8 @@ def _pykeops(x, v, cfg):
     return fields, out
 
 
-RUNNERS = {"symred": _symred, "numpy": _numpy, "jax": _jax, "pykeops": _pykeops}
+RUNNERS = {"symred": _symred, "numpy": _numpy, "jax": _jax, "jax_symred": _jax_symred,
+           "pykeops": _pykeops}
 
 
 def run(cfg):
@@ -155,6 +176,7 @@ STYLE = {  # system: (label, colour, marker)
     "symred": ("symred (100 MB budget)", "tab:red", "o"),
     "numpy": ("NumPy dense", "tab:blue", "s"),
     "jax": ("JAX/XLA (CPU)", "tab:green", "^"),
+    "jax_symred": ("JAX + symred (jit, FFI)", "tab:orange", "D"),
     "pykeops": ("pykeops (CPU)", "tab:purple", "v"),
 }
 

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -49,7 +50,9 @@ class BuildPyWithLibrary(build_py):
                          "-DSYMRED_BUILD_TESTS=OFF", "-DSYMRED_BUILD_EXAMPLES=OFF",
                          "-DSYMRED_BUILD_BENCH=OFF", "-DSYMRED_MPI=OFF"]
             self.announce("symred: " + " ".join(configure), level=2)
-            subprocess.run(configure, check=True)
+            # The XLA FFI handlers of symred.jax are built when the installing Python has jax.
+            env = dict(os.environ, SYMRED_PYTHON=os.environ.get("SYMRED_PYTHON", sys.executable))
+            subprocess.run(configure, check=True, env=env)
             subprocess.run(["cmake", "--build", tmp, "--target", "symred", "-j", jobs],
                            check=True)
             built = Path(tmp) / "libsymred.so"
@@ -59,6 +62,13 @@ class BuildPyWithLibrary(build_py):
             # path, so the soname links are not needed, and a wheel cannot hold links.
             shutil.copyfile(built.resolve(), dest)
             os.chmod(dest, 0o755)
+            cache = (Path(tmp) / "CMakeCache.txt").read_text()
+            if "SYMRED_JAX_INCLUDE_DIR:PATH=/" in cache:
+                subprocess.run(["cmake", "--build", tmp, "--target", "symred_xla", "-j", jobs],
+                               check=True)
+                xla = dest.parent / "libsymred_xla.so"
+                shutil.copyfile(Path(tmp) / "libsymred_xla.so", xla)
+                os.chmod(xla, 0o755)
 
 
 class BinaryDistribution(Distribution):
