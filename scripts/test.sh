@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # test.sh — builds symred and runs every test: what CI runs (.ci/run).
 #
-# Steps: install missing Debian packages; a warnings-as-errors build in build-ci/ and ctest
+# Steps: install missing Debian packages; the cached virtual environment of scripts/pyenv.sh
+# (PyTorch 2.x, jax, GPyTorch, pykeops from PyPI); a warnings-as-errors build in build-ci/ and ctest
 # there (unit tests, examples checked against brute force, the install test); the same with
 # AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/; clang-format on the C
 # sources; the Python tests when bindings/python/tests exists, with Debian's python3 (torch
-# 1.13) and again in the cached virtual environment of scripts/pyenv.sh (PyTorch 2.x), and
+# 1.13) and again in that environment (PyTorch 2.x, symred.jax, symred.gpytorch), and
 # pykeops 2.3's own test suite against symred (scripts/pykeops-suite.sh); 150 cases of differential
 # fuzzing with a seed fresh for each commit (printed) and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a
 # ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
@@ -78,11 +79,19 @@ python_tests() { # python_tests [PYTHON]: Debian's python3 (torch 1.13) unless t
     return "$rc"
 }
 
-# The same Python tests under the cached virtual environment's python (PyTorch 2.x, jax,
-# GPyTorch, pykeops from PyPI), created by scripts/pyenv.sh when missing.
+# The cached virtual environment (PyTorch 2.x, jax, GPyTorch, pykeops from PyPI), created by
+# scripts/pyenv.sh when missing, before the builds: CMake builds symred.jax's FFI library
+# (libsymred_xla) when $SYMRED_PYTHON imports jax.
+pyenv_dir=""
+python_env() { pyenv_dir=$(./scripts/pyenv.sh) && export SYMRED_PYTHON="$pyenv_dir/bin/python"; }
+
+# The same Python tests under the environment's python.
 python_tests_venv() {
-    local venv
-    venv=$(./scripts/pyenv.sh) && python_tests "$venv/bin/python"
+    if [ -z "$pyenv_dir" ]; then
+        echo "test.sh: the virtual environment could not be made (step 'python environment')"
+        return 1
+    fi
+    python_tests "$pyenv_dir/bin/python"
 }
 
 # pykeops 2.3's own test suite against symred (scripts/pykeops-suite.sh: which tests may fail).
@@ -139,6 +148,7 @@ tsan_run() {
 }
 
 step "deps" ./scripts/deps.sh
+step "python environment (scripts/pyenv.sh)" python_env
 step "build (warnings as errors)" build_and_mark "$ci_dir"
 step "ctest" run_ctest "$ci_dir"
 # Leak checking needs ptrace, which some containers forbid; ASAN_OPTIONS from the caller wins.
@@ -149,7 +159,7 @@ step "ctest (ASan + UBSan)" run_ctest "$asan_dir"
 step "clang-format" format_check
 if [ -d bindings/python/tests ]; then
     step "python tests" python_tests
-    step "python tests (PyTorch 2.x, scripts/pyenv.sh)" python_tests_venv
+    step "python tests (PyTorch 2.x, jax, GPyTorch)" python_tests_venv
     step "pykeops 2.3 test suite" pykeops_suite
 fi
 step "fuzz: differential (${SYMRED_FUZZ_CASES:-150} cases)" fuzz_diff
