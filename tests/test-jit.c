@@ -142,6 +142,63 @@ static void exp_underflow(sr_dtype dt)
 Test(jit, exp_underflow_f32) { exp_underflow(SR_F32); }
 Test(jit, exp_underflow_f64) { exp_underflow(SR_F64); }
 
+/* A scalar weight multiplies the finished sum (docs/semantics.md): w = +inf and a vector with
+ * a zero component give +inf, not inf * 0 = NaN, through WeightedSqNorm (SqNormIso),
+ * WeightedSqDist and an i-only norm, unrolled (D = 3) and as a loop (D = 70), in
+ * sr_kernel_run and sr_kernel_eval_block. Row 1 has a finite weight: w * sum of squares. */
+static void weighted_scalar(sr_dtype dt, int D)
+{
+    char ax[32], ay[32];
+    snprintf(ax, sizeof ax, "x=Vi(%d)", D);
+    snprintf(ay, sizeof ay, "y=Vj(%d)", D);
+    const char *al[] = {ax, ay, "w=Vi(1)"};
+    sr_expr *f = parse("Concat(Concat(SqNormIso(w, x - y), WeightedSqDist(w, x, y)), "
+                       "SqNormIso(w, x))",
+                       al, 3);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.dtype = dt;
+    sr_kernel *k = new_kernel(f, d, SR_DEVICE_CPU);
+    enum { DMAX = 70 };
+    double x[2 * DMAX], y[DMAX], w[2] = {INFINITY, 2.0};
+    double sx = 0, sd = 0; /* row 1's sums of squares of x and of x - y */
+    for (int c = 0; c < D; c++) {
+        y[c] = c == 1 ? 0.0 : 0.5 * c;
+        x[c] = c == 0 ? 0.0 : y[c] + 1.0; /* row 0: x_0 = 0 = y_0, the other components differ */
+        x[D + c] = 0.25 * c;
+        sx += x[D + c] * x[D + c];
+        sd += (x[D + c] - y[c]) * (x[D + c] - y[c]);
+    }
+    float xf[2 * DMAX], yf[DMAX], wf[2] = {INFINITY, 2.0f};
+    for (int c = 0; c < 2 * D; c++)
+        xf[c] = (float)x[c];
+    for (int c = 0; c < D; c++)
+        yf[c] = (float)y[c];
+    const bool f32 = dt == SR_F32;
+    const void *args[] = {f32 ? (const void *)xf : x, f32 ? (const void *)yf : y,
+                          f32 ? (const void *)wf : w};
+    const double want[2][3] = {{INFINITY, INFINITY, INFINITY}, {2 * sd, 2 * sd, 2 * sx}};
+    for (int how = 0; how < 2; how++) {
+        double od[6];
+        float of[6];
+        void *out = f32 ? (void *)of : od;
+        sr_status st = how == 0 ? sr_kernel_run(k, 2, 1, args, out)
+                                : sr_kernel_eval_block(k, 2, 1, args, 0, 2, 0, 1, out);
+        cr_assert_eq(st, SR_OK, "%s", sr_ctx_error(ctx));
+        for (int i = 0; i < 2; i++)
+            for (int c = 0; c < 3; c++) {
+                double got = f32 ? (double)of[i * 3 + c] : od[i * 3 + c];
+                cr_assert(got == want[i][c] || tu_close(got, want[i][c], 1e-5, 0),
+                          "%s D=%d %s row %d output %d: %g, expected %g", f32 ? "f32" : "f64", D,
+                          how ? "eval_block" : "run", i, c, got, want[i][c]);
+            }
+    }
+    sr_kernel_free(k);
+}
+Test(jit, weighted_scalar_f32) { weighted_scalar(SR_F32, 3); }
+Test(jit, weighted_scalar_f64) { weighted_scalar(SR_F64, 3); }
+Test(jit, weighted_scalar_loop_f32) { weighted_scalar(SR_F32, 70); }
+Test(jit, weighted_scalar_loop_f64) { weighted_scalar(SR_F64, 70); }
+
 /* ---- accumulation, threads, explain ----------------------------------------------------- */
 
 static void sum_with_env(const char *var, const char *value, const char *expect_in_explain)
