@@ -464,7 +464,8 @@ typedef struct sr_ranges {
 
 /* Runs the kernel like sr_kernel_run_ex, reducing only over the blocks of ranges (above);
  * ranges NULL is sr_kernel_run_ex. The ranges are read during the call only. Errors: those of
- * sr_kernel_run_ex and SR_EINVAL for bad ranges. Thread-safe like sr_kernel_run. */
+ * sr_kernel_run_ex, SR_EINVAL for bad ranges and SR_EOVERFLOW for block or interval counts
+ * whose plan overflows the address space. Thread-safe like sr_kernel_run. */
 SR_API sr_status sr_kernel_run_ranges(const sr_kernel *kernel, const sr_run_desc *run,
                                       const sr_ranges *ranges);
 
@@ -540,7 +541,9 @@ SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kerne
  * variable of the reduced index or of the wrong dimension; alpha < 0 or not finite; eps <= 0;
  * max_iter < 0; an operator found not symmetric or not positive definite), SR_ENOCONV (max_iter
  * iterations ran without meeting the rule: the message gives the iterations and the residual;
- * out is left unspecified), SR_ENOMEM, and those of sr_kernel_run. n = 0 is a no-op. Thread-safe
+ * out is left unspecified), SR_EOVERFLOW (n * dim(b) values, or the solver's five float64
+ * vectors of that length, overflow the address space), SR_ENOMEM, and those of sr_kernel_run.
+ * n = 0 is a no-op. Thread-safe
  * like sr_kernel_run (docs/solve.md).
  */
 typedef struct sr_solve_desc {
