@@ -389,7 +389,10 @@ SR_API sr_kernel_desc sr_kernel_desc_default(void);
  * weight; the K-reductions 1 <= k), the axis, dtype and device. Min, Max, LogSumExp and the
  * arg/K reductions of a vector F act on each component separately. If f is NULL, returns the
  * status of the builder call that failed (its message is kept). The kernel keeps pointers into
- * ctx: free it before the context. *out is NULL on failure. */
+ * ctx: free it before the context. *out is NULL on failure. A kernel the CPU JIT compiles fails
+ * with SR_ECOMPILE when the compiler fails, runs past SYMRED_COMPILE_TIMEOUT seconds (default
+ * 120), or a signal interrupts the wait for it (Ctrl-C in Python): the compiler's process group
+ * is killed first (docs/cache.md). */
 SR_API sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
                                sr_kernel **out);
 SR_API void sr_kernel_free(sr_kernel *kernel);

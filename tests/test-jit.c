@@ -10,7 +10,10 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +33,7 @@ static void setup(void)
     unsetenv("SYMRED_CC");
     unsetenv("SYMRED_ACC");
     unsetenv("SYMRED_NUM_THREADS");
+    unsetenv("SYMRED_COMPILE_TIMEOUT");
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
 }
 static void teardown(void) { sr_ctx_free(ctx); }
@@ -318,6 +322,138 @@ Test(jit, failing_compiler_reports_ecompile)
     sr_ctx_free(c2);
     unlink(script);
     unsetenv("SYMRED_CC");
+}
+
+/* ---- a compiler that hangs: timeout and interruption ---------------------------------------- */
+
+/* A fake compiler at script: it answers --version at once unless hang_version, and otherwise
+ * writes its process id (its process group's, as symred starts it in a group of its own) to
+ * pidfile and sleeps far longer than any test may run. */
+static void hanging_cc(char *script, char *pidfile, bool hang_version)
+{
+    int fd = mkstemp(script);
+    cr_assert(fd >= 0);
+    close(fd);
+    fd = mkstemp(pidfile);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(pidfile);
+    FILE *f = fopen(script, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "#!/bin/sh\n%secho $$ > %s.tmp && mv %s.tmp %s\nsleep 300\n",
+            hang_version ? "" : "case \"$1\" in --version) echo fakecc 1.0; exit 0;; esac\n",
+            pidfile, pidfile, pidfile);
+    fclose(f);
+    chmod(script, 0700);
+    setenv("SYMRED_CC", script, 1);
+    setenv("SYMRED_CACHE_DIR", "off", 1);
+}
+
+static long read_pid(const char *pidfile)
+{
+    long pid = 0;
+    FILE *f = fopen(pidfile, "r");
+    if (f) {
+        if (fscanf(f, "%ld", &pid) != 1)
+            pid = 0;
+        fclose(f);
+    }
+    return pid;
+}
+
+/* Nothing of the compiler's process group is left (its children were killed with it; a
+ * killed orphan may take a moment to be reaped by init, hence the bounded retries). */
+static void assert_group_gone(const char *pidfile)
+{
+    long pid = read_pid(pidfile);
+    cr_assert(pid > 1, "the fake compiler did not write its pid to %s", pidfile);
+    int tries = 0;
+    while (kill(-(pid_t)pid, 0) == 0 && tries++ < 500)
+        usleep(10000);
+    cr_assert(kill(-(pid_t)pid, 0) != 0 && errno == ESRCH,
+              "process group %ld of the compiler is still there", pid);
+    unlink(pidfile);
+}
+
+static sr_status new_kernel_status(sr_ctx *c, sr_kernel **k)
+{
+    static const char *al[] = {"x=Vi(1)", "y=Vj(1)"};
+    sr_expr *f = NULL;
+    cr_assert_eq(sr_parse(c, "x*y", al, 2, &f), SR_OK);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    *k = NULL;
+    return sr_kernel_new(c, f, &d, k);
+}
+
+/* Kernel creation in a fresh context (reading the environment as set now) fails with want and
+ * a message containing needle. */
+static void expect_new_kernel_fails(sr_status want, const char *needle)
+{
+    sr_ctx *c2;
+    cr_assert_eq(sr_ctx_new(&c2), SR_OK);
+    sr_kernel *k;
+    sr_status st = new_kernel_status(c2, &k);
+    cr_assert_eq(st, want, "status %d (%s)", st, sr_ctx_error(c2));
+    cr_assert_null(k);
+    cr_assert(strstr(sr_ctx_error(c2), needle), "message: %s", sr_ctx_error(c2));
+    sr_ctx_free(c2);
+}
+
+static void compile_times_out(bool hang_version)
+{
+    char script[] = "/tmp/symred-hangcc-XXXXXX", pidfile[] = "/tmp/symred-hangpid-XXXXXX";
+    hanging_cc(script, pidfile, hang_version);
+    setenv("SYMRED_COMPILE_TIMEOUT", "1", 1);
+    expect_new_kernel_fails(SR_ECOMPILE, "timed out");
+    assert_group_gone(pidfile);
+    unlink(script);
+    unsetenv("SYMRED_COMPILE_TIMEOUT");
+    unsetenv("SYMRED_CC");
+}
+/* The criterion timeout fails a test whose compile waits for the fake compiler's 300 s. */
+Test(jit, hanging_compiler_times_out, .timeout = 60) { compile_times_out(false); }
+Test(jit, hanging_version_query_times_out, .timeout = 60) { compile_times_out(true); }
+
+static void on_usr1(int sig) { (void)sig; }
+struct interrupter {
+    pthread_t target;
+    const char *pidfile;
+};
+/* Waits until the fake compiler runs, then signals the thread that waits for it. */
+static void *interrupt_when_running(void *arg)
+{
+    const struct interrupter *in = arg;
+    for (int i = 0; i < 3000 && read_pid(in->pidfile) <= 0; i++)
+        usleep(10000);
+    pthread_kill(in->target, SIGUSR1);
+    return NULL;
+}
+
+/* A signal whose handler does not restart system calls (as Python's SIGINT handler) ends the
+ * wait for the compiler: the compiler is killed and kernel creation returns at once. */
+Test(jit, interrupted_compile_returns, .timeout = 60)
+{
+    char script[] = "/tmp/symred-hangcc-XXXXXX", pidfile[] = "/tmp/symred-hangpid-XXXXXX";
+    hanging_cc(script, pidfile, false);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1; /* no SA_RESTART */
+    sigaction(SIGUSR1, &sa, NULL);
+    struct interrupter in = {pthread_self(), pidfile};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, interrupt_when_running, &in), 0);
+    expect_new_kernel_fails(SR_ECOMPILE, "interrupted");
+    pthread_join(th, NULL);
+    assert_group_gone(pidfile);
+    unlink(script);
+    unsetenv("SYMRED_CC");
+}
+
+Test(jit, bad_compile_timeout_is_einval)
+{
+    setenv("SYMRED_COMPILE_TIMEOUT", "0", 1);
+    expect_new_kernel_fails(SR_EINVAL, "SYMRED_COMPILE_TIMEOUT");
+    unsetenv("SYMRED_COMPILE_TIMEOUT");
 }
 
 Test(jit, false_compiler_reports_ecompile)

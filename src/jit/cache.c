@@ -54,8 +54,11 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
      * until it is fixed, rather than silently meaning the default. */
     static const char *const keep_values[] = {"0", "1"};
     int acc, keep;
+    long timeout;
     if (sr__env_choice(ctx, "SYMRED_ACC", jit_acc_names, 3, JIT_ACC_BLOCK, &acc) != SR_OK ||
-        sr__env_choice(ctx, "SYMRED_JIT_KEEP", keep_values, 2, 0, &keep) != SR_OK)
+        sr__env_choice(ctx, "SYMRED_JIT_KEEP", keep_values, 2, 0, &keep) != SR_OK ||
+        sr__env_int(ctx, "SYMRED_COMPILE_TIMEOUT", 1, 86400, JIT_COMPILE_TIMEOUT, &timeout) !=
+            SR_OK)
         return SR_EINVAL;
     struct jit_ctx *jc = calloc(1, sizeof *jc);
     if (!jc)
@@ -64,6 +67,7 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
     snprintf(jc->cc, sizeof jc->cc, "%s", cc && *cc ? cc : "cc");
     jc->acc = acc;
     jc->keep_source = keep;
+    jc->compile_timeout = (int)timeout;
     ctx->backend_state[SR_BACKEND_JIT] = jc;
     *out = jc;
     return SR_OK;
@@ -311,10 +315,13 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
     sr_status st0 = jit_ctx_get(ctx, &jc);
     if (st0 != SR_OK)
         return st0;
-    uint64_t ccid = jit_compiler_id(jc->cc);
-    if (!ccid) {
-        jc->no_compiler = true;
-        return sr__error(ctx, SR_ENODEV, "cannot run the C compiler '%s'", jc->cc);
+    uint64_t ccid;
+    char iderr[1024];
+    sr_status idst = jit_compiler_id(jc->cc, jc->compile_timeout, &ccid, iderr, sizeof iderr);
+    if (idst != SR_OK) {
+        if (idst == SR_ENODEV)
+            jc->no_compiler = true;
+        return sr__error(ctx, idst, "%s", iderr);
     }
     char key[33];
     make_key(jc, src, len, ccid, key);

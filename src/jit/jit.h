@@ -139,10 +139,15 @@ struct jit_module {
 
 /* Per-context JIT state (jit_ctx_of): options read from the environment once, and the
  * in-memory module cache. Only the thread that owns the context touches it. */
+/* Seconds a compiler run may take unless SYMRED_COMPILE_TIMEOUT says otherwise: generous, as a
+ * cold kernel compiles in well under a second, so only a hung compiler reaches it. */
+#define JIT_COMPILE_TIMEOUT 120
+
 struct jit_ctx {
     char cc[512];         /* SYMRED_CC, default "cc" */
     int acc;              /* SYMRED_ACC */
     int keep_source;      /* SYMRED_JIT_KEEP=1: keep the generated source next to the cache */
+    int compile_timeout;  /* SYMRED_COMPILE_TIMEOUT, seconds a compiler run may take */
     bool no_compiler;     /* the compiler could not be started: use the reference */
     bool logged_fallback; /* said so once */
     struct jit_module *modules;
@@ -159,7 +164,8 @@ static inline struct jit_ctx *jit_ctx_of(const sr_ctx *ctx)
 void jit_ctx_free(void *state);
 
 /* The jit state of ctx, created on first use. Fails with SR_ENOMEM, or SR_EINVAL (message
- * naming the variable) when SYMRED_ACC, SYMRED_NUM_THREADS or SYMRED_JIT_KEEP is malformed. */
+ * naming the variable) when SYMRED_ACC, SYMRED_NUM_THREADS, SYMRED_JIT_KEEP or
+ * SYMRED_COMPILE_TIMEOUT is malformed. */
 sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out);
 
 /* How a module was obtained, for explain. */
@@ -178,17 +184,20 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
 void jit_module_release(sr_ctx *ctx, struct jit_module *m);
 
 /* Compiles src into the shared object at so_path (in a private directory), using the compiler
- * of jc. On failure, a message (the compiler's diagnostics) in err. Returns SR_OK, SR_ENODEV
- * (could not start the compiler), SR_ECOMPILE, SR_EIO. */
+ * of jc, in a process group of its own. On failure, a message (the compiler's diagnostics) in
+ * err. Returns SR_OK, SR_ENODEV (could not start the compiler), SR_ECOMPILE (failed; or ran
+ * past jc->compile_timeout seconds, or a signal interrupted the wait: the compiler's process
+ * group is killed), SR_EIO. */
 sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
                       const char *so_path, char *err, size_t errcap);
 /* The compiler flags, for keys and explain. */
 extern const char *const jit_cflags[];
 const char *jit_cflags_text(void);
 
-/* Identity of compiler cc (its --version output, hashed), computed once per process and
- * compiler. 0 when it could not be run. */
-uint64_t jit_compiler_id(const char *cc);
+/* Identity of compiler cc (its --version output, hashed) in *id, computed once per process
+ * and compiler. SR_ENODEV when it could not be started; SR_ECOMPILE when `cc --version` ran
+ * past timeout_s seconds or a signal interrupted the wait (it is killed); the message in err. */
+sr_status jit_compiler_id(const char *cc, int timeout_s, uint64_t *id, char *err, size_t errcap);
 
 /* 64-bit FNV-1a. */
 uint64_t jit_hash(uint64_t h, const void *data, size_t len);
