@@ -8,6 +8,7 @@
 #include "jit.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -335,15 +336,9 @@ sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, con
     return st;
 }
 
-sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap)
+/* Takes the handle h of a loaded kernel into m, checking its ABI; closes it on failure. */
+static sr_status adopt(void *h, const char *what, struct jit_module *m, char *err, size_t errcap)
 {
-    (void)ctx;
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(err, errcap, "dlopen %s: %s", path, e ? e : "failed");
-        return SR_EIO;
-    }
     const int *abi = dlsym(h, "sr_abi_version");
     const int64_t *sb = dlsym(h, "sr_state_bytes");
     const int64_t *rb = dlsym(h, "sr_rows_per_block");
@@ -356,11 +351,72 @@ sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *er
     if (!abi || *abi != JIT_ABI_VERSION || !sb || !rb || !m->part || !m->part_iv || !m->merge ||
         !m->final || !m->run) {
         dlclose(h);
-        snprintf(err, errcap, "%s: not a symred kernel of ABI %d", path, JIT_ABI_VERSION);
+        snprintf(err, errcap, "%s: not a symred kernel of ABI %d", what, JIT_ABI_VERSION);
         return SR_EIO;
     }
     m->handle = h;
     m->state_bytes = *sb;
     m->rows_per_block = *rb;
+    return SR_OK;
+}
+
+sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap)
+{
+    (void)ctx;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, errcap, "dlopen %s: %s", path, e ? e : "failed");
+        return SR_EIO;
+    }
+    return adopt(h, path, m, err, errcap);
+}
+
+sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size_t errcap)
+{
+    (void)ctx;
+    /* The dynamic loader finds an already loaded object by its name before it looks at the
+     * file, so /proc/self/fd/N must not name another loaded object. Each loaded module keeps
+     * its descriptor open, so live modules never share N; a name that is loaded all the same
+     * belongs to an object that dlclose could not unload, and the file is then loaded under
+     * another number (a dup). An object found by the file's identity (the same file loaded by
+     * another context under its own number) is the right one. */
+    enum { TRIES = 8 };
+    int spare[TRIES], nspare = 0;
+    char name[64];
+    void *h = NULL;
+    for (;;) {
+        snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
+        void *old = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        struct link_map *lm = NULL;
+        if (!old) {
+            h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+            break;
+        }
+        if (dlinfo(old, RTLD_DI_LINKMAP, &lm) != 0 || !lm || strcmp(lm->l_name, name) != 0) {
+            h = old;
+            break;
+        }
+        dlclose(old);
+        int nfd = nspare < TRIES ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+        if (nfd < 0)
+            break;
+        spare[nspare++] = fd;
+        fd = nfd;
+    }
+    for (int i = 0; i < nspare; i++)
+        close(spare[i]);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, errcap, "dlopen %s: %s", name, e ? e : "no free descriptor name");
+        close(fd);
+        return SR_EIO;
+    }
+    sr_status st = adopt(h, name, m, err, errcap);
+    if (st != SR_OK) {
+        close(fd);
+        return st;
+    }
+    m->fd = fd;
     return SR_OK;
 }

@@ -121,10 +121,14 @@ typedef int (*jit_block_fn)(int64_t o0, int64_t o1, int64_t r0, int64_t r1, cons
                             void *out, int64_t so, int64_t sr);
 
 /* A loaded module, shared by the kernels of one context that have the same source. */
+/* Characters of a cache key (two 64-bit hashes in hex). */
+#define JIT_KEY_BYTES 32
+
 struct jit_module {
     struct jit_module *next;
-    char key[33];
+    char key[JIT_KEY_BYTES + 1];
     void *handle;
+    int fd; /* the descriptor it was loaded through (kept open while loaded), or -1 */
     jit_part_fn part;
     jit_part_iv_fn part_iv;
     jit_merge_fn merge;
@@ -204,13 +208,19 @@ uint64_t jit_hash(uint64_t h, const void *data, size_t len);
 #define JIT_HASH_INIT 0xcbf29ce484222325ULL
 
 /* The disk cache's rules for other binaries (the CUDA backend's cubin/PTX): the checked cache
- * directory (SR_EIO and the reason in why when there is none or it is refused), whether the
- * entry at path is whole (its trailer matches), and appending the trailer to a new file. */
+ * directory (SR_EIO and the reason in why when there is none or it is refused), the payload of
+ * the entry at path when it is a whole regular file stored under key (malloc'd, with a NUL
+ * after its *size bytes; NULL when missing, corrupt or foreign), and appending the trailer
+ * naming key to a new file. */
 sr_status jit_cache_dir(char *dir, size_t cap, char *why, size_t whycap);
-bool jit_cache_entry_ok(const char *path);
-sr_status jit_cache_seal(const char *path);
+char *jit_cache_read(const char *path, const char *key, size_t *size);
+sr_status jit_cache_seal(const char *path, const char *key);
 
 /* Loads the module from a shared object path and resolves its symbols. */
 sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap);
+/* Loads the shared object open as fd, checked by the caller through that descriptor, by the
+ * name /proc/self/fd/N, so that the file loaded is the file checked. Takes fd: it stays open in
+ * m->fd while the module is loaded (jit_ctx_free closes it), and is closed on failure. */
+sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size_t errcap);
 
 #endif /* SYMRED_JIT_H */
