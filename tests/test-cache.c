@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,9 +35,9 @@ static void setup(void)
 }
 static void teardown(void)
 {
-    char cmd[128];
+    char cmd[200];
     chmod(dir, 0700);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    snprintf(cmd, sizeof cmd, "umount '%s/mnt' 2>/dev/null; rm -rf '%s'", dir, dir);
     cr_assert_eq(system(cmd), 0);
 }
 TestSuite(cache, .init = setup, .fini = teardown);
@@ -360,4 +362,89 @@ Test(cache, writable_parent_refused)
     cr_assert_eq(chmod(parent, 01777), 0);
     setenv("SYMRED_CACHE_DIR", sub, 1);
     free(build_and_check(formula, 0.5));
+}
+
+/* A cache directory on a small tmpfs of the test's own (root only; skipped elsewhere), mounted
+ * at mnt with the cache directory mnt/cache created and set as SYMRED_CACHE_DIR. */
+static bool mount_tmpfs(char *mnt, size_t cap, const char *size)
+{
+    snprintf(mnt, cap, "%s/mnt", dir);
+    cr_assert_eq(mkdir(mnt, 0700), 0);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=%s,mode=0700 symred-test '%s' 2>/dev/null",
+             size, mnt);
+    if (geteuid() != 0 || system(cmd) != 0)
+        return false;
+    snprintf(cmd, sizeof cmd, "%s/cache", mnt);
+    cr_assert_eq(mkdir(cmd, 0700), 0);
+    setenv("SYMRED_CACHE_DIR", cmd, 1);
+    return true;
+}
+static void unmount_tmpfs(const char *mnt)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "umount '%s'", mnt);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* A read-only cache: kernels compile in a private temporary directory (and work). */
+Test(cache, read_only_dir_falls_back)
+{
+    char mnt[128], cmd[300];
+    if (!mount_tmpfs(mnt, sizeof mnt, "1m"))
+        cr_skip_test("cannot mount a tmpfs here");
+    snprintf(cmd, sizeof cmd, "mount -o remount,ro '%s'", mnt);
+    cr_assert_eq(system(cmd), 0);
+    char *ex = build_and_check(formula, 0.5);
+    cr_assert(strstr(ex, "module: compiled, cache off") && strstr(ex, "not writable"), "%s", ex);
+    free(ex);
+    unmount_tmpfs(mnt);
+}
+
+/* A full cache: the same. */
+Test(cache, full_dir_falls_back)
+{
+    char mnt[128], cmd[400];
+    if (!mount_tmpfs(mnt, sizeof mnt, "64k"))
+        cr_skip_test("cannot mount a tmpfs here");
+    snprintf(cmd, sizeof cmd, "dd if=/dev/zero of='%s/fill' bs=4k 2>/dev/null", mnt);
+    cr_assert_neq(system(cmd), 0, "dd filled a 64k tmpfs without an error");
+    char *ex = build_and_check(formula, 0.5);
+    cr_assert(strstr(ex, "module: compiled, cache off") && strstr(ex, "not writable"), "%s", ex);
+    free(ex);
+    unmount_tmpfs(mnt);
+}
+
+/* Build directories and temporary files tmp-* left by processes killed mid-compile are removed
+ * once older than any compile can run (an hour here); fresh ones (a compile running now) and
+ * other files stay. */
+Test(cache, stale_build_dirs_swept)
+{
+    char p[256];
+    static const char *const names[] = {"tmp-stale", "tmp-fresh", "tmp-stalefile", "keep-old"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        if (i == 2 || i == 3) {
+            FILE *f = fopen(p, "w");
+            cr_assert_not_null(f);
+            fclose(f);
+        } else {
+            cr_assert_eq(mkdir(p, 0700), 0);
+            char q[300];
+            snprintf(q, sizeof q, "%s/kernel.c", p);
+            FILE *f = fopen(q, "w");
+            cr_assert_not_null(f);
+            fclose(f);
+        }
+        if (i != 1) {
+            struct timeval tv[2] = {{time(NULL) - 2 * 86400, 0}, {time(NULL) - 2 * 86400, 0}};
+            cr_assert_eq(utimes(p, tv), 0);
+        }
+    }
+    free(build_and_check(formula, 0.5));
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        bool gone = access(p, F_OK) != 0;
+        cr_assert_eq(gone, i == 0 || i == 2, "%s: %s", names[i], gone ? "removed" : "still there");
+    }
 }

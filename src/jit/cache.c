@@ -23,6 +23,7 @@
  */
 #include "jit.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -387,16 +388,51 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* Our build directories hold only these files. */
+static const char *const build_files[] = {"kernel.c", "cc.log", "kernel.so"};
+
 static void rm_tree_flat(const char *dir)
 {
-    /* Our build directories hold only the files named here. */
-    static const char *const names[] = {"kernel.c", "cc.log", "kernel.so"};
     char p[4096];
     for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        snprintf(p, sizeof p, "%s/%s", dir, build_files[i]);
         unlink(p);
     }
     rmdir(dir);
+}
+
+/* Removes the build directories (and the CUDA images' temporary files) named tmp-* that are
+ * older than any compile can run (twice the timeout, at least an hour): those of processes
+ * killed mid-compile, which nothing else would remove. Only the files a build directory can
+ * hold are removed, through the checked directory's descriptor. */
+static void sweep_stale(int dfd, int timeout_s)
+{
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    const time_t limit = time(NULL) - (2 * (time_t)timeout_s > 3600 ? 2 * (time_t)timeout_s : 3600);
+    for (struct dirent *e; (e = readdir(d));) {
+        struct stat sb;
+        if (strncmp(e->d_name, "tmp-", 4) != 0 ||
+            fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || sb.st_mtime > limit)
+            continue;
+        if (S_ISDIR(sb.st_mode)) {
+            int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0) {
+                for (int i = 0; i < 3; i++)
+                    unlinkat(sub, build_files[i], 0);
+                close(sub);
+            }
+            unlinkat(dfd, e->d_name, AT_REMOVEDIR);
+        } else if (S_ISREG(sb.st_mode)) {
+            unlinkat(dfd, e->d_name, 0);
+        }
+    }
+    closedir(d);
 }
 
 /* Compiles into a fresh private directory under parent; on success so is its kernel.so. */
@@ -488,16 +524,25 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
             jlog(ctx, 1, "cache entry %s is unusable (%s): rebuilding it", path, err);
             unlinkat(dfd, name, 0);
         }
+        sweep_stale(dfd, jc->compile_timeout);
         st = build(ctx, jc, src, len, dir, tdir, sizeof tdir, so, sizeof so);
+        if (st == SR_EIO || (st == SR_ECOMPILE && strstr(sr_ctx_error(ctx), "No space left"))) {
+            /* A read-only or full cache: compile where the cache is off. */
+            close(dfd);
+            snprintf(why, sizeof why, "%.300s is not writable (%.150s)", dir, sr_ctx_error(ctx));
+            goto private;
+        }
         if (st != SR_OK) {
             close(dfd);
             goto fail;
         }
         if (add_trailer(so, key) != SR_OK || rename(so, path) != 0) {
-            st = sr__error(ctx, SR_EIO, "cannot store the kernel in %s: %s", path, strerror(errno));
-            rm_tree_flat(tdir);
+            /* The kernel is whole in the private build directory: use it from there. */
             close(dfd);
-            goto fail;
+            snprintf(why, sizeof why, "%.300s: cannot store %s.so (%.100s)", dir, key,
+                     strerror(errno));
+            jlog(ctx, 1, "kernel cache %s; using the kernel unstored", why);
+            goto load_private;
         }
         rm_tree_flat(tdir);
         if (jc->keep_source) {
@@ -531,11 +576,13 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
                        why);
         goto fail;
     } else {
+      private:
         jlog(ctx, 1, "kernel cache %s; compiling in a private temporary directory", why);
         const char *tmp = getenv("TMPDIR");
         st = build(ctx, jc, src, len, tmp && *tmp ? tmp : "/tmp", tdir, sizeof tdir, so, sizeof so);
         if (st != SR_OK)
             goto fail;
+    load_private:
         st = jit_load(ctx, so, m, err, sizeof err);
         rm_tree_flat(tdir); /* the mapping outlives the file */
         if (st != SR_OK) {
