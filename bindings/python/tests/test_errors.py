@@ -183,3 +183,18 @@ def test_many_failures_leave_the_library_usable():
         with pytest.raises(ValueError):
             Genred("Exp(x", AL)
     assert Genred("SqDist(x,y)", AL, axis=1)(x, y).shape == (5, 1)
+
+
+def test_integers_wider_than_the_c_field():
+    # ctypes would wrap them silently: K = 2**32 + 3 would make a K = 3 kernel, and
+    # rows = (2**64 + 2, 2) would read rows 2-3.
+    with pytest.raises(ValueError, match="opt_arg"):
+        Genred("SqDist(x,y)", AL, reduction_op="KMin", opt_arg=2**32 + 3)
+    f = Genred("SqDist(x,y)", AL)
+    x, y = xy()
+    for rows, cols in [((2**64 + 2, 2), (0, 1)), ((0, 1), (0, 2**63)), ((-2**63 - 1, 1), (0, 1))]:
+        with pytest.raises(ValueError, match="64-bit"):
+            f.eval_block(x, y, rows=rows, cols=cols)
+    with pytest.raises(TypeError, match="rows"):
+        f.eval_block(x, y, rows=(0.5, 1), cols=(0, 1))
+    assert f.eval_block(x, y, rows=(1, 2), cols=(0, 3)).shape == (2, 3)
