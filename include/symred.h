@@ -395,6 +395,12 @@ SR_API sr_kernel_desc sr_kernel_desc_default(void);
  * is killed first (docs/cache.md). */
 SR_API sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
                                sr_kernel **out);
+/* Frees the kernel; NULL is a no-op. Not thread-safe with any other call on the same kernel:
+ * every sr_kernel_run (and _ex, _ranges, eval_block, solve, explain, grad) of it, in any
+ * thread, must have returned before, and none may start after; freeing a kernel that another
+ * thread is running is a use after free (a crash), which the library does not detect. Keep a
+ * reference count of your own when threads share a kernel. Like kernel creation, it is a call
+ * on the kernel's context: not concurrent with other calls on that context. */
 SR_API void sr_kernel_free(sr_kernel *kernel);
 
 /* Number of arrays sr_kernel_run expects: 1 + the largest variable index of F (and of the
@@ -411,7 +417,8 @@ SR_API int sr_kernel_out_dim(const sr_kernel *kernel);
  * and KMin_ArgKMin, which have two outputs, use sr_kernel_run_ex (this returns SR_EINVAL).
  * Sizes: nx, ny >= 0; an empty reduction gives the identity (0 for Sum, +inf for Min, -inf for
  * Max and LogSumExp, -1 for the arg reductions, NaN for SumSoftMaxWeight); the K-reductions
- * need k <= the reduced count. Thread-safe: a kernel may run concurrently in many threads. */
+ * need k <= the reduced count. Thread-safe: a kernel may run concurrently in many threads, but
+ * not while sr_kernel_free frees it (every run must have returned first). */
 SR_API sr_status sr_kernel_run(const sr_kernel *kernel, int64_t nx, int64_t ny,
                                const void *const *args, void *out);
 
