@@ -155,10 +155,11 @@ static int mkdirs(const char *path)
     return 0;
 }
 
-/* Refuses a path one of whose directories another user may write to: group- or other-writable
- * and not sticky (a sticky directory such as /tmp lets each user rename only their own
- * entries). Such a directory lets that user replace what lies below it between any check and
- * any use, as ssh reasons for its files. */
+/* Refuses a path one of whose parent directories another user may write to: group- or
+ * other-writable and not sticky (a sticky directory such as /tmp lets each user rename only
+ * their own entries). Such a directory lets that user replace what lies below it between any
+ * check and any use, as ssh reasons for its files. The directory itself is checked by
+ * cache_open. */
 static bool parents_safe(const char *dir, char *why, size_t whycap)
 {
     char real[PATH_MAX];
@@ -166,26 +167,26 @@ static bool parents_safe(const char *dir, char *why, size_t whycap)
         snprintf(why, whycap, "cannot resolve %.400s: %s", dir, strerror(errno));
         return false;
     }
-    size_t n = strlen(real);
-    for (size_t end = 1; end <= n; end++) {
-        if (end < n && real[end] != '/')
+    /* Each proper prefix: "/", "/a", "/a/b" of "/a/b/c". */
+    for (size_t end = 1, n = strlen(real); end < n; end++) {
+        if (end > 1 && real[end] != '/')
             continue;
         char c = real[end];
         real[end] = 0;
         struct stat sb;
-        bool ok = stat(end == 1 && c == '/' ? "/" : real, &sb) == 0;
-        if (ok && (sb.st_mode & (S_IWGRP | S_IWOTH)) && !(sb.st_mode & S_ISVTX)) {
-            snprintf(why, whycap,
-                     "refused %.400s: its directory %.400s is writable by group or others and "
-                     "not sticky, so another user could replace the cache",
-                     dir, real);
+        bool ok = stat(real, &sb) == 0,
+             open_to_others = ok && (sb.st_mode & (S_IWGRP | S_IWOTH)) && !(sb.st_mode & S_ISVTX);
+        if (!ok || open_to_others) {
+            if (ok)
+                snprintf(why, whycap,
+                         "refused %.400s: its parent directory %.400s is writable by group or "
+                         "others and not sticky, so another user could replace the cache",
+                         dir, real);
+            else
+                snprintf(why, whycap, "cannot check %.400s: %s", real, strerror(errno));
             return false;
         }
         real[end] = c;
-        if (!ok) {
-            snprintf(why, whycap, "cannot check %.400s: %s", real, strerror(errno));
-            return false;
-        }
     }
     return true;
 }
