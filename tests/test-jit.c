@@ -449,6 +449,34 @@ Test(jit, interrupted_compile_returns, .timeout = 60)
     unsetenv("SYMRED_CC");
 }
 
+/* A compiler killed midway (by a signal, as the OOM killer would) is SR_ECOMPILE naming the
+ * signal, and the next kernel of another context with a working compiler is fine. */
+static void compiler_killed_by(int sig)
+{
+    char script[] = "/tmp/symred-killedcc-XXXXXX";
+    int fd = mkstemp(script);
+    cr_assert(fd >= 0);
+    char text[200];
+    snprintf(text, sizeof text,
+             "#!/bin/sh\ncase \"$1\" in --version) echo fakecc 1.0; exit 0;; esac\nkill -%d $$\n",
+             sig);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    chmod(script, 0700);
+    setenv("SYMRED_CC", script, 1);
+    setenv("SYMRED_CACHE_DIR", "off", 1);
+    char want[64];
+    snprintf(want, sizeof want, "killed by signal %d", sig);
+    expect_new_kernel_fails(SR_ECOMPILE, want);
+    unlink(script);
+    unsetenv("SYMRED_CC");
+    sr_kernel *k;
+    cr_assert_eq(new_kernel_status(ctx, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_kernel_free(k);
+}
+Test(jit, compiler_killed_midway) { compiler_killed_by(SIGKILL); }
+Test(jit, compiler_crashing) { compiler_killed_by(SIGSEGV); }
+
 Test(jit, bad_compile_timeout_is_einval)
 {
     setenv("SYMRED_COMPILE_TIMEOUT", "0", 1);
