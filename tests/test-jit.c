@@ -477,6 +477,30 @@ static void compiler_killed_by(int sig)
 Test(jit, compiler_killed_midway) { compiler_killed_by(SIGKILL); }
 Test(jit, compiler_crashing) { compiler_killed_by(SIGSEGV); }
 
+/* A program that handles SIGCHLD (without SA_RESTART) still gets its kernels: the compiler's
+ * own exit does not count as an interruption of the wait. */
+static void on_chld(int sig) { (void)sig; }
+Test(jit, sigchld_handler_does_not_interrupt)
+{
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_chld;
+    sigaction(SIGCHLD, &sa, &old);
+    setenv("SYMRED_CACHE_DIR", "off", 1);
+    sr_ctx *c2;
+    cr_assert_eq(sr_ctx_new(&c2), SR_OK);
+    for (int i = 0; i < 3; i++) {
+        sr_kernel *k;
+        sr_status st = new_kernel_status(c2, &k);
+        cr_assert_eq(st, SR_OK, "kernel %d: %s", i, sr_ctx_error(c2));
+        sr_kernel_free(k);
+        sr_ctx_free(c2);
+        cr_assert_eq(sr_ctx_new(&c2), SR_OK);
+    }
+    sr_ctx_free(c2);
+    sigaction(SIGCHLD, &old, NULL);
+}
+
 Test(jit, bad_compile_timeout_is_einval)
 {
     setenv("SYMRED_COMPILE_TIMEOUT", "0", 1);

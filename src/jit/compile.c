@@ -109,6 +109,11 @@ static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int time
 {
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0); /* -1 before Linux 5.3: poll in steps */
     const int64_t deadline = mono_ms() + (int64_t)timeout_s * 1000;
+    /* SIGCHLD is blocked during the wait (the compiler's own exit would otherwise interrupt
+     * it in a program that handles SIGCHLD); it stays pending for the program's handler. */
+    sigset_t mask;
+    pthread_sigmask(SIG_SETMASK, NULL, &mask);
+    sigaddset(&mask, SIGCHLD);
     size_t len = 0;
     int rc = 0;
     for (;;) {
@@ -128,7 +133,8 @@ static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int time
         }
         struct pollfd p = {.fd = pipe_fd >= 0 ? pipe_fd : pidfd, .events = POLLIN};
         int step = p.fd >= 0 ? (int)(left < 60000 ? left : 60000) : (left < 10 ? (int)left : 10);
-        int pr = poll(&p, p.fd >= 0 ? 1 : 0, step);
+        struct timespec ts = {step / 1000, (long)(step % 1000) * 1000000};
+        int pr = ppoll(&p, p.fd >= 0 ? 1 : 0, &ts, &mask);
         if (pr < 0 && errno == EINTR) {
             rc = EINTR;
             break;
