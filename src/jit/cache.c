@@ -230,6 +230,11 @@ static int cache_open(char *dir, size_t cap, char *why, size_t whycap, bool *ref
     if (!parents_safe(dir, why, whycap))
         return -1;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        *refused = false; /* not the directory's fault */
+        snprintf(why, whycap, "cannot open %.400s: %s", dir, strerror(errno));
+        return -1;
+    }
     if (dfd < 0) {
         snprintf(why, whycap, "refused %.400s: %s", dir,
                  errno == ENOTDIR || errno == ELOOP ? "not a directory" : strerror(errno));
@@ -361,12 +366,20 @@ static bool proc_fd_works(int fd)
 }
 
 /* Loads the cache entry name of the directory dfd, checked and loaded through one descriptor:
- * SR_OK, or SR_EIO with the reason in err (missing, not a regular file, corrupt, foreign,
- * not loadable). */
+ * SR_OK, SR_EIO with the reason in err (missing, not a regular file, corrupt, foreign, not
+ * loadable: the entry is to be rebuilt), or SR_ENOMEM when the process is out of descriptors
+ * (the entry may be fine). */
 static sr_status load_entry(sr_ctx *ctx, int dfd, const char *name, const char *key,
                             struct jit_module *m, char *err, size_t errcap)
 {
     int fd = entry_open(dfd, name);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        snprintf(err, errcap,
+                 "%s: each loaded kernel keeps one open descriptor until its context is freed; "
+                 "free contexts or raise the limit (ulimit -n)",
+                 strerror(errno));
+        return SR_ENOMEM;
+    }
     if (fd < 0) {
         snprintf(err, errcap, "%s", strerror(errno));
         return SR_EIO;
@@ -376,10 +389,7 @@ static sr_status load_entry(sr_ctx *ctx, int dfd, const char *name, const char *
         snprintf(err, errcap, "not a regular file, corrupt, or stored under another key");
         return SR_EIO;
     }
-    sr_status st = jit_load_fd(ctx, fd, m, err, errcap);
-    if (st != SR_OK)
-        close(fd);
-    return st;
+    return jit_load_fd(ctx, fd, m, err, errcap); /* it closes fd on failure */
 }
 
 static double now_ms(void)
@@ -514,7 +524,13 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
         snprintf(path, sizeof path, "%s/%s", dir, name);
         struct stat sb;
         if (fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
-            if (load_entry(ctx, dfd, name, key, m, err, sizeof err) == SR_OK) {
+            st = load_entry(ctx, dfd, name, key, m, err, sizeof err);
+            if (st == SR_ENOMEM) {
+                close(dfd);
+                st = sr__error(ctx, SR_ENOMEM, "cannot load %s: %s", path, err);
+                goto fail;
+            }
+            if (st == SR_OK) {
                 close(dfd);
                 jc->disk_hits++;
                 info->origin = "disk";
@@ -562,7 +578,8 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
         st = load_entry(ctx, dfd, name, key, m, err, sizeof err);
         close(dfd);
         if (st != SR_OK) {
-            st = sr__error(ctx, SR_ECOMPILE, "%s: %s", path, err);
+            st =
+                sr__error(ctx, st == SR_ENOMEM ? st : SR_ECOMPILE, "cannot load %s: %s", path, err);
             goto fail;
         }
         info->origin = "compiled";
