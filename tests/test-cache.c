@@ -258,7 +258,7 @@ Test(cache, keep_source)
 /* Several processes compiling the same kernel into the same empty cache all succeed. */
 Test(cache, concurrent_processes)
 {
-    enum { NPROC = 4 };
+    enum { NPROC = 8 };
     pid_t pids[NPROC];
     for (int p = 0; p < NPROC; p++) {
         pids[p] = fork();
