@@ -120,7 +120,7 @@ static void cpu_init(void)
 }
 
 static void make_key(const struct jit_ctx *jc, const char *src, size_t len, uint64_t ccid,
-                     char key[33])
+                     char key[JIT_KEY_BYTES + 1])
 {
     pthread_once(&cpu_once, cpu_init);
     uint64_t h[2] = {JIT_HASH_INIT, 0x84222325cbf29ce4ULL};
@@ -134,7 +134,8 @@ static void make_key(const struct jit_ctx *jc, const char *src, size_t len, uint
         h[i] = jit_hash(h[i], &abi, sizeof abi);
         h[i] = jit_hash(h[i], jc->cc, strlen(jc->cc));
     }
-    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h[0], (unsigned long long)h[1]);
+    snprintf(key, JIT_KEY_BYTES + 1, "%016llx%016llx", (unsigned long long)h[0],
+             (unsigned long long)h[1]);
 }
 
 /* mkdir -p with mode 0700 for the components it creates. */
@@ -493,7 +494,7 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
             jc->no_compiler = true;
         return sr__error(ctx, idst, "%s", iderr);
     }
-    char key[33];
+    char key[JIT_KEY_BYTES + 1];
     make_key(jc, src, len, ccid, key);
     for (struct jit_module *m = jc->modules; m; m = m->next)
         if (strcmp(m->key, key) == 0) {
