@@ -389,9 +389,18 @@ SR_API sr_kernel_desc sr_kernel_desc_default(void);
  * weight; the K-reductions 1 <= k), the axis, dtype and device. Min, Max, LogSumExp and the
  * arg/K reductions of a vector F act on each component separately. If f is NULL, returns the
  * status of the builder call that failed (its message is kept). The kernel keeps pointers into
- * ctx: free it before the context. *out is NULL on failure. */
+ * ctx: free it before the context. *out is NULL on failure. A kernel the CPU JIT compiles fails
+ * with SR_ECOMPILE when the compiler fails, runs past SYMRED_COMPILE_TIMEOUT seconds (default
+ * 120), or a signal interrupts the wait for it (Ctrl-C in Python): the compiler's process group
+ * is killed first (docs/cache.md). */
 SR_API sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
                                sr_kernel **out);
+/* Frees the kernel; NULL is a no-op. Not thread-safe with any other call on the same kernel:
+ * every sr_kernel_run (and _ex, _ranges, eval_block, solve, explain, grad) of it, in any
+ * thread, must have returned before, and none may start after; freeing a kernel that another
+ * thread is running is a use after free (a crash), which the library does not detect. Keep a
+ * reference count of your own when threads share a kernel. Like kernel creation, it is a call
+ * on the kernel's context: not concurrent with other calls on that context. */
 SR_API void sr_kernel_free(sr_kernel *kernel);
 
 /* Number of arrays sr_kernel_run expects: 1 + the largest variable index of F (and of the
@@ -408,7 +417,8 @@ SR_API int sr_kernel_out_dim(const sr_kernel *kernel);
  * and KMin_ArgKMin, which have two outputs, use sr_kernel_run_ex (this returns SR_EINVAL).
  * Sizes: nx, ny >= 0; an empty reduction gives the identity (0 for Sum, +inf for Min, -inf for
  * Max and LogSumExp, -1 for the arg reductions, NaN for SumSoftMaxWeight); the K-reductions
- * need k <= the reduced count. Thread-safe: a kernel may run concurrently in many threads. */
+ * need k <= the reduced count. Thread-safe: a kernel may run concurrently in many threads, but
+ * not while sr_kernel_free frees it (every run must have returned first). */
 SR_API sr_status sr_kernel_run(const sr_kernel *kernel, int64_t nx, int64_t ny,
                                const void *const *args, void *out);
 
@@ -464,7 +474,8 @@ typedef struct sr_ranges {
 
 /* Runs the kernel like sr_kernel_run_ex, reducing only over the blocks of ranges (above);
  * ranges NULL is sr_kernel_run_ex. The ranges are read during the call only. Errors: those of
- * sr_kernel_run_ex and SR_EINVAL for bad ranges. Thread-safe like sr_kernel_run. */
+ * sr_kernel_run_ex, SR_EINVAL for bad ranges and SR_EOVERFLOW for block or interval counts
+ * whose plan overflows the address space. Thread-safe like sr_kernel_run. */
 SR_API sr_status sr_kernel_run_ranges(const sr_kernel *kernel, const sr_run_desc *run,
                                       const sr_ranges *ranges);
 
@@ -540,7 +551,9 @@ SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kerne
  * variable of the reduced index or of the wrong dimension; alpha < 0 or not finite; eps <= 0;
  * max_iter < 0; an operator found not symmetric or not positive definite), SR_ENOCONV (max_iter
  * iterations ran without meeting the rule: the message gives the iterations and the residual;
- * out is left unspecified), SR_ENOMEM, and those of sr_kernel_run. n = 0 is a no-op. Thread-safe
+ * out is left unspecified), SR_EOVERFLOW (n * dim(b) values, or the solver's five float64
+ * vectors of that length, overflow the address space), SR_ENOMEM, and those of sr_kernel_run.
+ * n = 0 is a no-op. Thread-safe
  * like sr_kernel_run (docs/solve.md).
  */
 typedef struct sr_solve_desc {

@@ -640,6 +640,45 @@ Test(api, run_sizes_that_overflow)
     assert_usable(ctx);
 }
 
+/* The other entry points that take sizes: a size error, never an allocation that wraps. */
+Test(api, entry_points_sizes_that_overflow)
+{
+    const int64_t huge = ((int64_t)1 << 61) + 1;
+    sr_kernel *k = make_kernel(SR_SUM, 1);
+    float x[3] = {0}, y[3] = {0}, out[3];
+    const void *args[] = {x, y};
+    assert_status(sr_kernel_eval_block(k, huge, 1, args, 0, 1, 0, 1, out), SR_EOVERFLOW);
+    assert_msg_has(ctx, "argument 0");
+    assert_status(sr_kernel_eval_block(k, huge, huge, args, 0, huge, 0, huge, out), SR_EOVERFLOW);
+    /* A block outside the matrix whose end does not fit int64_t: the message gives the
+     * offsets and counts as passed. */
+    assert_status(sr_kernel_eval_block(k, 4, 4, args, INT64_MAX, INT64_MAX, 0, 1, out), SR_EINVAL);
+    assert_msg_has(ctx, "9223372036854775807 rows from row 9223372036854775807");
+    /* Ranges: block and interval counts whose plan would wrap. */
+    int64_t r2[2] = {0, 1}, s1[1] = {1};
+    sr_ranges R;
+    memset(&R, 0, sizeof R);
+    R.nranges_i = huge;
+    R.ranges_i = r2;
+    R.slices_i = s1;
+    R.nredranges_j = 1;
+    R.redranges_j = r2;
+    sr_run_desc run = {.nx = 1, .ny = 1, .nargs = 2, .args = args, .out = out};
+    assert_status(sr_kernel_run_ranges(k, &run, &R), SR_EOVERFLOW);
+    R.nranges_i = 1;
+    R.nredranges_j = huge;
+    assert_status(sr_kernel_run_ranges(k, &run, &R), SR_EOVERFLOW);
+    sr_kernel_free(k);
+    /* A dense chain factor of rows x cols values of 8 bytes. */
+    sr_chain *c = NULL;
+    assert_status(sr_chain_new(ctx, SR_F64, &c), SR_OK);
+    double m[1] = {0};
+    assert_status(sr_chain_dense(c, huge, 1, m), SR_EOVERFLOW);
+    assert_status(sr_chain_dense(c, (int64_t)1 << 31, (int64_t)1 << 31, m), SR_EOVERFLOW);
+    sr_chain_free(c);
+    assert_usable(ctx);
+}
+
 Test(api, run_two_output_reduction_needs_run_ex)
 {
     const sr_reduction two[] = {SR_MIN_ARGMIN, SR_MAX_ARGMAX, SR_KMIN_ARGKMIN};

@@ -1,7 +1,8 @@
 /*
- * test-cache.c — the CPU JIT's kernel cache: memory and disk hits, a corrupt or truncated entry
- * rebuilt, unsafe directories refused with SR_EIO and a message saying how to fix it,
- * concurrent processes.
+ * test-cache.c — the CPU JIT's kernel cache: memory and disk hits, a corrupt, truncated,
+ * foreign (another key's) or FIFO entry rebuilt, unsafe directories (writable by others, a
+ * symbolic link, below a writable non-sticky parent) refused with SR_EIO and a message saying
+ * how to fix it, concurrent processes.
  *
  * Each test uses a fresh temporary SYMRED_CACHE_DIR, so most tests compile once (cold).
  */
@@ -13,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,26 +35,35 @@ static void setup(void)
 }
 static void teardown(void)
 {
-    char cmd[128];
+    char cmd[200];
     chmod(dir, 0700);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    snprintf(cmd, sizeof cmd, "umount '%s/mnt' 2>/dev/null; rm -rf '%s'", dir, dir);
     cr_assert_eq(system(cmd), 0);
 }
 TestSuite(cache, .init = setup, .fini = teardown);
 
 static const char *aliases[] = {"x=Vi(2)", "y=Vj(2)", "g=Pm(1)"};
 
+/* A new context in *ctx, text parsed in it (*f), and the status of creating its Sum kernel (*k)
+ * with the default descriptor. */
+static sr_status new_kernel_in(const char *text, sr_ctx **ctx, sr_expr **f, sr_kernel **k)
+{
+    cr_assert_eq(sr_ctx_new(ctx), SR_OK);
+    *f = NULL;
+    cr_assert_eq(sr_parse(*ctx, text, aliases, 3, f), SR_OK, "%s", sr_ctx_error(*ctx));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    *k = NULL;
+    return sr_kernel_new(*ctx, *f, &d, k);
+}
+
 /* Builds `formula` in a new context, checks one result, and returns the explain text (owned by
  * the caller). */
 static char *build_and_check(const char *formula, double gval)
 {
     sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    sr_expr *f = NULL;
-    cr_assert_eq(sr_parse(ctx, formula, aliases, 3, &f), SR_OK, "%s", sr_ctx_error(ctx));
-    sr_kernel_desc d = sr_kernel_desc_default();
-    sr_kernel *k = NULL;
-    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_expr *f;
+    sr_kernel *k;
+    cr_assert_eq(new_kernel_in(formula, &ctx, &f, &k), SR_OK, "%s", sr_ctx_error(ctx));
     char *ex = strdup(sr_kernel_explain(k));
     cr_assert(strstr(ex, "backend: cpu-jit"), "not the JIT:\n%s", ex);
     /* Sum_j exp(-g |x - y_j|^2) with x = 0 and y = (0,0), (1,0), (0,2). */
@@ -125,6 +137,18 @@ Test(cache, directory_created_private)
     cr_assert_eq(sb.st_mode & 0777, 0700, "mode %o", (unsigned)(sb.st_mode & 0777));
 }
 
+/* After the entry of `formula` was spoiled: the next creation compiles (and gives the right
+ * values, build_and_check), the one after hits the rebuilt entry. */
+static void expect_rebuilt(double gval, const char *spoiled)
+{
+    char *e2 = build_and_check(formula, gval);
+    cr_assert(strstr(e2, "module: compiled"), "the %s entry was used:\n%s", spoiled, e2);
+    char *e3 = build_and_check(formula, gval);
+    cr_assert(strstr(e3, "module: disk, cache hit"), "the rebuilt entry is not used:\n%s", e3);
+    free(e2);
+    free(e3);
+}
+
 static void corrupt_and_rebuild(int truncate_it)
 {
     char *e1 = build_and_check(formula, 1.5);
@@ -143,13 +167,8 @@ static void corrupt_and_rebuild(int truncate_it)
         fwrite("\xde\xad\xbe\xef", 1, 4, f);
         fclose(f);
     }
-    char *e2 = build_and_check(formula, 1.5);
-    cr_assert(strstr(e2, "module: compiled"), "the corrupt entry was used:\n%s", e2);
-    char *e3 = build_and_check(formula, 1.5);
-    cr_assert(strstr(e3, "module: disk, cache hit"), "the rebuilt entry is not used:\n%s", e3);
+    expect_rebuilt(1.5, "corrupt");
     free(e1);
-    free(e2);
-    free(e3);
 }
 
 Test(cache, truncated_entry_rebuilt) { corrupt_and_rebuild(1); }
@@ -175,12 +194,11 @@ Test(cache, garbage_entry_rebuilt)
 static void expect_refused(const char *why)
 {
     sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    sr_expr *f = NULL;
-    cr_assert_eq(sr_parse(ctx, formula, aliases, 3, &f), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_expr *f;
+    sr_kernel *k;
     sr_kernel_desc d = sr_kernel_desc_default();
-    sr_kernel *k = NULL;
-    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_EIO, "an unsafe cache directory was used");
+    cr_assert_eq(new_kernel_in(formula, &ctx, &f, &k), SR_EIO,
+                 "an unsafe cache directory was used");
     cr_assert_null(k);
     const char *msg = sr_ctx_error(ctx);
     cr_assert(strstr(msg, "refused") && strstr(msg, why) && strstr(msg, "chmod 700"), "%s", msg);
@@ -240,7 +258,7 @@ Test(cache, keep_source)
 /* Several processes compiling the same kernel into the same empty cache all succeed. */
 Test(cache, concurrent_processes)
 {
-    enum { NPROC = 4 };
+    enum { NPROC = 8 };
     pid_t pids[NPROC];
     for (int p = 0; p < NPROC; p++) {
         pids[p] = fork();
@@ -260,4 +278,173 @@ Test(cache, concurrent_processes)
     cr_assert(strstr(ex, "module: disk, cache hit"), "%s", ex);
     cr_assert_eq(count_entries(), 1);
     free(ex);
+}
+
+/* A FIFO in place of an entry: opening it must not block (a FIFO with no writer would), and it is
+ * replaced by a rebuilt regular file. */
+Test(cache, fifo_entry_rebuilt, .timeout = 60)
+{
+    char *e1 = build_and_check(formula, 0.3);
+    char path[512];
+    path_of(e1, path, sizeof path);
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    char *e2 = build_and_check(formula, 0.3);
+    cr_assert(strstr(e2, "module: compiled"), "%s", e2);
+    struct stat sb;
+    cr_assert_eq(lstat(path, &sb), 0);
+    cr_assert(S_ISREG(sb.st_mode), "the entry is still not a regular file (mode %o)",
+              (unsigned)sb.st_mode);
+    free(e1);
+    free(e2);
+}
+
+/* A whole, valid entry of another formula copied under this formula's name is not this key's:
+ * it is rejected and rebuilt (the values checked by build_and_check are this formula's), and
+ * the rebuilt entry is then a hit. */
+Test(cache, foreign_entry_rejected)
+{
+    static const char *other = "Exp(-SqDist(x, y) * g) * 3";
+    char *ea = build_and_check(formula, 0.5);
+    sr_ctx *ctx;
+    sr_expr *f;
+    sr_kernel *k;
+    cr_assert_eq(new_kernel_in(other, &ctx, &f, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    char pa[512], pb[512], cmd[1200];
+    path_of(ea, pa, sizeof pa);
+    path_of(sr_kernel_explain(k), pb, sizeof pb);
+    cr_assert(strcmp(pa, pb) != 0, "two formulas, one entry %s", pa);
+    sr_kernel_free(k);
+    sr_ctx_free(ctx);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", pb, pa);
+    cr_assert_eq(system(cmd), 0);
+    expect_rebuilt(0.5, "foreign");
+    free(ea);
+}
+
+/* Kernel creation with the cache at sub fails with SR_EIO and a message containing why and
+ * "refused"; nothing is stored. */
+static void expect_path_refused(const char *sub, const char *why)
+{
+    setenv("SYMRED_CACHE_DIR", sub, 1);
+    sr_ctx *ctx;
+    sr_expr *f;
+    sr_kernel *k;
+    cr_assert_eq(new_kernel_in(formula, &ctx, &f, &k), SR_EIO, "the cache %s was used", sub);
+    const char *msg = sr_ctx_error(ctx);
+    cr_assert(strstr(msg, "refused") && strstr(msg, why), "%s", msg);
+    sr_ctx_free(ctx);
+}
+
+/* A cache directory that is a symbolic link is refused, and the message says so. */
+Test(cache, symlinked_dir_refused)
+{
+    char real[128], link[128];
+    snprintf(real, sizeof real, "%s/real", dir);
+    snprintf(link, sizeof link, "%s/link", dir);
+    cr_assert_eq(mkdir(real, 0700), 0);
+    cr_assert_eq(symlink(real, link), 0);
+    expect_path_refused(link, "symbolic link");
+}
+
+/* A parent directory that others may write to (and that is not sticky) lets them replace the
+ * cache directory: refused, as ssh refuses such paths. A sticky one (/tmp's 1777) is fine. */
+Test(cache, writable_parent_refused)
+{
+    char parent[128], sub[160];
+    snprintf(parent, sizeof parent, "%s/shared", dir);
+    snprintf(sub, sizeof sub, "%s/cache", parent);
+    cr_assert_eq(mkdir(parent, 0700), 0);
+    cr_assert_eq(chmod(parent, 0777), 0);
+    expect_path_refused(sub, "writable by group or others");
+    cr_assert_eq(chmod(parent, 0770), 0);
+    expect_path_refused(sub, parent);
+    cr_assert_eq(chmod(parent, 01777), 0);
+    setenv("SYMRED_CACHE_DIR", sub, 1);
+    free(build_and_check(formula, 0.5));
+}
+
+/* A cache directory on a small tmpfs of the test's own (root only; skipped elsewhere), mounted
+ * at mnt with the cache directory mnt/cache created and set as SYMRED_CACHE_DIR. */
+static bool mount_tmpfs(char *mnt, size_t cap, const char *size)
+{
+    snprintf(mnt, cap, "%s/mnt", dir);
+    cr_assert_eq(mkdir(mnt, 0700), 0);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=%s,mode=0700 symred-test '%s' 2>/dev/null",
+             size, mnt);
+    if (geteuid() != 0 || system(cmd) != 0)
+        return false;
+    snprintf(cmd, sizeof cmd, "%s/cache", mnt);
+    cr_assert_eq(mkdir(cmd, 0700), 0);
+    setenv("SYMRED_CACHE_DIR", cmd, 1);
+    return true;
+}
+static void unmount_tmpfs(const char *mnt)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "umount '%s'", mnt);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* A read-only cache: kernels compile in a private temporary directory (and work). */
+Test(cache, read_only_dir_falls_back)
+{
+    char mnt[128], cmd[300];
+    if (!mount_tmpfs(mnt, sizeof mnt, "1m"))
+        cr_skip_test("cannot mount a tmpfs here");
+    snprintf(cmd, sizeof cmd, "mount -o remount,ro '%s'", mnt);
+    cr_assert_eq(system(cmd), 0);
+    char *ex = build_and_check(formula, 0.5);
+    cr_assert(strstr(ex, "module: compiled, cache off") && strstr(ex, "not writable"), "%s", ex);
+    free(ex);
+    unmount_tmpfs(mnt);
+}
+
+/* A full cache: the same. */
+Test(cache, full_dir_falls_back)
+{
+    char mnt[128], cmd[400];
+    if (!mount_tmpfs(mnt, sizeof mnt, "64k"))
+        cr_skip_test("cannot mount a tmpfs here");
+    snprintf(cmd, sizeof cmd, "dd if=/dev/zero of='%s/fill' bs=4k 2>/dev/null", mnt);
+    cr_assert_neq(system(cmd), 0, "dd filled a 64k tmpfs without an error");
+    char *ex = build_and_check(formula, 0.5);
+    cr_assert(strstr(ex, "module: compiled, cache off") && strstr(ex, "not writable"), "%s", ex);
+    free(ex);
+    unmount_tmpfs(mnt);
+}
+
+/* Build directories and temporary files tmp-* left by processes killed mid-compile are removed
+ * once older than any compile can run (an hour here); fresh ones (a compile running now) and
+ * other files stay. */
+Test(cache, stale_build_dirs_swept)
+{
+    char p[256];
+    static const char *const names[] = {"tmp-stale", "tmp-fresh", "tmp-stalefile", "keep-old"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        if (i == 2 || i == 3) {
+            FILE *f = fopen(p, "w");
+            cr_assert_not_null(f);
+            fclose(f);
+        } else {
+            cr_assert_eq(mkdir(p, 0700), 0);
+            char q[300];
+            snprintf(q, sizeof q, "%s/kernel.c", p);
+            FILE *f = fopen(q, "w");
+            cr_assert_not_null(f);
+            fclose(f);
+        }
+        if (i != 1) {
+            struct timeval tv[2] = {{time(NULL) - 2 * 86400, 0}, {time(NULL) - 2 * 86400, 0}};
+            cr_assert_eq(utimes(p, tv), 0);
+        }
+    }
+    free(build_and_check(formula, 0.5));
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        bool gone = access(p, F_OK) != 0;
+        cr_assert_eq(gone, i == 0 || i == 2, "%s: %s", names[i], gone ? "removed" : "still there");
+    }
 }

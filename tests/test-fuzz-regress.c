@@ -115,7 +115,15 @@
     X(tensordot_magnitude,                                                                         \
       "Square(TensorDot(IfElse(Elem(Var(1,2,1),1),Var(0,1,1),Var(2,3,0)),Var(2,3,0),[3,1],[3,1],[" \
       "0],[0]))",                                                                                  \
-      "", SR_MIN, 0, 1, SR_F32, SR_ACC_DEFAULT, 257, 13, "UEGU", 0x686c12d108bbd1feULL, 1)
+      "", SR_MIN, 0, 1, SR_F32, SR_ACC_DEFAULT, 257, 13, "UEGU", 0x686c12d108bbd1feULL, 1)         \
+    /* seed 137514777106810 case 90: the JIT weighted each term of WeightedSqNorm by a scalar      \
+     * weight, so w = +inf with a zero component gave NaN where w * sum(a_k^2) is +inf */          \
+    X(weighted_scalar_order,                                                                       \
+      "(Var(0,1,0)/"                                                                               \
+      "WeightedSqNorm(WeightedSqDist(Var(0,1,0),Var(1,2,0),Var(2,2,0)),LessEq(Var(4,4,"            \
+      "1),Var(5,4,1))))",                                                                          \
+      "", SR_KMIN_ARGKMIN, 1, 1, SR_F32, SR_ACC_DEFAULT, 2, 2, "TEPPPUGEUT",                       \
+      0xecdecd02df46c011ULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {

@@ -10,7 +10,10 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +33,7 @@ static void setup(void)
     unsetenv("SYMRED_CC");
     unsetenv("SYMRED_ACC");
     unsetenv("SYMRED_NUM_THREADS");
+    unsetenv("SYMRED_COMPILE_TIMEOUT");
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
 }
 static void teardown(void) { sr_ctx_free(ctx); }
@@ -141,6 +145,63 @@ static void exp_underflow(sr_dtype dt)
 }
 Test(jit, exp_underflow_f32) { exp_underflow(SR_F32); }
 Test(jit, exp_underflow_f64) { exp_underflow(SR_F64); }
+
+/* A scalar weight multiplies the finished sum (docs/semantics.md): w = +inf and a vector with
+ * a zero component give +inf, not inf * 0 = NaN, through WeightedSqNorm (SqNormIso),
+ * WeightedSqDist and an i-only norm, unrolled (D = 3) and as a loop (D = 70), in
+ * sr_kernel_run and sr_kernel_eval_block. Row 1 has a finite weight: w * sum of squares. */
+static void weighted_scalar(sr_dtype dt, int D)
+{
+    char ax[32], ay[32];
+    snprintf(ax, sizeof ax, "x=Vi(%d)", D);
+    snprintf(ay, sizeof ay, "y=Vj(%d)", D);
+    const char *al[] = {ax, ay, "w=Vi(1)"};
+    sr_expr *f = parse("Concat(Concat(SqNormIso(w, x - y), WeightedSqDist(w, x, y)), "
+                       "SqNormIso(w, x))",
+                       al, 3);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.dtype = dt;
+    sr_kernel *k = new_kernel(f, d, SR_DEVICE_CPU);
+    enum { DMAX = 70 };
+    double x[2 * DMAX], y[DMAX], w[2] = {INFINITY, 2.0};
+    double sx = 0, sd = 0; /* row 1's sums of squares of x and of x - y */
+    for (int c = 0; c < D; c++) {
+        y[c] = c == 1 ? 0.0 : 0.5 * c;
+        x[c] = c == 0 ? 0.0 : y[c] + 1.0; /* row 0: x_0 = 0 = y_0, the other components differ */
+        x[D + c] = 0.25 * c;
+        sx += x[D + c] * x[D + c];
+        sd += (x[D + c] - y[c]) * (x[D + c] - y[c]);
+    }
+    float xf[2 * DMAX], yf[DMAX], wf[2] = {INFINITY, 2.0f};
+    for (int c = 0; c < 2 * D; c++)
+        xf[c] = (float)x[c];
+    for (int c = 0; c < D; c++)
+        yf[c] = (float)y[c];
+    const bool f32 = dt == SR_F32;
+    const void *args[] = {f32 ? (const void *)xf : x, f32 ? (const void *)yf : y,
+                          f32 ? (const void *)wf : w};
+    const double want[2][3] = {{INFINITY, INFINITY, INFINITY}, {2 * sd, 2 * sd, 2 * sx}};
+    for (int how = 0; how < 2; how++) {
+        double od[6];
+        float of[6];
+        void *out = f32 ? (void *)of : od;
+        sr_status st = how == 0 ? sr_kernel_run(k, 2, 1, args, out)
+                                : sr_kernel_eval_block(k, 2, 1, args, 0, 2, 0, 1, out);
+        cr_assert_eq(st, SR_OK, "%s", sr_ctx_error(ctx));
+        for (int i = 0; i < 2; i++)
+            for (int c = 0; c < 3; c++) {
+                double got = f32 ? (double)of[i * 3 + c] : od[i * 3 + c];
+                cr_assert(got == want[i][c] || tu_close(got, want[i][c], 1e-5, 0),
+                          "%s D=%d %s row %d output %d: %g, expected %g", f32 ? "f32" : "f64", D,
+                          how ? "eval_block" : "run", i, c, got, want[i][c]);
+            }
+    }
+    sr_kernel_free(k);
+}
+Test(jit, weighted_scalar_f32) { weighted_scalar(SR_F32, 3); }
+Test(jit, weighted_scalar_f64) { weighted_scalar(SR_F64, 3); }
+Test(jit, weighted_scalar_loop_f32) { weighted_scalar(SR_F32, 70); }
+Test(jit, weighted_scalar_loop_f64) { weighted_scalar(SR_F64, 70); }
 
 /* ---- accumulation, threads, explain ----------------------------------------------------- */
 
@@ -261,6 +322,190 @@ Test(jit, failing_compiler_reports_ecompile)
     sr_ctx_free(c2);
     unlink(script);
     unsetenv("SYMRED_CC");
+}
+
+/* ---- a compiler that hangs: timeout and interruption ---------------------------------------- */
+
+/* A fake compiler at script: it answers --version at once unless hang_version, and otherwise
+ * writes its process id (its process group's, as symred starts it in a group of its own) to
+ * pidfile and sleeps far longer than any test may run. */
+static void hanging_cc(char *script, char *pidfile, bool hang_version)
+{
+    int fd = mkstemp(script);
+    cr_assert(fd >= 0);
+    close(fd);
+    fd = mkstemp(pidfile);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(pidfile);
+    FILE *f = fopen(script, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "#!/bin/sh\n%secho $$ > %s.tmp && mv %s.tmp %s\nsleep 300\n",
+            hang_version ? "" : "case \"$1\" in --version) echo fakecc 1.0; exit 0;; esac\n",
+            pidfile, pidfile, pidfile);
+    fclose(f);
+    chmod(script, 0700);
+    setenv("SYMRED_CC", script, 1);
+    setenv("SYMRED_CACHE_DIR", "off", 1);
+}
+
+static long read_pid(const char *pidfile)
+{
+    long pid = 0;
+    FILE *f = fopen(pidfile, "r");
+    if (f) {
+        if (fscanf(f, "%ld", &pid) != 1)
+            pid = 0;
+        fclose(f);
+    }
+    return pid;
+}
+
+/* Nothing of the compiler's process group is left (its children were killed with it; a
+ * killed orphan may take a moment to be reaped by init, hence the bounded retries). */
+static void assert_group_gone(const char *pidfile)
+{
+    long pid = read_pid(pidfile);
+    cr_assert(pid > 1, "the fake compiler did not write its pid to %s", pidfile);
+    int tries = 0;
+    while (kill(-(pid_t)pid, 0) == 0 && tries++ < 500)
+        usleep(10000);
+    cr_assert(kill(-(pid_t)pid, 0) != 0 && errno == ESRCH,
+              "process group %ld of the compiler is still there", pid);
+    unlink(pidfile);
+}
+
+static sr_status new_kernel_status(sr_ctx *c, sr_kernel **k)
+{
+    static const char *al[] = {"x=Vi(1)", "y=Vj(1)"};
+    sr_expr *f = NULL;
+    cr_assert_eq(sr_parse(c, "x*y", al, 2, &f), SR_OK);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    *k = NULL;
+    return sr_kernel_new(c, f, &d, k);
+}
+
+/* Kernel creation in a fresh context (reading the environment as set now) fails with want and
+ * a message containing needle. */
+static void expect_new_kernel_fails(sr_status want, const char *needle)
+{
+    sr_ctx *c2;
+    cr_assert_eq(sr_ctx_new(&c2), SR_OK);
+    sr_kernel *k;
+    sr_status st = new_kernel_status(c2, &k);
+    cr_assert_eq(st, want, "status %d (%s)", st, sr_ctx_error(c2));
+    cr_assert_null(k);
+    cr_assert(strstr(sr_ctx_error(c2), needle), "message: %s", sr_ctx_error(c2));
+    sr_ctx_free(c2);
+}
+
+static void compile_times_out(bool hang_version)
+{
+    char script[] = "/tmp/symred-hangcc-XXXXXX", pidfile[] = "/tmp/symred-hangpid-XXXXXX";
+    hanging_cc(script, pidfile, hang_version);
+    setenv("SYMRED_COMPILE_TIMEOUT", "1", 1);
+    expect_new_kernel_fails(SR_ECOMPILE, "timed out");
+    assert_group_gone(pidfile);
+    unlink(script);
+    unsetenv("SYMRED_COMPILE_TIMEOUT");
+    unsetenv("SYMRED_CC");
+}
+/* The criterion timeout fails a test whose compile waits for the fake compiler's 300 s. */
+Test(jit, hanging_compiler_times_out, .timeout = 60) { compile_times_out(false); }
+Test(jit, hanging_version_query_times_out, .timeout = 60) { compile_times_out(true); }
+
+static void on_usr1(int sig) { (void)sig; }
+struct interrupter {
+    pthread_t target;
+    const char *pidfile;
+};
+/* Waits until the fake compiler runs, then signals the thread that waits for it. */
+static void *interrupt_when_running(void *arg)
+{
+    const struct interrupter *in = arg;
+    for (int i = 0; i < 3000 && read_pid(in->pidfile) <= 0; i++)
+        usleep(10000);
+    pthread_kill(in->target, SIGUSR1);
+    return NULL;
+}
+
+/* A signal whose handler does not restart system calls (as Python's SIGINT handler) ends the
+ * wait for the compiler: the compiler is killed and kernel creation returns at once. */
+Test(jit, interrupted_compile_returns, .timeout = 60)
+{
+    char script[] = "/tmp/symred-hangcc-XXXXXX", pidfile[] = "/tmp/symred-hangpid-XXXXXX";
+    hanging_cc(script, pidfile, false);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1; /* no SA_RESTART */
+    sigaction(SIGUSR1, &sa, NULL);
+    struct interrupter in = {pthread_self(), pidfile};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, interrupt_when_running, &in), 0);
+    expect_new_kernel_fails(SR_ECOMPILE, "interrupted");
+    pthread_join(th, NULL);
+    assert_group_gone(pidfile);
+    unlink(script);
+    unsetenv("SYMRED_CC");
+}
+
+/* A compiler killed midway (by a signal, as the OOM killer would) is SR_ECOMPILE naming the
+ * signal, and the next kernel of another context with a working compiler is fine. */
+static void compiler_killed_by(int sig)
+{
+    char script[] = "/tmp/symred-killedcc-XXXXXX";
+    int fd = mkstemp(script);
+    cr_assert(fd >= 0);
+    char text[200];
+    snprintf(text, sizeof text,
+             "#!/bin/sh\ncase \"$1\" in --version) echo fakecc 1.0; exit 0;; esac\nkill -%d $$\n",
+             sig);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    chmod(script, 0700);
+    setenv("SYMRED_CC", script, 1);
+    setenv("SYMRED_CACHE_DIR", "off", 1);
+    char want[64];
+    snprintf(want, sizeof want, "killed by signal %d", sig);
+    expect_new_kernel_fails(SR_ECOMPILE, want);
+    unlink(script);
+    unsetenv("SYMRED_CC");
+    sr_kernel *k;
+    cr_assert_eq(new_kernel_status(ctx, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_kernel_free(k);
+}
+Test(jit, compiler_killed_midway) { compiler_killed_by(SIGKILL); }
+Test(jit, compiler_crashing) { compiler_killed_by(SIGSEGV); }
+
+/* A program that handles SIGCHLD (without SA_RESTART) still gets its kernels: the compiler's
+ * own exit does not count as an interruption of the wait. */
+static void on_chld(int sig) { (void)sig; }
+Test(jit, sigchld_handler_does_not_interrupt)
+{
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_chld;
+    sigaction(SIGCHLD, &sa, &old);
+    setenv("SYMRED_CACHE_DIR", "off", 1);
+    sr_ctx *c2;
+    cr_assert_eq(sr_ctx_new(&c2), SR_OK);
+    for (int i = 0; i < 3; i++) {
+        sr_kernel *k;
+        sr_status st = new_kernel_status(c2, &k);
+        cr_assert_eq(st, SR_OK, "kernel %d: %s", i, sr_ctx_error(c2));
+        sr_kernel_free(k);
+        sr_ctx_free(c2);
+        cr_assert_eq(sr_ctx_new(&c2), SR_OK);
+    }
+    sr_ctx_free(c2);
+    sigaction(SIGCHLD, &old, NULL);
+}
+
+Test(jit, bad_compile_timeout_is_einval)
+{
+    setenv("SYMRED_COMPILE_TIMEOUT", "0", 1);
+    expect_new_kernel_fails(SR_EINVAL, "SYMRED_COMPILE_TIMEOUT");
+    unsetenv("SYMRED_COMPILE_TIMEOUT");
 }
 
 Test(jit, false_compiler_reports_ecompile)

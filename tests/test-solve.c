@@ -222,6 +222,28 @@ Test(solve, bad_input)
     sr_kernel_free(k);
 }
 
+/* n * dim(b) values, and the solver's five double vectors of that length, overflow: a size
+ * error before anything is allocated or read (small arrays stand in for the impossible ones). */
+Test(solve, sizes_that_overflow)
+{
+    const int64_t huge[] = {((int64_t)1 << 61) + 1, INT64_MAX / 2, INT64_MAX};
+    for (int nb = 1; nb <= 3; nb += 2) {
+        sr_kernel *k = gauss_solve_kernel(1, nb, nb == 1 ? SR_F64 : SR_F32);
+        sr_solve_desc d = sr_solve_desc_default();
+        d.b_index = 2;
+        d.alpha = 1;
+        double x[8] = {0}, b[8] = {0}, g = 1, out[8];
+        const void *args[] = {x, x, b, &g};
+        for (int t = 0; t < 3; t++) {
+            sr_status st = sr_kernel_solve(k, &d, huge[t], args, b, out);
+            cr_assert_eq(st, SR_EOVERFLOW, "nb %d n %lld: status %d: %s", nb, (long long)huge[t],
+                         st, sr_ctx_error(ctx));
+            cr_assert(strstr(sr_ctx_error(ctx), "overflow"), "message: %s", sr_ctx_error(ctx));
+        }
+        sr_kernel_free(k);
+    }
+}
+
 Test(solve, not_symmetric_is_rejected)
 {
     /* exp(-g |x - y|^2) with different i and j data: K is not symmetric. */

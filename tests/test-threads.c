@@ -28,7 +28,7 @@
 #include "jit/cuda.h"
 #include "util.h"
 
-enum { NTHREADS = 4, REPS = 5, NX = 67, NY = 203 };
+enum { NTHREADS = 8, REPS = 5, NX = 67, NY = 203 };
 
 static char dir[64];
 

@@ -152,6 +152,11 @@ sr_status sr_chain_dense(sr_chain *c, int64_t rows, int64_t cols, const void *a)
         return sr__error(c->ctx, SR_EINVAL,
                          "sr_chain_dense: need rows, cols >= 1 and data (%lld x %lld, %s)",
                          (long long)rows, (long long)cols, a ? "data" : "NULL");
+    int64_t bytes;
+    if (!sr__size_mul(rows, cols, (int64_t)sr_dtype_size(c->dtype), &bytes))
+        return sr__error(c->ctx, SR_EOVERFLOW,
+                         "sr_chain_dense: a %lld x %lld matrix overflows the address space",
+                         (long long)rows, (long long)cols);
     struct chain_factor cf = {.kernel = false, .rows = rows, .cols = cols, .data = a};
     return push(c, &cf);
 }
@@ -275,12 +280,13 @@ static void st(const sr_chain *c, void *a, int64_t t, double v)
 static void *alloc_mat(sr_chain *c, int64_t rows, int64_t cols)
 {
     size_t esz = sr_dtype_size(c->dtype);
-    if (rows > (int64_t)(PTRDIFF_MAX / (int64_t)esz) / cols) {
+    int64_t bytes;
+    if (!sr__size_mul(rows, cols, (int64_t)esz, &bytes)) {
         sr__error(c->ctx, SR_EOVERFLOW, "sr_chain: a %lld x %lld intermediate is too large",
                   (long long)rows, (long long)cols);
         return NULL;
     }
-    void *m = malloc((size_t)(rows * cols) * esz);
+    void *m = malloc((size_t)bytes);
     if (!m)
         sr__error(c->ctx, SR_ENOMEM, "sr_chain: out of memory for a %lld x %lld intermediate",
                   (long long)rows, (long long)cols);

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define SR_ERR_MAX EXPR_ERR_MAX
 
@@ -257,5 +258,19 @@ extern const struct sr_backend_i simp_post_backend;
 int64_t simp_post_workspace(const sr_kernel *k);
 
 static inline size_t sr_dtype_size(sr_dtype t) { return t == SR_F64 ? 8 : 4; }
+
+/* *out = a * b * c, for a count of elements or bytes that feeds an allocation, a copy or a
+ * pointer offset; false, *out untouched, when a factor is negative or the product exceeds
+ * PTRDIFF_MAX (so it fits int64_t, size_t and pointer differences alike). Every such product
+ * of sizes that a caller chose goes through here (pass 1 for an unused factor). */
+static inline bool sr__size_mul(int64_t a, int64_t b, int64_t c, int64_t *out)
+{
+    int64_t ab, abc;
+    if (a < 0 || b < 0 || c < 0 || __builtin_mul_overflow(a, b, &ab) ||
+        __builtin_mul_overflow(ab, c, &abc) || abc > (int64_t)PTRDIFF_MAX)
+        return false;
+    *out = abc;
+    return true;
+}
 
 #endif /* SYMRED_CORE_H */

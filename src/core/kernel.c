@@ -258,9 +258,8 @@ const char *sr_kernel_explain(const sr_kernel *k)
 /* rows * dim * elem must fit in a ptrdiff_t: the largest array the caller can hold. */
 static bool size_ok(int64_t rows, int64_t dim, size_t elem)
 {
-    if (rows == 0 || dim == 0)
-        return true;
-    return rows <= (int64_t)(PTRDIFF_MAX / (int64_t)elem) / dim;
+    int64_t bytes;
+    return sr__size_mul(rows, dim, (int64_t)elem, &bytes);
 }
 
 static sr_status run_check(const sr_kernel *k, const sr_run_desc *r)

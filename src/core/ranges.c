@@ -92,6 +92,15 @@ sr_status sr__rplan_new(const sr_kernel *k, const sr_run_desc *r, const sr_range
         t = (struct triple){R->nranges_j, R->nredranges_i, r->ny,          r->nx,
                             R->ranges_j,  R->slices_j,     R->redranges_i, "ranges_j",
                             "slices_j",   "redranges_i",   "ny",           "nx"};
+    /* The plan below takes at most (nc + nr + 1) * unit bytes; each count below half the limit
+     * keeps the sum in range too. */
+    const int64_t unit = 4 * sizeof(int64_t) + sizeof(struct span);
+    int64_t bytes;
+    if (!sr__size_mul(t.nc < 0 ? 0 : t.nc, 2, unit, &bytes) ||
+        !sr__size_mul(t.nr < 0 ? 0 : t.nr, 2, unit, &bytes))
+        return sr__error(ctx, SR_EOVERFLOW,
+                         "ranges: %lld blocks and %lld intervals overflow the address space",
+                         (long long)t.nc, (long long)t.nr);
     sr_status st = triple_check(ctx, &t);
     if (st != SR_OK)
         return st;

@@ -189,7 +189,14 @@ sr_status sr_kernel_solve(const sr_kernel *k, const sr_solve_desc *d, int64_t n,
     sr_status st = check_input(k, d, n, args, rhs, out);
     if (st != SR_OK)
         return st;
-    int64_t len = n * k->out_dim;
+    /* len values of the kernel's dtype, twice, and five double vectors of len. */
+    int64_t len, bytes;
+    if (!sr__size_mul(n, k->out_dim, 5 * sizeof(double), &bytes))
+        return sr__error(
+            k->ctx, SR_EOVERFLOW,
+            "sr_kernel_solve: n = %lld rows of dimension %d overflow the address space",
+            (long long)n, k->out_dim);
+    len = n * k->out_dim;
     if (len == 0)
         return SR_OK;
     size_t es = sr_dtype_size(k->dtype);

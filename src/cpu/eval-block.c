@@ -34,14 +34,16 @@ static sr_status block_check(const sr_kernel *k, int64_t nx, int64_t ny, const v
                          "%lld, i0 = %lld, ni = %lld, j0 = %lld, nj = %lld)",
                          (long long)nx, (long long)ny, (long long)i0, (long long)ni, (long long)j0,
                          (long long)nj);
+    /* The message names offsets and counts, never their sums, which may overflow. */
     if (i0 > nx - ni || j0 > ny - nj)
         return sr__error(ctx, SR_EINVAL,
-                         "sr_kernel_eval_block: the block rows [%lld, %lld) x columns [%lld, %lld) "
-                         "is not inside the %lld x %lld matrix",
-                         (long long)i0, (long long)i0 + ni, (long long)j0, (long long)j0 + nj,
-                         (long long)nx, (long long)ny);
+                         "sr_kernel_eval_block: the block of %lld rows from row %lld and %lld "
+                         "columns from column %lld is not inside the %lld x %lld matrix",
+                         (long long)ni, (long long)i0, (long long)nj, (long long)j0, (long long)nx,
+                         (long long)ny);
     size_t esz = sr_dtype_size(k->dtype);
-    if (ni > 0 && nj > 0 && (nj > PTRDIFF_MAX / (int64_t)esz / k->fdim / ni))
+    int64_t bytes;
+    if (!sr__size_mul(ni, nj, k->fdim, &bytes) || !sr__size_mul(bytes, (int64_t)esz, 1, &bytes))
         return sr__error(ctx, SR_EOVERFLOW,
                          "sr_kernel_eval_block: the block (%lld x %lld x %d values) overflows the "
                          "address space",
@@ -53,7 +55,7 @@ static sr_status block_check(const sr_kernel *k, int64_t nx, int64_t ny, const v
         if (!var->dim)
             continue;
         int64_t rows = var->cat == SR_CAT_I ? nx : var->cat == SR_CAT_J ? ny : 1;
-        if (rows > 0 && rows > PTRDIFF_MAX / (int64_t)esz / var->dim)
+        if (!sr__size_mul(rows, var->dim, (int64_t)esz, &bytes))
             return sr__error(ctx, SR_EOVERFLOW,
                              "argument %d: %lld rows of dimension %d overflow the address space", v,
                              (long long)rows, var->dim);

@@ -409,13 +409,28 @@ static int stage_of(const sr_expr *e, int axis)
     return e->deps & outer ? STAGE_OUTER : STAGE_CONST;
 }
 
-static size_t find_node(const struct ref_prog *p, const sr_expr *e)
+/* The position in the program of each node, indexed by node id (ids are dense per context), so
+ * that placing n nodes takes O(n + largest id), not a search per child. */
+struct node_pos {
+    size_t *at; /* [nid]: SIZE_MAX where not placed */
+    uint32_t nid;
+};
+
+static bool node_pos_init(struct node_pos *np, const sr_expr *const *list, size_t n)
 {
-    /* Children come before parents: search backwards from the most recent nodes. */
-    for (size_t t = p->nnodes; t-- > 0;)
-        if (p->node[t].e == e)
-            return t;
-    return SIZE_MAX;
+    np->nid = 0;
+    for (size_t t = 0; t < n; t++)
+        if (list[t]->id + 1 > np->nid)
+            np->nid = list[t]->id + 1;
+    np->at = malloc((np->nid ? np->nid : 1) * sizeof *np->at);
+    for (uint32_t i = 0; np->at && i < np->nid; i++)
+        np->at[i] = SIZE_MAX;
+    return np->at != NULL;
+}
+
+static size_t find_node(const struct node_pos *np, const sr_expr *e)
+{
+    return e->id < np->nid ? np->at[e->id] : SIZE_MAX;
 }
 
 static sr_status ref_prepare(struct sr_kernel *k)
@@ -435,12 +450,15 @@ static sr_status ref_prepare(struct sr_kernel *k)
         return st;
     }
     struct ref_prog *p = calloc(1, sizeof *p);
+    struct node_pos np = {NULL, 0};
     if (p)
         p->node = calloc(n, sizeof *p->node);
     for (int s = 0; p && s < NSTAGES; s++)
         p->stage[s] = malloc(n * sizeof *p->stage[s]);
-    if (!p || !p->node || !p->stage[0] || !p->stage[1] || !p->stage[2]) {
+    if (!p || !p->node || !p->stage[0] || !p->stage[1] || !p->stage[2] ||
+        !node_pos_init(&np, list, n)) {
         free(list);
+        free(np.at);
         prog_free(p);
         return sr__error(ctx, SR_ENOMEM, "reference backend: out of memory");
     }
@@ -450,22 +468,25 @@ static sr_status ref_prepare(struct sr_kernel *k)
         nd->e = e;
         nd->off = p->nslots;
         for (int c = 0; c < expr_arity(e); c++) {
-            size_t ci = find_node(p, e->child[c]);
+            size_t ci = find_node(&np, e->child[c]);
             if (ci == SIZE_MAX) {
                 free(list);
+                free(np.at);
                 prog_free(p);
                 return sr__error(ctx, SR_EINTERNAL, "reference backend: child missing in order");
             }
             nd->child[c] = p->node[ci].off;
         }
         p->nnodes = t + 1;
+        np.at[e->id] = t;
         p->nslots += (size_t)e->dim;
         int s = stage_of(e, k->axis);
         p->stage[s][p->nstage[s]++] = t;
     }
     free(list);
-    p->f_off = p->node[find_node(p, f)].off;
-    p->w_off = w ? p->node[find_node(p, w)].off : 0;
+    p->f_off = p->node[find_node(&np, f)].off;
+    p->w_off = w ? p->node[find_node(&np, w)].off : 0;
+    free(np.at);
     k->backend_data = p;
     return SR_OK;
 }

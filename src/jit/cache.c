@@ -5,20 +5,29 @@
  * Disk layout: <dir>/<key>.so, where key hashes the emitted source (which spells the formula,
  * reduction, axis and dtype), the compiler's identity (`cc --version`), the flags, the CPU's
  * feature flags, the symred version and the JIT ABI. Each file is the shared object followed by
- * a trailer (magic, payload length, payload hash), checked before dlopen: a truncated or
- * corrupt entry is rebuilt, never trusted. Entries are built in a private directory inside the
- * cache directory and rename()d into place, so concurrent processes only ever see whole files.
- * Loading a shared object runs its code, so a cache directory that is not a directory, not owned
- * by the user or writable by group or others is refused: kernel creation fails with SR_EIO and a
- * message saying how to fix it (a security problem is not papered over). A cache that is merely
- * unavailable (SYMRED_CACHE_DIR=off, no HOME, cannot be created) means compiling in a private
- * temporary directory, with a log line.
+ * a trailer (magic, payload length, the key, a hash of payload and key), checked before dlopen:
+ * a truncated, corrupt or foreign entry (another key's, copied under this name) is rebuilt,
+ * never trusted, and no constructor of it runs. Entries are built in a private directory inside
+ * the cache directory and rename()d into place, so concurrent processes only ever see whole
+ * files.
+ *
+ * Loading a shared object runs its code, so a cache directory that is a symbolic link, not a
+ * directory, not owned by the user or writable by group or others, or below a directory that
+ * others may write to and that is not sticky, is refused: kernel creation fails with SR_EIO and
+ * a message saying how to fix it (a security problem is not papered over). The checked
+ * directory is then used through its descriptor (openat), an entry is opened as a regular file
+ * only (O_NOFOLLOW, and O_NONBLOCK so that a FIFO cannot block), checked from that descriptor
+ * and loaded through it (/proc/self/fd/N): nothing can be swapped between check and load. Where
+ * /proc/self/fd is missing, and where the cache is merely unavailable (SYMRED_CACHE_DIR=off, no
+ * HOME, cannot be created), kernels compile in a private temporary directory, with a log line.
  */
 #include "jit.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TRAILER_MAGIC "SYMREDSO"
-#define TRAILER_BYTES 24
+#define TRAILER_MAGIC "SYMRED02"
+#define TRAILER_BYTES (24 + JIT_KEY_BYTES)
 
 static void jlog(sr_ctx *ctx, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -54,8 +63,11 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
      * until it is fixed, rather than silently meaning the default. */
     static const char *const keep_values[] = {"0", "1"};
     int acc, keep;
+    long timeout;
     if (sr__env_choice(ctx, "SYMRED_ACC", jit_acc_names, 3, JIT_ACC_BLOCK, &acc) != SR_OK ||
-        sr__env_choice(ctx, "SYMRED_JIT_KEEP", keep_values, 2, 0, &keep) != SR_OK)
+        sr__env_choice(ctx, "SYMRED_JIT_KEEP", keep_values, 2, 0, &keep) != SR_OK ||
+        sr__env_int(ctx, "SYMRED_COMPILE_TIMEOUT", 1, 86400, JIT_COMPILE_TIMEOUT, &timeout) !=
+            SR_OK)
         return SR_EINVAL;
     struct jit_ctx *jc = calloc(1, sizeof *jc);
     if (!jc)
@@ -64,6 +76,7 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
     snprintf(jc->cc, sizeof jc->cc, "%s", cc && *cc ? cc : "cc");
     jc->acc = acc;
     jc->keep_source = keep;
+    jc->compile_timeout = (int)timeout;
     ctx->backend_state[SR_BACKEND_JIT] = jc;
     *out = jc;
     return SR_OK;
@@ -78,6 +91,8 @@ void jit_ctx_free(void *state)
         next = m->next;
         if (m->handle)
             dlclose(m->handle);
+        if (m->fd >= 0)
+            close(m->fd);
         free(m);
     }
     free(jc);
@@ -105,7 +120,7 @@ static void cpu_init(void)
 }
 
 static void make_key(const struct jit_ctx *jc, const char *src, size_t len, uint64_t ccid,
-                     char key[33])
+                     char key[JIT_KEY_BYTES + 1])
 {
     pthread_once(&cpu_once, cpu_init);
     uint64_t h[2] = {JIT_HASH_INIT, 0x84222325cbf29ce4ULL};
@@ -119,7 +134,8 @@ static void make_key(const struct jit_ctx *jc, const char *src, size_t len, uint
         h[i] = jit_hash(h[i], &abi, sizeof abi);
         h[i] = jit_hash(h[i], jc->cc, strlen(jc->cc));
     }
-    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h[0], (unsigned long long)h[1]);
+    snprintf(key, JIT_KEY_BYTES + 1, "%016llx%016llx", (unsigned long long)h[0],
+             (unsigned long long)h[1]);
 }
 
 /* mkdir -p with mode 0700 for the components it creates. */
@@ -140,15 +156,54 @@ static int mkdirs(const char *path)
     return 0;
 }
 
-/* The cache directory, or SR_EIO with the reason in why; *refused is set when the directory
- * exists but is unsafe to load code from. */
-static sr_status cache_dir(char *dir, size_t cap, char *why, size_t whycap, bool *refused)
+/* Refuses a path one of whose parent directories another user may write to: group- or
+ * other-writable and not sticky (a sticky directory such as /tmp lets each user rename only
+ * their own entries). Such a directory lets that user replace what lies below it between any
+ * check and any use, as ssh reasons for its files. The directory itself is checked by
+ * cache_open. */
+static bool parents_safe(const char *dir, char *why, size_t whycap)
+{
+    char real[PATH_MAX];
+    if (!realpath(dir, real)) {
+        snprintf(why, whycap, "cannot resolve %.400s: %s", dir, strerror(errno));
+        return false;
+    }
+    /* Each proper prefix: "/", "/a", "/a/b" of "/a/b/c". */
+    for (size_t end = 1, n = strlen(real); end < n; end++) {
+        if (end > 1 && real[end] != '/')
+            continue;
+        char c = real[end];
+        real[end] = 0;
+        struct stat sb;
+        bool ok = stat(real, &sb) == 0,
+             open_to_others = ok && (sb.st_mode & (S_IWGRP | S_IWOTH)) && !(sb.st_mode & S_ISVTX);
+        if (!ok || open_to_others) {
+            if (ok)
+                snprintf(why, whycap,
+                         "refused %.400s: its parent directory %.400s is writable by group or "
+                         "others and not sticky, so another user could replace the cache",
+                         dir, real);
+            else
+                snprintf(why, whycap, "cannot check %.400s: %s", real, strerror(errno));
+            return false;
+        }
+        real[end] = c;
+    }
+    return true;
+}
+
+/* The cache directory opened (O_DIRECTORY | O_NOFOLLOW) and checked through that descriptor:
+ * a directory owned by the user, not writable by group or others, under parents no other user
+ * may write to. Returns the descriptor, or -1 with the reason in why; *refused is set when the
+ * directory exists but is unsafe to load code from. Everything after this goes through the
+ * descriptor, so nothing can be swapped between the check and the use. */
+static int cache_open(char *dir, size_t cap, char *why, size_t whycap, bool *refused)
 {
     *refused = false;
     const char *env = getenv("SYMRED_CACHE_DIR");
     if (env && strcmp(env, "off") == 0) {
         snprintf(why, whycap, "disabled (SYMRED_CACHE_DIR=off)");
-        return SR_EIO;
+        return -1;
     }
     if (env && *env)
         snprintf(dir, cap, "%s", env);
@@ -158,28 +213,48 @@ static sr_status cache_dir(char *dir, size_t cap, char *why, size_t whycap, bool
         snprintf(dir, cap, "%s/.cache/symred", getenv("HOME"));
     else {
         snprintf(why, whycap, "no cache directory (HOME unset)");
-        return SR_EIO;
+        return -1;
     }
     if (mkdirs(dir) != 0) {
         snprintf(why, whycap, "cannot create %.400s: %s", dir, strerror(errno));
-        return SR_EIO;
+        return -1;
     }
     struct stat sb;
     *refused = true;
-    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        snprintf(why, whycap, "refused %.400s: not a directory", dir);
-        return SR_EIO;
+    if (lstat(dir, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+        snprintf(why, whycap,
+                 "refused %.400s: it is a symbolic link (point SYMRED_CACHE_DIR at the directory "
+                 "itself)",
+                 dir);
+        return -1;
     }
-    if (sb.st_uid != geteuid()) {
-        snprintf(why, whycap, "refused %.400s: not owned by the user", dir);
-        return SR_EIO;
+    if (!parents_safe(dir, why, whycap))
+        return -1;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        *refused = false; /* not the directory's fault */
+        snprintf(why, whycap, "cannot open %.400s: %s", dir, strerror(errno));
+        return -1;
     }
-    if (sb.st_mode & (S_IWGRP | S_IWOTH)) {
-        snprintf(why, whycap, "refused %.400s: writable by group or others", dir);
-        return SR_EIO;
+    if (dfd < 0) {
+        snprintf(why, whycap, "refused %.400s: %s", dir,
+                 errno == ENOTDIR || errno == ELOOP ? "not a directory" : strerror(errno));
+        return -1;
+    }
+    const char *bad = NULL;
+    if (fstat(dfd, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        bad = "not a directory";
+    else if (sb.st_uid != geteuid())
+        bad = "not owned by the user";
+    else if (sb.st_mode & (S_IWGRP | S_IWOTH))
+        bad = "writable by group or others";
+    if (bad) {
+        snprintf(why, whycap, "refused %.400s: %s", dir, bad);
+        close(dfd);
+        return -1;
     }
     *refused = false;
-    return SR_OK;
+    return dfd;
 }
 
 /* Reads all of the open file fd (at most 256 MiB) into a malloc'd buffer with extra bytes of
@@ -194,7 +269,7 @@ static char *read_all(int fd, size_t extra, size_t *size)
         return NULL;
     size_t off = 0;
     while (off < (size_t)sb.st_size) {
-        ssize_t n = read(fd, data + off, (size_t)sb.st_size - off);
+        ssize_t n = pread(fd, data + off, (size_t)sb.st_size - off, (off_t)off);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
@@ -207,33 +282,61 @@ static char *read_all(int fd, size_t extra, size_t *size)
     return data;
 }
 
-/* Reads path and checks its trailer. */
-static bool entry_ok(const char *path)
+/* The trailer after an entry's payload: magic, payload length, the key the entry was stored
+ * under, and a hash of the payload and that key. */
+static void make_trailer(const char *data, uint64_t len, const char *key, char *tr)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    bool ok = false;
-    size_t off = 0;
-    char *data = read_all(fd, 0, &off);
-    if (!data || off <= TRAILER_BYTES)
-        goto out;
-    size_t plen = off - TRAILER_BYTES;
-    uint64_t len, hash;
-    memcpy(&len, data + plen + 8, 8);
-    memcpy(&hash, data + plen + 16, 8);
-    ok = memcmp(data + plen, TRAILER_MAGIC, 8) == 0 && len == plen &&
-         hash == jit_hash(JIT_HASH_INIT, data, plen);
-out:
-    free(data);
-    close(fd);
-    return ok;
+    char k[JIT_KEY_BYTES] = {0};
+    memcpy(k, key, strnlen(key, JIT_KEY_BYTES));
+    uint64_t hash = jit_hash(jit_hash(JIT_HASH_INIT, data, len), k, JIT_KEY_BYTES);
+    memcpy(tr, TRAILER_MAGIC, 8);
+    memcpy(tr + 8, &len, 8);
+    memcpy(tr + 16, k, JIT_KEY_BYTES);
+    memcpy(tr + 16 + JIT_KEY_BYTES, &hash, 8);
 }
 
-/* Appends the trailer to the freshly built shared object at path. */
-static sr_status add_trailer(const char *path)
+/* Checks, through the open file fd, that it is a regular file whose trailer matches its payload
+ * and names key: a truncated, corrupt or foreign entry (one copied from another key's name)
+ * fails (NULL). Returns the file's bytes (malloc'd), the payload's length in *payload and a NUL
+ * after it. */
+static char *fd_entry_read(int fd, const char *key, size_t *payload)
 {
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return NULL;
+    size_t off = 0;
+    char *data = read_all(fd, 1, &off);
+    if (data && off > TRAILER_BYTES) {
+        char tr[TRAILER_BYTES];
+        make_trailer(data, off - TRAILER_BYTES, key, tr);
+        if (memcmp(tr, data + off - TRAILER_BYTES, TRAILER_BYTES) == 0) {
+            *payload = off - TRAILER_BYTES;
+            data[*payload] = 0;
+            return data;
+        }
+    }
+    free(data);
+    return NULL;
+}
+static bool fd_entry_ok(int fd, const char *key)
+{
+    size_t n;
+    char *data = fd_entry_read(fd, key, &n);
+    free(data);
+    return data != NULL;
+}
+
+/* Opens an entry as a regular file only: no symbolic link is followed, and O_NONBLOCK keeps a
+ * FIFO (or a device) in its place from blocking the open. -1 when it cannot be opened. */
+static int entry_open(int dfd, const char *name)
+{
+    return openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+}
+
+/* Appends the trailer naming key to the freshly built file at path. */
+static sr_status add_trailer(const char *path, const char *key)
+{
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return SR_EIO;
     sr_status st = SR_EIO;
@@ -241,11 +344,8 @@ static sr_status add_trailer(const char *path)
     char *data = read_all(fd, 0, &off);
     if (!data)
         goto out;
-    uint64_t len = off, hash = jit_hash(JIT_HASH_INIT, data, off);
     char tr[TRAILER_BYTES];
-    memcpy(tr, TRAILER_MAGIC, 8);
-    memcpy(tr + 8, &len, 8);
-    memcpy(tr + 16, &hash, 8);
+    make_trailer(data, off, key, tr);
     if (pwrite(fd, tr, TRAILER_BYTES, (off_t)off) == TRAILER_BYTES)
         st = SR_OK;
 out:
@@ -255,6 +355,44 @@ out:
     return st;
 }
 
+/* Whether /proc/self/fd/N names the file open as fd N: where it does not (no /proc), a checked
+ * descriptor cannot be loaded, and the disk cache is not used. */
+static bool proc_fd_works(int fd)
+{
+    char name[64];
+    struct stat a, b;
+    snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
+    return fstat(fd, &a) == 0 && stat(name, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+/* Loads the cache entry name of the directory dfd, checked and loaded through one descriptor:
+ * SR_OK, SR_EIO with the reason in err (missing, not a regular file, corrupt, foreign, not
+ * loadable: the entry is to be rebuilt), or SR_ENOMEM when the process is out of descriptors
+ * (the entry may be fine). */
+static sr_status load_entry(sr_ctx *ctx, int dfd, const char *name, const char *key,
+                            struct jit_module *m, char *err, size_t errcap)
+{
+    int fd = entry_open(dfd, name);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        snprintf(err, errcap,
+                 "%s: each loaded kernel keeps one open descriptor until its context is freed; "
+                 "free contexts or raise the limit (ulimit -n)",
+                 strerror(errno));
+        return SR_ENOMEM;
+    }
+    if (fd < 0) {
+        snprintf(err, errcap, "%s", strerror(errno));
+        return SR_EIO;
+    }
+    if (!fd_entry_ok(fd, key)) {
+        close(fd);
+        snprintf(err, errcap, "not a regular file, corrupt, or stored under another key");
+        return SR_EIO;
+    }
+    return jit_load_fd(ctx, fd, m, err, errcap); /* it closes fd on failure */
+}
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -262,16 +400,51 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* Our build directories hold only these files. */
+static const char *const build_files[] = {"kernel.c", "cc.log", "kernel.so"};
+
 static void rm_tree_flat(const char *dir)
 {
-    /* Our build directories hold only the files named here. */
-    static const char *const names[] = {"kernel.c", "cc.log", "kernel.so"};
     char p[4096];
     for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        snprintf(p, sizeof p, "%s/%s", dir, build_files[i]);
         unlink(p);
     }
     rmdir(dir);
+}
+
+/* Removes the build directories (and the CUDA images' temporary files) named tmp-* that are
+ * older than any compile can run (twice the timeout, at least an hour): those of processes
+ * killed mid-compile, which nothing else would remove. Only the files a build directory can
+ * hold are removed, through the checked directory's descriptor. */
+static void sweep_stale(int dfd, int timeout_s)
+{
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    const time_t limit = time(NULL) - (2 * (time_t)timeout_s > 3600 ? 2 * (time_t)timeout_s : 3600);
+    for (struct dirent *e; (e = readdir(d));) {
+        struct stat sb;
+        if (strncmp(e->d_name, "tmp-", 4) != 0 ||
+            fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || sb.st_mtime > limit)
+            continue;
+        if (S_ISDIR(sb.st_mode)) {
+            int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0) {
+                for (int i = 0; i < 3; i++)
+                    unlinkat(sub, build_files[i], 0);
+                close(sub);
+            }
+            unlinkat(dfd, e->d_name, AT_REMOVEDIR);
+        } else if (S_ISREG(sb.st_mode)) {
+            unlinkat(dfd, e->d_name, 0);
+        }
+    }
+    closedir(d);
 }
 
 /* Compiles into a fresh private directory under parent; on success so is its kernel.so. */
@@ -298,8 +471,10 @@ static sr_status build(sr_ctx *ctx, struct jit_ctx *jc, const char *src, size_t 
 static struct jit_module *new_module(const char *key)
 {
     struct jit_module *m = calloc(1, sizeof *m);
-    if (m)
+    if (m) {
         snprintf(m->key, sizeof m->key, "%s", key);
+        m->fd = -1;
+    }
     return m;
 }
 
@@ -311,12 +486,15 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
     sr_status st0 = jit_ctx_get(ctx, &jc);
     if (st0 != SR_OK)
         return st0;
-    uint64_t ccid = jit_compiler_id(jc->cc);
-    if (!ccid) {
-        jc->no_compiler = true;
-        return sr__error(ctx, SR_ENODEV, "cannot run the C compiler '%s'", jc->cc);
+    uint64_t ccid;
+    char iderr[1024];
+    sr_status idst = jit_compiler_id(jc->cc, jc->compile_timeout, &ccid, iderr, sizeof iderr);
+    if (idst != SR_OK) {
+        if (idst == SR_ENODEV)
+            jc->no_compiler = true;
+        return sr__error(ctx, idst, "%s", iderr);
     }
-    char key[33];
+    char key[JIT_KEY_BYTES + 1];
     make_key(jc, src, len, ccid, key);
     for (struct jit_module *m = jc->modules; m; m = m->next)
         if (strcmp(m->key, key) == 0) {
@@ -330,30 +508,59 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
     struct jit_module *m = new_module(key);
     if (!m)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
-    char dir[2048], why[512], path[2200], err[1024], tdir[2200], so[2300];
+    char dir[2048], why[512], path[2200], name[64], err[1024], tdir[2200], so[2300];
     double t0 = now_ms();
     sr_status st;
     bool refused;
-    if (cache_dir(dir, sizeof dir, why, sizeof why, &refused) == SR_OK) {
-        snprintf(path, sizeof path, "%s/%s.so", dir, key);
-        if (access(path, F_OK) == 0) {
-            if (entry_ok(path) && jit_load(ctx, path, m, err, sizeof err) == SR_OK) {
+    int dfd = cache_open(dir, sizeof dir, why, sizeof why, &refused);
+    if (dfd >= 0 && !proc_fd_works(dfd)) {
+        close(dfd);
+        dfd = -1;
+        snprintf(why, sizeof why,
+                 "unused: /proc/self/fd is not available to load a checked "
+                 "entry through its descriptor");
+    }
+    if (dfd >= 0) {
+        snprintf(name, sizeof name, "%s.so", key);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        struct stat sb;
+        if (fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+            st = load_entry(ctx, dfd, name, key, m, err, sizeof err);
+            if (st == SR_ENOMEM) {
+                close(dfd);
+                st = sr__error(ctx, SR_ENOMEM, "cannot load %s: %s", path, err);
+                goto fail;
+            }
+            if (st == SR_OK) {
+                close(dfd);
                 jc->disk_hits++;
                 info->origin = "disk";
                 snprintf(info->cache, sizeof info->cache, "hit");
                 snprintf(info->path, sizeof info->path, "%s", path);
                 goto found;
             }
-            jlog(ctx, 1, "cache entry %s is corrupt or unloadable: rebuilding it", path);
-            unlink(path);
+            jlog(ctx, 1, "cache entry %s is unusable (%s): rebuilding it", path, err);
+            unlinkat(dfd, name, 0);
         }
+        sweep_stale(dfd, jc->compile_timeout);
         st = build(ctx, jc, src, len, dir, tdir, sizeof tdir, so, sizeof so);
-        if (st != SR_OK)
+        if (st == SR_EIO || (st == SR_ECOMPILE && strstr(sr_ctx_error(ctx), "No space left"))) {
+            /* A read-only or full cache: compile where the cache is off. */
+            close(dfd);
+            snprintf(why, sizeof why, "%.300s is not writable (%.150s)", dir, sr_ctx_error(ctx));
+            goto private;
+        }
+        if (st != SR_OK) {
+            close(dfd);
             goto fail;
-        if (add_trailer(so) != SR_OK || rename(so, path) != 0) {
-            st = sr__error(ctx, SR_EIO, "cannot store the kernel in %s: %s", path, strerror(errno));
-            rm_tree_flat(tdir);
-            goto fail;
+        }
+        if (add_trailer(so, key) != SR_OK || rename(so, path) != 0) {
+            /* The kernel is whole in the private build directory: use it from there. */
+            close(dfd);
+            snprintf(why, sizeof why, "%.300s: cannot store %s.so (%.100s)", dir, key,
+                     strerror(errno));
+            jlog(ctx, 1, "kernel cache %s; using the kernel unstored", why);
+            goto load_private;
         }
         rm_tree_flat(tdir);
         if (jc->keep_source) {
@@ -369,9 +576,11 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
                     unlink(tmpc);
             }
         }
-        st = jit_load(ctx, path, m, err, sizeof err);
+        st = load_entry(ctx, dfd, name, key, m, err, sizeof err);
+        close(dfd);
         if (st != SR_OK) {
-            st = sr__error(ctx, SR_ECOMPILE, "%s", err);
+            st =
+                sr__error(ctx, st == SR_ENOMEM ? st : SR_ECOMPILE, "cannot load %s: %s", path, err);
             goto fail;
         }
         info->origin = "compiled";
@@ -386,11 +595,13 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
                        why);
         goto fail;
     } else {
+      private:
         jlog(ctx, 1, "kernel cache %s; compiling in a private temporary directory", why);
         const char *tmp = getenv("TMPDIR");
         st = build(ctx, jc, src, len, tmp && *tmp ? tmp : "/tmp", tdir, sizeof tdir, so, sizeof so);
         if (st != SR_OK)
             goto fail;
+    load_private:
         st = jit_load(ctx, so, m, err, sizeof err);
         rm_tree_flat(tdir); /* the mapping outlives the file */
         if (st != SR_OK) {
@@ -424,7 +635,20 @@ void jit_module_release(sr_ctx *ctx, struct jit_module *m)
 sr_status jit_cache_dir(char *dir, size_t cap, char *why, size_t whycap)
 {
     bool refused;
-    return cache_dir(dir, cap, why, whycap, &refused);
+    int dfd = cache_open(dir, cap, why, whycap, &refused);
+    if (dfd < 0)
+        return SR_EIO;
+    close(dfd);
+    return SR_OK;
 }
-bool jit_cache_entry_ok(const char *path) { return entry_ok(path); }
-sr_status jit_cache_seal(const char *path) { return add_trailer(path); }
+/* The CUDA images are read, not loaded as code: checked and read through one descriptor. */
+char *jit_cache_read(const char *path, const char *key, size_t *size)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char *data = fd_entry_read(fd, key, size);
+    close(fd);
+    return data;
+}
+sr_status jit_cache_seal(const char *path, const char *key) { return add_trailer(path, key); }

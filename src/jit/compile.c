@@ -8,13 +8,18 @@
 #include "jit.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,58 +93,144 @@ static sr_status write_file(const char *path, const char *data, size_t len)
     return close(fd) == 0 ? SR_OK : SR_EIO;
 }
 
-/* Runs argv with stdout and stderr into log_path (or a pipe read into out when out != NULL).
- * Returns 0 and the wait status, or an errno when the program could not be started. */
+static int64_t mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Waits for pid, reading pipe_fd (when >= 0) into out until its end, for at most timeout_s
+ * seconds. A signal that interrupts the wait (Ctrl-C in Python, whose handlers do not restart
+ * system calls) ends it too: the caller's process must be able to react to it. On timeout or
+ * interruption the child's whole process group (the compiler and what it started) is killed
+ * and reaped, and ETIMEDOUT or EINTR returned; else 0 and the wait status. */
+static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int timeout_s, int *wstatus)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0); /* -1 before Linux 5.3: poll in steps */
+    const int64_t deadline = mono_ms() + (int64_t)timeout_s * 1000;
+    /* SIGCHLD is blocked during the wait (the compiler's own exit would otherwise interrupt
+     * it in a program that handles SIGCHLD); it stays pending for the program's handler. */
+    sigset_t mask;
+    pthread_sigmask(SIG_SETMASK, NULL, &mask);
+    sigaddset(&mask, SIGCHLD);
+    size_t len = 0;
+    int rc = 0;
+    for (;;) {
+        if (pipe_fd < 0) {
+            pid_t w = waitpid(pid, wstatus, WNOHANG);
+            if (w == pid)
+                break;
+            if (w < 0 && errno != EINTR) {
+                rc = errno;
+                break;
+            }
+        }
+        int64_t left = deadline - mono_ms();
+        if (left <= 0) {
+            rc = ETIMEDOUT;
+            break;
+        }
+        struct pollfd p = {.fd = pipe_fd >= 0 ? pipe_fd : pidfd, .events = POLLIN};
+        int step = p.fd >= 0 ? (int)(left < 60000 ? left : 60000) : (left < 10 ? (int)left : 10);
+        struct timespec ts = {step / 1000, (long)(step % 1000) * 1000000};
+        int pr = ppoll(&p, p.fd >= 0 ? 1 : 0, &ts, &mask);
+        if (pr < 0 && errno == EINTR) {
+            rc = EINTR;
+            break;
+        }
+        if (pipe_fd >= 0 && pr > 0) {
+            char tmp[512];
+            ssize_t n = read(pipe_fd, tmp, sizeof tmp);
+            if (n < 0 && errno == EINTR) {
+                rc = EINTR;
+                break;
+            }
+            if (n <= 0) {
+                close(pipe_fd);
+                pipe_fd = -1;
+                continue;
+            }
+            size_t take = (size_t)n;
+            if (len + take >= outcap)
+                take = outcap - 1 - len;
+            memcpy(out + len, tmp, take);
+            len += take;
+        }
+    }
+    if (out)
+        out[len] = 0;
+    if (pipe_fd >= 0)
+        close(pipe_fd);
+    if (pidfd >= 0)
+        close(pidfd);
+    if (rc == ETIMEDOUT || rc == EINTR) {
+        kill(-pid, SIGKILL);
+        while (waitpid(pid, wstatus, 0) < 0 && errno == EINTR)
+            ;
+    }
+    return rc;
+}
+
+/* Runs argv in a process group of its own with stdout and stderr into log_path (or a pipe read
+ * into out when out != NULL), for at most timeout_s seconds. Returns 0 and the wait status,
+ * ETIMEDOUT or EINTR (see wait_child), or an errno when the program could not be started. */
 static int spawn_wait(char *const *argv, const char *log_path, char *out, size_t outcap,
-                      int *wstatus)
+                      int timeout_s, int *wstatus)
 {
     posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
     int pfd[2] = {-1, -1};
     if (posix_spawn_file_actions_init(&fa) != 0)
         return ENOMEM;
+    if (posix_spawnattr_init(&at) != 0) {
+        posix_spawn_file_actions_destroy(&fa);
+        return ENOMEM;
+    }
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&at, 0);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    int rc = 0;
     if (out) {
-        if (pipe2(pfd, O_CLOEXEC) != 0) {
-            posix_spawn_file_actions_destroy(&fa);
-            return errno;
+        if (pipe2(pfd, O_CLOEXEC) != 0)
+            rc = errno;
+        else {
+            posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
+            posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
         }
-        posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
-        posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
     } else {
         posix_spawn_file_actions_addopen(&fa, 1, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         posix_spawn_file_actions_adddup2(&fa, 1, 2);
     }
     pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    if (rc == 0)
+        rc = posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
-    if (out) {
+    posix_spawnattr_destroy(&at);
+    if (pfd[1] >= 0)
         close(pfd[1]);
-        size_t len = 0;
-        if (rc == 0) {
-            for (;;) {
-                char tmp[512];
-                ssize_t n = read(pfd[0], tmp, sizeof tmp);
-                if (n < 0 && errno == EINTR)
-                    continue;
-                if (n <= 0)
-                    break;
-                size_t take = (size_t)n;
-                if (len + take >= outcap)
-                    take = outcap - 1 - len;
-                memcpy(out + len, tmp, take);
-                len += take;
-            }
-        }
-        out[len] = 0;
-        close(pfd[0]);
-    }
-    if (rc != 0)
+    if (rc != 0) {
+        if (pfd[0] >= 0)
+            close(pfd[0]);
+        if (out)
+            out[0] = 0;
         return rc;
-    while (waitpid(pid, wstatus, 0) < 0) {
-        if (errno != EINTR)
-            return errno;
     }
-    return 0;
+    return wait_child(pid, pfd[0], out, outcap, timeout_s, wstatus);
+}
+
+/* The message of a compiler run that did not finish: timed out or interrupted. */
+static void unfinished(char *err, size_t errcap, const char *cc, const char *what, int rc,
+                       int timeout_s)
+{
+    if (rc == ETIMEDOUT)
+        snprintf(err, errcap,
+                 "the C compiler '%s' timed out (%s ran longer than %d s, "
+                 "SYMRED_COMPILE_TIMEOUT) and was killed",
+                 cc, what, timeout_s);
+    else
+        snprintf(err, errcap, "the C compiler '%s' was interrupted by a signal (%s) and killed", cc,
+                 what);
 }
 
 /* Process-wide: the identity of each compiler used, so `cc --version` runs once per process
@@ -151,14 +242,14 @@ static struct {
 } id_cache[8];
 static int id_count;
 
-uint64_t jit_compiler_id(const char *cc)
+sr_status jit_compiler_id(const char *cc, int timeout_s, uint64_t *out_id, char *err, size_t errcap)
 {
     pthread_mutex_lock(&id_lock);
     for (int i = 0; i < id_count; i++)
         if (strcmp(id_cache[i].cc, cc) == 0) {
-            uint64_t id = id_cache[i].id;
+            *out_id = id_cache[i].id;
             pthread_mutex_unlock(&id_lock);
-            return id;
+            return SR_OK;
         }
     pthread_mutex_unlock(&id_lock);
     char out[4096];
@@ -167,7 +258,12 @@ uint64_t jit_compiler_id(const char *cc)
     uint64_t id = 0;
     /* Only a compiler that cannot be started counts as missing: one that runs but fails is
      * reported when it fails to compile. */
-    if (spawn_wait(argv, NULL, out, sizeof out, &ws) == 0) {
+    int rc = spawn_wait(argv, NULL, out, sizeof out, timeout_s, &ws);
+    if (rc == ETIMEDOUT || rc == EINTR) {
+        unfinished(err, errcap, cc, "--version", rc, timeout_s);
+        return SR_ECOMPILE;
+    }
+    if (rc == 0) {
         id = jit_hash(JIT_HASH_INIT, cc, strlen(cc));
         id = jit_hash(id, out, strlen(out));
         id = jit_hash(id, &ws, sizeof ws);
@@ -182,7 +278,12 @@ uint64_t jit_compiler_id(const char *cc)
         }
         pthread_mutex_unlock(&id_lock);
     }
-    return id;
+    *out_id = id;
+    if (!id) {
+        snprintf(err, errcap, "cannot run the C compiler '%s'", cc);
+        return SR_ENODEV;
+    }
+    return SR_OK;
 }
 
 static void read_log(const char *path, char *buf, size_t cap)
@@ -217,9 +318,12 @@ sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, con
     argv[n++] = "-lm";
     argv[n] = NULL;
     int ws = 0;
-    int rc = spawn_wait((char *const *)argv, logpath, NULL, 0, &ws);
+    int rc = spawn_wait((char *const *)argv, logpath, NULL, 0, jc->compile_timeout, &ws);
     sr_status st = SR_OK;
-    if (rc != 0) {
+    if (rc == ETIMEDOUT || rc == EINTR) {
+        unfinished(err, errcap, jc->cc, "compiling a kernel", rc, jc->compile_timeout);
+        st = SR_ECOMPILE;
+    } else if (rc != 0) {
         snprintf(err, errcap, "cannot run the C compiler '%s': %s", jc->cc, strerror(rc));
         st = SR_ENODEV;
     } else if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
@@ -238,15 +342,9 @@ sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, con
     return st;
 }
 
-sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap)
+/* Takes the handle h of a loaded kernel into m, checking its ABI; closes it on failure. */
+static sr_status adopt(void *h, const char *what, struct jit_module *m, char *err, size_t errcap)
 {
-    (void)ctx;
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(err, errcap, "dlopen %s: %s", path, e ? e : "failed");
-        return SR_EIO;
-    }
     const int *abi = dlsym(h, "sr_abi_version");
     const int64_t *sb = dlsym(h, "sr_state_bytes");
     const int64_t *rb = dlsym(h, "sr_rows_per_block");
@@ -259,11 +357,72 @@ sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *er
     if (!abi || *abi != JIT_ABI_VERSION || !sb || !rb || !m->part || !m->part_iv || !m->merge ||
         !m->final || !m->run) {
         dlclose(h);
-        snprintf(err, errcap, "%s: not a symred kernel of ABI %d", path, JIT_ABI_VERSION);
+        snprintf(err, errcap, "%s: not a symred kernel of ABI %d", what, JIT_ABI_VERSION);
         return SR_EIO;
     }
     m->handle = h;
     m->state_bytes = *sb;
     m->rows_per_block = *rb;
+    return SR_OK;
+}
+
+sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap)
+{
+    (void)ctx;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, errcap, "dlopen %s: %s", path, e ? e : "failed");
+        return SR_EIO;
+    }
+    return adopt(h, path, m, err, errcap);
+}
+
+sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size_t errcap)
+{
+    (void)ctx;
+    /* The dynamic loader finds an already loaded object by its name before it looks at the
+     * file, so /proc/self/fd/N must not name another loaded object. Each loaded module keeps
+     * its descriptor open, so live modules never share N; a name that is loaded all the same
+     * belongs to an object that dlclose could not unload, and the file is then loaded under
+     * another number (a dup). An object found by the file's identity (the same file loaded by
+     * another context under its own number) is the right one. */
+    enum { TRIES = 8 };
+    int spare[TRIES], nspare = 0;
+    char name[64];
+    void *h = NULL;
+    for (;;) {
+        snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
+        void *old = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        struct link_map *lm = NULL;
+        if (!old) {
+            h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+            break;
+        }
+        if (dlinfo(old, RTLD_DI_LINKMAP, &lm) != 0 || !lm || strcmp(lm->l_name, name) != 0) {
+            h = old;
+            break;
+        }
+        dlclose(old);
+        int nfd = nspare < TRIES ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+        if (nfd < 0)
+            break;
+        spare[nspare++] = fd;
+        fd = nfd;
+    }
+    for (int i = 0; i < nspare; i++)
+        close(spare[i]);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, errcap, "dlopen %s: %s", name, e ? e : "no free descriptor name");
+        close(fd);
+        return SR_EIO;
+    }
+    sr_status st = adopt(h, name, m, err, errcap);
+    if (st != SR_OK) {
+        close(fd);
+        return st;
+    }
+    m->fd = fd;
     return SR_OK;
 }

@@ -52,44 +52,19 @@ bool jit_cuda_available(void)
 
 /* ---- the image cache ------------------------------------------------------------------------ */
 
-static sr_status read_entry(const char *path, struct nvrtc_out *out)
+static sr_status read_entry(const char *path, const char *key, struct nvrtc_out *out)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    size_t n = 0;
+    out->image = jit_cache_read(path, key, &n);
+    if (!out->image)
         return SR_EIO;
-    struct stat sb;
-    sr_status st = SR_EIO;
-    if (fstat(fd, &sb) != 0 || sb.st_size <= 24)
-        goto done;
-    size_t n = (size_t)sb.st_size - 24; /* the trailer (cache.c) */
-    out->image = malloc(n + 1);
-    if (!out->image) {
-        st = SR_ENOMEM;
-        goto done;
-    }
-    size_t off = 0;
-    while (off < n) {
-        ssize_t got = read(fd, out->image + off, n - off);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            goto done;
-        off += (size_t)got;
-    }
-    out->image[n] = 0;
     out->size = n;
     out->cubin = n >= 4 && memcmp(out->image, "\177ELF", 4) == 0;
-    st = SR_OK;
-done:
-    close(fd);
-    if (st != SR_OK) {
-        free(out->image);
-        out->image = NULL;
-    }
-    return st;
+    return SR_OK;
 }
 
-static sr_status store_entry(const char *dir, const char *path, const struct nvrtc_out *img)
+static sr_status store_entry(const char *dir, const char *path, const char *key,
+                             const struct nvrtc_out *img)
 {
     char tmp[2300];
     snprintf(tmp, sizeof tmp, "%s/tmp-XXXXXX", dir);
@@ -108,7 +83,7 @@ static sr_status store_entry(const char *dir, const char *path, const struct nvr
     bool ok = off == img->size;
     if (close(fd) != 0)
         ok = false;
-    if (ok && jit_cache_seal(tmp) == SR_OK && rename(tmp, path) == 0)
+    if (ok && jit_cache_seal(tmp, key) == SR_OK && rename(tmp, path) == 0)
         return SR_OK;
     unlink(tmp);
     return SR_EIO;
@@ -139,7 +114,7 @@ sr_status jit_cuda_image(sr_ctx *ctx, const char *src, const char *arch, struct 
     if (cached) {
         snprintf(path, sizeof path, "%s/%s.cuda", dir, info->key);
         if (access(path, F_OK) == 0) {
-            if (jit_cache_entry_ok(path) && read_entry(path, out) == SR_OK) {
+            if (read_entry(path, info->key, out) == SR_OK) {
                 info->origin = "disk";
                 snprintf(info->cache, sizeof info->cache, "hit");
                 snprintf(info->path, sizeof info->path, "%s", path);
@@ -159,7 +134,7 @@ sr_status jit_cuda_image(sr_ctx *ctx, const char *src, const char *arch, struct 
                          sr_status_str(st));
     info->origin = "compiled";
     if (cached) {
-        if (store_entry(dir, path, out) == SR_OK) {
+        if (store_entry(dir, path, info->key, out) == SR_OK) {
             snprintf(info->cache, sizeof info->cache, "miss (stored)");
             snprintf(info->path, sizeof info->path, "%s", path);
         } else {

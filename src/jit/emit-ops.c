@@ -607,6 +607,13 @@ static const char *wdiff(struct emitter *E, const sr_expr *e, const char *idx)
     return jit_sfmt(E, "(%s)", jit_ref(E, e->child[1], idx));
 }
 
+static const char *t_wsquare(struct emitter *E, const sr_expr *e, const char *i)
+{
+    return jit_sfmt(E, "sr_sq%s", wdiff(E, e, i));
+}
+
+/* A scalar weight multiplies the finished sum, w·Σa_k² (semantics.md): weighting each term
+ * instead would make w = ±inf with a zero component NaN where the documented value is infinite. */
 static void e_weighted(struct emitter *E, const sr_expr *e)
 {
     char n[32];
@@ -615,6 +622,12 @@ static void e_weighted(struct emitter *E, const sr_expr *e)
     bool full = W->dim == d * d && d > 1;
     jit_nm(e, 0, n);
     P("        %s %s_s = 0;\n", T(E), n);
+    if (W->dim == 1) {
+        sum_terms(E, e, jit_sfmt(E, "%s_s", n), d, big(x), t_wsquare);
+        def(E, e, 0);
+        P("(%s) * %s_s;\n", jit_ref_c(E, W, 0), n);
+        return;
+    }
     if (big(x) || big(W)) {
         if (full)
             P("        for (int r_ = 0; r_ < %d; r_++) { %s t_ = 0; for (int q_ = 0; q_ < %d; "
@@ -624,7 +637,7 @@ static void e_weighted(struct emitter *E, const sr_expr *e)
               wdiff(E, e, "r_"));
         else
             P("        for (int q_ = 0; q_ < %d; q_++) %s_s += (%s) * sr_sq(%s);\n", d, n,
-              jit_ref(E, W, W->dim == 1 ? "0" : "q_"), wdiff(E, e, "q_"));
+              jit_ref(E, W, "q_"), wdiff(E, e, "q_"));
     } else {
         for (int c = 0; c < d; c++)
             P("        const %s %s_d%d = %s;\n", T(E), n, c, wdiff(E, e, jit_sfmt(E, "%d", c)));
@@ -637,8 +650,7 @@ static void e_weighted(struct emitter *E, const sr_expr *e)
             }
         } else {
             for (int c = 0; c < d; c++)
-                P("        %s_s += %s * %s_d%d * %s_d%d;\n", n,
-                  jit_ref_c(E, W, W->dim == 1 ? 0 : c), n, c, n, c);
+                P("        %s_s += %s * %s_d%d * %s_d%d;\n", n, jit_ref_c(E, W, c), n, c, n, c);
         }
     }
     def(E, e, 0);

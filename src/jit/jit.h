@@ -121,10 +121,14 @@ typedef int (*jit_block_fn)(int64_t o0, int64_t o1, int64_t r0, int64_t r1, cons
                             void *out, int64_t so, int64_t sr);
 
 /* A loaded module, shared by the kernels of one context that have the same source. */
+/* Characters of a cache key (two 64-bit hashes in hex). */
+#define JIT_KEY_BYTES 32
+
 struct jit_module {
     struct jit_module *next;
-    char key[33];
+    char key[JIT_KEY_BYTES + 1];
     void *handle;
+    int fd; /* the descriptor it was loaded through (kept open while loaded), or -1 */
     jit_part_fn part;
     jit_part_iv_fn part_iv;
     jit_merge_fn merge;
@@ -139,10 +143,15 @@ struct jit_module {
 
 /* Per-context JIT state (jit_ctx_of): options read from the environment once, and the
  * in-memory module cache. Only the thread that owns the context touches it. */
+/* Seconds a compiler run may take unless SYMRED_COMPILE_TIMEOUT says otherwise: generous, as a
+ * cold kernel compiles in well under a second, so only a hung compiler reaches it. */
+#define JIT_COMPILE_TIMEOUT 120
+
 struct jit_ctx {
     char cc[512];         /* SYMRED_CC, default "cc" */
     int acc;              /* SYMRED_ACC */
     int keep_source;      /* SYMRED_JIT_KEEP=1: keep the generated source next to the cache */
+    int compile_timeout;  /* SYMRED_COMPILE_TIMEOUT, seconds a compiler run may take */
     bool no_compiler;     /* the compiler could not be started: use the reference */
     bool logged_fallback; /* said so once */
     struct jit_module *modules;
@@ -159,7 +168,8 @@ static inline struct jit_ctx *jit_ctx_of(const sr_ctx *ctx)
 void jit_ctx_free(void *state);
 
 /* The jit state of ctx, created on first use. Fails with SR_ENOMEM, or SR_EINVAL (message
- * naming the variable) when SYMRED_ACC, SYMRED_NUM_THREADS or SYMRED_JIT_KEEP is malformed. */
+ * naming the variable) when SYMRED_ACC, SYMRED_NUM_THREADS, SYMRED_JIT_KEEP or
+ * SYMRED_COMPILE_TIMEOUT is malformed. */
 sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out);
 
 /* How a module was obtained, for explain. */
@@ -178,30 +188,39 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
 void jit_module_release(sr_ctx *ctx, struct jit_module *m);
 
 /* Compiles src into the shared object at so_path (in a private directory), using the compiler
- * of jc. On failure, a message (the compiler's diagnostics) in err. Returns SR_OK, SR_ENODEV
- * (could not start the compiler), SR_ECOMPILE, SR_EIO. */
+ * of jc, in a process group of its own. On failure, a message (the compiler's diagnostics) in
+ * err. Returns SR_OK, SR_ENODEV (could not start the compiler), SR_ECOMPILE (failed; or ran
+ * past jc->compile_timeout seconds, or a signal interrupted the wait: the compiler's process
+ * group is killed), SR_EIO. */
 sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
                       const char *so_path, char *err, size_t errcap);
 /* The compiler flags, for keys and explain. */
 extern const char *const jit_cflags[];
 const char *jit_cflags_text(void);
 
-/* Identity of compiler cc (its --version output, hashed), computed once per process and
- * compiler. 0 when it could not be run. */
-uint64_t jit_compiler_id(const char *cc);
+/* Identity of compiler cc (its --version output, hashed) in *id, computed once per process
+ * and compiler. SR_ENODEV when it could not be started; SR_ECOMPILE when `cc --version` ran
+ * past timeout_s seconds or a signal interrupted the wait (it is killed); the message in err. */
+sr_status jit_compiler_id(const char *cc, int timeout_s, uint64_t *id, char *err, size_t errcap);
 
 /* 64-bit FNV-1a. */
 uint64_t jit_hash(uint64_t h, const void *data, size_t len);
 #define JIT_HASH_INIT 0xcbf29ce484222325ULL
 
 /* The disk cache's rules for other binaries (the CUDA backend's cubin/PTX): the checked cache
- * directory (SR_EIO and the reason in why when there is none or it is refused), whether the
- * entry at path is whole (its trailer matches), and appending the trailer to a new file. */
+ * directory (SR_EIO and the reason in why when there is none or it is refused), the payload of
+ * the entry at path when it is a whole regular file stored under key (malloc'd, with a NUL
+ * after its *size bytes; NULL when missing, corrupt or foreign), and appending the trailer
+ * naming key to a new file. */
 sr_status jit_cache_dir(char *dir, size_t cap, char *why, size_t whycap);
-bool jit_cache_entry_ok(const char *path);
-sr_status jit_cache_seal(const char *path);
+char *jit_cache_read(const char *path, const char *key, size_t *size);
+sr_status jit_cache_seal(const char *path, const char *key);
 
 /* Loads the module from a shared object path and resolves its symbols. */
 sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap);
+/* Loads the shared object open as fd, checked by the caller through that descriptor, by the
+ * name /proc/self/fd/N, so that the file loaded is the file checked. Takes fd: it stays open in
+ * m->fd while the module is loaded (jit_ctx_free closes it), and is closed on failure. */
+sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size_t errcap);
 
 #endif /* SYMRED_JIT_H */

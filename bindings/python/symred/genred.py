@@ -175,6 +175,18 @@ def _batch_ranges(ranges, to_numpy, full, ni, nj):
     return triple(*per[0:3], ni, nj) + triple(*per[3:6], nj, ni)
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _int64_arg(name, v):
+    """v as an int of int64_t's range (ValueError or TypeError naming the argument)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if not -2**63 <= int(v) < 2**63:
+        raise ValueError(f"{name} = {v} does not fit a 64-bit signed integer")
+    return int(v)
+
+
 class _Arg:
     """One input of the reduction: its index, category, dimension and a name for messages."""
 
@@ -400,8 +412,8 @@ class Genred:
                 raise ValueError(f"{reduction_op} needs opt_arg = K, the number of values kept")
             if isinstance(opt_arg, bool) or not isinstance(opt_arg, (int, np.integer)):
                 raise TypeError(f"opt_arg (K) must be an int, not {type(opt_arg).__name__}")
-            if opt_arg < 1:
-                raise ValueError(f"opt_arg (K) must be >= 1, not {opt_arg}")
+            if not 1 <= opt_arg <= _INT32_MAX:
+                raise ValueError(f"opt_arg (K) must be >= 1 and <= {_INT32_MAX}, not {opt_arg}")
             opt_arg = int(opt_arg)
         elif opt_arg is not None:
             raise ValueError(
@@ -589,6 +601,9 @@ class Genred:
         bench/exla/sgpr_model.py)."""
         arrays, dt, nx, ny = self._prepare(args)
         (i0, ni), (j0, nj) = rows, cols
+        # ctypes would wrap an int wider than int64_t silently (2**64 + 2 as 2).
+        i0, ni, j0, nj = (_int64_arg(n, v) for n, v in
+                          (("rows[0]", i0), ("rows[1]", ni), ("cols[0]", j0), ("cols[1]", nj)))
         with self._h.lock:
             k = self._kernel(_DTYPES[np.dtype(self._numpy_dtype(dt))], _lib.SR_DEVICE_CPU)
             nargs_c = lib.sr_kernel_nargs(k)

@@ -1,6 +1,8 @@
 """Every bad input raises the documented exception with a message naming the problem; C
 errors carry sr_ctx_error's text; nothing crashes."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,63 @@ def test_many_failures_leave_the_library_usable():
         with pytest.raises(ValueError):
             Genred("Exp(x", AL)
     assert Genred("SqDist(x,y)", AL, axis=1)(x, y).shape == (5, 1)
+
+
+def test_integers_wider_than_the_c_field():
+    # ctypes would wrap them silently: K = 2**32 + 3 would make a K = 3 kernel, and
+    # rows = (2**64 + 2, 2) would read rows 2-3.
+    with pytest.raises(ValueError, match="opt_arg"):
+        Genred("SqDist(x,y)", AL, reduction_op="KMin", opt_arg=2**32 + 3)
+    f = Genred("SqDist(x,y)", AL)
+    x, y = xy()
+    for rows, cols in [((2**64 + 2, 2), (0, 1)), ((0, 1), (0, 2**63)), ((-2**63 - 1, 1), (0, 1))]:
+        with pytest.raises(ValueError, match="64-bit"):
+            f.eval_block(x, y, rows=rows, cols=cols)
+    with pytest.raises(TypeError, match="rows"):
+        f.eval_block(x, y, rows=(0.5, 1), cols=(0, 1))
+    assert f.eval_block(x, y, rows=(1, 2), cols=(0, 3)).shape == (2, 3)
+
+
+def test_ctrl_c_during_a_hanging_compile(tmp_path):
+    # Ctrl-C (SIGINT) while the JIT waits for a compiler that hangs: the call returns at once,
+    # Python raises KeyboardInterrupt, and the compiler's process group is killed. Run in a
+    # child process, as a KeyboardInterrupt would end pytest's own session.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    cc = tmp_path / "hangcc"
+    pidfile = tmp_path / "pid"
+    cc.write_text("#!/bin/sh\ncase \"$1\" in --version) echo fakecc 1.0; exit 0;; esac\n"
+                  f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}\nsleep 300\n")
+    cc.chmod(0o700)
+    script = textwrap.dedent(f"""
+        import os, signal, threading, time
+        import numpy as np
+        from symred import Genred
+        def interrupt():
+            while not os.path.exists({str(pidfile)!r}):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            Genred("SqDist(x,y)", ["x = Vi(3)", "y = Vj(3)"])(np.zeros((2, 3)), np.zeros((2, 3)))
+            print("returned")
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt")
+    """)
+    env = dict(os.environ, SYMRED_CC=str(cc), SYMRED_CACHE_DIR="off", SYMRED_DEVICE="cpu")
+    env.pop("SYMRED_COMPILE_TIMEOUT", None)
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout.strip() == "KeyboardInterrupt", (r.stdout, r.stderr)
+    pgid = int(pidfile.read_text())
+    for _ in range(500):  # a killed orphan may take a moment to be reaped
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError(f"the compiler's process group {pgid} is still there")
