@@ -17,6 +17,10 @@ kernel is an ordinary Sum kernel, so the backward is itself differentiable: with
 kernel, and so on to any order. Parameter gradients come back as one partial sum per output
 row and are summed here; gradients of the Arg reductions are zero (their indices do not move).
 
+Under PyTorch 2.x the Functions take part in torch.func (grad, vjp, jacrev) and torch.vmap:
+their vmap rule runs the vmapped dimension as batch dimensions, in one launch
+(docs/torch.md). PyTorch 1.13 gets the same Functions in the older ctx style.
+
 ``import symred`` never imports torch; this module does, and raises ImportError without it.
 """
 
