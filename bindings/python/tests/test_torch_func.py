@@ -141,6 +141,20 @@ def test_vmap_is_one_launch(in_dims, axis, launches):
 
 
 @needs_func
+def test_nested_vmap_is_one_launch(launches):
+    K, dense = pair("Sum", 1)
+    x, y, b, g = inputs()
+    xs = torch.randn(3, B, NX, D, dtype=DT)
+    gs = torch.rand(3, 1, dtype=DT) + 0.2
+    inner = torch.vmap(K, in_dims=(0, None, None, None))
+    got = torch.vmap(inner, in_dims=(0, None, None, 0))(xs, y, b, gs)
+    assert launches[0] == 1
+    want = torch.stack([torch.stack([dense(xx, y, b, gs[a]) for xx in xs[a]])
+                        for a in range(3)])
+    close(got, want)
+
+
+@needs_func
 def test_vmap_out_dims_and_lazytensor(launches):
     x, y, b, g = inputs()
     xs = torch.randn(B, NX, D, dtype=DT)
