@@ -187,6 +187,22 @@ def _int64_arg(name, v):
     return int(v)
 
 
+def _block_diagonal_ranges(B, M, N, shared, axis):
+    """pykeops' 6-tuple of ranges for B batches laid end to end: batch b's M output rows
+    (rows [b M, (b + 1) M)) reduce over its own N reduced rows ([b N, (b + 1) N)), or over the
+    same N rows for every batch when ``shared``. ``axis`` 1: the output rows are i."""
+    b = np.arange(B, dtype=np.int64)
+    out_blocks = np.stack([b * M, (b + 1) * M], axis=1)
+    slices = b + 1
+    if shared:
+        red_iv = np.tile(np.array([[0, N]], dtype=np.int64), (B, 1))
+        t = (np.array([[0, N]], dtype=np.int64), np.array([B], dtype=np.int64), out_blocks)
+    else:
+        red_iv = np.stack([b * N, (b + 1) * N], axis=1)
+        t = (red_iv, slices, out_blocks)
+    return ((out_blocks, slices, red_iv) + t) if axis == 1 else (t + (out_blocks, slices, red_iv))
+
+
 class _Arg:
     """One input of the reduction: its index, category, dimension and a name for messages."""
 
@@ -897,21 +913,11 @@ class Genred:
             else:
                 a = self._expand(a, full + tuple(a.shape[-2:]))
                 flat.append(a.reshape(B * a.shape[-2], a.shape[-1]))
-        b = np.arange(B, dtype=np.int64)
-        out_blocks = np.stack([b * M, (b + 1) * M], axis=1)
-        slices = b + 1
         if ranges is not None:
             ni, nj = (M, N) if self.axis == 1 else (N, M)
             ranges = _batch_ranges(ranges, self._ranges_array, full, ni, nj)
-        elif shared:
-            red_iv = np.tile(np.array([[0, N]], dtype=np.int64), (B, 1))
-            t = (np.array([[0, N]], dtype=np.int64), np.array([B], dtype=np.int64), out_blocks)
         else:
-            red_iv = np.stack([b * N, (b + 1) * N], axis=1)
-            t = (red_iv, slices, out_blocks)
-        if ranges is None:
-            ranges = ((out_blocks, slices, red_iv) + t) if self.axis == 1 else (
-                t + (out_blocks, slices, red_iv))
+            ranges = _block_diagonal_ranges(B, M, N, shared, self.axis)
         g = self._promoted(tuple(promoted)) if promoted else self
         res = g(*flat, backend=backend, device_id=device_id, ranges=ranges)
 

@@ -17,6 +17,10 @@ kernel is an ordinary Sum kernel, so the backward is itself differentiable: with
 kernel, and so on to any order. Parameter gradients come back as one partial sum per output
 row and are summed here; gradients of the Arg reductions are zero (their indices do not move).
 
+Under PyTorch 2.x the Functions take part in torch.func (grad, vjp, jacrev) and torch.vmap:
+their vmap rule runs the vmapped dimension as batch dimensions, in one launch
+(docs/torch.md). PyTorch 1.13 gets the same Functions in the older ctx style.
+
 ``import symred`` never imports torch; this module does, and raises ImportError without it.
 """
 
@@ -84,10 +88,13 @@ class _Kernel:
     kernels are created on demand, once per variable, in the same context and freed with it.
     """
 
-    def __init__(self, owner, ptr, red, axis, desc, expr=None):
+    def __init__(self, owner, ptr, red, axis, desc, expr=None, derived=None):
         self.owner, self.ptr, self.red, self.axis = owner, ptr, red, axis
         self.desc = desc  # (sr dtype, sr device, accumulation) of the kernel
         self.expr = expr  # the forward formula, for SumSoftMaxWeight's log-normalizer
+        # How this kernel comes from the owner's: None for the owner's own, else
+        # (parent kernel, "grad", variable index) or (parent kernel, "lse", None).
+        self.derived = derived
         self.nargs = lib.sr_kernel_nargs(ptr)
         self.out_dim = lib.sr_kernel_out_dim(ptr)
         self.vars = _kernel_vars(ptr)
@@ -113,7 +120,7 @@ class _Kernel:
             cat = self.vars[index][0]
             reduced_cat = _lib.SR_CAT_J if self.axis == 1 else _lib.SR_CAT_I
             axis = 1 - self.axis if cat == reduced_cat else self.axis
-            return _Kernel(self.owner, out, "Sum", axis, self.desc)
+            return _Kernel(self.owner, out, "Sum", axis, self.desc, derived=(self, "grad", index))
 
         return self._new_derived(("grad", index), make)
 
@@ -129,9 +136,23 @@ class _Kernel:
             check(lib.sr_kernel_new(h.ctx, self.expr, ctypes.byref(desc), ctypes.byref(out)),
                   h.ctx, "the log-normalizer of SumSoftMaxWeight")
             h.kernels[("lse", id(self))] = out
-            return _Kernel(self.owner, out, "LogSumExp", self.axis, self.desc)
+            return _Kernel(self.owner, out, "LogSumExp", self.axis, self.desc,
+                           derived=(self, "lse", None))
 
         return self._new_derived(("lse",), make)
+
+    def promoted(self, indices):
+        """The same kernel with the parameters of the given indices read as variables of the
+        owner's output index: the owner Genred's promoted copy (batched parameters, one value
+        per batch, see symred.Genred), then the same gradient / log-normalizer steps. A
+        gradient with respect to a parameter is one partial sum per output row either way,
+        so the promoted kernel's outputs have the same shape. ValueError when the owner
+        cannot promote them (a parameter written as Var() in the formula)."""
+        if self.derived is None:
+            return self.owner._promoted(indices)._torch_kernel(*self.desc[:2])
+        parent, op, index = self.derived
+        parent = parent.promoted(indices)
+        return parent.grad(index) if op == "grad" else parent.logsumexp()
 
 
 def _load_gomp():
@@ -242,45 +263,144 @@ def _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx):
     return values, idx
 
 
-class _Reduce(torch.autograd.Function):
-    """One reduction: forward runs the kernel; backward runs its gradient kernels, through
-    this same Function, so that the backward is differentiable too."""
+# PyTorch 2.x's torch.func transforms (grad, vjp, jacrev, vmap, ...) accept an autograd
+# Function whose forward takes no ctx, with a separate setup_context, and a vmap rule;
+# PyTorch 1.13 has neither and calls forward(ctx, ...).
+_FUNC_STYLE = hasattr(torch.autograd.Function, "setup_context")
 
-    @staticmethod
-    def forward(ctx, kern, nx, ny, ranges, *args):
-        values, idx = _run(kern, nx, ny, ranges, args)
-        ctx.kern, ctx.nx, ctx.ny, ctx.ranges = kern, nx, ny, ranges
-        ctx.save_for_backward(values, idx, *args)
-        if idx is not None:
-            ctx.mark_non_differentiable(idx)
-        if kern.red in _INDEX_ONLY:
-            return idx
-        return (values, idx) if idx is not None else values
 
-    @staticmethod
-    def backward(ctx, *grads):
-        # The gradient kernels run on the same block pattern: sr_kernel_run_ranges reads the
-        # triple of each kernel's axis (a Vj gradient reduces over i: the transposed one).
-        kern, nx, ny, ranges = ctx.kern, ctx.nx, ctx.ny, ctx.ranges
-        values, idx, *args = ctx.saved_tensors
-        none = [None] * (4 + len(args))
-        G = grads[0]
-        if kern.red in _INDEX_ONLY or G is None:
-            return tuple(none)  # indices do not move with the inputs
-        n = kern.nargs
-        fwd = list(args[:n]) + [None] * max(0, n - len(args))
-        extra = [G.contiguous()]
-        if kern.red == "LogSumExp":
-            extra.append(values)
-        elif kern.red == "SumSoftMaxWeight":
-            lse = kern.logsumexp()
-            extra += [values, _Reduce.apply(lse, nx, ny, ranges, *fwd[: lse.nargs])]
-        elif kern.red in _SELECTING:
-            reduced = ny if kern.axis == 1 else nx
-            extra += [idx.to(values.dtype),
-                      torch.arange(reduced, dtype=values.dtype, device=values.device)[:, None]]
-        grads = _input_grads(kern, nx, ny, ranges, fwd, extra, args, ctx.needs_input_grad[4:])
-        return tuple(none[:4] + grads)
+def _autograd_function(name, doc, forward, setup_context, backward, vmap=None):
+    """A torch.autograd.Function from its parts: PyTorch 2.x style (forward without ctx,
+    setup_context, and ``vmap`` as the vmap rule when given) where torch has it, so that
+    torch.func and torch.vmap take it; else forward(ctx, ...) doing both steps."""
+    body = {"__doc__": doc, "backward": staticmethod(backward)}
+    if _FUNC_STYLE:
+        body.update(forward=staticmethod(forward), setup_context=staticmethod(setup_context),
+                    generate_vmap_rule=False)
+        if vmap is not None:
+            body["vmap"] = staticmethod(vmap)
+    else:
+        def forward_with_ctx(ctx, *inputs):
+            output = forward(*inputs)
+            setup_context(ctx, inputs, output)
+            return output
+
+        body["forward"] = staticmethod(forward_with_ctx)
+    return type(name, (torch.autograd.Function,), body)
+
+
+def _reduce_forward(kern, nx, ny, ranges, *args):
+    values, idx = _run(kern, nx, ny, ranges, args)
+    if kern.red in _INDEX_ONLY:
+        return idx
+    return (values, idx) if idx is not None else values
+
+
+def _reduce_setup(ctx, inputs, output):
+    kern, nx, ny, ranges, *args = inputs
+    if kern.red in _INDEX_ONLY:
+        values, idx = None, output
+    elif isinstance(output, tuple):
+        values, idx = output
+    else:
+        values, idx = output, None
+    ctx.kern, ctx.nx, ctx.ny, ctx.ranges = kern, nx, ny, ranges
+    ctx.save_for_backward(values, idx, *args)
+    if idx is not None:
+        ctx.mark_non_differentiable(idx)
+
+
+def _reduce_backward(ctx, *grads):
+    # The gradient kernels run on the same block pattern: sr_kernel_run_ranges reads the
+    # triple of each kernel's axis (a Vj gradient reduces over i: the transposed one).
+    kern, nx, ny, ranges = ctx.kern, ctx.nx, ctx.ny, ctx.ranges
+    values, idx, *args = ctx.saved_tensors
+    none = [None] * (4 + len(args))
+    G = grads[0]
+    if kern.red in _INDEX_ONLY or G is None:
+        return tuple(none)  # indices do not move with the inputs
+    n = kern.nargs
+    fwd = list(args[:n]) + [None] * max(0, n - len(args))
+    extra = [G.contiguous()]
+    if kern.red == "LogSumExp":
+        extra.append(values)
+    elif kern.red == "SumSoftMaxWeight":
+        lse = kern.logsumexp()
+        extra += [values, _Reduce.apply(lse, nx, ny, ranges, *fwd[: lse.nargs])]
+    elif kern.red in _SELECTING:
+        reduced = ny if kern.axis == 1 else nx
+        extra += [idx.to(values.dtype),
+                  torch.arange(reduced, dtype=values.dtype, device=values.device)[:, None]]
+    grads = _input_grads(kern, nx, ny, ranges, fwd, extra, args, ctx.needs_input_grad[4:])
+    return tuple(none[:4] + grads)
+
+
+def _reduce_vmap(info, in_dims, kern, nx, ny, ranges, *args):
+    """torch.vmap's rule: the vmapped dimension becomes B batches laid end to end in one
+    launch, as symred.Genred runs leading batch dimensions. Batched variables are flattened
+    to (B * n, d); unbatched ones on the output side are repeated B times; the reduced side
+    is shared by all batches (one copy, N rows) when none of its variables is batched and
+    there are no block-sparse ranges, else repeated too; block-diagonal ranges (or the
+    given ranges offset into each batch) keep each batch's rows to its own. Batched
+    parameters (one value per batch) make the kernel read them as variables of the output
+    index (:meth:`_Kernel.promoted`). Selected indices come back in each batch's own row
+    numbers."""
+    B = info.batch_size
+    dims = in_dims[4:]
+    args = [a.movedim(d, 0) if d is not None else a for a, d in zip(args, dims)]
+    batched = [d is not None for d in dims]
+    promote = tuple(i for i, b in enumerate(batched)
+                    if b and kern.vars.get(i, (None,))[0] == SR_CAT_PARAM)
+    k = kern.promoted(promote) if promote else kern
+    rows = {_lib.SR_CAT_I: nx, _lib.SR_CAT_J: ny}
+    out_cat = _lib.SR_CAT_I if kern.axis == 1 else _lib.SR_CAT_J
+    red_cat = _lib.SR_CAT_J if kern.axis == 1 else _lib.SR_CAT_I
+    shared = ranges is None and not any(
+        b and k.vars.get(i, (None,))[0] == red_cat for i, b in enumerate(batched))
+    flat = []
+    for i, (a, b) in enumerate(zip(args, batched)):
+        cat = k.vars.get(i, (None,))[0]
+        if cat is None or cat == SR_CAT_PARAM:  # unread, or an unbatched parameter
+            flat.append(a[0] if b else a)
+            continue
+        if b and i in promote:  # (B, d) -> one row per output row of each batch
+            a = a[:, None, :]
+        if not b and (cat == out_cat or not shared):
+            a = a[None]
+        elif not b:
+            flat.append(a)  # the shared reduced side
+            continue
+        a = a.expand(B, rows[cat], a.shape[-1])
+        flat.append(a.reshape(B * rows[cat], a.shape[-1]))
+    M, N = rows[out_cat], rows[red_cat]
+    if ranges is None:
+        raw = _genred._block_diagonal_ranges(B, M, N, shared, kern.axis)
+    else:
+        raw = _genred._batch_ranges(tuple(ranges[1]), np.asarray, (B,), nx, ny)
+    rg = _genred._ranges_struct(raw, np.asarray)
+    bnx = B * nx if kern.axis == 1 or not shared else nx
+    bny = B * ny if kern.axis == 0 or not shared else ny
+    res = _Reduce.apply(k, bnx, bny, rg, *flat)
+
+    def unflatten(o, indices):
+        if indices and not shared:  # global reduced rows back to each batch's own
+            offs = (torch.arange(B * M, device=o.device) // M * N)[:, None]
+            o = o - offs * (o >= 0)
+        return o.reshape((B, M) + tuple(o.shape[1:]))
+
+    if kern.red in _INDEX_ONLY:
+        return unflatten(res, True), 0
+    if isinstance(res, tuple):
+        return (unflatten(res[0], False), unflatten(res[1], True)), (0, 0)
+    return unflatten(res, False), 0
+
+
+_Reduce = _autograd_function(
+    "_Reduce",
+    """One reduction, called as ``_Reduce.apply(kernel, nx, ny, ranges, *tensors)``: forward
+    runs the kernel; backward runs its gradient kernels through this same Function, so that
+    the backward is differentiable too; under torch.vmap the batch runs as one launch.""",
+    _reduce_forward, _reduce_setup, _reduce_backward, _reduce_vmap)
 
 
 def _input_grads(kern, nx, ny, ranges, fwd, extra, args, needed):
@@ -474,43 +594,49 @@ def _run_solve(kern, opts, bpos, args):
     return out
 
 
-class _Solve(torch.autograd.Function):
+def _solve_forward(kern, opts, bpos, *args):
+    return _run_solve(kern, opts, bpos, args)
+
+
+def _solve_setup(ctx, inputs, a):
+    kern, opts, bpos, *args = inputs
+    ctx.kern, ctx.opts, ctx.bpos = kern, opts, bpos
+    ctx.save_for_backward(a, *args)
+
+
+def _solve_backward(ctx, grad_a):
+    kern, opts, bpos = ctx.kern, ctx.opts, ctx.bpos
+    a, *args = ctx.saved_tensors
+    needed = list(ctx.needs_input_grad[3:])
+    out = [None] * (3 + len(args))
+    if grad_a is None or not any(needed):
+        return tuple(out)
+    # The backward solve skips the symmetry test: the forward's passed on the same data.
+    back_opts = opts[:3] + (False,)
+    rhs = list(args)
+    rhs[bpos] = grad_a.contiguous()
+    g = _Solve.apply(kern, back_opts, bpos, *rhs)
+    if needed[bpos]:
+        out[3 + bpos] = g
+    needed[bpos] = False
+    if any(needed):
+        fwd = list(args[: kern.nargs]) + [None] * max(0, kern.nargs - len(args))
+        fwd[bpos] = a
+        n = a.shape[0]
+        out[3:] = [o if o is not None else h for o, h in zip(
+            out[3:], _input_grads(kern, n, n, None, fwd, [-g], args, needed))]
+    return tuple(out)
+
+
+_Solve = _autograd_function(
+    "_Solve",
     """a = (alpha I + K)^-1 b. The operator is symmetric, so dL/db = (alpha I + K)^-1 dL/da,
     another solve (through this Function: differentiable); and for any other input t of K
     (x, y, a parameter), dL/dt = -d/dt <g, K a> with g = dL/db and a held fixed: the
     gradient of the Sum reduction F(x_i, y_j) a_j with incoming gradient -g, run by the
-    gradient kernels of :class:`_Reduce` (pykeops does the same with Grad formulas)."""
-
-    @staticmethod
-    def forward(ctx, kern, opts, bpos, *args):
-        a = _run_solve(kern, opts, bpos, args)
-        ctx.kern, ctx.opts, ctx.bpos = kern, opts, bpos
-        ctx.save_for_backward(a, *args)
-        return a
-
-    @staticmethod
-    def backward(ctx, grad_a):
-        kern, opts, bpos = ctx.kern, ctx.opts, ctx.bpos
-        a, *args = ctx.saved_tensors
-        needed = list(ctx.needs_input_grad[3:])
-        out = [None] * (3 + len(args))
-        if grad_a is None or not any(needed):
-            return tuple(out)
-        # The backward solve skips the symmetry test: the forward's passed on the same data.
-        back_opts = opts[:3] + (False,)
-        rhs = list(args)
-        rhs[bpos] = grad_a.contiguous()
-        g = _Solve.apply(kern, back_opts, bpos, *rhs)
-        if needed[bpos]:
-            out[3 + bpos] = g
-        needed[bpos] = False
-        if any(needed):
-            fwd = list(args[: kern.nargs]) + [None] * max(0, kern.nargs - len(args))
-            fwd[bpos] = a
-            n = a.shape[0]
-            out[3:] = [o if o is not None else h for o, h in zip(
-                out[3:], _input_grads(kern, n, n, None, fwd, [-g], args, needed))]
-        return tuple(out)
+    gradient kernels of :class:`_Reduce` (pykeops does the same with Grad formulas). It has
+    no vmap rule: torch.vmap refuses it.""",
+    _solve_forward, _solve_setup, _solve_backward)
 
 
 class KernelSolve(Genred, _solve.KernelSolve):

@@ -1,0 +1,184 @@
+"""symred.gpytorch: GPyTorch kernels whose kernel-matrix products run on symred.
+
+    from symred.gpytorch import RBFKernel, MaternKernel, PeriodicKernel
+
+Drop-ins for ``gpytorch.kernels.keops.RBFKernel``, ``MaternKernel`` (nu = 0.5, 1.5, 2.5) and
+``PeriodicKernel``: the same constructor arguments (``ard_num_dims``, ``batch_shape``,
+``active_dims``, priors and constraints, ``nu``, ``period_length_*``), the same parameters
+(``raw_lengthscale``, ``raw_period_length``, so state dicts load either way) and the same
+values. ``forward`` returns linear_operator's ``KernelLinearOperator``; when the kernel matrix
+is large, its covariance function returns a symbolic matrix whose ``@`` is one symred.torch
+reduction ``sum_j k(x_i, y_j) v_j`` (leading batch dimensions in one launch, differentiable
+with respect to the inputs, the hyperparameters and ``v``). So exact GP training and
+prediction with conjugate gradients (GPyTorch's default above ``max_cholesky_size``) never
+builds the n x n matrix: memory stays O(n).
+
+When symred runs, as in GPyTorch's KeOps kernels: ``gpytorch.settings.use_keops`` is on (the
+default) and both sides have at least ``gpytorch.settings.max_cholesky_size`` rows (800 by
+default; below, GPyTorch takes a Cholesky factorisation of the dense matrix anyway). A side
+with a single row (the 1 x 1 blocks GPyTorch evaluates for the diagonal and for single
+entries) is computed by dense torch code, which is O(n) there.
+
+``import symred`` never imports this module; it needs GPyTorch (and so torch >= 2).
+docs/gpytorch.md.
+"""
+
+import functools
+import math
+
+try:
+    import torch
+    from gpytorch import settings as _settings
+    from gpytorch.kernels import Kernel as _Kernel
+    from gpytorch.kernels import PeriodicKernel as _GPeriodicKernel
+    from linear_operator.operators import KernelLinearOperator
+except ImportError as e:  # pragma: no cover - exercised where gpytorch is missing
+    raise ImportError("symred.gpytorch needs GPyTorch and linear_operator (pip install "
+                      "gpytorch); symred and symred.torch work without them") from e
+
+from . import torch as _st
+
+__all__ = ["RBFKernel", "MaternKernel", "PeriodicKernel"]
+
+# k(x, y) of each kernel in symred's formula language, on inputs already scaled by the
+# lengthscale (RBF, Matern) or by period / pi (periodic, whose weights w = -2 / lengthscale
+# are a parameter). Matern's distance gets 1e-20 under the square root, as in GPyTorch, so
+# that its derivative at x = y is 0 and not 0 * inf.
+_DIST = "Sqrt(SqDist(x, y) + 1e-20)"
+_FORMULAS = {
+    "rbf": "Exp(-SqDist(x, y) / 2)",
+    ("matern", 0.5): f"Exp(-{_DIST})",
+    ("matern", 1.5): f"(1 + Sqrt(3) * {_DIST}) * Exp(-Sqrt(3) * {_DIST})",
+    ("matern", 2.5): f"(1 + Sqrt(5) * {_DIST} + 5 / 3 * SqDist(x, y)) * Exp(-Sqrt(5) * {_DIST})",
+    "periodic": "Exp(Sum(Square(Sin(x - y)) * w))",
+}
+
+
+def _dense(kind, x1, x2, w):
+    """The same k(x1_i, x2_j) as a dense torch tensor (..., M, N), for small blocks."""
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    if kind == "periodic":
+        return (diff.sin().square() * w[..., None, None, :]).sum(-1).exp()
+    sq = diff.square().sum(-1)
+    if kind == "rbf":
+        return (-sq / 2).exp()
+    nu = kind[1]
+    d = (sq + 1e-20).sqrt()
+    e = (-math.sqrt(2 * nu) * d).exp()
+    if nu == 0.5:
+        return e
+    if nu == 1.5:
+        return (1 + math.sqrt(3) * d) * e
+    return (1 + math.sqrt(5) * d + 5.0 / 3.0 * sq) * e
+
+
+@functools.lru_cache(maxsize=None)
+def _genred(kind, dim, cols):
+    """The symred reduction sum_j k(x_i, y_j) v_j for inputs of dimension ``dim`` and ``cols``
+    right-hand sides, created once per process (its kernels are compiled per dtype)."""
+    aliases = [f"x = Vi({dim})", f"y = Vj({dim})", f"v = Vj({cols})"]
+    if kind == "periodic":
+        aliases.append(f"w = Pm({dim})")
+    return _st.Genred(f"({_FORMULAS[kind]}) * v", aliases, reduction_op="Sum", axis=1)
+
+
+class _SymbolicKernelMatrix:
+    """K(x1, x2) without its entries: what the covariance function returns when symred runs.
+    ``K @ v`` (v of shape (..., N, C) or (..., N)) is one symred reduction; the batch
+    dimensions of x1, x2, v and the weights broadcast as in a dense matmul."""
+
+    def __init__(self, kind, x1, x2, w):
+        self.kind, self.x1, self.x2, self.w = kind, x1, x2, w
+
+    @property
+    def shape(self):
+        batch = torch.broadcast_shapes(self.x1.shape[:-2], self.x2.shape[:-2])
+        return batch + (self.x1.shape[-2], self.x2.shape[-2])
+
+    def __matmul__(self, rhs):
+        vector = rhs.dim() == 1
+        v = rhs[:, None] if vector else rhs
+        dtype = self.x1.dtype
+        args = [self.x1.contiguous(), self.x2.contiguous(), v.to(dtype).contiguous()]
+        if self.w is not None:
+            args.append(self.w.to(dtype).contiguous())
+        out = _genred(self.kind, self.x1.shape[-1], v.shape[-1])(*args)
+        return out[..., 0] if vector else out
+
+
+def _use_symred(x1, x2):
+    m, n = x1.shape[-2], x2.shape[-2]
+    limit = _settings.max_cholesky_size.value()
+    return _settings.use_keops.on() and min(m, n) > 1 and m >= limit and n >= limit
+
+
+def _covar_func(x1, x2, kind="rbf", lengthscale=None, **_):
+    """KernelLinearOperator's covariance function (it passes the hyperparameters it needs
+    gradients for as arguments): a symbolic matrix for large blocks, else dense."""
+    w = None
+    if kind == "periodic":  # lengthscale: (..., 1, D) or (..., 1, 1)
+        w = (-2.0 / lengthscale[..., 0, :]).expand(*lengthscale.shape[:-2], x1.shape[-1])
+    if _use_symred(x1, x2):
+        return _SymbolicKernelMatrix(kind, x1, x2, w)
+    return _dense(kind, x1, x2, w)
+
+
+class _SymredKernel(_Kernel):
+    """What the three kernels share: contiguous inputs (as GPyTorch's KeOps kernels) and the
+    KernelLinearOperator, or its diagonal."""
+
+    def __call__(self, *args, **kwargs):
+        args = [a.contiguous() if torch.is_tensor(a) else a for a in args]
+        kwargs = {k: v.contiguous() if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        return super().__call__(*args, **kwargs)
+
+    @staticmethod
+    def _operator(x1, x2, diag, kind, params):
+        res = KernelLinearOperator(x1, x2, covar_func=_covar_func, kind=kind, **params)
+        return res.diagonal(dim1=-1, dim2=-2) if diag else res
+
+
+class RBFKernel(_SymredKernel):
+    """``gpytorch.kernels.keops.RBFKernel`` on symred: k(x, y) = exp(-|x - y|^2 / (2 l^2)),
+    with ``gpytorch.kernels.RBFKernel``'s arguments (ard_num_dims, batch_shape,
+    active_dims, lengthscale_prior, lengthscale_constraint)."""
+
+    has_lengthscale = True
+
+    def forward(self, x1, x2, diag=False, **params):
+        return self._operator(x1.div(self.lengthscale), x2.div(self.lengthscale), diag, "rbf",
+                              params)
+
+
+class MaternKernel(_SymredKernel):
+    """``gpytorch.kernels.keops.MaternKernel`` on symred: the Matern kernel of smoothness
+    ``nu`` (0.5, 1.5 or 2.5; RuntimeError otherwise, as GPyTorch), with the inputs centred
+    on the mean of x1 (as GPyTorch does, for accuracy) and scaled by the lengthscale."""
+
+    has_lengthscale = True
+
+    def __init__(self, nu=2.5, **kwargs):
+        if nu not in {0.5, 1.5, 2.5}:
+            raise RuntimeError("nu expected to be 0.5, 1.5, or 2.5")
+        super().__init__(**kwargs)
+        self.nu = nu
+
+    def forward(self, x1, x2, diag=False, **params):
+        mean = x1.reshape(-1, x1.size(-1)).mean(0)[(None,) * (x1.dim() - 1)]
+        x1_ = (x1 - mean).div(self.lengthscale)
+        x2_ = (x2 - mean).div(self.lengthscale)
+        return self._operator(x1_, x2_, diag, ("matern", self.nu), params)
+
+
+class PeriodicKernel(_SymredKernel, _GPeriodicKernel):
+    """``gpytorch.kernels.keops.PeriodicKernel`` on symred:
+    k(x, y) = exp(-2 sum_d sin^2(pi |x_d - y_d| / p) / l_d), with
+    ``gpytorch.kernels.PeriodicKernel``'s arguments and parameters (period_length and its
+    prior / constraint, lengthscale, ard_num_dims, batch_shape)."""
+
+    has_lengthscale = True
+
+    def forward(self, x1, x2, diag=False, **params):
+        scale = self.period_length / math.pi
+        return self._operator(x1.div(scale), x2.div(scale), diag, "periodic",
+                              dict(params, lengthscale=self.lengthscale))

@@ -1,0 +1,257 @@
+"""symred.torch under PyTorch 2.x's function transforms: torch.func.grad, vjp, jacrev (also
+nested, for second derivatives) and torch.vmap on Genred and LazyTensor reductions, each
+against the same transform of the dense torch computation. torch.vmap must run the batch as
+one launch (counted). These need torch >= 2 and skip only on older torch (Debian's 1.13,
+where the autograd Functions keep the ctx-style forward that test_torch.py covers)."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+
+import numpy as np  # noqa: E402
+
+import symred.torch as st  # noqa: E402
+from symred.torch import Genred, KernelSolve, LazyTensor, Vi, Vj  # noqa: E402
+
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+needs_func = pytest.mark.skipif(not TORCH2, reason="torch.func needs PyTorch >= 2")
+
+NX, NY, D, E, B = 7, 6, 3, 2, 4
+ALIASES = ["x = Vi(3)", "y = Vj(3)", "b = Vj(2)", "g = Pm(1)"]
+F = "Exp(-g * SqDist(x, y)) * b"
+DT = torch.float64
+
+
+def inputs(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(NX, D, dtype=DT, generator=gen)
+    y = torch.randn(NY, D, dtype=DT, generator=gen)
+    b = torch.randn(NY, E, dtype=DT, generator=gen)
+    g = torch.tensor([0.6], dtype=DT)
+    return x, y, b, g
+
+
+def dense_F(x, y, b, g):
+    return torch.exp(-g * ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1))[..., None] * b[None]
+
+
+REDS = {
+    "Sum": lambda Fd, axis: Fd.sum(axis),
+    "LogSumExp": lambda Fd, axis: torch.logsumexp(Fd, axis),
+    "Min": lambda Fd, axis: Fd.min(axis).values,
+}
+
+
+def pair(red, axis):
+    """The symred reduction and its dense torch twin, both functions of (x, y, b, g)."""
+    K = Genred(F, ALIASES, reduction_op=red, axis=axis)
+    return K, (lambda x, y, b, g: REDS[red](dense_F(x, y, b, g), axis))
+
+
+def close(a, b, tol=1e-10):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts the kernel launches of symred.torch (calls of its _run)."""
+    count = [0]
+    real = st._run
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(st, "_run", counting)
+    return count
+
+
+def test_function_style_matches_torch_version():
+    # PyTorch 2.x gets the transform-friendly Functions; 1.13 the ctx-style ones.
+    assert st._FUNC_STYLE == TORCH2
+    assert hasattr(st._Reduce, "setup_context") == TORCH2
+
+
+@needs_func
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("red", sorted(REDS))
+def test_grad_each_argument(red, axis):
+    K, dense = pair(red, axis)
+    args = inputs()
+    for argnum in range(4):
+        got = torch.func.grad(lambda *a: K(*a).square().sum(), argnums=argnum)(*args)
+        want = torch.func.grad(lambda *a: dense(*a).square().sum(), argnums=argnum)(*args)
+        close(got, want)
+
+
+@needs_func
+@pytest.mark.parametrize("axis", [0, 1])
+def test_vjp(axis):
+    K, dense = pair("Sum", axis)
+    args = inputs()
+    out, vjp = torch.func.vjp(K, *args)
+    out_d, vjp_d = torch.func.vjp(dense, *args)
+    close(out, out_d)
+    v = torch.randn(out.shape, dtype=DT, generator=torch.Generator().manual_seed(3))
+    for got, want in zip(vjp(v), vjp_d(v)):
+        close(got, want)
+
+
+@needs_func
+def test_jacrev_and_second_derivatives():
+    K, dense = pair("LogSumExp", 1)
+    x, y, b, g = inputs()
+    close(torch.func.jacrev(K, argnums=(0, 3))(x, y, b, g)[0],
+          torch.func.jacrev(dense, argnums=(0, 3))(x, y, b, g)[0])
+    # Double backward: the Hessian of a scalar loss in g and in y, by reverse over reverse.
+    for argnum in (3, 1):
+        def loss(fn):
+            return lambda *a: fn(*a).sin().sum()
+
+        got = torch.func.jacrev(torch.func.jacrev(loss(K), argnums=argnum), argnums=argnum)(
+            x, y, b, g)
+        want = torch.func.jacrev(torch.func.jacrev(loss(dense), argnums=argnum),
+                                 argnums=argnum)(x, y, b, g)
+        close(got, want, 1e-9)
+
+
+@needs_func
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("in_dims", [(0, None, None, None), (None, 0, None, None),
+                                     (None, None, 1, None), (None, None, None, 0),
+                                     (0, 0, None, 0), (1, None, 0, None)])
+def test_vmap_is_one_launch(in_dims, axis, launches):
+    K, dense = pair("Sum", axis)
+    base = inputs()
+    gen = torch.Generator().manual_seed(7)
+    args = []
+    for a, d in zip(base, in_dims):
+        if d is None:
+            args.append(a)
+        else:
+            a = torch.stack([a + 0.3 * torch.randn(a.shape, dtype=DT, generator=gen).abs()
+                             for _ in range(B)], d)
+            args.append(a)
+    got = torch.vmap(K, in_dims=in_dims)(*args)
+    assert launches[0] == 1
+    want = torch.stack([dense(*[a if d is None else a.select(d, k)
+                                for a, d in zip(args, in_dims)]) for k in range(B)])
+    close(got, want)
+
+
+@needs_func
+def test_nested_vmap_is_one_launch(launches):
+    K, dense = pair("Sum", 1)
+    x, y, b, g = inputs()
+    xs = torch.randn(3, B, NX, D, dtype=DT)
+    gs = torch.rand(3, 1, dtype=DT) + 0.2
+    inner = torch.vmap(K, in_dims=(0, None, None, None))
+    got = torch.vmap(inner, in_dims=(0, None, None, 0))(xs, y, b, gs)
+    assert launches[0] == 1
+    want = torch.stack([torch.stack([dense(xx, y, b, gs[a]) for xx in xs[a]])
+                        for a in range(3)])
+    close(got, want)
+
+
+@needs_func
+def test_vmap_out_dims_and_lazytensor(launches):
+    x, y, b, g = inputs()
+    xs = torch.randn(B, NX, D, dtype=DT)
+
+    def f(x):
+        K_ij = (-Vi(x).sqdist(Vj(y)) * 0.6).exp()
+        return (K_ij * LazyTensor(b[None])).sum(dim=1)
+
+    got = torch.vmap(f, out_dims=1)(xs)
+    assert launches[0] == 1
+    want = torch.stack([dense_F(xx, y, b, g).sum(1) for xx in xs], 1)
+    close(got, want)
+
+
+@needs_func
+@pytest.mark.parametrize("batched_y", [False, True])
+def test_vmap_indices_are_per_batch(batched_y):
+    # ArgMin over j: with a batched reduced side each batch has its own rows 0..NY-1.
+    Kv = Genred("SqDist(x, y)", ["x = Vi(3)", "y = Vj(3)"], reduction_op="Min_ArgMin", axis=1)
+    xs = torch.randn(B, NX, D, dtype=DT)
+    ys = torch.randn(B, NY, D, dtype=DT) if batched_y else torch.randn(NY, D, dtype=DT)
+    vals, idx = torch.vmap(Kv, in_dims=(0, 0 if batched_y else None))(xs, ys)
+    d2 = ((xs[:, :, None, :] - (ys if batched_y else ys[None])[:, None, :, :]) ** 2).sum(-1)
+    close(vals[..., 0], d2.min(-1).values)
+    assert torch.equal(idx[..., 0], d2.argmin(-1))
+
+
+@needs_func
+def test_vmap_of_grad_per_batch_parameter():
+    # Per-batch hyperparameters: the batched parameter is read as a per-row variable.
+    K, dense = pair("Sum", 1)
+    x, y, b, _ = inputs()
+    gs = torch.rand(B, 1, dtype=DT) + 0.2
+    for argnum in (0, 3):
+        got = torch.vmap(torch.func.grad(lambda *a: K(*a).square().sum(), argnums=argnum),
+                         in_dims=(None, None, None, 0))(x, y, b, gs)
+        want = torch.vmap(torch.func.grad(lambda *a: dense(*a).square().sum(),
+                                          argnums=argnum), in_dims=(None, None, None, 0))(
+            x, y, b, gs)
+        close(got, want)
+
+
+@needs_func
+def test_jacrev_of_min_and_softmax_weight():
+    # jacrev is a vmap over the backward: the backward kernels' vmap rule with the selected
+    # indices (Min) and the log-normalizer (SumSoftMaxWeight).
+    K, dense = pair("Min", 1)
+    x, y, b, g = inputs()
+    close(torch.func.jacrev(K, argnums=1)(x, y, b, g),
+          torch.func.jacrev(dense, argnums=1)(x, y, b, g))
+    S = Genred("-g * SqDist(x, y)", ALIASES[:2] + ["g = Pm(1)", "b = Vj(2)"],
+               reduction_op="SumSoftMaxWeight", axis=1, formula2="b")
+
+    def dense_s(x, y, g, b):
+        w = torch.softmax(-g * ((x[:, None] - y[None]) ** 2).sum(-1), 1)
+        return w @ b
+
+    close(torch.func.jacrev(S, argnums=(0, 2))(x, y, g, b)[1],
+          torch.func.jacrev(dense_s, argnums=(0, 2))(x, y, g, b)[1])
+
+
+@needs_func
+def test_vmap_with_ranges_and_batch_dims(launches):
+    # Block-sparse ranges given to the call: the same pattern in every vmapped batch.
+    x, y, b, g = inputs()
+    ri = np.array([[0, 3], [3, NX]])
+    rj = np.array([[0, 2], [2, NY]])
+    ranges = (ri, np.array([1, 2]), rj, rj, np.array([1, 2]), ri)
+    xs = torch.randn(B, NX, D, dtype=DT)
+    K = Genred(F, ALIASES, axis=1)
+    got = torch.vmap(lambda x: K(x, y, b, g, ranges=ranges))(xs)
+    mask = torch.zeros(NX, NY, 1, dtype=DT)
+    mask[:3, :2] = mask[3:, 2:] = 1
+    want = torch.stack([(dense_F(xx, y, b, g) * mask).sum(1) for xx in xs])
+    close(got, want)
+    # A call with its own leading batch dimension, vmapped: still one launch.
+    launches[0] = 0
+    ys = torch.randn(3, NY, D, dtype=DT)
+    got = torch.vmap(lambda x: K(x, ys, b, g))(xs)
+    assert launches[0] == 1
+    want = torch.stack([torch.stack([dense_F(xx, yy, b, g).sum(1) for yy in ys])
+                        for xx in xs])
+    close(got, want)
+
+
+@needs_func
+def test_kernel_solve_grad_and_vmap_refused():
+    x, _, _, _ = inputs()
+    rhs = torch.randn(NX, 1, dtype=DT)
+    Ks = KernelSolve("Exp(-SqDist(x, y)) * a", ["x = Vi(3)", "y = Vj(3)", "a = Vj(1)"], "a",
+                     axis=1)
+
+    def dense_solve(x, r):
+        A = torch.exp(-((x[:, None] - x[None]) ** 2).sum(-1)) + torch.eye(NX, dtype=DT)
+        return torch.linalg.solve(A, r)
+
+    got = torch.func.grad(lambda r: Ks(x, x, r, alpha=1.0, eps=1e-14).sum())(rhs)
+    close(got, torch.func.grad(lambda r: dense_solve(x, r).sum())(rhs), 1e-8)
+    with pytest.raises(RuntimeError):
+        torch.vmap(lambda r: Ks(x, x, r, alpha=1.0))(torch.randn(2, NX, 1, dtype=DT))
