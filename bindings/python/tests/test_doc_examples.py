@@ -5,7 +5,10 @@ A file's Python blocks run in order in one namespace, in a fresh interpreter (a 
 use the names an earlier one defined). A C block that defines `main` is compiled against the
 checkout's header and the library under test, and run. A block that cannot run on its own (a
 fragment of a larger example, or one that needs a GPU, MPI or a data set) is marked on the line
-before its fence with `<!-- not run: REASON -->`; the reason must be given. Blocks in other
+before its fence with `<!-- not run: REASON -->`; the reason must be given. A Python block
+marked `<!-- needs: MODULE, ... -->` runs where those modules import (the test script runs the
+tests under Debian's Python and under the virtual environment with PyTorch 2.x, jax and
+GPyTorch, so every such block runs in one of them) and is left out elsewhere. Blocks in other
 languages (sh, cmake) are not run here: the commands they show are exercised by the test
 script itself, the install test and the benchmarks.
 """
@@ -23,10 +26,12 @@ REPO = Path(__file__).resolve().parents[3]
 DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
 FENCE = re.compile(r"^```(\w+)\s*$")
 SKIP = re.compile(r"^<!--\s*not run:(.*)-->\s*$")
+NEEDS = re.compile(r"^<!--\s*needs:(.*)-->\s*$")
 
 
 def blocks(path):
-    """(language, first line number, code, skip reason or None) for each fenced block."""
+    """(language, first line number, code, skip reason or None, needed modules) for each
+    fenced block."""
     out, lines, i = [], path.read_text().split("\n"), 0
     while i < len(lines):
         m = FENCE.match(lines[i])
@@ -34,11 +39,13 @@ def blocks(path):
             i += 1
             continue
         skip = SKIP.match(lines[i - 1]) if i > 0 else None
+        needs = NEEDS.match(lines[i - 1]) if i > 0 else None
         j = i + 1
         while j < len(lines) and lines[j].rstrip() != "```":
             j += 1
         reason = skip.group(1).strip() if skip else None
-        out.append((m.group(1), i + 2, "\n".join(lines[i + 1:j]), reason))
+        mods = [n.strip() for n in needs.group(1).split(",") if n.strip()] if needs else []
+        out.append((m.group(1), i + 2, "\n".join(lines[i + 1:j]), reason, mods))
         i = j + 1
     return out
 
@@ -55,7 +62,7 @@ def cases(lang):
 
 def test_skip_markers_give_reasons():
     for path in DOCS:
-        for lang, line, _, reason in blocks(path):
+        for lang, line, _, reason, _ in blocks(path):
             assert reason is None or reason, f"{path}:{line}: 'not run:' without a reason"
 
 
@@ -67,13 +74,17 @@ def test_documentation_has_examples():
 
 @pytest.mark.parametrize("path,bs", cases("python"))
 def test_python_blocks(path, bs, tmp_path):
-    runnable = [(line, code) for _, line, code, reason in bs if reason is None]
+    runnable = [(line, code, mods) for _, line, code, reason, mods in bs if reason is None]
     name = path.relative_to(REPO)
     script = textwrap.dedent(f"""\
-        import sys, traceback
+        import importlib.util, sys, traceback
         blocks = {runnable!r}
         ns = {{"__name__": "__main__"}}
-        for line, code in blocks:
+        for line, code, mods in blocks:
+            missing = [m for m in mods if importlib.util.find_spec(m) is None]
+            if missing:
+                print(f"{name}:{{line}}: left out here: needs {{', '.join(missing)}}")
+                break  # later blocks may use what this one defines
             try:
                 exec(compile("\\n" * (line - 1) + code, {str(name)!r}, "exec"), ns)
             except Exception:
@@ -95,9 +106,9 @@ def test_python_blocks(path, bs, tmp_path):
 def test_c_blocks(path, bs, tmp_path):
     lib = Path(os.environ["SYMRED_LIB"])
     libdir = lib if lib.is_dir() else lib.parent
-    programs = [(line, code) for _, line, code, reason in bs
+    programs = [(line, code) for _, line, code, reason, _ in bs
                 if reason is None and re.search(r"\bint\s+main\s*\(", code)]
-    fragments = [line for _, line, code, reason in bs
+    fragments = [line for _, line, code, reason, _ in bs
                  if reason is None and not re.search(r"\bint\s+main\s*\(", code)]
     assert not fragments, (f"{path}: C blocks at lines {fragments} have no main and no "
                            "'<!-- not run: REASON -->' marker")
