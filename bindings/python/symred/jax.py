@@ -448,7 +448,8 @@ class Genred(_genred.Genred):
         """Runs the reduction on jax arrays given in alias-index order (leading batch
         dimensions as :class:`symred.Genred`: one call)."""
         device = self._jax_device(backend)
-        self._unsupported(out)
+        if out is not None:
+            raise ValueError("out= is not supported by symred.jax: jax arrays are immutable")
         args = [jnp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
         full = self._batch_shape(args)
         if full is not None:
