@@ -96,9 +96,12 @@ static sr_status jit_prepare(sr_kernel *k)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     /* the kernel's own choice wins over SYMRED_ACC (sr_acc is enum jit_acc plus one) */
     jk->acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
-    /* High-dimensional inner products go to BLIS when the planner says so (src/cpu/gemm.c);
-     * SR_ENOTSUP means the direct strategy. */
-    sr_status sg = cpu_gemm_prepare(k, jk->acc);
+    /* Wide outputs go to the fused two-product strategy (src/cpu/fused.c), high-dimensional
+     * inner products to the gemm-epilogue when the planner says so (src/cpu/gemm.c); SR_ENOTSUP
+     * means the next strategy, the direct one last. */
+    sr_status sg = cpu_fused_prepare(k, jk->acc);
+    if (sg == SR_ENOTSUP)
+        sg = cpu_gemm_prepare(k, jk->acc);
     if (sg != SR_ENOTSUP) {
         free(jk);
         return sg;
