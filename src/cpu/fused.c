@@ -189,11 +189,14 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
         fk->gemm = 1;
         fk->dim = S->child[0]->dim;
     }
-    /* Tiles: a 14-row panel multiple of rows and a reduced tile that keep the tile of F, its
-     * packed copy and the rows' block of the output in L2 (docs/wide.md). */
+    /* Tiles: a multiple of the AVX-512 micro-kernel's 14 rows, and 256 reduced indices (one K
+     * block of BLIS's zen3 sgemm, one of ours). Measured under load on this 2-core AVX2 VM with
+     * BLIS (docs/wide.md): the Gaussian with R = 256 ran at 1.3-1.6x K @ B with tj = 512 and
+     * 1.0-1.1x with 448 x 256; BLIS's small shapes (112 rows, K = 64) ran at 16 GFLOP/s where
+     * 448 rows reached 21-26. */
     int64_t lim = ctx->mem_limit;
-    fk->ti = 112;
-    fk->tj = fk->gemm ? 256 : 512;
+    fk->ti = 448;
+    fk->tj = 256;
     if (kern == KERN_AVX512 && fk->tj > cpu_avx512_kc_max(k->dtype == SR_F64))
         fk->tj = (int)cpu_avx512_kc_max(k->dtype == SR_F64); /* one K block per tile */
     for (;;) {
@@ -390,6 +393,7 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
     for (int64_t o = 0; o < no; o++) {
         if (k->dtype == SR_F64) {
             double *F = (double *)w->F + o * nj, tm = -INFINITY;
+#pragma omp simd reduction(max : tm)
             for (int64_t c = 0; c < nj; c++)
                 tm = F[c] > tm ? F[c] : tm; /* NaN passes: it reaches the sums through exp */
             double mn = tm > w->m[o] ? tm : w->m[o];
@@ -409,6 +413,7 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
             w->s[o] += ts;
         } else {
             float *F = (float *)w->F + o * nj, tm = -INFINITY;
+#pragma omp simd reduction(max : tm) /* a NaN never wins, as in the loop above */
             for (int64_t c = 0; c < nj; c++)
                 tm = F[c] > tm ? F[c] : tm;
             float mo = (float)w->m[o], mn = tm > mo ? tm : mo;
