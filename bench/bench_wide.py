@@ -71,7 +71,8 @@ def main():
                     help="N:D pairs of the attention job (N = M), empty for none")
     ap.add_argument("--threads", type=int, default=0, help="0: all cores")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--json", default=str(HERE / "results" / "wide.jsonl"))
+    ap.add_argument("--json", default=str(HERE.parent / "docs" / "wide" / "records.jsonl"),
+                    help="append the record here (docs/wide.md is made from these); empty: none")
     a = ap.parse_args()
     threads = a.threads or os.cpu_count() or 1
     os.environ["SYMRED_NUM_THREADS"] = str(threads)  # read when the context is created

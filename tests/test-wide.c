@@ -163,7 +163,7 @@ static bool expect_fused(const struct wcase *c)
     bool ssmw = c->form == SSMW || c->form == SSMW3;
     if (!have_gemm || (c->dt == SR_F32 && getenv("SYMRED_ACC")))
         return false;
-    return c->R >= (ssmw ? 4 : 8) || c->R + (ssmw ? 1 : 0) > 64;
+    return ssmw || c->R >= 4;
 }
 
 static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
@@ -183,7 +183,7 @@ static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
     bool fused = strstr(ex, "strategy: fused two-product") != NULL;
     if (expect_fused(c))
         cr_assert(fused, "expected the fused two-product strategy:\n%s", ex);
-    else if (c->R < 4)
+    else
         cr_assert(!fused, "expected the direct strategy:\n%s", ex);
     /* Never the reference because of width while a compiler is there. */
     cr_assert(strstr(ex, "backend: cpu-jit"), "expected the CPU JIT:\n%s", ex);
@@ -321,4 +321,20 @@ Test(wide, budget_too_small)
     cr_assert_null(k);
     cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
     run_case(&c);
+}
+
+/* A wide formula that is no fused two-product and too wide for the direct strategy runs on the
+ * reference interpreter, and explain says why. */
+Test(wide, reference_says_why)
+{
+    sr_expr *x = sr_vi(ctx, 0, 3), *y = sr_vj(ctx, 1, 3), *b = sr_vj(ctx, 2, 100);
+    sr_expr *f = sr_add(ctx, sr_mul(ctx, b, sr_exp(ctx, sr_neg(ctx, sr_sqdist(ctx, x, y)))), b);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    const char *ex = sr_kernel_explain(k);
+    cr_assert(strstr(ex, "backend: reference") &&
+                  strstr(ex, "why this backend: formula too large for the direct strategy"),
+              "%s", ex);
+    sr_kernel_free(k);
 }

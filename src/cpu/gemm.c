@@ -253,16 +253,18 @@ static int choose_kernel(int asked)
     return blis_ready(&why) ? KERN_BLIS : -1;
 }
 
+static const char *const blis_modes[] = {"auto", "on", "off"};
+
 sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern)
 {
-    int asked;
+    int asked, mode;
     sr_status st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
     if (st == SR_OK)
-        *kern = choose_kernel(asked);
+        st = sr__env_choice(ctx, "SYMRED_BLIS", blis_modes, 3, 0, &mode);
+    if (st == SR_OK)
+        *kern = mode == 2 ? -1 : choose_kernel(asked);
     return st;
 }
-
-static const char *const blis_modes[] = {"auto", "on", "off"};
 static const char *const refine_modes[] = {"on", "off"};
 
 /* The selections whose candidates are ranked again: the K-min family of a scalar F, which
