@@ -233,6 +233,9 @@ struct sr_kernel {
     struct expr_var *vars; /* [nargs]; dim 0 = unused index */
     const struct sr_backend_i *backend;
     void *backend_data;
+    /* Why the kernel runs on a fallback (the reference interpreter while the JIT was asked
+     * for): a static string that explain prints, NULL otherwise. */
+    const char *fallback_why;
     char *explain;
     struct sr_simp_info simp;
 };

@@ -157,6 +157,8 @@ static void build_explain(sr_kernel *k)
             expr_buf_printf(&b, " [%d] unused", v);
     }
     expr_buf_printf(&b, "\ndevice: %s\nbackend: %s\n", device_names[k->device], k->backend->name);
+    if (k->fallback_why)
+        expr_buf_printf(&b, "why this backend: %s\n", k->fallback_why);
     if (k->backend->explain)
         k->backend->explain(k, &b);
     sr__budget_explain(k, &b);

@@ -245,6 +245,13 @@ int64_t cpu_avx512_pack_b_bytes(int64_t n, int64_t K, int f64);
 void cpu_avx512_pack_a(int f64, int64_t m, int64_t K, const void *A, void *Ap);
 void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *B,
                      void *Bp, void *C, int64_t ldc);
+/* C (m x n, row stride ldc) = (acc ? C : 0) + A V, A packed by cpu_avx512_pack_a (m x K) and
+ * V (K x n) row-major with row stride ldv: the fused two-product's second product (a tile of F
+ * times a tile of B). Bp as for cpu_avx512_gemm, cpu_avx512_pack_b_bytes(n, K) bytes. */
+void cpu_avx512_gemm_kn(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *V,
+                        int64_t ldv, void *Bp, void *C, int64_t ldc, int acc);
+/* P[c] = exp(F[c] - m) (0 where F[c] is -inf) for c < n, P may be F; returns the sum of P. */
+double cpu_avx512_expsum_f32(const float *F, float *P, int64_t n, float m);
 /* The blocking the gemm uses for K (micro-kernel, K blocks, L2 size), for explain; the largest
  * K it computes in one block on this CPU (from its L2 size). */
 void cpu_avx512_describe(int f64, int64_t K, char *buf, size_t size);
@@ -261,6 +268,33 @@ sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
  * chosen, appended to explain (nothing otherwise). */
 void cpu_gemm_explain_direct(const struct sr_kernel *k, struct expr_buf *b);
 extern const struct sr_backend_i cpu_gemm_backend;
+/* The inner product of an output-axis variable (argument *va) and a reduced-axis variable (*vb)
+ * through which F and the weight of k depend on the pair, if there is exactly one; NULL
+ * otherwise. *epi: the cost model's flops per pair of the other pair nodes. */
+const sr_expr *cpu_gemm_find_node(const struct sr_kernel *k, int *va, int *vb, double *epi);
+
+/* BLIS, loaded at first use (gemm.c): whether it can be used (else why), the sub-configuration
+ * it picked, and C (m x n, row stride ldc) = A B (+ C when beta), A and B with row and column
+ * strides, single-threaded. Call cpu_blis_gemm only after cpu_blis_usable said yes. */
+bool cpu_blis_usable(const char **why);
+const char *cpu_blis_arch(void);
+void cpu_blis_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *A, int64_t rsa,
+                   int64_t csa, const void *B, int64_t rsb, int64_t csb, int beta, void *C,
+                   int64_t ldc);
+
+/* The tile gemm that SYMRED_GEMM_KERNEL (auto|avx512|blis, read from ctx) picks on this
+ * machine: 0 symred's AVX-512 one, 1 BLIS, -1 none or SYMRED_BLIS=off (the direct strategy
+ * only). SR_EINVAL for a malformed variable. */
+sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern);
+
+/* ---- the fused two-product strategy of the CPU JIT (src/cpu/fused.c) ---- */
+
+/* Plans kernel k (accumulation acc, enum jit_acc) for the fused two-product strategy: a Sum of
+ * F * B, or a SumSoftMaxWeight of F with weight B, F scalar and B a variable of the reduced axis
+ * wide enough that the product beats the direct strategy (or too wide for it). On SR_OK
+ * k->backend is cpu_fused_backend; SR_ENOTSUP: not applicable; other errors are final. */
+sr_status cpu_fused_prepare(struct sr_kernel *k, int acc);
+extern const struct sr_backend_i cpu_fused_backend;
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 

@@ -325,6 +325,23 @@ AVX512 static void block(int f64, int64_t kc, const char *a, const char *b, char
         memcpy(c + r * ldc * es, scratch + r * nr * es, (size_t)(cols * es));
 }
 
+/* The micro-panels of one packed chunk of B (nj rows) against the MR-row panels of the packed
+ * A block, MC rows of A at a time; C points at the chunk's first column. */
+AVX512 static void chunk(int f64, int64_t m, int64_t nj, int64_t kc, const char *ablock,
+                         const char *bp, char *C, int64_t ldc, int acc, char *scratch)
+{
+    const int nr = nr_of(f64);
+    const int64_t es = f64 ? 8 : 4;
+    for (int64_t i0 = 0; i0 < m; i0 += MC)
+        for (int64_t j = 0; j < nj; j += nr)
+            for (int64_t i = i0; i < m && i < i0 + MC; i += MR) {
+                const int rows = m - i < MR ? (int)(m - i) : MR;
+                const int cols = nj - j < nr ? (int)(nj - j) : nr;
+                block(f64, kc, ablock + i * kc * es, bp + j * kc * es, C + (i * ldc + j) * es, ldc,
+                      acc, rows, cols, scratch);
+            }
+}
+
 /* Loop order per K block: chunks of NC rows of B (packed, kept in L2), chunks of MC rows of A
  * (packed once by the caller, from L3 into L2), then the micro-panels: each B micro-panel against
  * the chunk's MR-row panels of A. */
@@ -347,17 +364,82 @@ void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, c
                 pack_f64((const double *)Bj, nj, K, k0, kc, nr, (double *)bp);
             else
                 pack_b_f32((const float *)Bj, nj, K, k0, kc, (float *)bp);
-            for (int64_t i0 = 0; i0 < m; i0 += MC)
-                for (int64_t j = 0; j < nj; j += nr)
-                    for (int64_t i = i0; i < m && i < i0 + MC; i += MR) {
-                        const int rows = m - i < MR ? (int)(m - i) : MR;
-                        const int cols = nj - j < nr ? (int)(nj - j) : nr;
-                        block(f64, kc, ablock + i * kc * es, bp + j * kc * es,
-                              (char *)C + (i * ldc + j0 + j) * es, ldc, acc, rows, cols, scratch);
-                    }
+            chunk(f64, m, nj, kc, ablock, bp, (char *)C + j0 * es, ldc, acc, scratch);
         }
         ablock += mp * kc * es;
     }
+}
+
+/* Packs rows [k0, k0 + kc) x columns [j0, j0 + nj) of V (row stride ldv) into panels of nr
+ * columns, each kc x nr with the nr values of one k contiguous: row segments of V copied as they
+ * are, zero-padded past nj. */
+static void pack_kn(int f64, const char *V, int64_t ldv, int64_t k0, int64_t kc, int64_t j0,
+                    int64_t nj, char *dst)
+{
+    const int nr = nr_of(f64);
+    const int64_t es = f64 ? 8 : 4;
+    for (int64_t q = 0; q < nj; q += nr, dst += kc * nr * es) {
+        const int64_t w = nj - q < nr ? nj - q : nr;
+        for (int64_t k = 0; k < kc; k++) {
+            char *d = dst + k * nr * es;
+            memcpy(d, V + ((k0 + k) * ldv + j0 + q) * es, (size_t)(w * es));
+            if (w < nr)
+                memset(d + w * es, 0, (size_t)((nr - w) * es));
+        }
+    }
+}
+
+void cpu_avx512_gemm_kn(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *V,
+                        int64_t ldv, void *Bp, void *C, int64_t ldc, int acc)
+{
+    const int nr = nr_of(f64);
+    const int64_t es = f64 ? 8 : 4, mp = round_up(m, MR), kb = kc_of(K, f64);
+    const char *ablock = align64((void *)Ap);
+    char *bp = align64(Bp), *scratch = bp + round_up(n < NC ? n : NC, nr) * kb * es;
+    for (int64_t i = 0; K == 0 && !acc && i < m; i++)
+        memset((char *)C + i * ldc * es, 0, (size_t)(n * es)); /* the empty sum */
+    for (int64_t k0 = 0; k0 < K; k0 += kb) {
+        const int64_t kc = K - k0 < kb ? K - k0 : kb;
+        for (int64_t j0 = 0; j0 < n; j0 += NC) {
+            const int64_t nj = n - j0 < NC ? n - j0 : NC;
+            pack_kn(f64, V, ldv, k0, kc, j0, nj, bp);
+            chunk(f64, m, nj, kc, ablock, bp, (char *)C + j0 * es, ldc, acc || k0 > 0, scratch);
+        }
+        ablock += mp * kc * es;
+    }
+}
+
+/* P[c] = F[c] == -inf ? 0 : exp(F[c] - m), c < n (P may be F); returns the sum of P. exp by
+ * 2^n e^r, n = round(x / ln 2), r = x - n ln 2 in two parts (Cody and Waite), e^r by its Taylor
+ * polynomial of degree 7 (relative error below 1e-8 on |r| <= ln 2 / 2), scaled by vscalefps,
+ * which gives 0 below the smallest subnormal and +inf above the largest float. x is clamped to
+ * [-104, 89] first (NaN passes the clamp: vmaxps returns its second operand when one is NaN). */
+AVX512 double cpu_avx512_expsum_f32(const float *F, float *P, int64_t n, float m)
+{
+    const __m512 vm = _mm512_set1_ps(m), lo = _mm512_set1_ps(-104.0f), hi = _mm512_set1_ps(89.0f);
+    const __m512 l2e = _mm512_set1_ps(1.44269504088896341f), c1 = _mm512_set1_ps(0.693359375f),
+                 c2 = _mm512_set1_ps(-2.12194440e-4f), ninf = _mm512_set1_ps(-__builtin_inff());
+    static const float tc[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
+                                1.0f / 6,    0.5f,       1.0f,       1.0f};
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 k = n - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c)) - 1);
+        const __m512 f = _mm512_maskz_loadu_ps(k, F + c);
+        __m512 x = _mm512_sub_ps(f, vm);
+        x = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+        const __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(x, l2e), _MM_FROUND_TO_NEAREST_INT);
+        __m512 r = _mm512_fnmadd_ps(nn, c1, x);
+        r = _mm512_fnmadd_ps(nn, c2, r);
+        __m512 p = _mm512_set1_ps(tc[0]);
+#pragma GCC unroll 7
+        for (int t = 1; t < 8; t++)
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(tc[t]));
+        p = _mm512_scalef_ps(p, nn);
+        p = _mm512_maskz_mov_ps(k & ~_mm512_cmp_ps_mask(f, ninf, _CMP_EQ_OQ), p);
+        _mm512_mask_storeu_ps(P + c, k, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    return (double)_mm512_reduce_add_ps(sum);
 }
 
 #else
@@ -366,6 +448,19 @@ void cpu_avx512_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, c
                      void *Bp, void *C, int64_t ldc)
 {
     (void)f64, (void)m, (void)n, (void)K, (void)Ap, (void)B, (void)Bp, (void)C, (void)ldc;
+}
+
+void cpu_avx512_gemm_kn(int f64, int64_t m, int64_t n, int64_t K, const void *Ap, const void *V,
+                        int64_t ldv, void *Bp, void *C, int64_t ldc, int acc)
+{
+    (void)f64, (void)m, (void)n, (void)K, (void)Ap, (void)V, (void)ldv, (void)Bp, (void)C,
+        (void)ldc, (void)acc;
+}
+
+double cpu_avx512_expsum_f32(const float *F, float *P, int64_t n, float m)
+{
+    (void)F, (void)P, (void)n, (void)m;
+    return 0;
 }
 
 #endif

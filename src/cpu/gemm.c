@@ -121,6 +121,28 @@ static bool blis_ready(const char **why)
     return blis.handle != NULL;
 }
 
+bool cpu_blis_usable(const char **why)
+{
+    const char *w;
+    return blis_ready(why ? why : &w);
+}
+
+const char *cpu_blis_arch(void) { return blis.arch; }
+
+void cpu_blis_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *A, int64_t rsa,
+                   int64_t csa, const void *B, int64_t rsb, int64_t csb, int beta, void *C,
+                   int64_t ldc)
+{
+    static const float onef = 1, zerof = 0;
+    static const double oned = 1, zerod = 0;
+    if (f64)
+        blis.dgemm(0, 0, m, n, K, &oned, A, rsa, csa, B, rsb, csb, beta ? &oned : &zerod, C, ldc,
+                   1);
+    else
+        blis.sgemm(0, 0, m, n, K, &onef, A, rsa, csa, B, rsb, csb, beta ? &onef : &zerof, C, ldc,
+                   1);
+}
+
 /* ---- planning ------------------------------------------------------------------------------ */
 
 struct gemm_kernel {
@@ -148,10 +170,8 @@ struct gemm_kernel {
 enum { KERN_AVX512, KERN_BLIS };
 static const char *const kern_modes[] = {"auto", "avx512", "blis"};
 
-/* The inner product of an output-axis variable and a reduced-axis variable through which F (and
- * the weight) depend on the pair, if there is exactly one; NULL otherwise. *epi gets the cost
- * model's flops per pair of the other pair nodes: the epilogue's work. */
-static const sr_expr *find_gemm_node(const sr_kernel *k, int *va, int *vb, double *epi)
+/* *epi counts the epilogue's work (cpu.h). */
+const sr_expr *cpu_gemm_find_node(const sr_kernel *k, int *va, int *vb, double *epi)
 {
     unsigned outer = k->axis == 1 ? DEP_I : DEP_J, inner = k->axis == 1 ? DEP_J : DEP_I;
     const sr_expr *roots[2] = {k->f, k->weight}, *S = NULL;
@@ -234,6 +254,17 @@ static int choose_kernel(int asked)
 }
 
 static const char *const blis_modes[] = {"auto", "on", "off"};
+
+sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern)
+{
+    int asked, mode;
+    sr_status st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
+    if (st == SR_OK)
+        st = sr__env_choice(ctx, "SYMRED_BLIS", blis_modes, 3, 0, &mode);
+    if (st == SR_OK)
+        *kern = mode == 2 ? -1 : choose_kernel(asked);
+    return st;
+}
 static const char *const refine_modes[] = {"on", "off"};
 
 /* The selections whose candidates are ranked again: the K-min family of a scalar F, which
@@ -319,7 +350,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
         return st;
     int va = -1, vb = -1;
     double epi = 0;
-    const sr_expr *S = mode == 2 ? NULL : find_gemm_node(k, &va, &vb, &epi);
+    const sr_expr *S = mode == 2 ? NULL : cpu_gemm_find_node(k, &va, &vb, &epi);
     if (!S)
         return SR_ENOTSUP;
     int dim = S->child[0]->dim;
@@ -856,7 +887,7 @@ void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)
 {
     int va, vb, mode = 0;
     double epi;
-    const sr_expr *S = find_gemm_node(k, &va, &vb, &epi);
+    const sr_expr *S = cpu_gemm_find_node(k, &va, &vb, &epi);
     if (!S)
         return; /* no single inner product: nothing to say */
     const char *env = getenv("SYMRED_BLIS"), *kern = getenv("SYMRED_GEMM_KERNEL"), *why = NULL;

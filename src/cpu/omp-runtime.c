@@ -67,14 +67,18 @@ const struct jit_module *cpu_jit_module(const sr_kernel *k, int64_t *per_thread)
     return jk->m;
 }
 
-static sr_status fall_back(sr_kernel *k, const char *why)
+/* Runs k on the reference interpreter; why (a static string) goes to explain, detail (NULL:
+ * why) to the log. */
+static sr_status fall_back(sr_kernel *k, const char *why, const char *detail)
 {
     struct jit_ctx *jc = jit_ctx_of(k->ctx);
     if (k->ctx->log_level >= 1 && jc && !jc->logged_fallback) {
-        fprintf(stderr, "symred: CPU JIT unavailable (%s); using the reference backend\n", why);
+        fprintf(stderr, "symred: CPU JIT unavailable (%s); using the reference backend\n",
+                detail ? detail : why);
         jc->logged_fallback = true;
     }
     k->backend = &cpu_reference_backend;
+    k->fallback_why = why;
     return k->backend->prepare ? k->backend->prepare(k) : SR_OK;
 }
 
@@ -90,15 +94,18 @@ static sr_status jit_prepare(sr_kernel *k)
     if (st0 != SR_OK)
         return st0;
     if (jc->no_compiler)
-        return fall_back(k, "no C compiler");
+        return fall_back(k, "no C compiler", NULL);
     struct jit_kernel *jk = calloc(1, sizeof *jk);
     if (!jk)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     /* the kernel's own choice wins over SYMRED_ACC (sr_acc is enum jit_acc plus one) */
     jk->acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
-    /* High-dimensional inner products go to BLIS when the planner says so (src/cpu/gemm.c);
-     * SR_ENOTSUP means the direct strategy. */
-    sr_status sg = cpu_gemm_prepare(k, jk->acc);
+    /* Wide outputs go to the fused two-product strategy (src/cpu/fused.c), high-dimensional
+     * inner products to the gemm-epilogue when the planner says so (src/cpu/gemm.c); SR_ENOTSUP
+     * means the next strategy, the direct one last. */
+    sr_status sg = cpu_fused_prepare(k, jk->acc);
+    if (sg == SR_ENOTSUP)
+        sg = cpu_gemm_prepare(k, jk->acc);
     if (sg != SR_ENOTSUP) {
         free(jk);
         return sg;
@@ -113,7 +120,11 @@ static sr_status jit_prepare(sr_kernel *k)
         free(src.data);
         free(jk);
         if (st == SR_ENOTSUP)
-            return fall_back(k, "formula too large for the direct strategy");
+            return fall_back(k,
+                             "formula too large for the direct strategy (more than 1024 "
+                             "scalar statements or 64 values of F and weight per pair) and "
+                             "not a fused two-product (docs/wide.md)",
+                             NULL);
         return sr__error(ctx, st, "CPU JIT: cannot emit the kernel source");
     }
     if (ctx->mem_limit > 0 && jk->plan.workspace_bytes > ctx->mem_limit) {
@@ -130,9 +141,10 @@ static sr_status jit_prepare(sr_kernel *k)
     free(src.data);
     if (st == SR_ENODEV) {
         free(jk);
-        char why[600];
-        sr__error_get(ctx, why, sizeof why);
-        return fall_back(k, why);
+        char detail[600];
+        sr__error_get(ctx, detail, sizeof detail);
+        return fall_back(
+            k, "the C compiler could not be started (SYMRED_CC; SYMRED_LOG=1 says why)", detail);
     }
     if (st != SR_OK) {
         free(jk);

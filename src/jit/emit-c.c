@@ -195,12 +195,14 @@ static void emit_args(struct emitter *E)
  * and pair loop as sr_part_iv (bodytxt is its loop body), storing F where sr_part_iv reduces
  * it. On axis 1 the reduced index is j, so a row of the block is contiguous and sr is the
  * compile-time dim(F) (the simd stores need no scatter); on axis 0 it is the caller's. */
-static void emit_block(struct emitter *E, const char *bodytxt, int ncol, int RB)
+static void emit_block(struct emitter *E, const char *bodytxt, int ncol, int RB, int gemm_arg)
 {
     const struct sr_kernel *k = E->k;
     P("int sr_block(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, "
       "void *out_, int64_t so, int64_t sr)\n{\n    sr_t *restrict out = out_;\n");
     emit_args(E);
+    if (E->gemm) /* the tile of inner products of rows [o0, o1) x [r0, r1), as in sr_part_iv */
+        P("    const sr_t *restrict sr_gt = args[%d];\n", gemm_arg);
     if (k->axis == 1)
         P("    (void)sr;\n");
     emit_scope(E, PL_UNIFORM);
@@ -210,8 +212,9 @@ static void emit_block(struct emitter *E, const char *bodytxt, int ncol, int RB)
     P("      for (int64_t rt = r0; rt < r1; rt += SR_TJ) {\n");
     P("        const int nj = (int)(r1 - rt < SR_TJ ? r1 - rt : SR_TJ);\n");
     if (ncol > 0) {
-        P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n"
-          "        const int64_t r = rt + jj;\n");
+        P("%s        for (int jj = 0; jj < nj; jj++) {\n"
+          "        const int64_t r = rt + jj;\n",
+          E->gemm ? "" : "#pragma omp simd\n");
         emit_inner(E);
         P("        }\n");
     }
@@ -626,8 +629,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         }
     }
     P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
-    if (!E->gemm)
-        emit_block(E, bodytxt, ncol, RB);
+    emit_block(E, bodytxt, ncol, RB, E->gemm ? plan->gemm_arg : 0);
     free(body.data);
     P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
       "*state_)\n{\n    const int64_t iv[2] = {r0, r1};\n"

@@ -28,8 +28,9 @@
  *   int  sr_block(o0, o1, r0, r1, args, out, so, sr)
  *        F's values (not reduced) on output rows [o0, o1) x reduced indices [r0, r1): component
  *        c of (o, r) goes to ((T *)out)[(o - o0) * so + (r - r0) * sr + c] (on axis 1 sr must be
- *        dim(F)); nonzero when out of memory. sr_kernel_eval_block's generated path. Only in
- *        direct-strategy modules (absent from gemm-epilogue ones: jit_module.block is NULL).
+ *        dim(F)); nonzero when out of memory. sr_kernel_eval_block's generated path, and the
+ *        fused two-product's tile of F (src/cpu/fused.c). In a gemm-epilogue module it reads the
+ *        inner products from the tile args[gemm_arg] of rows [o0, o1) x [r0, r1), as sr_part_iv.
  * "o" is the output axis (i for axis 1, j for axis 0) and "r" the reduced one. The generated
  * code has no OpenMP runtime dependency (only `omp simd`, -fopenmp-simd); threads are the
  * library's business (omp-runtime.c).
@@ -134,7 +135,7 @@ struct jit_module {
     jit_merge_fn merge;
     jit_final_fn final;
     jit_run_fn run;
-    jit_block_fn block; /* NULL in gemm-epilogue modules */
+    jit_block_fn block;
     int64_t state_bytes;
     int64_t workspace_bytes; /* per thread: the tile and a block of row states */
     int64_t rows_per_block;

@@ -1,0 +1,340 @@
+/*
+ * test-wide.c — the fused two-product strategy (src/cpu/fused.c) against the reference
+ * interpreter: wide outputs, Sum of F * B and SumSoftMaxWeight of F with weight B, F scalar.
+ *
+ * Widths 1, 2, 15, 16, 17, 63, 64, 65, 255 and 1100 (below the crossover the direct strategy
+ * runs and must agree too; past 64 values per pair the direct strategy cannot take the formula,
+ * which used to mean the reference); F by generated code per pair (a Gaussian, D = 3) and from a
+ * tile of inner products (D = 64, attention); float32 and float64; both axes; sizes 0, 1, primes
+ * and sizes that no tile divides; NaN and infinities in F's inputs and in B; block-sparse ranges;
+ * a memory budget that shrinks the tiles, and one that nothing fits (SR_EBUDGET). Every case runs
+ * twice, the second time with SYMRED_GEMM_KERNEL=blis (suite wide_blis), so both products' gemms
+ * stay tested on an AVX-512 machine; explain must name the strategy where a gemm is available.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "symred.h"
+#include "util.h"
+
+static sr_ctx *ctx;
+static bool have_gemm;
+
+static void setup(void)
+{
+    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    unsetenv("SYMRED_GEMM_KERNEL");
+    unsetenv("SYMRED_MEM_LIMIT");
+    unsetenv("SYMRED_NUM_THREADS");
+    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    have_gemm = cpu_avx512_usable() || (h != NULL && !getenv("BLIS_ARCH_TYPE"));
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+}
+static void setup_blis(void)
+{
+    setenv("SYMRED_GEMM_KERNEL", "blis", 1);
+    setup();
+    setenv("SYMRED_GEMM_KERNEL", "blis", 1);
+    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    have_gemm = h != NULL && !getenv("BLIS_ARCH_TYPE");
+}
+static void teardown(void)
+{
+    sr_ctx_free(ctx);
+    unsetenv("SYMRED_GEMM_KERNEL");
+}
+TestSuite(wide, .init = setup, .fini = teardown);
+TestSuite(wide_blis, .init = setup_blis, .fini = teardown);
+
+enum form {
+    GAUSS,  /* Sum of Exp(-SqDist(x, y) g) b: F per pair, D = 3 */
+    DOTEXP, /* Sum of Exp((x|y) g) b: F from inner products, D = 64 */
+    SSMW,   /* SumSoftMaxWeight of (x|y) g with weight b, D = 64 */
+    SSMW3   /* SumSoftMaxWeight of -SqDist(x, y) g with weight b, D = 3 */
+};
+
+enum special { NONE, NAN_F, INF_F, NAN_B, INF_B };
+
+struct wcase {
+    enum form form;
+    int R, axis;
+    int64_t nx, ny;
+    sr_dtype dt;
+    enum special sp;
+};
+
+static int dim_of(enum form f) { return f == GAUSS || f == SSMW3 ? 3 : 64; }
+
+/* The formula of c: x (arg 0), y (arg 1) of dimension D, b (arg 2) of width R on the reduced
+ * axis, g (arg 3) a parameter. */
+static sr_expr *formula(const struct wcase *c, sr_expr **weight)
+{
+    int D = dim_of(c->form);
+    bool ax1 = c->axis == 1;
+    sr_expr *x = sr_vi(ctx, 0, D), *y = sr_vj(ctx, 1, D);
+    sr_expr *b = ax1 ? sr_vj(ctx, 2, c->R) : sr_vi(ctx, 2, c->R), *g = sr_pm(ctx, 3, 1);
+    *weight = NULL;
+    switch (c->form) {
+    case GAUSS:
+        return sr_mul(ctx, sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, sr_sqdist(ctx, x, y), g))), b);
+    case DOTEXP:
+        return sr_mul(ctx, b, sr_exp(ctx, sr_mul(ctx, sr_scalprod(ctx, x, y), g)));
+    case SSMW:
+        *weight = b;
+        return sr_mul(ctx, sr_scalprod(ctx, x, y), g);
+    default:
+        *weight = b;
+        return sr_neg(ctx, sr_mul(ctx, sr_sqdist(ctx, x, y), g));
+    }
+}
+
+static void *fill(sr_dtype dt, int64_t n, double lo, double hi, uint64_t *s)
+{
+    void *p = malloc((dt == SR_F64 ? 8 : 4) * (size_t)(n > 0 ? n : 1));
+    tu_fill(p, dt, n, lo, hi, s);
+    return p;
+}
+
+static void poke(void *p, sr_dtype dt, int64_t at, double v)
+{
+    if (dt == SR_F64)
+        ((double *)p)[at] = v;
+    else
+        ((float *)p)[at] = (float)v;
+}
+
+/* Runs kernel kg (fused or direct, as planned) and the reference kr on the inputs of c, with
+ * ranges when rg is not NULL, and compares every output. */
+static void compare(const struct wcase *c, sr_kernel *kg, sr_kernel *kr, const sr_ranges *rg)
+{
+    int D = dim_of(c->form);
+    uint64_t s = 99 + (uint64_t)c->R * 31 + (uint64_t)c->nx * 7 + (uint64_t)c->ny;
+    int64_t nb = c->axis == 1 ? c->ny : c->nx; /* B's rows: the reduced axis */
+    /* Inner products of D = 64 values in [-0.3, 0.3] stay within a few units: exp is tame. */
+    double amp = D == 3 ? 1.0 : 0.3;
+    void *x = fill(c->dt, c->nx * D, -amp, amp, &s), *y = fill(c->dt, c->ny * D, -amp, amp, &s);
+    void *b = fill(c->dt, nb * c->R, 0.0, 1.0, &s);
+    if (c->sp == NAN_F && c->nx > 2)
+        poke(x, c->dt, 2 * D, NAN);
+    if (c->sp == INF_F && c->ny > 3)
+        poke(y, c->dt, 3 * D + 1, INFINITY);
+    if (c->sp == NAN_B && nb > 1)
+        poke(b, c->dt, 1 * c->R + c->R / 2, NAN);
+    if (c->sp == INF_B && nb > 2)
+        poke(b, c->dt, 2 * c->R, -INFINITY);
+    double g64 = D == 3 ? 2.0 : 0.5;
+    float g32 = (float)g64;
+    const void *args[4] = {x, y, b, c->dt == SR_F64 ? (const void *)&g64 : (const void *)&g32};
+    int64_t nout = c->axis == 1 ? c->nx : c->ny;
+    int od = sr_kernel_out_dim(kg);
+    cr_assert_eq(od, c->R);
+    size_t esz = c->dt == SR_F64 ? 8 : 4;
+    void *o1 = calloc((size_t)(nout * od + 1), esz), *o2 = calloc((size_t)(nout * od + 1), esz);
+    sr_run_desc r1 = {c->nx, c->ny, 4, args, o1, NULL}, r2 = {c->nx, c->ny, 4, args, o2, NULL};
+    cr_assert_eq(sr_kernel_run_ranges(kg, &r1, rg), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run_ranges(kr, &r2, rg), SR_OK, "%s", sr_ctx_error(ctx));
+    double rtol = c->dt == SR_F64 ? 1e-11 : 3e-5;
+    for (int64_t t = 0; t < nout * od; t++) {
+        double a = c->dt == SR_F64 ? ((double *)o1)[t] : ((float *)o1)[t];
+        double e = c->dt == SR_F64 ? ((double *)o2)[t] : ((float *)o2)[t];
+        cr_assert(tu_close(a, e, rtol, rtol * 1e-3),
+                  "form %d R %d axis %d %lldx%lld dt %d sp %d [row %lld, col %lld]: %.9g, "
+                  "reference %.9g",
+                  c->form, c->R, c->axis, (long long)c->nx, (long long)c->ny, c->dt, c->sp,
+                  (long long)(t / od), (long long)(t % od), a, e);
+    }
+    free(x);
+    free(y);
+    free(b);
+    free(o1);
+    free(o2);
+}
+
+/* Whether the planner should pick the fused strategy for c (src/cpu/fused.c: fused_choose). */
+static bool expect_fused(const struct wcase *c)
+{
+    bool ssmw = c->form == SSMW || c->form == SSMW3;
+    if (!have_gemm || (c->dt == SR_F32 && getenv("SYMRED_ACC")))
+        return false;
+    return ssmw || c->R >= 4;
+}
+
+static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
+{
+    sr_expr *w;
+    sr_expr *f = formula(c, &w);
+    cr_assert_not_null(f, "%s", sr_ctx_error(ctx));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = c->form == SSMW || c->form == SSMW3 ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+    d.axis = c->axis;
+    d.dtype = c->dt;
+    d.weight = w;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, kg), SR_OK, "%s", sr_ctx_error(ctx));
+    d.device = SR_DEVICE_REFERENCE;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, kr), SR_OK, "%s", sr_ctx_error(ctx));
+    const char *ex = sr_kernel_explain(*kg);
+    bool fused = strstr(ex, "strategy: fused two-product") != NULL;
+    if (expect_fused(c))
+        cr_assert(fused, "expected the fused two-product strategy:\n%s", ex);
+    else
+        cr_assert(!fused, "expected the direct strategy:\n%s", ex);
+    /* Never the reference because of width while a compiler is there. */
+    cr_assert(strstr(ex, "backend: cpu-jit"), "expected the CPU JIT:\n%s", ex);
+    if (fused)
+        cr_assert(strstr(ex, "workspace") && strstr(ex, "tiles: "), "%s", ex);
+}
+
+static void run_case(const struct wcase *c)
+{
+    sr_kernel *kg, *kr;
+    kernels(c, &kg, &kr);
+    compare(c, kg, kr, NULL);
+    sr_kernel_free(kg);
+    sr_kernel_free(kr);
+}
+
+#define CASE(name, ...)                                                                            \
+    Test(wide, name)                                                                               \
+    {                                                                                              \
+        struct wcase c = {__VA_ARGS__};                                                            \
+        run_case(&c);                                                                              \
+    }                                                                                              \
+    Test(wide_blis, name)                                                                          \
+    {                                                                                              \
+        struct wcase c = {__VA_ARGS__};                                                            \
+        run_case(&c);                                                                              \
+    }
+
+/* Every width, Gaussian Sum, float32, axis 1, sizes no tile divides. */
+CASE(gauss_r1, GAUSS, 1, 1, 37, 1031, SR_F32, NONE)
+CASE(gauss_r2, GAUSS, 2, 1, 37, 1031, SR_F32, NONE)
+CASE(gauss_r15, GAUSS, 15, 1, 131, 1031, SR_F32, NONE)
+CASE(gauss_r16, GAUSS, 16, 1, 131, 1031, SR_F32, NONE)
+CASE(gauss_r17, GAUSS, 17, 1, 131, 1031, SR_F32, NONE)
+CASE(gauss_r63, GAUSS, 63, 1, 229, 523, SR_F32, NONE)
+CASE(gauss_r64, GAUSS, 64, 1, 229, 523, SR_F32, NONE)
+CASE(gauss_r65, GAUSS, 65, 1, 229, 523, SR_F32, NONE)
+CASE(gauss_r255, GAUSS, 255, 1, 113, 257, SR_F32, NONE)
+CASE(gauss_r1100, GAUSS, 1100, 1, 29, 131, SR_F32, NONE)
+/* float64, axis 0, sizes 0 and 1. */
+CASE(gauss_r17_f64, GAUSS, 17, 1, 131, 1031, SR_F64, NONE)
+CASE(gauss_r1100_f64, GAUSS, 1100, 1, 29, 131, SR_F64, NONE)
+CASE(gauss_r65_axis0, GAUSS, 65, 0, 523, 229, SR_F32, NONE)
+CASE(gauss_r16_axis0_f64, GAUSS, 16, 0, 1031, 131, SR_F64, NONE)
+CASE(gauss_r16_many_rows, GAUSS, 16, 1, 1031, 523, SR_F32, NONE)
+CASE(ssmw_r64_many_rows, SSMW, 64, 1, 1031, 257, SR_F32, NONE)
+CASE(gauss_r64_one, GAUSS, 64, 1, 1, 1, SR_F32, NONE)
+CASE(gauss_r64_one_row, GAUSS, 64, 1, 1, 1031, SR_F32, NONE)
+CASE(gauss_r64_no_rows, GAUSS, 64, 1, 0, 1031, SR_F32, NONE)
+CASE(gauss_r64_no_cols, GAUSS, 64, 1, 131, 0, SR_F32, NONE)
+/* F from a tile of inner products. */
+CASE(dotexp_r16, DOTEXP, 16, 1, 131, 1031, SR_F32, NONE)
+CASE(dotexp_r255_axis0, DOTEXP, 255, 0, 257, 113, SR_F32, NONE)
+CASE(dotexp_r65_f64, DOTEXP, 65, 1, 131, 523, SR_F64, NONE)
+/* SumSoftMaxWeight: attention and a low-dimensional F. */
+CASE(ssmw_r2, SSMW, 2, 1, 37, 1031, SR_F32, NONE)
+CASE(ssmw_r15, SSMW, 15, 1, 131, 1031, SR_F32, NONE)
+CASE(ssmw_r64, SSMW, 64, 1, 229, 1031, SR_F32, NONE)
+CASE(ssmw_r65, SSMW, 65, 1, 229, 523, SR_F32, NONE)
+CASE(ssmw_r255_f64, SSMW, 255, 1, 113, 257, SR_F64, NONE)
+CASE(ssmw_r1100, SSMW, 1100, 1, 29, 131, SR_F32, NONE)
+CASE(ssmw_r64_axis0, SSMW, 64, 0, 523, 229, SR_F32, NONE)
+CASE(ssmw_r17_one, SSMW, 17, 1, 1, 1, SR_F32, NONE)
+CASE(ssmw_r17_no_cols, SSMW, 17, 1, 7, 0, SR_F32, NONE)
+CASE(ssmw3_r63, SSMW3, 63, 1, 131, 1031, SR_F32, NONE)
+CASE(ssmw3_r16_f64_axis0, SSMW3, 16, 0, 1031, 131, SR_F64, NONE)
+/* NaN and infinities in F's inputs and in B. */
+CASE(gauss_nan_f, GAUSS, 16, 1, 37, 257, SR_F32, NAN_F)
+CASE(gauss_inf_f, GAUSS, 16, 1, 37, 257, SR_F32, INF_F)
+CASE(gauss_nan_b, GAUSS, 65, 1, 37, 257, SR_F32, NAN_B)
+CASE(gauss_inf_b, GAUSS, 65, 1, 37, 257, SR_F64, INF_B)
+CASE(ssmw_nan_f, SSMW, 16, 1, 37, 257, SR_F32, NAN_F)
+CASE(ssmw_inf_f, SSMW, 16, 1, 37, 257, SR_F32, INF_F)
+CASE(ssmw_nan_b, SSMW, 64, 1, 37, 257, SR_F32, NAN_B)
+CASE(ssmw3_inf_b, SSMW3, 64, 1, 37, 257, SR_F64, INF_B)
+
+/* Block-sparse ranges: two row blocks over different intervals, rows outside every block. */
+static void ranges_case(const struct wcase *c)
+{
+    sr_kernel *kg, *kr;
+    kernels(c, &kg, &kr);
+    int64_t ri[4] = {3, 40, 50, 120}, sl[2] = {2, 3}, rj[6] = {0, 100, 300, 700, 5, 1000};
+    sr_ranges rg;
+    memset(&rg, 0, sizeof rg);
+    rg.nranges_i = 2;
+    rg.ranges_i = ri;
+    rg.slices_i = sl;
+    rg.nredranges_j = 3;
+    rg.redranges_j = rj;
+    compare(c, kg, kr, &rg);
+    sr_kernel_free(kg);
+    sr_kernel_free(kr);
+}
+
+Test(wide, ranges_sum)
+{
+    struct wcase c = {GAUSS, 33, 1, 131, 1031, SR_F32, NONE};
+    ranges_case(&c);
+}
+Test(wide, ranges_ssmw)
+{
+    struct wcase c = {SSMW, 64, 1, 131, 1031, SR_F32, NONE};
+    ranges_case(&c);
+}
+
+/* A budget the fused strategy's default tiles exceed: smaller tiles, the same results. */
+Test(wide, budget_shrinks_tiles)
+{
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 200 << 10), SR_OK);
+    struct wcase c = {GAUSS, 64, 1, 229, 1031, SR_F32, NONE};
+    sr_kernel *kg, *kr;
+    kernels(&c, &kg, &kr);
+    const char *ex = sr_kernel_explain(kg);
+    if (have_gemm)
+        cr_assert(!strstr(ex, "tiles: 448 output rows x 256 reduced"), "%s", ex);
+    compare(&c, kg, kr, NULL);
+    sr_kernel_free(kg);
+    sr_kernel_free(kr);
+}
+
+/* A budget nothing fits: SR_EBUDGET with a message, never a crash, the context still usable. */
+Test(wide, budget_too_small)
+{
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 2048), SR_OK);
+    struct wcase c = {SSMW, 1100, 1, 29, 131, SR_F32, NONE};
+    sr_expr *w;
+    sr_expr *f = formula(&c, &w);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_SUMSOFTMAXWEIGHT;
+    d.weight = w;
+    sr_kernel *k = NULL;
+    sr_status st = sr_kernel_new(ctx, f, &d, &k);
+    cr_assert_eq(st, SR_EBUDGET, "status %d: %s", st, sr_ctx_error(ctx));
+    cr_assert(strstr(sr_ctx_error(ctx), "budget"), "%s", sr_ctx_error(ctx));
+    cr_assert_null(k);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    run_case(&c);
+}
+
+/* A wide formula that is no fused two-product and too wide for the direct strategy runs on the
+ * reference interpreter, and explain says why. */
+Test(wide, reference_says_why)
+{
+    sr_expr *x = sr_vi(ctx, 0, 3), *y = sr_vj(ctx, 1, 3), *b = sr_vj(ctx, 2, 100);
+    sr_expr *f = sr_add(ctx, sr_mul(ctx, b, sr_exp(ctx, sr_neg(ctx, sr_sqdist(ctx, x, y)))), b);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    const char *ex = sr_kernel_explain(k);
+    cr_assert(strstr(ex, "backend: reference") &&
+                  strstr(ex, "why this backend: formula too large for the direct strategy"),
+              "%s", ex);
+    sr_kernel_free(k);
+}
