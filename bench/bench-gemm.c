@@ -3,7 +3,7 @@
  * so that the crossover (GEMM_MIN_DIM in src/cpu/gemm.c) is visible, plus random-data kNN.
  *
  * Both strategies run the same simplified formula in the same process: the direct one with
- * SYMRED_BLIS=off, the gemm-epilogue one with SYMRED_BLIS=on (the planner's own choice, auto,
+ * SYMRED_GEMM=off, the gemm-epilogue one with SYMRED_GEMM=on (the planner's own choice, auto,
  * is printed too). Two jobs:
  *   matvec: Gaussian kernel mat-vec out_i = sum_j exp(-(|x_i|^2 + |y_j|^2 - 2 <x_i, y_j>) / D) b_j
  *           written with the inner product (so both strategies apply at every D), float32;
@@ -68,7 +68,7 @@ struct run_times {
     double *wall, *peak, *cpu, *cpu_peak;
 };
 
-/* Best of reps runs of the kernel built with SYMRED_BLIS=mode and SYMRED_GEMM_KERNEL=kern;
+/* Best of reps runs of the kernel built with SYMRED_GEMM=mode and SYMRED_GEMM_KERNEL=kern;
  * strategy name in strat. When rt is not NULL, every run's figures go there, and every run sits
  * between two short FMA-peak runs whose mean is its yardstick (the machine is shared: its speed
  * changes from one second to the next, so each run gets its own). */
@@ -76,7 +76,7 @@ static double timed_kern(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const
                          const char *kern, int64_t nx, int64_t ny, const void *const *args,
                          void *out, int reps, char *strat, const struct run_times *rt)
 {
-    setenv("SYMRED_BLIS", mode, 1);
+    setenv("SYMRED_GEMM", mode, 1);
     setenv("SYMRED_GEMM_KERNEL", kern, 1);
     sr_kernel *k;
     if (sr_kernel_new(ctx, f, d, &k) != SR_OK) {
@@ -396,7 +396,7 @@ int main(int argc, char **argv)
 
     if (matvec_only) { /* --dims: the mat-vec table only */
         bench_record_close(&rec);
-        unsetenv("SYMRED_BLIS");
+        unsetenv("SYMRED_GEMM");
         unsetenv("SYMRED_GEMM_KERNEL");
         sr_ctx_free(ctx);
         return 0;
@@ -434,7 +434,7 @@ int main(int argc, char **argv)
             free(idx);
         }
     bench_record_close(&rec);
-    unsetenv("SYMRED_BLIS");
+    unsetenv("SYMRED_GEMM");
     unsetenv("SYMRED_GEMM_KERNEL");
     sr_ctx_free(ctx);
     return 0;

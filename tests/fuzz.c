@@ -609,7 +609,7 @@ static sr_kernel *kernel_of(struct built *b, const sr_expr *f, const sr_expr *w,
                             char *msg, size_t cap)
 {
     set_env("SYMRED_SIMPLIFY", simplify ? "1" : "0");
-    set_env("SYMRED_BLIS", blis);
+    set_env("SYMRED_GEMM", blis);
     sr_kernel_desc d = b->d;
     d.reduction = red;
     d.device = dev;
@@ -621,7 +621,7 @@ static sr_kernel *kernel_of(struct built *b, const sr_expr *f, const sr_expr *w,
     if (*st != SR_OK && msg)
         snprintf(msg, cap, "%s", sr_ctx_error(b->ctx));
     set_env("SYMRED_SIMPLIFY", NULL);
-    set_env("SYMRED_BLIS", NULL);
+    set_env("SYMRED_GEMM", NULL);
     return k;
 }
 

@@ -4,7 +4,7 @@
  * Every reduction the strategy serves (Sum with vector weights, Min, ArgMin, KMin, ArgKMin,
  * LogSumExp, SumSoftMaxWeight), D at and around the threshold (32, 100, 784), both axes, both
  * dtypes, sizes that are not multiples of any tile (1, 7, primes above the tile sizes), a budget
- * that shrinks the tiles, and the direct path when BLIS is switched off (SYMRED_BLIS=off) or
+ * that shrinks the tiles, and the direct path when BLIS is switched off (SYMRED_GEMM=off) or
  * the formula does not qualify. Inputs are multiples of 1/8 in [-1, 1]: inner products and
  * norms are exact in float32, so distances, ties and arg indices match the reference exactly.
  * The tile's gemm is symred's AVX-512 one where the CPU has AVX-512F, else BLIS; every case runs
@@ -34,6 +34,7 @@ static void setup(void)
 {
     setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
     unsetenv("SYMRED_BLIS");
+    unsetenv("SYMRED_GEMM");
     unsetenv("SYMRED_GEMM_KERNEL");
     force_blis = false;
     have_avx512 = cpu_avx512_usable();
@@ -53,6 +54,7 @@ static void teardown(void)
 {
     sr_ctx_free(ctx);
     unsetenv("SYMRED_BLIS");
+    unsetenv("SYMRED_GEMM");
     unsetenv("SYMRED_GEMM_KERNEL");
 }
 TestSuite(gemm, .init = setup, .fini = teardown);
@@ -223,7 +225,7 @@ CASE(at_threshold_gemm, LSE_DOT, SR_LOGSUMEXP, 24, 1, 1, 131, 1031, SR_F32, true
 
 Test(gemm, forced_on_below_threshold)
 {
-    setenv("SYMRED_BLIS", "on", 1);
+    setenv("SYMRED_GEMM", "on", 1);
     struct gcase c = {LSE_DOT, SR_LOGSUMEXP, 7, 1, 1, 61, 1031, SR_F32, true};
     run_case(&c);
 }
@@ -235,6 +237,29 @@ Test(gemm, blis_off_direct)
     run_case(&c);
     struct gcase c2 = {SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 100, 1, 1, 61, 1031, SR_F32, false};
     run_case(&c2);
+}
+
+/* SYMRED_BLIS is the older name of SYMRED_GEMM: it still works, and SYMRED_GEMM wins. */
+Test(gemm, gemm_off_direct_and_older_name)
+{
+    setenv("SYMRED_GEMM", "off", 1);
+    struct gcase c = {KNN, SR_ARGKMIN, 100, 10, 1, 61, 1031, SR_F32, false};
+    run_case(&c);
+    setenv("SYMRED_BLIS", "on", 1);
+    run_case(&c);
+    unsetenv("SYMRED_GEMM");
+    struct gcase on = {LSE_DOT, SR_LOGSUMEXP, 7, 1, 1, 61, 1031, SR_F32, true};
+    run_case(&on);
+}
+
+Test(gemm, gemm_malformed)
+{
+    setenv("SYMRED_GEMM", "sometimes", 1);
+    sr_expr *f = sr_scalprod(ctx, sr_vi(ctx, 0, 64), sr_vj(ctx, 1, 64));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_EINVAL);
+    cr_assert(strstr(sr_ctx_error(ctx), "SYMRED_GEMM=sometimes"), "%s", sr_ctx_error(ctx));
 }
 
 Test(gemm, blis_malformed)
@@ -380,7 +405,7 @@ Test(gemm, selection_near_ties_exact)
     free(y);
 }
 
-/* The ranked selections equal the direct strategy's on F as given (SYMRED_BLIS=off,
+/* The ranked selections equal the direct strategy's on F as given (SYMRED_GEMM=off,
  * SYMRED_SIMPLIFY=0), values and indices bit for bit, ties (grid inputs) by index: KMin_ArgKMin
  * and KMin on both axes, both dtypes, the split of the reduced range (3 rows) and K more than the
  * candidates' margin; Min_ArgMin and ArgMin, which are not ranked (NaN), equal it too here. */
@@ -429,6 +454,7 @@ Test(gemm, selection_equals_direct)
             sr_kernel_free(k);
         }
         unsetenv("SYMRED_BLIS");
+        unsetenv("SYMRED_GEMM");
         unsetenv("SYMRED_SIMPLIFY");
         cr_assert(memcmp(v[0], v[1], (size_t)n * es) == 0, "case %zu: values differ", c);
         for (int64_t t = 0; t < n; t++)

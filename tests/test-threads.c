@@ -190,9 +190,9 @@ Test(threads, jit_kernel_shared)
 Test(threads, gemm_kernel_shared)
 {
     open_fixture(32);
-    setenv("SYMRED_BLIS", "on", 1);
+    setenv("SYMRED_GEMM", "on", 1);
     sr_kernel *k = kernel(ctx, "Exp((x|y) * g) * b", 32, SR_SUM, SR_DEVICE_CPU);
-    unsetenv("SYMRED_BLIS");
+    unsetenv("SYMRED_GEMM");
     if (k->backend != &cpu_gemm_backend) {
         sr_kernel_free(k);
         cr_skip_test("no gemm for the gemm-epilogue path (no AVX-512F and no BLIS)");

@@ -283,7 +283,7 @@ void cpu_blis_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *A, int6
                    int64_t ldc);
 
 /* The tile gemm that SYMRED_GEMM_KERNEL (auto|avx512|blis, read from ctx) picks on this
- * machine: 0 symred's AVX-512 one, 1 BLIS, -1 none or SYMRED_BLIS=off (the direct strategy
+ * machine: 0 symred's AVX-512 one, 1 BLIS, -1 none or SYMRED_GEMM=off (the direct strategy
  * only). SR_EINVAL for a malformed variable. */
 sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern);
 

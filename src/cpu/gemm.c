@@ -21,10 +21,10 @@
  * which needs no BLIS; otherwise, or with SYMRED_GEMM_KERNEL=blis, BLIS.
  *
  * BLIS is loaded with dlopen at first use (behind pthread_once): the library builds and runs
- * without it and then, without AVX-512, uses the direct strategy. SYMRED_BLIS=off forces the direct
- * strategy, SYMRED_BLIS=on uses BLIS whenever the formula allows it (tests), auto (default) when
- * the dimension reaches the measured threshold below. BLIS runs single-threaded inside our OpenMP
- * threads (bli_thread_set_num_threads(1)), so there is no oversubscription.
+ * without it and then, without AVX-512, uses the direct strategy. SYMRED_GEMM=off forces the direct
+ * strategy, SYMRED_GEMM=on uses the gemm path whenever the formula allows it (tests), auto
+ * (default) when the dimension reaches the measured threshold below. BLIS runs single-threaded
+ * inside our OpenMP threads (bli_thread_set_num_threads(1)), so there is no oversubscription.
  *
  * BLIS configuration. Debian's BLIS 0.9.0 picks its sub-configuration from cpuid at bli_init:
  * on Intel AVX-512 VMs `haswell` (where `skx` measured 114 vs 67 GFLOP/s on one thread), on
@@ -155,7 +155,7 @@ struct gemm_kernel {
     int ti, tj;          /* tile: ti output rows x tj reduced indices */
     int64_t per_thread;  /* bytes: inner-product tile, a block of states, packing, module */
     int acc;
-    int mode;  /* SYMRED_BLIS: 0 auto, 1 on, 2 off */
+    int mode;  /* SYMRED_GEMM: 0 auto, 1 on, 2 off */
     int kern;  /* the tile's gemm: KERN_AVX512 or KERN_BLIS */
     int asked; /* SYMRED_GEMM_KERNEL: 0 auto, 1 avx512, 2 blis */
     /* Exact selection (see "ranking the candidates again" below): kc > 0 when m keeps the kc
@@ -253,14 +253,30 @@ static int choose_kernel(int asked)
     return blis_ready(&why) ? KERN_BLIS : -1;
 }
 
-static const char *const blis_modes[] = {"auto", "on", "off"};
+static const char *const gemm_modes[] = {"auto", "on", "off"};
+
+/* The name of the variable that sets the gemm path's mode: SYMRED_GEMM, or the older name
+ * SYMRED_BLIS (kept working, documented as deprecated) when only that one is set. */
+static const char *gemm_mode_var(void)
+{
+    const char *s = getenv("SYMRED_GEMM");
+    if (!(s && *s) && getenv("SYMRED_BLIS") && *getenv("SYMRED_BLIS"))
+        return "SYMRED_BLIS";
+    return "SYMRED_GEMM";
+}
+
+/* *mode: 0 auto, 1 on, 2 off, from SYMRED_GEMM (or SYMRED_BLIS); SR_EINVAL on a bad value. */
+static sr_status gemm_mode(sr_ctx *ctx, int *mode)
+{
+    return sr__env_choice(ctx, gemm_mode_var(), gemm_modes, 3, 0, mode);
+}
 
 sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern)
 {
     int asked, mode;
     sr_status st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
     if (st == SR_OK)
-        st = sr__env_choice(ctx, "SYMRED_BLIS", blis_modes, 3, 0, &mode);
+        st = gemm_mode(ctx, &mode);
     if (st == SR_OK)
         *kern = mode == 2 ? -1 : choose_kernel(asked);
     return st;
@@ -341,7 +357,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
 {
     sr_ctx *ctx = k->ctx;
     int mode, asked, refine;
-    sr_status st = sr__env_choice(ctx, "SYMRED_BLIS", blis_modes, 3, 0, &mode);
+    sr_status st = gemm_mode(ctx, &mode);
     if (st == SR_OK)
         st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
     if (st == SR_OK)
@@ -817,7 +833,7 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
     const struct gemm_kernel *g = k->backend_data;
     char why[128];
     if (g->mode == 1)
-        snprintf(why, sizeof why, "SYMRED_BLIS=on");
+        snprintf(why, sizeof why, "%s=on", gemm_mode_var());
     else
         snprintf(why, sizeof why,
                  "at least %d, the measured crossover above which it beats the direct strategy",
@@ -890,11 +906,12 @@ void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)
     const sr_expr *S = cpu_gemm_find_node(k, &va, &vb, &epi);
     if (!S)
         return; /* no single inner product: nothing to say */
-    const char *env = getenv("SYMRED_BLIS"), *kern = getenv("SYMRED_GEMM_KERNEL"), *why = NULL;
+    const char *var = gemm_mode_var(), *env = getenv(var), *kern = getenv("SYMRED_GEMM_KERNEL"),
+               *why = NULL;
     if (env && strcmp(env, "off") == 0)
         mode = 2;
     if (mode == 2)
-        expr_buf_printf(b, "gemm-epilogue: not used (SYMRED_BLIS=off)\n");
+        expr_buf_printf(b, "gemm-epilogue: not used (%s=off)\n", var);
     else if (S->child[0]->dim < GEMM_MIN_DIM)
         expr_buf_printf(b,
                         "gemm-epilogue: not used: the inner product has dimension %d, below the "

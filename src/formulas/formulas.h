@@ -113,7 +113,7 @@ struct sr_cost {
  * The dimension from which inner products go through the gemm-epilogue path's tiles
  * (src/cpu/gemm.c). The crossover, measured on the 2-core AMD EPYC AVX-512 development VM with
  * BLIS 0.9.0 picking zen3 (2 threads, load average 2-3) with bench/bench-gemm, which
- * runs the same kernel with SYMRED_BLIS=off and =on: a Gaussian mat-vec written with the inner
+ * runs the same kernel with SYMRED_GEMM=off and =on: a Gaussian mat-vec written with the inner
  * product, Exp(-(SqNorm2(x)+SqNorm2(y)-2(x|y))*g)*b, float32, N = M = sqrt(F / 2D), best of 3.
  * Direct / gemm time ratio, F = 2e10 (bench/README.md has the times):
  *     D = 8: 0.49   16: 0.80   24: 1.45   32: 2.58   64: 4.57   256: 4.52   1024: 4.98

@@ -36,8 +36,9 @@ def _cache_dir():
 
 
 def _blis():
-    if os.environ.get("SYMRED_BLIS") == "off":
-        return "off (SYMRED_BLIS=off)"
+    var = "SYMRED_GEMM" if os.environ.get("SYMRED_GEMM") else "SYMRED_BLIS"
+    if os.environ.get(var) == "off":
+        return f"off ({var}=off)"
     name = os.environ.get("SYMRED_BLIS_LIB") or "libblis.so.4"
     try:
         ctypes.CDLL(name)
