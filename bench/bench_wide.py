@@ -7,42 +7,19 @@ Two jobs, float32:
   attention  SumSoftMaxWeight((q|k) * s, v): symred against
              torch.nn.functional.scaled_dot_product_attention on the CPU, same process.
 Each figure is the best of --reps runs after one warm-up run (which compiles or loads the
-kernel), symred's and the baseline's alternating. Prints one line per case with the ratio symred / baseline, and appends a JSON record
-(commit, CPU model, threads, date, load average, command, figures) to --json.
+kernel), symred's and the baseline's alternating. Prints one line per case with the ratio symred / baseline; with
+SYMRED_BENCH_RECORD=FILE set, appends the run to FILE as a record (bench/record.py).
 
-    SYMRED_LIB=build/libsymred.so /root/.cache/symred-venv/bin/python bench/bench_wide.py
+    SYMRED_LIB=build/libsymred.so "$(scripts/pyenv.sh)/bin/python" bench/bench_wide.py
     ... bench/bench_wide.py --threads 1 --n 10000 --widths 16,64 --attn 4096:64
 """
 import argparse
-import datetime
-import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def race(fa, fb, reps):
@@ -71,8 +48,6 @@ def main():
                     help="N:D pairs of the attention job (N = M), empty for none")
     ap.add_argument("--threads", type=int, default=0, help="0: all cores")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--json", default=str(HERE.parent / "docs" / "wide" / "records.jsonl"),
-                    help="append the record here (docs/wide.md is made from these); empty: none")
     a = ap.parse_args()
     threads = a.threads or os.cpu_count() or 1
     os.environ["SYMRED_NUM_THREADS"] = str(threads)  # read when the context is created
@@ -81,10 +56,11 @@ def main():
     import torch
     import symred
 
+    from record import Record  # bench/record.py, beside this file
+
     torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
-    load = os.getloadavg()[0]
-    rows = []
+    rec = Record("bench_wide")
 
     n = a.n
     x = rng.random((n, 3), dtype=np.float32)
@@ -105,9 +81,9 @@ def main():
         err = float(np.abs(out - (K @ bt).numpy()).max() / max(1e-30, np.abs(out).max()))
         strat = "fused" if "fused two-product" in k.explain() else k.explain().split(
             "strategy: ")[-1].split(" ")[0] if "strategy: " in k.explain() else "reference"
-        rows.append({"job": "matvec", "n": n, "d": 3, "r": R, "symred_s": ts, "base_s": tb,
-                     "baseline": "K @ B (torch, K prebuilt)", "ratio": ts / tb,
-                     "rel_err": err, "strategy": strat})
+        rec.row(job="matvec", n=n, d=3, r=R, symred_s=round(ts, 4), base_s=round(tb, 4),
+                baseline="K @ B (torch, K prebuilt)", ratio=round(ts / tb, 3),
+                rel_err=float(f"{err:.2e}"), strategy=strat)
         print(f"matvec N=M={n} D=3 R={R:5d}  symred {ts:8.4f} s ({strat})  K@B {tb:8.4f} s"
               f"  ratio {ts / tb:5.2f}  rel.err {err:.1e}", flush=True)
     del K
@@ -127,21 +103,14 @@ def main():
         ref = sdpa(qt, kt, vt)[0, 0].numpy()
         err = float(np.abs(out - ref).max() / max(1e-30, np.abs(ref).max()))
         strat = "fused" if "fused two-product" in k.explain() else "other"
-        rows.append({"job": "attention", "n": N, "d": D, "r": D, "symred_s": ts, "base_s": tb,
-                     "baseline": "torch scaled_dot_product_attention", "ratio": ts / tb,
-                     "rel_err": err, "strategy": strat})
+        rec.row(job="attention", n=N, d=D, r=D, symred_s=round(ts, 4), base_s=round(tb, 4),
+                baseline="torch scaled_dot_product_attention", ratio=round(ts / tb, 3),
+                rel_err=float(f"{err:.2e}"), strategy=strat)
         print(f"attention N=M={N} D={D:3d}  symred {ts:8.4f} s ({strat})  sdpa {tb:8.4f} s"
               f"  ratio {ts / tb:5.2f}  rel.err {err:.1e}", flush=True)
 
-    rec = {"bench": "wide", "commit": commit(), "cpu": cpu_model(), "threads": threads,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "loadavg_1min": load, "command": " ".join([Path(sys.executable).name] + sys.argv),
-           "torch": torch.__version__, "rows": rows}
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(a.json, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-
+    rec.data["torch"] = torch.__version__
+    rec.close()
 
 if __name__ == "__main__":
     main()

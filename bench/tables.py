@@ -31,6 +31,16 @@ ABOUT = {
                   "symred's AVX-512 gemm-epilogue and BLIS, over D; `knn`: ArgKMin k = 10 on "
                   "random data, direct against gemm; `fashion-mnist`: kNN on Fashion-MNIST with "
                   "each gemm kernel as a fraction of the FMA peak measured around each run.",
+    "bench_wide": "Wide outputs on the fused two-product strategy ([wide.md](wide.md)): `matvec` "
+                  "is `Exp(-SqDist(x,y)*g)*b` with B of R columns against the dense `K @ B` with "
+                  "K prebuilt (torch, MKL); `attention` is `SumSoftMaxWeight((q|k)*s, v)` against "
+                  "`torch.nn.functional.scaled_dot_product_attention`. ratio = symred / baseline "
+                  "time.",
+    "jax-matvec": "symred.jax ([jax.md](jax.md)) inside `jax.jit` against symred called from "
+                  "NumPy and against the same function in jax.numpy; its gradient through "
+                  "`jax.grad` against symred.torch's.",
+    "knn_faiss": "Exact kNN (ArgKMin of SqDist) against FAISS `IndexFlatL2` in the same script, "
+                 "the neighbour sets compared.",
 }
 
 
@@ -95,7 +105,7 @@ def render(runs):
             age = ""
             if since:
                 age = f" — the library has changed in {since} commit{'s' if since > 1 else ''} since"
-            load = ", ".join(f"{v:g}" for v in r["load"])
+            load = ", ".join(f"{v:g}" for v in r["load"] if v >= 0)
             lines += [f"`{r['command']}` — commit {r['commit']}{age}; {r['date']}; {r['cpu']}, "
                       f"{r['cores']} CPUs, {r['threads']} threads; load average {load}", ""]
             tables = {}
