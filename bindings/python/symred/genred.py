@@ -178,12 +178,13 @@ def _batch_ranges(ranges, to_numpy, full, ni, nj):
 _INT32_MAX = 2**31 - 1
 
 
-def _int64_arg(name, v):
-    """v as an int of int64_t's range (ValueError or TypeError naming the argument)."""
+def _int_arg(name, v, lo=-2**63, hi=2**63 - 1):
+    """v as an int in [lo, hi] (by default int64_t's range: what the C field holds), else a
+    ValueError or TypeError naming the argument: ctypes would wrap a wider integer silently."""
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    if not -2**63 <= int(v) < 2**63:
-        raise ValueError(f"{name} = {v} does not fit a 64-bit signed integer")
+    if not lo <= int(v) <= hi:
+        raise ValueError(f"{name} = {v} is outside [{lo}, {hi}]")
     return int(v)
 
 
@@ -618,7 +619,7 @@ class Genred:
         arrays, dt, nx, ny = self._prepare(args)
         (i0, ni), (j0, nj) = rows, cols
         # ctypes would wrap an int wider than int64_t silently (2**64 + 2 as 2).
-        i0, ni, j0, nj = (_int64_arg(n, v) for n, v in
+        i0, ni, j0, nj = (_int_arg(n, v) for n, v in
                           (("rows[0]", i0), ("rows[1]", ni), ("cols[0]", j0), ("cols[1]", nj)))
         with self._h.lock:
             k = self._kernel(_DTYPES[np.dtype(self._numpy_dtype(dt))], _lib.SR_DEVICE_CPU)

@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 
 from ._lib import SolveDesc, check, lib
-from .genred import _DTYPES, Genred
+from .genred import _DTYPES, _INT32_MAX, Genred, _int_arg
 
 __all__ = ["KernelSolve"]
 
@@ -64,7 +64,7 @@ class KernelSolve(Genred):
         rhs = arrays[self.varinvpos]
         out = np.empty_like(rhs)
         desc = SolveDesc(b_index=self.varinvpos, alpha=float(alpha), eps=float(eps),
-                         max_iter=int(max_iter), check_symmetry=1 if check_symmetry else 0)
+                         max_iter=_int_arg("max_iter", max_iter, 0, _INT32_MAX), check_symmetry=1 if check_symmetry else 0)
         with self._h.lock:
             k = self._kernel(_DTYPES[dt], device)
             nargs_c = lib.sr_kernel_nargs(k)

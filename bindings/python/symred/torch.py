@@ -667,7 +667,8 @@ class KernelSolve(Genred, _solve.KernelSolve):
         if self.dtype_acc == "float32" and dt == torch.float64:
             raise ValueError("dtype_acc='float32' is not allowed with float64 data")
         kern = self._torch_kernel(_SR_DTYPES[dt], device)
-        opts = (float(alpha), float(eps), int(max_iter), bool(check_symmetry))
+        opts = (float(alpha), float(eps), _genred._int_arg("max_iter", max_iter, 0, _genred._INT32_MAX),
+                bool(check_symmetry))
         return _Solve.apply(kern, opts, self.varinvpos, *tensors)
 
 

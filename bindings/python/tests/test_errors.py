@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from symred import Genred, SymredError, SymredRuntimeError, SymredValueError
+from symred import Genred, KernelSolve, SymredError, SymredRuntimeError, SymredValueError
 
 AL = ["x = Vi(3)", "y = Vj(3)"]
 
@@ -197,11 +197,18 @@ def test_integers_wider_than_the_c_field():
     f = Genred("SqDist(x,y)", AL)
     x, y = xy()
     for rows, cols in [((2**64 + 2, 2), (0, 1)), ((0, 1), (0, 2**63)), ((-2**63 - 1, 1), (0, 1))]:
-        with pytest.raises(ValueError, match="64-bit"):
+        with pytest.raises(ValueError, match="outside"):
             f.eval_block(x, y, rows=rows, cols=cols)
     with pytest.raises(TypeError, match="rows"):
         f.eval_block(x, y, rows=(0.5, 1), cols=(0, 1))
     assert f.eval_block(x, y, rows=(1, 2), cols=(0, 3)).shape == (2, 3)
+    # KernelSolve's max_iter is a C int: 2**32 + 5 would have been 5 iterations.
+    ks = KernelSolve("Exp(-SqDist(x,y))*b", ["x=Vi(3)", "y=Vj(3)", "b=Vj(1)"], "b", axis=1)
+    xs = np.random.default_rng(0).random((20, 3))
+    for bad in (2**32 + 5, -1):
+        with pytest.raises(ValueError, match="max_iter"):
+            ks(xs, xs, np.ones((20, 1)), max_iter=bad)
+    assert ks(xs, xs, np.ones((20, 1)), max_iter=200).shape == (20, 1)
 
 
 def test_ctrl_c_during_a_hanging_compile(tmp_path):
