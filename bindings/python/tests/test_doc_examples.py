@@ -124,3 +124,10 @@ def test_c_blocks(path, bs, tmp_path):
         assert cc.returncode == 0, f"{path}:{line}: does not compile:\n{cc.stderr}"
         r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{path}:{line}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
+def test_api_reference_is_current():
+    # docs/api.md is generated from include/symred.h: a header change must regenerate it.
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "api-reference.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
