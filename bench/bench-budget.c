@@ -9,12 +9,14 @@
  * checked against a plain double-precision loop (--rows of them, spread over the output).
  *
  * Usage: bench-budget [n [D]] [--budget BYTES] [--rows R]   (default n = 100000, D = 3)
+ * With SYMRED_BENCH_RECORD set, the figures are appended to that file as data (bench/record.h).
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include <symred.h>
 
 #include "bench.h"
+#include "record.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -48,6 +50,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    bench_record rec;
+    bench_record_open(&rec, "bench-budget", argc, argv);
     sr_ctx *ctx;
     sr_ctx_new(&ctx);
     sr_ctx_set_mem_limit(ctx, budget);
@@ -97,6 +101,15 @@ int main(int argc, char **argv)
            (double)n * (double)n / dt / 1e9, (double)ru.ru_maxrss / 1024.0);
     printf("check: %lld rows against a double loop, max relative error %.2e %s\n", rows, err,
            err < 1e-10 ? "ok" : "FAILED");
+    bench_record_row(&rec,
+                     "\"n\": %lld, \"D\": %lld, \"dense_gb\": %.1f, \"budget_bytes\": %lld, "
+                     "\"workspace_bytes\": %lld, \"inputs_mb\": %.1f, \"seconds\": %.3f, "
+                     "\"gpairs_per_s\": %.3f, \"peak_rss_mb\": %.1f, \"check_rows\": %lld, "
+                     "\"max_rel_err\": %.2e",
+                     n, D, (double)n * (double)n * 8 / 1e9, budget,
+                     (long long)sr_kernel_workspace_bytes(k), inputs_mb, dt,
+                     (double)n * (double)n / dt / 1e9, (double)ru.ru_maxrss / 1024.0, rows, err);
+    bench_record_close(&rec);
     sr_kernel_free(k);
     sr_ctx_free(ctx);
     free(x);

@@ -12,10 +12,12 @@
  * The kernels compile into a fresh cache directory (unless SYMRED_CACHE_DIR is set), so
  * "compile" is the cold compile of the module that holds both the reduction and the block
  * (bench/eval-block-compile.sh measures what the block adds to it). Times are the best of reps
- * calls.
+ * calls. With SYMRED_BENCH_RECORD set, the figures are appended to that file as data
+ * (bench/record.h).
  */
 #define _GNU_SOURCE
 #include "bench.h"
+#include "record.h"
 #include "symred.h"
 
 #include <math.h>
@@ -80,6 +82,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench-eval-block [M] [b] [reps]\n");
         return 2;
     }
+    bench_record rec;
+    bench_record_open(&rec, "bench-eval-block", argc, argv);
     /* A fresh cache directory (removed at the end) unless SYMRED_CACHE_DIR names one, e.g. to
      * keep the sources with SYMRED_JIT_KEEP=1 for bench/eval-block-compile.sh. */
     char dir[] = "/tmp/symred-bench-eb-XXXXXX";
@@ -148,9 +152,18 @@ int main(int argc, char **argv)
                 double c = dt == SR_F64 ? ((double *)outj)[q] : ((float *)outj)[q];
                 md = fabs(a - c) > md ? fabs(a - c) : md;
             }
-            printf("%-34s %-7s %10.2f %10.3f %7.1fx %12.3f %10.1f %12.2e\n", formulas[fi],
-                   dt == SR_F64 ? "float64" : "float32", 1e9 * tr / (double)n, 1e9 * tj / (double)n,
-                   tr / tj, 1e9 * ts / (double)n, compile_ms(kj), md);
+            const char *dtn = dt == SR_F64 ? "float64" : "float32";
+            double cms = compile_ms(kj);
+            printf("%-34s %-7s %10.2f %10.3f %7.1fx %12.3f %10.1f %12.2e\n", formulas[fi], dtn,
+                   1e9 * tr / (double)n, 1e9 * tj / (double)n, tr / tj, 1e9 * ts / (double)n, cms,
+                   md);
+            bench_record_row(&rec,
+                             "\"formula\": \"%s\", \"dtype\": \"%s\", \"M\": %lld, \"b\": %lld, "
+                             "\"reference_ns\": %.2f, \"jit_ns\": %.3f, \"ref_over_jit\": %.1f, "
+                             "\"sum_ns_per_pair\": %.3f, \"compile_ms\": %.1f, "
+                             "\"max_abs_diff\": %.2e",
+                             formulas[fi], dtn, (long long)M, (long long)b, 1e9 * tr / (double)n,
+                             1e9 * tj / (double)n, tr / tj, 1e9 * ts / (double)n, cms, md);
             sr_kernel_free(kr);
             sr_kernel_free(kj);
             free(z);
@@ -160,6 +173,7 @@ int main(int argc, char **argv)
             free(red);
         }
     sr_ctx_free(ctx);
+    bench_record_close(&rec);
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (own_dir && system(cmd) != 0)

@@ -13,12 +13,14 @@
  * Usage: bench-simplify [scale] [reps]   (scale multiplies the problem sizes, default 1)
  *
  * Prints best-of-reps wall times (kernel creation excluded: the JIT compiles once per kernel)
- * and the ratios. float32, Sum over j, device AUTO (the CPU JIT), all threads.
+ * and the ratios. float32, Sum over j, device AUTO (the CPU JIT), all threads. With
+ * SYMRED_BENCH_RECORD set, the figures are appended to that file as data (bench/record.h).
  */
 #define _GNU_SOURCE
 #include "symred.h"
 
 #include "bench.h"
+#include "record.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -158,8 +160,8 @@ static double max_rel_diff(const float *a, const float *b, int64_t n)
 
 static int worst_fail;
 
-static void compare(const char *name, int d, const char *naive, const char *canon, int64_t n,
-                    int reps)
+static void compare(bench_record *rec, const char *name, int d, const char *naive,
+                    const char *canon, int64_t n, int reps)
 {
     struct inputs in;
     inputs_make(&in, n, n, d);
@@ -169,11 +171,17 @@ static void compare(const char *name, int d, const char *naive, const char *cano
     bool same = strcmp(simplified(&kn, s1, sizeof s1), simplified(&kc, s2, sizeof s2)) == 0;
     double tn, tc;
     time_pair(&kn, &kc, &in, reps, o1, o2, &tn, &tc);
-    double ratio = tn / tc;
+    double ratio = tn / tc, diff = max_rel_diff(o1, o2, n);
     printf("%-9s D=%-4d N=M=%-6lld naive %8.2f ms  canonical %8.2f ms  ratio %.3f %s  "
            "(%s simplified formula; max rel diff %.1e)\n",
            name, d, (long long)n, 1e3 * tn, 1e3 * tc, ratio, ratio <= 1.15 ? "ok" : "SLOW",
-           same ? "same" : "different", max_rel_diff(o1, o2, n));
+           same ? "same" : "different", diff);
+    bench_record_row(rec,
+                     "\"table\": \"spellings\", \"kernel\": \"%s\", \"D\": %d, \"N\": %lld, "
+                     "\"naive_ms\": %.2f, \"canonical_ms\": %.2f, \"ratio\": %.3f, "
+                     "\"same_simplified\": %s, \"max_rel_diff\": %.1e",
+                     name, d, (long long)n, 1e3 * tn, 1e3 * tc, ratio, same ? "true" : "false",
+                     diff);
     worst_fail |= ratio > 1.15;
     free_kernel(&kn);
     free_kernel(&kc);
@@ -190,21 +198,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [scale] [reps]\n", argv[0]);
         return 2;
     }
+    bench_record rec;
+    bench_record_open(&rec, "bench-simplify", argc, argv);
     printf("naive vs canonical spellings (float32, Sum over j, best of %d)\n", reps);
     static const int dims[] = {3, 16, 64, 256};
     for (int t = 0; t < 4; t++) {
         int d = dims[t];
         /* about 1.5e9 / (d + 2) pairs: similar work at every d */
         int64_t n = (int64_t)(scale * sqrt(1.5e9 / (d + 2.0)));
-        compare("gaussian", d, "Exp(-Sum(Square(x-y))*g)*b", "Exp(-SqDist(x,y)*g)*b", n, reps);
+        compare(&rec, "gaussian", d, "Exp(-Sum(Square(x-y))*g)*b", "Exp(-SqDist(x,y)*g)*b", n,
+                reps);
     }
     for (int t = 0; t < 2; t++) {
         int d = t ? 64 : 16;
         int64_t n = (int64_t)(scale * sqrt(1.5e9 / (d + 2.0)));
-        compare("cosine", d, "Sum(x*y)/(Norm2(x)*Norm2(y))*b", "(Normalize(x)|Normalize(y))*b", n,
-                reps);
-        compare("weighted", d, "Exp(-Sum(Square(x-y)*w))*b", "Exp(-WeightedSqDist(w,x,y))*b", n,
-                reps);
+        compare(&rec, "cosine", d, "Sum(x*y)/(Norm2(x)*Norm2(y))*b",
+                "(Normalize(x)|Normalize(y))*b", n, reps);
+        compare(&rec, "weighted", d, "Exp(-Sum(Square(x-y)*w))*b", "Exp(-WeightedSqDist(w,x,y))*b",
+                n, reps);
     }
 
     printf("\nhoisting: Exp(Sqrt(SqNorm2(x)))*Exp(-SqDist(x,y))*b, SYMRED_SIMPLIFY=0 vs 1\n");
@@ -226,12 +237,19 @@ int main(int argc, char **argv)
         free_kernel(&koff);
         free_kernel(&kon);
         free_kernel(&kfl);
+        double diff = max_rel_diff(o2, o1, n);
         printf("hoist     D=%-4d N=M=%-6lld off %8.2f ms  on %8.2f ms  off/on %.3f  (without the "
                "factor: %.2f ms; max rel diff %.1e)\n",
-               d, (long long)n, 1e3 * t0, 1e3 * t1, t0 / t1, 1e3 * tf, max_rel_diff(o2, o1, n));
+               d, (long long)n, 1e3 * t0, 1e3 * t1, t0 / t1, 1e3 * tf, diff);
+        bench_record_row(&rec,
+                         "\"table\": \"hoisting\", \"D\": %d, \"N\": %lld, \"off_ms\": %.2f, "
+                         "\"on_ms\": %.2f, \"off_over_on\": %.3f, \"without_factor_ms\": %.2f, "
+                         "\"max_rel_diff\": %.1e",
+                         d, (long long)n, 1e3 * t0, 1e3 * t1, t0 / t1, 1e3 * tf, diff);
         free(o1);
         free(o2);
         inputs_free(&in);
     }
+    bench_record_close(&rec);
     return worst_fail;
 }
