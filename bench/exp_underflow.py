@@ -6,7 +6,8 @@ Sum of Exp(-c·|x-y|²)·b and LogSumExp of -c·|x-y|² over N×N points in the 
 c = 0.5 (no exponent below -1.5) and c = 200, 5000 (most exponents below -87, the float32
 underflow range), float32 and float64, best of 3 after a warm-up, in one process. The ratio
 narrow / wide is the slowdown of the underflow range: about 1 since symred's JIT clamps Exp's
-argument (docs/semantics.md, "Exp's underflow"); 16-30x before.
+argument (docs/semantics.md, "Exp's underflow"); 16-30x before. With SYMRED_BENCH_RECORD set,
+the figures are appended to that file as data (bench/record.py).
 """
 
 import sys
@@ -15,6 +16,8 @@ import time
 import numpy as np
 
 from symred.numpy import Genred
+
+from record import Record  # bench/record.py, beside this file
 
 
 def best_of(fn, reps=3):
@@ -29,6 +32,7 @@ def best_of(fn, reps=3):
 
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
+    rec = Record("exp_underflow")
     rng = np.random.default_rng(0)
     print(f"N = M = {n}, D = 3, points uniform in the unit cube")
     for dt in ("float32", "float64"):
@@ -49,6 +53,10 @@ def main():
             wide = times[0.5]
             row = "  ".join(f"c={c:g}: {t:.3f} s ({t / wide:.2f}x)" for c, t in times.items())
             print(f"{dt:8s} {red:9s} {row}", flush=True)
+            for c, t in times.items():
+                rec.row(n=n, dtype=dt, reduction=red, c=c, seconds=round(t, 4),
+                        over_wide=round(t / wide, 2))
+    rec.close()
 
 
 if __name__ == "__main__":

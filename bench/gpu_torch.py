@@ -8,7 +8,8 @@ then `@ b` (or `topk`), with its inputs already on the GPU; symred is called thr
 binding with host arrays (so its times include copying the inputs in and the results out).
 Both are checked against each other (relative error of the mat-vec; agreement of the kNN
 index sets up to float32 ties, counted). Prints one line per case with the ratio
-torch / symred, and writes JSON with --json.
+torch / symred, and writes JSON with --json. With SYMRED_BENCH_RECORD set, the figures are
+appended to that file as data (bench/record.py), with the GPU's name.
 
     SYMRED_LIB=path/to/libsymred.so python3 bench/gpu_torch.py [--max N] [--json FILE]
 
@@ -25,6 +26,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings",
                                 "python"))
 from symred import Genred  # noqa: E402
+
+from record import Record  # noqa: E402  (bench/record.py, beside this file)
 
 CHUNK_BYTES = 2 << 30
 
@@ -78,6 +81,7 @@ def main():
     if not torch.cuda.is_available():
         print("gpu_torch: no CUDA GPU, nothing to compare")
         return 0
+    rec = Record("gpu_torch")
     dev = torch.device("cuda")
     print(f"gpu_torch: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     torch.backends.cuda.matmul.allow_tf32 = False  # exact float32 products, as symred
@@ -104,6 +108,8 @@ def main():
         print(f"gauss D=3 N=M={n}: symred {ts:.4f} s, torch {tt:.4f} s, torch/symred "
               f"{tt / ts:.2f}, max rel. difference {err:.1e}")
         results.append({"case": "gauss", "N": n, "symred_s": ts, "torch_s": tt, "rel_diff": err})
+        rec.row(table="gauss", N=n, symred_s=round(ts, 4), torch_s=round(tt, 4),
+                torch_over_symred=round(tt / ts, 2), rel_diff=float(f"{err:.1e}"))
 
     nq, npnt, k = 10**6, 10**4, 10
     for d in [3, 100]:
@@ -121,9 +127,15 @@ def main():
         print(f"knn k={k} D={d} nq={nq} np={npnt}: symred {ts:.4f} s, torch {tt:.4f} s, "
               f"torch/symred {tt / ts:.2f}, neighbour sets agree {same:.4f} (sampled)")
         results.append({"case": "knn", "D": d, "symred_s": ts, "torch_s": tt, "agree": same})
+        rec.row(table="knn", k=k, D=d, nq=nq, np=npnt, symred_s=round(ts, 4),
+                torch_s=round(tt, 4), torch_over_symred=round(tt / ts, 2),
+                agree=round(float(same), 4))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "cases": results}, f, indent=1)
+    rec.data["gpu"] = torch.cuda.get_device_name(0)
+    rec.data["torch"] = torch.__version__
+    rec.close()
     return 0
 
 

@@ -14,42 +14,21 @@ compiler, dense out of memory) is reported with its error and skipped.
         /root/.cache/symred-venv/bin/python bench/gpytorch_iter.py            # n = 20 000
     ... bench/gpytorch_iter.py --n 5000 --iters 2 --backends symred,dense
 
-Writes a JSON record (commit, CPU model, threads, load, date, command, figures) to
-bench/results/gpytorch_iter-<UTC date>.json unless --json names another file.
+With SYMRED_BENCH_RECORD set, the figures are appended to that file as data (bench/record.py):
+a row per backend with its median, its ratio to symred and its last loss, and the torch and
+gpytorch versions, the thread settings and the load average after the run beside them.
 """
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 import gpytorch
 
-HERE = Path(__file__).resolve().parent
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+from record import Record  # bench/record.py, beside this file
 
 
 def base_kernel(backend, dim):
@@ -103,15 +82,15 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=3, help="timed iterations (default 3)")
     ap.add_argument("--backends", default="symred,pykeops,dense")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="the record's path (default bench/results/...)")
     args = ap.parse_args(argv)
+    rec = Record("gpytorch_iter", argv=None if argv is None else [sys.argv[0]] + list(argv))
 
     torch.manual_seed(args.seed)
     x = torch.rand(args.n, args.dim)
     y = torch.sin(6 * x).sum(-1) + 0.1 * torch.randn(args.n)
     load_before = os.getloadavg()
     print(f"exact GP training iteration, n = {args.n}, d = {args.dim}, float32, "
-          f"{cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"{rec.data['cpu']}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"gpytorch {gpytorch.__version__}, load {load_before[0]:.2f}", flush=True)
     results = {}
     for backend in args.backends.split(","):
@@ -130,23 +109,21 @@ def main(argv=None):
             if "median_s" in results.get(peer, {}):
                 ratios[f"{peer}/symred"] = results[peer]["median_s"] / results["symred"]["median_s"]
                 print(f"  {peer} / symred = {ratios[f'{peer}/symred']:.2f}")
-    now = datetime.datetime.now(datetime.timezone.utc)
-    record = {
-        "benchmark": "gpytorch_iter", "date": now.isoformat(timespec="seconds"),
-        "commit": commit(), "cpu": cpu_model(), "cpus": os.cpu_count(),
-        "load_before": load_before, "load_after": os.getloadavg(),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
-        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
-                                               "SYMRED_NUM_THREADS", "SYMRED_DEVICE")},
-        "torch": torch.__version__, "gpytorch": gpytorch.__version__,
-        "n": args.n, "dim": args.dim, "iters": args.iters, "results": results,
-        "ratios": ratios,
-    }
-    path = Path(args.json) if args.json else (
-        HERE / "results" / f"gpytorch_iter-{now.strftime('%Y%m%dT%H%M%SZ')}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"record: {path}")
+    for backend, r in results.items():
+        if "median_s" in r:
+            rec.row(backend=backend, n=args.n, d=args.dim, iters=args.iters,
+                    median_s=round(r["median_s"], 3),
+                    over_symred=round(ratios.get(f"{backend}/symred", 1.0 if backend == "symred"
+                                                 else -1.0), 2),
+                    last_loss=round(r["losses"][-1], 5))
+        else:
+            rec.row(backend=backend, n=args.n, d=args.dim, iters=args.iters, error=r["error"])
+    rec.data["torch"] = torch.__version__
+    rec.data["gpytorch"] = gpytorch.__version__
+    rec.data["env"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                      "SYMRED_NUM_THREADS", "SYMRED_DEVICE")}
+    rec.data["load_after"] = [round(v, 2) for v in os.getloadavg()]
+    rec.close()
     return 0
 
 

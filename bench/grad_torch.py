@@ -6,7 +6,8 @@ backward is the gradient with respect to x (one gradient kernel, a Sum over j). 
 run in this process on the same data; the figure is the ratio of their median times
 (target: at most 2.5 in the issue, 1.3 in DESIGN.md). pykeops.torch is put beside when it
 imports (never required; not installed by deps.sh; e.g. a venv with --system-site-packages
-and `pip install pykeops`), with the ratios symred/pykeops of each pass.
+and `pip install pykeops`), with the ratios symred/pykeops of each pass. With
+SYMRED_BENCH_RECORD set, the figures are appended to that file as data (bench/record.py).
 
     SYMRED_LIB=build/libsymred.so PYTHONPATH=bindings/python python3 bench/grad_torch.py
 """
@@ -26,6 +27,8 @@ import torch  # noqa: E402
 
 from symred.torch import Genred  # noqa: E402
 
+from record import Record  # noqa: E402  (bench/record.py, beside this file)
+
 
 def median_time(fn, reps):
     times = []
@@ -36,7 +39,7 @@ def median_time(fn, reps):
     return statistics.median(times)
 
 
-def measure(name, K, x, y, b, g, reps):
+def measure(rec, name, K, x, y, b, g, reps):
     G = torch.ones(x.shape[0], 1, dtype=x.dtype)
 
     def forward():
@@ -52,6 +55,9 @@ def measure(name, K, x, y, b, g, reps):
     pairs = x.shape[0] * y.shape[0]
     print(f"{name:16s} forward {t_fwd * 1e3:8.1f} ms ({pairs / t_fwd / 1e9:5.2f} G pairs/s)   "
           f"backward (d/dx) {t_bwd * 1e3:8.1f} ms   backward/forward {t_bwd / t_fwd:5.2f}")
+    rec.row(library=name, n=x.shape[0], reps=reps, forward_ms=round(t_fwd * 1e3, 2),
+            gpairs_per_s=round(pairs / t_fwd / 1e9, 3), backward_ms=round(t_bwd * 1e3, 2),
+            backward_over_forward=round(t_bwd / t_fwd, 3))
     return t_fwd, t_bwd
 
 
@@ -70,19 +76,23 @@ def main(argv=None):
     g = torch.tensor([2.0])
     formula = "Exp(-g * SqDist(x, y)) * b"
     aliases = ["x = Vi(3)", "y = Vj(3)", "b = Vj(1)", "g = Pm(1)"]
+    rec = Record("grad_torch")
     print(f"Gaussian mat-vec, D=3, float32, N=M={a.n}, median of {a.reps} runs, "
           f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
-    ours = measure("symred.torch", Genred(formula, aliases, reduction_op="Sum", axis=1),
+    ours = measure(rec, "symred.torch", Genred(formula, aliases, reduction_op="Sum", axis=1),
                    x, y, b, g, a.reps)
     try:
         from pykeops.torch import Genred as KGenred
     except ImportError:
         print("pykeops.torch: not installed (optional; see bench/README.md)")
     else:
-        theirs = measure("pykeops.torch", KGenred(formula, aliases, reduction_op="Sum", axis=1),
-                         x, y, b, g, a.reps)
+        theirs = measure(rec, "pykeops.torch",
+                         KGenred(formula, aliases, reduction_op="Sum", axis=1), x, y, b, g, a.reps)
         print(f"symred.torch is {theirs[0] / ours[0]:.1f}x pykeops.torch on the forward, "
               f"{theirs[1] / ours[1]:.1f}x on the backward")
+        rec.data["pykeops"] = getattr(sys.modules.get("pykeops"), "__version__", "unknown")
+    rec.data["torch"] = torch.__version__
+    rec.close()
     return 0
 
 

@@ -8,7 +8,8 @@
 # Usage: bench/mpi-scaling.sh [BUILD_DIR]     (default build/; needs SYMRED_MPI on)
 # Prints one line per run and a table: time per configuration, the speedup 1 -> 2 ranks and
 # its efficiency (speedup / 2), and each rank's time waiting for the ring (communication that
-# the computation did not hide).
+# the computation did not hide). With SYMRED_BENCH_RECORD set, the table is appended to that
+# file as data (bench/record.py), with the load average and date from before the runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -36,6 +37,13 @@ run() {
 }
 
 # The machine's load, before and after: a second rank needs a free core to speed anything up.
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+date_before=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+rows=
+if [ -n "${SYMRED_BENCH_RECORD:-}" ]; then
+    rows=$(mktemp)
+    trap 'rm -f "$rows"' EXIT
+fi
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores"
 printf '%-44s %9s %9s %9s %8s %6s %9s\n' case "1 rank" "2 ranks" "1r 2thr" speedup eff \
     "wait(2r)"
@@ -54,6 +62,9 @@ bench() { # bench LABEL PROG ARGS...
     awk -v l="$label" -v t1="$t1" -v t2="$t2" -v tt="$tt" -v w="$w2" 'BEGIN{
         printf "%-44s %8.3fs %8.3fs %8.3fs %7.2fx %5.0f%% %8.3fs\n", l, t1, t2, tt, t1/t2,
             50*t1/t2, w}'
+    if [ -n "$rows" ]; then
+        printf '%s\t%s\t%s\t%s\t%s\n' "$label" "$t1" "$t2" "$tt" "$w2" >>"$rows"
+    fi
 }
 
 bench "gp-matvec f32 D=3 N=M=60000" mpi-gp-matvec 60000 60000
@@ -61,3 +72,22 @@ bench "gp-matvec f64 D=3 N=M=40000" mpi-gp-matvec --f64 40000 40000
 bench "knn f32 D=16 k=10 nq=20000 np=100000" mpi-knn 20000 100000 16
 bench "knn f32 D=16 k=10 nq=64 np=2000000 (wire)" mpi-knn 64 2000000 16
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "$rows" ]; then
+    python3 - "$rows" "$load_before" "$date_before" "$0" "$@" <<'PY'
+import sys
+sys.path.insert(0, "bench")
+from record import Record
+rows, load, date = sys.argv[1:4]
+rec = Record("mpi-scaling", argv=sys.argv[4:])
+rec.data["load"] = [float(v) for v in load.split()]
+rec.data["date"] = date
+rec.data["threads"] = 2
+for line in open(rows):
+    label, t1, t2, tt, w2 = line.rstrip("\n").split("\t")
+    t1, t2, tt, w2 = float(t1), float(t2), float(tt), float(w2)
+    rec.row(case=label, one_rank_s=round(t1, 3), two_ranks_s=round(t2, 3),
+            one_rank_two_threads_s=round(tt, 3), speedup=round(t1 / t2, 2),
+            efficiency=round(t1 / t2 / 2, 2), wait_two_ranks_s=round(w2, 3))
+rec.close()
+PY
+fi

@@ -7,7 +7,8 @@ sorted by cell, and a pair of cells is kept when their centroids are closer than
 and block-sparse times (best of --reps), their ratio (and the ratio to the same dense kernel
 at bandwidth 1, which has no tiny exponentials and runs at the dense path's full speed), the fraction of pairs kept, the time to
 build the ranges, and the largest error of the block-sparse result relative to the largest
-dense value (the truncation error of the cutoff).
+dense value (the truncation error of the cutoff). With SYMRED_BENCH_RECORD set, the figures are
+appended to that file as data (bench/record.py).
 
     python3 bench/ranges_numpy.py [--n 200000] [--blobs 60] [--reps 3] [--dtype float32]
 
@@ -31,6 +32,8 @@ from symred.numpy.cluster import (  # noqa: E402
     grid_cluster,
     sort_clusters,
 )
+
+from record import Record  # noqa: E402  (bench/record.py, beside this file)
 
 
 def blobs(rng, n, centers, spread):
@@ -61,6 +64,7 @@ def main():
                          "and the error measured on them); default: all rows up to N = 50000, "
                          "else 4000")
     a = ap.parse_args()
+    rec = Record("ranges_numpy")
 
     rng = np.random.default_rng(0)
     centers = rng.uniform(0, 10, size=(a.blobs, 3))
@@ -112,6 +116,14 @@ def main():
           f"{t_wide / t_sparse:.1f}x")
     print(f"max |sparse - dense| / max |dense|: {err:.2e} (truncation at the cutoff)"
           + (f" on those {len(rows)} rows" if scaled else ""))
+    rec.row(n=a.n, dtype=a.dtype, blobs=a.blobs, sigma=a.sigma, cell=a.cell, cutoff=a.cutoff,
+            clusters=f"{len(rx)} x {len(ry)}", cell_pairs_kept=round(float(keep.mean()), 4),
+            point_pairs_kept=round(kept, 4), ranges_s=round(t_prep, 3),
+            dense_rows=len(rows), dense_s=round(t_dense, 3), dense_s1_s=round(t_wide, 3),
+            sparse_s=round(t_sparse, 3), dense_over_sparse=round(t_dense / t_sparse, 2),
+            dense_s1_over_sparse=round(t_wide / t_sparse, 2), max_rel_err=float(f"{err:.2e}"))
+    rec.data["numpy"] = np.__version__
+    rec.close()
 
 
 if __name__ == "__main__":

@@ -25,22 +25,57 @@ ABOUT = {
                    "against a hand-written OpenMP + `omp simd` loop compiled with the JIT's flags "
                    "in the same process (bench/handloop.c); cold first call (empty cache) and warm "
                    "creation (disk cache).",
+    "bench-budget": "A float64 Gaussian mat-vec at a size whose kernel matrix could never be held, "
+                    "under a memory budget (`sr_ctx_set_mem_limit`): time, kernel workspace and "
+                    "peak resident set size, rows checked against a double loop.",
+    "bench-eval-block": "`sr_kernel_eval_block` (the SGPR benchmark's blocks) on the reference "
+                        "interpreter against the JIT's generated block in ns per value, beside "
+                        "the same kernel's Sum reduction in ns per pair and the module's cold "
+                        "compile time.",
     "bench-grad": "The Gaussian mat-vec's gradient kernels (`sr_kernel_grad`) with respect to x "
                   "and y over the forward pass, the three interleaved in one process.",
     "bench-gemm": "`matvec`: the Gaussian mat-vec through the inner product on the direct path, "
                   "symred's AVX-512 gemm-epilogue and BLIS, over D; `knn`: ArgKMin k = 10 on "
                   "random data, direct against gemm; `fashion-mnist`: kNN on Fashion-MNIST with "
                   "each gemm kernel as a fraction of the FMA peak measured around each run.",
+    "bench-simplify": "What the simplifier buys: `spellings` times naive spellings (e.g. "
+                      "`Sum(Square(x-y))`) against symred's canonical ops (`SqDist`) in the same "
+                      "process, target ratio <= 1.15; `hoisting` times an i-only factor with "
+                      "`SYMRED_SIMPLIFY=0` against the simplifier moving it out of the reduction.",
     "bench_wide": "Wide outputs on the fused two-product strategy ([wide.md](wide.md)): `matvec` "
                   "is `Exp(-SqDist(x,y)*g)*b` with B of R columns against the dense `K @ B` with "
                   "K prebuilt (torch, MKL); `attention` is `SumSoftMaxWeight((q|k)*s, v)` against "
                   "`torch.nn.functional.scaled_dot_product_attention`. ratio = symred / baseline "
                   "time.",
+    "exp_underflow": "Narrow against wide Gaussians (Sum and LogSumExp, float32 and float64): "
+                     "the time at c = 200 and 5000, where most exponents underflow, over the time "
+                     "at c = 0.5 (over_wide), in one process.",
+    "gpu_torch": "symred's CUDA backend (through its NumPy binding, host arrays) against PyTorch "
+                 "on the same GPU: the chunked dense Gaussian mat-vec and `topk` kNN, "
+                 "torch_over_symred = torch / symred time.",
+    "gpytorch_iter": "Time per exact-GP training iteration in GPyTorch (ScaleKernel(RBFKernel), "
+                     "Adam): symred.gpytorch against gpytorch.kernels.keops and GPyTorch's dense "
+                     "kernel in one process; over_symred = backend / symred median.",
+    "grad_torch": "The Gaussian mat-vec's backward (d/dx) over its forward through symred.torch, "
+                  "and pykeops.torch beside it when it imports, median times in one process.",
     "jax-matvec": "symred.jax ([jax.md](jax.md)) inside `jax.jit` against symred called from "
                   "NumPy and against the same function in jax.numpy; its gradient through "
                   "`jax.grad` against symred.torch's.",
     "knn_faiss": "Exact kNN (ArgKMin of SqDist) against FAISS `IndexFlatL2` in the same script, "
                  "the neighbour sets compared.",
+    "mpi-scaling": "Strong scaling of symred_mpi on one machine: 1 rank against 2 ranks (one "
+                   "thread each) and 1 rank with 2 threads, the fastest of 2 alternated runs "
+                   "each; efficiency = speedup / 2, wait = the 2-rank run's time waiting for the "
+                   "ring.",
+    "ranges_numpy": "Block-sparse ranges against the dense Gaussian convolution on clustered "
+                    "points, with the dense run at bandwidth 1 as a second yardstick, the "
+                    "fraction of pairs kept, the time to build the ranges and the truncation "
+                    "error.",
+    "solve_numpy": "`LazyTensor.solve` (conjugate gradients on symred mat-vecs) against "
+                   "`numpy.linalg.solve` of the materialised matrix (building it included), "
+                   "float64, 3 right-hand sides.",
+    "solve_torch": "symred.torch's differentiable `KernelSolve`, forward + backward, against "
+                   "`torch.linalg.solve` of the materialised matrix, median of 3 alternated runs.",
 }
 
 
