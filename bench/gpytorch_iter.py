@@ -11,7 +11,7 @@ the median is reported with the ratios. A backend that fails (pykeops without a 
 compiler, dense out of memory) is reported with its error and skipped.
 
     SYMRED_LIB=build/libsymred.so PYTHONPATH=bindings/python \\
-        /root/.cache/symred-venv/bin/python bench/gpytorch_iter.py            # n = 20 000
+        "$(scripts/pyenv.sh)/bin/python" bench/gpytorch_iter.py            # n = 20 000
     ... bench/gpytorch_iter.py --n 5000 --iters 2 --backends symred,dense
 
 With SYMRED_BENCH_RECORD set, the figures are appended to that file as data (bench/record.py):
