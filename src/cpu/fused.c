@@ -407,6 +407,16 @@ static double expsum_f32(float *F, int64_t n, float m)
     return expsum_body(F, n, m);
 }
 
+/* The row maximum as an OpenMP simd max-reduction. gcc vectorises it; clang cannot (the
+ * comparison's NaN order forbids its reordering) and, asked to, fails the build under -Werror
+ * (-Wpass-failed), so clang gets the plain loop. */
+#define SIMD_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define SIMD_MAX(v)
+#else
+#define SIMD_MAX(v) SIMD_PRAGMA(omp simd reduction(max : v))
+#endif
+
 /* The online softmax of rows [0, no) of the tile (row stride nj): the running maximum, the
  * rescaling of the row's output (cols values, row stride ldo) and sum, and the tile replaced by
  * exp(F - m). */
@@ -416,7 +426,7 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
     for (int64_t o = 0; o < no; o++) {
         if (k->dtype == SR_F64) {
             double *F = (double *)w->F + o * nj, tm = -INFINITY;
-#pragma omp simd reduction(max : tm)
+            SIMD_MAX(tm)
             for (int64_t c = 0; c < nj; c++)
                 tm = F[c] > tm ? F[c] : tm; /* NaN passes: it reaches the sums through exp */
             double mn = tm > w->m[o] ? tm : w->m[o];
@@ -436,7 +446,7 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
             w->s[o] += ts;
         } else {
             float *F = (float *)w->F + o * nj, tm = -INFINITY;
-#pragma omp simd reduction(max : tm) /* a NaN never wins, as in the loop above */
+            SIMD_MAX(tm) /* a NaN never wins, as in the loop above */
             for (int64_t c = 0; c < nj; c++)
                 tm = F[c] > tm ? F[c] : tm;
             float mo = (float)w->m[o], mn = tm > mo ? tm : mo;
