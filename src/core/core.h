@@ -76,6 +76,11 @@ sr_status sr__parse_bytes(const char *s, int64_t *out);
 /* How many threads a kernel of ctx runs: OpenMP's maximum, capped by SYMRED_NUM_THREADS and by
  * the memory budget when each thread needs per_thread bytes of workspace; at least 1. */
 int sr__threads(const sr_ctx *ctx, int64_t per_thread);
+/* The arrays of a call of k on nx x ny: args given when the kernel takes any, each variable's
+ * nx, ny or 1 rows of its dimension within the address space (SR_EOVERFLOW), and no NULL array
+ * with rows to read (SR_EINVAL); the message names the argument. Shared by every entry point
+ * that takes a kernel's arrays (kernel.c, eval-block.c). */
+sr_status sr__check_arrays(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args);
 /* Reads SYMRED_MEM_LIMIT into ctx->mem_limit at context creation; a malformed value is recorded
  * like the other SYMRED_* errors (ctx->env_status). */
 void sr__mem_limit_init(sr_ctx *ctx);

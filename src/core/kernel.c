@@ -257,42 +257,45 @@ const char *sr_kernel_explain(const sr_kernel *k)
     return k->explain ? k->explain : "(explain text unavailable: out of memory)";
 }
 
-/* rows * dim * elem must fit in a ptrdiff_t: the largest array the caller can hold. */
-static bool size_ok(int64_t rows, int64_t dim, size_t elem)
+sr_status sr__check_arrays(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args)
 {
+    sr_ctx *ctx = k->ctx;
     int64_t bytes;
-    return sr__size_mul(rows, dim, (int64_t)elem, &bytes);
+    if (k->nargs > 0 && !args)
+        return sr__error(ctx, SR_EINVAL, "args is NULL but the kernel takes %d arrays", k->nargs);
+    for (int v = 0; v < k->nargs; v++) {
+        const struct expr_var *var = &k->vars[v];
+        if (!var->dim)
+            continue;
+        int64_t rows = var->cat == SR_CAT_I ? nx : var->cat == SR_CAT_J ? ny : 1;
+        if (!sr__size_mul(rows, var->dim, (int64_t)sr_dtype_size(k->dtype), &bytes))
+            return sr__error(ctx, SR_EOVERFLOW,
+                             "argument %d: %lld rows of dimension %d overflow the address space", v,
+                             (long long)rows, var->dim);
+        if (rows > 0 && !args[v])
+            return sr__error(ctx, SR_EINVAL, "argument %d (%s of dimension %d) is NULL", v,
+                             cat_names[var->cat], var->dim);
+    }
+    return SR_OK;
 }
 
 static sr_status run_check(const sr_kernel *k, const sr_run_desc *r)
 {
     sr_ctx *ctx = k->ctx;
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    size_t esz = sr_dtype_size(k->dtype);
     if (r->nx < 0 || r->ny < 0)
         return sr__error(ctx, SR_EINVAL, "sizes must be >= 0 (nx = %lld, ny = %lld)",
                          (long long)r->nx, (long long)r->ny);
     if (r->nargs != k->nargs)
         return sr__error(ctx, SR_EINVAL, "the kernel takes %d arrays, %d were given", k->nargs,
                          r->nargs);
-    if (k->nargs > 0 && !r->args)
-        return sr__error(ctx, SR_EINVAL, "args is NULL but the kernel takes %d arrays", k->nargs);
-    for (int v = 0; v < k->nargs; v++) {
-        const struct expr_var *var = &k->vars[v];
-        if (!var->dim)
-            continue;
-        int64_t rows = var->cat == SR_CAT_I ? r->nx : var->cat == SR_CAT_J ? r->ny : 1;
-        if (!size_ok(rows, var->dim, esz))
-            return sr__error(ctx, SR_EOVERFLOW,
-                             "argument %d: %lld rows of dimension %d overflow the address space", v,
-                             (long long)rows, var->dim);
-        if (rows > 0 && !r->args[v])
-            return sr__error(ctx, SR_EINVAL, "argument %d (%s of dimension %d) is NULL", v,
-                             cat_names[var->cat], var->dim);
-    }
+    sr_status st = sr__check_arrays(k, r->nx, r->ny, r->args);
+    if (st != SR_OK)
+        return st;
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
-    if (!size_ok(nout, k->out_dim, 8))
+    int64_t bytes;
+    if (!sr__size_mul(nout, k->out_dim, 8, &bytes))
         return sr__error(ctx, SR_EOVERFLOW,
                          "the output (%lld rows of %d values) overflows the address space",
                          (long long)nout, k->out_dim);

@@ -48,20 +48,9 @@ static sr_status block_check(const sr_kernel *k, int64_t nx, int64_t ny, const v
                          "sr_kernel_eval_block: the block (%lld x %lld x %d values) overflows the "
                          "address space",
                          (long long)ni, (long long)nj, k->fdim);
-    if (k->nargs > 0 && !args)
-        return sr__error(ctx, SR_EINVAL, "args is NULL but the kernel takes %d arrays", k->nargs);
-    for (int v = 0; v < k->nargs; v++) {
-        const struct expr_var *var = &k->vars[v];
-        if (!var->dim)
-            continue;
-        int64_t rows = var->cat == SR_CAT_I ? nx : var->cat == SR_CAT_J ? ny : 1;
-        if (!sr__size_mul(rows, var->dim, (int64_t)esz, &bytes))
-            return sr__error(ctx, SR_EOVERFLOW,
-                             "argument %d: %lld rows of dimension %d overflow the address space", v,
-                             (long long)rows, var->dim);
-        if (rows > 0 && !args[v])
-            return sr__error(ctx, SR_EINVAL, "argument %d (dimension %d) is NULL", v, var->dim);
-    }
+    sr_status st = sr__check_arrays(k, nx, ny, args);
+    if (st != SR_OK)
+        return st;
     if (ni > 0 && nj > 0 && !out)
         return sr__error(ctx, SR_EINVAL, "sr_kernel_eval_block: out is NULL");
     return SR_OK;
