@@ -1,10 +1,10 @@
 /*
- * bench-gpu.c — the CUDA backend's benchmarks (issue 7): Gaussian mat-vec, D = 3, float32, at
+ * bench-gpu.c — the CUDA backend's benchmarks: Gaussian mat-vec, D = 3, float32, at
  * N = 1e5, 1e6, 1e7 (nx = ny = N), and ArgKMin (k = 10) with nx = 1e6 queries, ny = 1e4 points,
  * D = 3, 10, 100, 784. Times are wall-clock for sr_kernel_run (host arrays copied in and out,
  * the kernel compiled beforehand), best of 3. Prints one line per case and writes JSON to the
  * file named by --json. Without a GPU it says so and exits 0. The PyTorch baseline is
- * bench/bench-gpu-torch.py (docs/gpu.md). NOT run on the machine this was written on.
+ * bench/gpu_torch.py (docs/gpu.md).
  */
 #define _GNU_SOURCE
 #include "symred.h"

@@ -4,9 +4,9 @@
  *
  * Twelve accumulators cover the FMA latency of two pipes (4 cycles x 2 = 8 in flight), and each
  * is a named variable, not an array: gcc -O2 keeps an array of vectors in memory, and such a loop
- * measures store-to-load forwarding instead of the FMA units (on this EPYC it ran at 137 GFLOP/s
- * on both cores, near the 140 quoted in DESIGN.md; this loop, with its operands in registers, at
- * 360-450). Not part of the library.
+ * measures store-to-load forwarding instead of the FMA units (on an AVX-512 EPYC it ran at 137
+ * GFLOP/s on both cores; this loop, with its operands in registers, at 360-450). Not part of the
+ * library.
  */
 #include "fma-peak.h"
 

@@ -715,7 +715,7 @@ static sr_expr *magnitude(sr_ctx *ctx, const sr_expr *e, sr_expr **kid, sr_expr 
                                  sr_add(ctx, sr_abs(ctx, kid[1]), sr_abs(ctx, kid[2])));
     case OP_MOD:
         return sr_add(ctx, sr_abs(ctx, kid[0]), sr_abs(ctx, n));
-    case OP_TENSORDOT: { /* a sum of products too (seed 238437737183095 case 50) */
+    case OP_TENSORDOT: { /* a sum of products too */
         sr_expr *ab[2] = {sr_abs(ctx, kid[0]), sr_abs(ctx, kid[1])};
         return expr_make(ctx, OP_TENSORDOT, ab, e->iattr, e->dim, e->fattr);
     }
@@ -754,8 +754,7 @@ static sr_expr *f32_range(sr_ctx *ctx, sr_expr *n)
     sr_expr *tiny = sr_sub(ctx, sr_less(ctx, a, sr_const(ctx, (double)FLT_TRUE_MIN / 2)), half);
     /* ... and float32's precision: n rounded to 24 significant bits (Veltkamp's split, t - (t -
      * n) with t = n (2^29 + 1); the reference does not contract it), as each float32 node is:
-     * asin(sin(1)) is 1 in double and 0.99999994 in float32, and a comparison with 1 tells
-     * (seed 20261127 case 1024). */
+     * asin(sin(1)) is 1 in double and 0.99999994 in float32, and a comparison with 1 tells. */
     sr_expr *t = sr_mul(ctx, n, sr_const(ctx, 536870913.0));
     sr_expr *r24 = sr_sub(ctx, t, sr_sub(ctx, t, n));
     sr_expr *in = sr_ifelse(ctx, tiny, sr_mul(ctx, n, sr_const(ctx, 0.0)), r24);
@@ -800,7 +799,7 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
          * infinities included) and pow(1 + d, y) is not; pow(x, y) of a negative x is finite
          * at an integer y only. A base within sqrt(eps) of 1 is made 1 and an exponent within
          * sqrt(eps) of an integer that integer, as they may be in the dtype (Normalize of a
-         * scalar is +-1 up to its rounding: seed 20261124 case 601). */
+         * scalar is +-1 up to its rounding). */
         sr_expr *one = sr_const(ctx, 1.0), *c = near_tol(ctx, r);
         sr_expr *tb = sr_mul(ctx, c, sr_add(ctx, sr_abs(ctx, kid[0]), one));
         kid[0] =
@@ -928,15 +927,14 @@ static bool value_ok(const struct oracle *o, int64_t t, double got, double *tol)
         return true;
     /* float32: where the value overflows (the oracle's is an infinity), NaN is the inf - inf of
      * a sum whose terms overflowed with both signs (WeightedSqDist with huge weights of both
-     * signs: seed 224365696916911 case 26); the double oracle adds them before rounding. */
+     * signs); the double oracle adds them before rounding. */
     if (o->range_limit > 0 && isinf(r) && isnan(got))
         return true;
     /* The simplifier's documented exceptions (docs/simplifier.md, "NaN / Inf policy"): a rewrite
-     * that removes an intermediate overflow (Log(Exp(x)) -> x with Exp(x) out of range: seed
-     * 20261123 case 272), or a reduction rewrite that drops a 0 * Inf term (Min_i 0 * g_i =
-     * 0 * Min_i g_i: seed 5150 case 354), is not NaN or infinite where the formula as given is.
-     * Accepted when the reference, run on the simplified formula (and its reduction rewrite),
-     * gives that value. */
+     * that removes an intermediate overflow (Log(Exp(x)) -> x with Exp(x) out of range), or a
+     * reduction rewrite that drops a 0 * Inf term (Min_i 0 * g_i = 0 * Min_i g_i), is not NaN or
+     * infinite where the formula as given is. Accepted when the reference, run on the simplified
+     * formula (and its reduction rewrite), gives that value. */
     if (nonfinite(r) && o->simp && o->simp->val) {
         double s = o->simp->val[t];
         *tol = o->rel * fabs(s) + 1e-300;
@@ -1019,7 +1017,7 @@ static bool index_ok(const struct oracle *o, const struct fz_case *c, int64_t t,
             sw = fmax(sw, fabs(pw - fw));
     }
     /* Two values that rounding moves by more than their difference have no defined order (Sin
-     * of a huge, cancelling argument: seed 224365696916911 case 66), with the same allowance
+     * of a huge, cancelling argument), with the same allowance
      * past the perturbed spread as the values (tol_at). */
     if (isfinite(fg) && isfinite(fw) && fabs(fg - fw) <= FZ_K_SPREAD * (sg + sw))
         return true;

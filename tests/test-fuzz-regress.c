@@ -21,103 +21,99 @@
 /* The cases fuzz-diff found, shrunk; each was a bug fixed in the commit that added it (in the
  * library, or in the fuzzer's comparison where the comment says so). */
 #define FZ_REGRESSIONS(X)                                                                          \
-    /* seed 3 case 48: the JIT's Clamp ignored a NaN bound (emit-c.c) */                           \
+    /* the JIT's Clamp honours a NaN bound (emit-c.c) */                                           \
     X(clamp_nan_bound, "Clamp(Var(2,3,0),Var(3,3,0),1.0)", "", SR_MIN_ARGMIN, 0, 1, SR_F32,        \
       SR_ACC_KAHAN, 14, 1, "UUGEPT", 0x74976c4001f50709ULL, 2)                                     \
-    /* seed 4 case 206: mul-zero folded 0 * -2.5 to +0, IEEE gives -0, Inv showed the sign */      \
+    /* mul-zero must fold 0 * -2.5 to -0 as IEEE does: Inv shows the sign */                       \
     X(mul_zero_sign, "Inv(TensorProd((0.0*Cst(-2.5)),Var(0,1,1)))", "", SR_MIN, 0, 1, SR_F64,      \
       SR_ACC_DEFAULT, 1, 1, "EU", 0xc8e1a5f55465cc39ULL, 1)                                        \
-    /* seed 9 case 209: Kahan summation of +inf terms gave NaN (inf - inf in the compensation) */  \
+    /* Kahan summation of +inf terms is +inf, not NaN (inf - inf in the compensation) */           \
     X(kahan_inf, "(Var(0,3,0)/Concat(3.0,Var(3,2,0)))", "", SR_SUM, 1, 1, SR_F32, SR_ACC_KAHAN, 1, \
       544, "UUUT", 0xa94cced1304ea028ULL, 2)                                                       \
-    /* seed 156178496492066 case 52: a lazy node's C expression was not parenthesised, so          \
-     * `x == 0 ? 1 : sin(x) / x` as a factor of VecMatMult's product lost the factor at 0 */       \
+    /* a lazy node's C expression is parenthesised: `x == 0 ? 1 : sin(x) / x` as a factor of       \
+     * VecMatMult's product keeps the factor at 0 */                                               \
     X(lazy_parens, "Norm2(VecMatMult(Var(1,4,0),SinXDivX(Var(0,68,0))))", "", SR_MAX_ARGMAX, 0, 1, \
       SR_F64, SR_ACC_DEFAULT, 1, 1, "TU", 0x7b58c728712c31eULL, 1)                                 \
-    /* seed 20261123 case 272: not a library bug but the fuzzer's: the simplifier's log-exp        \
-     * rule gives x where Exp(x) underflows and the formula as given is -inf (documented); the     \
-     * comparison now accepts the reference's value of the simplified formula there */             \
+    /* the fuzzer's comparison: the simplifier's log-exp rule gives x where Exp(x) underflows      \
+     * and the formula as given is -inf (documented); the comparison accepts the reference's       \
+     * value of the simplified formula there */                                                    \
     X(log_exp_underflow, "Log(Exp(Var(0,3,1)))", "", SR_LOGSUMEXP, 0, 1, SR_F32, SR_ACC_DEFAULT,   \
       1, 1, "E", 0xbb49415ae7c6d5d2ULL, 1)                                                         \
-    /* seed 20261123 case 594: Mod of a huge a (1e150) is rounding noise, and gcc fused the        \
-     * JIT's a - m*floor(q) into an fma (other noise than the reference's), which the softmax      \
-     * then selected on; Mod is now fused everywhere (reference, JIT, folding) */                  \
+    /* Mod of a huge a (1e150) is rounding noise that the softmax selects on, so every backend     \
+     * (reference, JIT, folding) computes a - m*floor(q) with the same fma */                      \
     X(mod_fused, "Norm2(Mod(Var(0,5,1),Var(1,5,0),1000.0))", "Var(2,3,0)", SR_SUMSOFTMAXWEIGHT, 0, \
       1, SR_F64, SR_ACC_DEFAULT, 2, 32, "EUU", 0x5eaa3059d015e8fcULL, 1)                           \
-    /* seed 5150 case 354: the fuzzer's: the minmax-nonneg-factor rewrite Min_i 0 * g_i =          \
-     * 0 * Min_i g_i drops the 0 * Inf = NaN term (documented); the comparison now runs the        \
-     * reduction rewrite on the reference too */                                                   \
+    /* the fuzzer's comparison: the minmax-nonneg-factor rewrite Min_i 0 * g_i = 0 * Min_i g_i     \
+     * drops the 0 * Inf = NaN term (documented); the comparison runs the reduction rewrite on     \
+     * the reference too */                                                                        \
     X(minmax_zero_factor, "(0.0*(Var(0,8,0)|Var(1,8,1)))", "", SR_MIN, 0, 1, SR_F32,               \
       SR_ACC_DEFAULT, 2, 1, "EUU", 0xe0ac99b3d2e174f2ULL, 1)                                       \
-    /* seed 32333674410788 case 63: the fuzzer's: Cos of Exp(13) is rounding noise that differs    \
-     * pair by pair, so the JIT's K smallest are other pairs than the oracle's; selections are     \
-     * now also checked pair by pair (each value within its own pair's rounding interval) */       \
+    /* the fuzzer's comparison: Cos of Exp(13) is rounding noise that differs pair by pair, so     \
+     * the JIT's K smallest are other pairs than the oracle's; selections are checked pair by      \
+     * pair (each value within its own pair's rounding interval) */                                \
     X(kmin_pair_noise, "Cos(Exp((Var(0,24,0)|Var(1,24,1))))", "", SR_KMIN_ARGKMIN, 0, 4, SR_F32,   \
       SR_ACC_DEFAULT, 4, 78, "UG", 0x714fbf91c4f0aa1fULL, 1)                                       \
-    /* not found by the fuzzer but written with kmin_pair_noise: the same noise, sharpened by      \
-     * 30, picked by LogSumExp and by SumSoftMaxWeight (both failed the comparison before the      \
-     * pair-by-pair bounds) */                                                                     \
+    /* the same noise as kmin_pair_noise, sharpened by 30, picked by LogSumExp and by              \
+     * SumSoftMaxWeight: the comparison needs the pair-by-pair bounds there too */                 \
     X(lse_pair_noise, "(30.0*Cos(Exp((Var(0,24,0)|Var(1,24,1)))))", "", SR_LOGSUMEXP, 0, 1,        \
       SR_F32, SR_ACC_DEFAULT, 64, 625, "UG", 0x714fbf91c4f0aa1fULL, 1)                             \
     X(softmax_pair_noise, "(30.0*Cos(Exp((Var(0,24,0)|Var(1,24,1)))))", "Var(2,1,0)",              \
       SR_SUMSOFTMAXWEIGHT, 0, 1, SR_F32, SR_ACC_DEFAULT, 64, 625, "UGU", 0x714fbf91c4f0aa1fULL, 1) \
-    /* seed 102793111308998 case 47: gcc contracted the JIT's sum of products into FMAs; a         \
-     * product that overflows when rounded alone (1e150 cubed) added to an infinity of the other   \
-     * sign gave that infinity where the reference adds +Inf and -Inf (NaN). The JIT now           \
-     * compiles with -ffp-contract=off */                                                          \
+    /* a product that overflows when rounded alone (1e150 cubed) added to an infinity of the       \
+     * other sign is NaN as in the reference, which an FMA would turn into that infinity: the      \
+     * JIT compiles with -ffp-contract=off */                                                      \
     X(fma_overflow,                                                                                \
       "(SqDist(VecMatMult(WeightedSqDist(VecMatMult(Var(4,2,1),Var(3,4,0)),VecMatMult(Var(4,2,1)," \
       "Var(3,4,0)),Var(4,2,1)),Var(2,2,1)),Var(4,2,1))*(Var(0,24,0)|Var(1,24,1)))",                \
       "", SR_KMIN_ARGKMIN, 1, 1, SR_F64, SR_ACC_DEFAULT, 2, 17, "UUUUEUU", 0x92893e1dd46013d1ULL,  \
       1)                                                                                           \
-    /* seed 31337 case 140: the gemm path ranked Min_ArgMin's candidates again with NaN last,      \
-     * where Min propagates it; only the K-min reductions are ranked now (gemm.c) */               \
+    /* Min propagates NaN, so the gemm path must not rank Min_ArgMin's candidates again with NaN   \
+     * last; only the K-min reductions are ranked (gemm.c) */                                      \
     X(min_nan_not_ranked,                                                                          \
       "(VecMatMult((-Var(2,2,0)),Square(Var(2,2,0)))*(Var(0,8,0)|Var(1,8,1)))", "", SR_MIN_ARGMIN, \
       0, 1, SR_F64, SR_ACC_BLOCK, 3, 1, "EUT", 0xf8d5a427093553c8ULL, 0)                           \
-    /* seed 20261124 case 84: the fuzzer's: Cos of 3.8e-5 and of 1.1e-5 are both 1 in float32,     \
-     * so ArgMax picks the first, the double oracle the second; the towards-zero run now gives     \
-     * an ArgMax with another component within sqrt(eps) of the extreme NaN (no                    \
-     * defined value), and the K-min pair-by-pair check lets a pair NaN in some runs be any        \
-     * value */                                                                                    \
+    /* the fuzzer's comparison: Cos of 3.8e-5 and of 1.1e-5 are both 1 in float32, so ArgMax       \
+     * picks the first, the double oracle the second; the towards-zero run gives an ArgMax with    \
+     * another component within sqrt(eps) of the extreme NaN (no defined value), and the K-min     \
+     * pair-by-pair check lets a pair NaN in some runs be any value */                             \
     X(argmax_float32_tie, "ArgMax(Cos(Powf(Var(0,7,1),MatVecMult(Var(1,4,0),Var(1,4,0)))))", "",   \
       SR_KMIN_ARGKMIN, 0, 4, SR_F32, SR_ACC_DEFAULT, 7, 16, "PU", 0x53edaf8b939bc327ULL, 1)        \
-    /* seed 20261124 case 601: the fuzzer's: Normalize of a scalar is +-1 up to rounding, and      \
-     * pow(1, NaN) = 1 where pow(1 + d, NaN) is NaN, pow(-x, -1) finite where pow(-x, -1 + d)      \
-     * is NaN; the towards-zero perturbation now snaps a base near 1 and an exponent near an       \
-     * integer, and the K-min selections' pair-by-pair check takes NaN as +Inf and lets a pair     \
-     * whose class the perturbed runs change lie anywhere between their values */                  \
+    /* the fuzzer's comparison: Normalize of a scalar is +-1 up to rounding, and pow(1, NaN) = 1   \
+     * where pow(1 + d, NaN) is NaN, pow(-x, -1) finite where pow(-x, -1 + d) is NaN; the          \
+     * towards-zero perturbation snaps a base near 1 and an exponent near an integer, and the      \
+     * K-min selections' pair-by-pair check takes NaN as +Inf and lets a pair whose class the      \
+     * perturbed runs change lie anywhere between their values */                                  \
     X(powf_base_one, "Powf(Normalize((Var(0,3,0)|Var(1,3,1))),Elem(Log(Var(3,3,1)),2))", "",       \
       SR_ARGKMIN, 1, 3, SR_F32, SR_ACC_DEFAULT, 15, 3, "PTUU", 0xe6a5702a879951bfULL, 1)           \
     X(powf_integer_exponent, "Powf((Var(0,3,0)|Var(1,3,1)),Normalize((Var(0,3,0)|Var(1,3,1))))",   \
       "", SR_ARGKMIN, 1, 3, SR_F32, SR_ACC_DEFAULT, 1, 6, "UUUU", 0xe6a5702a879951bfULL, 1)        \
-    /* seed 20261125 case 503: the fuzzer's: the JIT's Exp is 0 below 1.7e-38 (documented), the    \
-     * oracle's a subnormal, and KMin's tolerance is relative; the towards-zero run now flushes    \
-     * Exp as the JIT does */                                                                      \
+    /* the fuzzer's comparison: the JIT's Exp is 0 below 1.7e-38 (documented), the oracle's a      \
+     * subnormal, and KMin's tolerance is relative; the towards-zero run flushes Exp as the JIT    \
+     * does */                                                                                     \
     X(exp_flush, "Exp((Var(0,3,1)-Powf(Var(1,1,0),(Var(1,1,0)-2.0))))", "", SR_KMIN_ARGKMIN, 1, 2, \
       SR_F32, SR_ACC_DEFAULT, 48, 2, "UEU", 0x359caf58a3e71f5aULL, 1)                              \
-    /* seed 20261126 cases 126 and 337: gcc rewrote the JIT's sin(atan(x)) and cos(atan(x)),       \
-     * which a NaN x turned into -1 and 0; the JIT now calls libm's atan under another name */     \
+    /* gcc may rewrite sin(atan(x)) and cos(atan(x)) into forms that a NaN x turns into -1 and 0;  \
+     * the JIT calls libm's atan under another name so that NaN stays NaN */                       \
     X(atan_rewrite_sin, "Sin(Atan(Powf(RatCst(-1,2),0.001)))", "", SR_LOGSUMEXP, 0, 1, SR_F64,     \
       SR_ACC_DEFAULT, 1, 1, "", 0x44d65588b52b4ec1ULL, 1)                                          \
-    /* seed 20261126 case 755: the fuzzer's: s v_k / Normalize(v)_k is s |v| for every k up to     \
-     * rounding, so ArgMin's index is rounding noise (the same gap as argmax_float32_tie) */       \
+    /* the fuzzer's comparison: s v_k / Normalize(v)_k is s |v| for every k up to rounding, so     \
+     * ArgMin's index is rounding noise (the same gap as argmax_float32_tie) */                    \
     X(argmin_rounding_tie, "ArgMin((-(VecMatMult(Var(3,1,1),Var(2,8,1))/Normalize(Var(2,8,1)))))", \
       "", SR_KMIN_ARGKMIN, 0, 1, SR_F32, SR_ACC_DEFAULT, 1, 1, "UUGPU", 0x58f1071be40a3ac9ULL, 1)  \
     X(atan_rewrite_cos, "Cos(Atan(Var(0,3,0)))", "", SR_MAX, 1, 1, SR_F32, SR_ACC_DEFAULT, 16, 1,  \
       "E", 0xe82d84a3283aa5f1ULL, 1)                                                               \
-    /* seed 20261127 case 1024: the fuzzer's: asin(sin(1)) is 1 in double, 0.99999994 in           \
-     * float32, and Less tells; the float32 run now rounds every node to 24 bits */                \
+    /* the fuzzer's comparison: asin(sin(1)) is 1 in double, 0.99999994 in float32, and Less       \
+     * tells; the float32 run rounds every node to 24 bits */                                      \
     X(f32_precision, "Less(Asin(Sin(Var(1,1,1))),Floor(Var(1,1,1)))", "", SR_KMIN, 0, 1, SR_F32,   \
       SR_ACC_DEFAULT, 1, 32, "UT", 0xb019b79f2ab9c7f6ULL, 1)                                       \
-    /* seed 238437737183095 case 50: the fuzzer's: TensorDot's rounding bound is the sum of its    \
-     * terms' magnitudes, as for the other sums of products */                                     \
+    /* the fuzzer's comparison: TensorDot's rounding bound is the sum of its terms' magnitudes,    \
+     * as for the other sums of products */                                                        \
     X(tensordot_magnitude,                                                                         \
       "Square(TensorDot(IfElse(Elem(Var(1,2,1),1),Var(0,1,1),Var(2,3,0)),Var(2,3,0),[3,1],[3,1],[" \
       "0],[0]))",                                                                                  \
       "", SR_MIN, 0, 1, SR_F32, SR_ACC_DEFAULT, 257, 13, "UEGU", 0x686c12d108bbd1feULL, 1)         \
-    /* seed 137514777106810 case 90: the JIT weighted each term of WeightedSqNorm by a scalar      \
-     * weight, so w = +inf with a zero component gave NaN where w * sum(a_k^2) is +inf */          \
+    /* WeightedSqNorm with a scalar weight is w * sum(a_k^2): w = +inf with a zero component is    \
+     * +inf, where weighting each term would give NaN */                                           \
     X(weighted_scalar_order,                                                                       \
       "(Var(0,1,0)/"                                                                               \
       "WeightedSqNorm(WeightedSqDist(Var(0,1,0),Var(1,2,0),Var(2,2,0)),LessEq(Var(4,4,"            \

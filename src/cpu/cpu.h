@@ -261,8 +261,9 @@ int64_t cpu_avx512_kc_max(int f64);
 
 /* Plans kernel k for the gemm-epilogue strategy: when F depends on the pair only through one
  * inner product of an i-variable and a j-variable, the dimension is at least the measured
- * threshold, and BLIS can be loaded. On SR_OK k->backend is cpu_gemm_backend; SR_ENOTSUP: not
- * applicable (use the direct strategy); other errors (SR_EBUDGET, SR_ECOMPILE) are final. */
+ * threshold, and a tile gemm is available (symred's AVX-512 one, or BLIS loaded). On SR_OK
+ * k->backend is cpu_gemm_backend; SR_ENOTSUP: not applicable (use the direct strategy); other
+ * errors (SR_EBUDGET, SR_ECOMPILE) are final. */
 sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
 /* For a direct-strategy kernel whose F has a single inner product: why gemm-epilogue was not
  * chosen, appended to explain (nothing otherwise). */

@@ -428,8 +428,8 @@ static void e_pair(struct emitter *E, const sr_expr *e)
 {
     char n[32];
     if (e == E->gemm) {
-        /* The gemm-epilogue strategy computed this inner product with BLIS: the runtime passes
-         * the tile of rows [o0, o1) x reduced indices [r0, r1), leading dimension SR_GLD. */
+        /* The gemm-epilogue strategy computed this inner product with a tile gemm: the runtime
+         * passes the tile of rows [o0, o1) x reduced indices [r0, r1), leading dimension SR_GLD. */
         def(E, e, 0);
         P("sr_gt[(o - o0) * SR_GLD + (rt - r0 + jj)];\n");
         return;

@@ -59,11 +59,11 @@ struct jit_plan {
     int hoisted_outer, hoisted_inner, pair_nodes;
     /* Inputs, zero by default. ws_limit: the per-thread workspace to shrink the tiles under
      * (0 = none). gemm: the inner-product node that the gemm-epilogue strategy (src/cpu/gemm.c)
-     * computes with BLIS; the generated code reads it from args[gemm_arg], a tile of rows
-     * [o0, o1) x reduced indices [r0, r1) with leading dimension gemm_ld, and at most
-     * gemm_rows rows; args[gemm_arg + 1] points to an int: nonzero, sr_part initialises the
-     * states first (as it always does outside gemm mode); zero, it folds the tile into the
-     * states as they are, so one block of states runs through all the tiles of a row block
+     * computes with a tile gemm (symred's AVX-512 one or BLIS); the generated code reads it from
+     * args[gemm_arg], a tile of rows [o0, o1) x reduced indices [r0, r1) with leading dimension
+     * gemm_ld, and at most gemm_rows rows; args[gemm_arg + 1] points to an int: nonzero, sr_part
+     * initialises the states first (as it always does outside gemm mode); zero, it folds the tile
+     * into the states as they are, so one block of states runs through all the tiles of a row block
      * without a merge per tile. tile_j_max: the tile need not be wider than this (the
      * smallest power of two from 16 that holds it): the gemm path ranks a few pairs per row
      * with sr_block, where a wide tile only spreads their transposed columns over L2. */
