@@ -1160,6 +1160,14 @@ static bool pair_intervals(const struct oracle *o, bool weight, const struct fz_
             continue;
         }
         if (mn[j] != mx[j] && (isinf(mn[j]) || isinf(mx[j]))) { /* wild: a class change */
+            if (mn[j] < 0 && mx[j] > 0) {
+                /* An infinity and a value of the other sign: a pole lies between the runs (a
+                 * divisor whose sign rounding decides, such as an inner product of cancelling
+                 * huge terms), and a correct computation may land on either side of it. */
+                lo[j] = -INFINITY;
+                hi[j] = INFINITY;
+                continue;
+            }
             double span = fmx[j] >= fmn[j] ? fmx[j] - fmn[j] : 0;
             double big = fmx[j] >= fmn[j] ? fmax(fabs(fmn[j]), fabs(fmx[j])) : 0;
             double a = 64 * eps * big + FZ_K_SPREAD * span;

@@ -119,7 +119,15 @@
       "WeightedSqNorm(WeightedSqDist(Var(0,1,0),Var(1,2,0),Var(2,2,0)),LessEq(Var(4,4,"            \
       "1),Var(5,4,1))))",                                                                          \
       "", SR_KMIN_ARGKMIN, 1, 1, SR_F32, SR_ACC_DEFAULT, 2, 2, "TEPPPUGEUT",                       \
-      0xecdecd02df46c011ULL, 1)
+      0xecdecd02df46c011ULL, 1)                                                                    \
+    /* the fuzzer's comparison: an inner product of cancelling huge terms (1e150 and -1e150) has   \
+     * no defined sign, so T / (x|y) may be +inf or -inf; a pair whose perturbed runs give an      \
+     * infinity and a value of the other sign has a pole between them and may be either */         \
+    X(pole_between_runs,                                                                           \
+      "Pow(((Var(0,24,0)|Var(1,24,1))/"                                                            \
+      "TensorDot(Var(2,2,1),Var(3,6,0),[1,2],[2,3],[1],[0],[1,0])),-1)",                           \
+      "", SR_KMIN_ARGKMIN, 1, 3, SR_F64, SR_ACC_DEFAULT, 131, 131, "GEUU", 0x1493017dda1d529dULL,  \
+      1)
 
 static struct fz_opts quiet_opts(void)
 {
