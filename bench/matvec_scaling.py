@@ -19,7 +19,6 @@ bench/record.py when SYMRED_BENCH_RECORD is set; bench/plots.py draws them.
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,21 +29,11 @@ sys.path.insert(0, str(HERE))
 
 import symred  # noqa: E402
 
-from record import Record  # noqa: E402  (bench/record.py, beside this file)
+from record import Record, best  # noqa: E402  (bench/record.py, beside this file)
 
 FORMULA = "Exp(-g * SqDist(x, y)) * b"
 ALIASES = ["x = Vi(3)", "y = Vj(3)", "b = Vj(1)", "g = Pm(1)"]
 BLOCK = 1024
-
-
-def best(fn, reps):
-    fn()  # compiles (symred's JIT, pykeops) and warms the caches
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def numpy_blocked(x, y, b, g):
