@@ -26,18 +26,10 @@ import jax.numpy as jnp  # noqa: E402
 import symred  # noqa: E402
 import symred.jax as sjax  # noqa: E402
 
+from record import best  # noqa: E402  (bench/record.py, beside this file)
+
 FORMULA = "Exp(-g * SqDist(x, y)) * b"
 ALIASES = ["x = Vi(3)", "y = Vj(3)", "b = Vj(1)", "g = Pm(1)"]
-
-
-def best(fn, reps):
-    fn()  # compiles (XLA, symred's JIT) and warms the caches
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def best_interleaved(fns, reps):

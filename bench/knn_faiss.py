@@ -10,6 +10,10 @@ float64).
     SYMRED_LIB=build/libsymred.so /usr/bin/python3 bench/knn_faiss.py [--train N] [--test M]
     SYMRED_LIB=build/libsymred.so /usr/bin/python3 bench/knn_faiss.py --random 100000,1000000 \
         --dims 3,10,100      # uniform random points and queries in [0,1)^D, every (n, D)
+    SYMRED_LIB=build/libsymred.so /usr/bin/python3 bench/knn_faiss.py \
+        --scaling 2500,5000,10000,20000,40000,60000 --test 2000
+                             # time against N (the first N training images), with PyTorch's
+                             # dense distances + topk as a third column (bench/plots.py draws it)
 
 Needs Debian's dataset-fashion-mnist and python3-faiss. FAISS uses the system BLAS
 (libblas.so.3); its threads are FAISS's OpenMP threads and that BLAS's own, as installed.
@@ -95,6 +99,47 @@ def compare(name, xtr, xte, k, reps, faiss, rec):
     return real
 
 
+def torch_topk(xtr, xte, k, reps):
+    """Best time of the dense kNN a PyTorch user writes: the m x n matrix of squared distances
+    (norms + one matrix product) and topk; None when torch does not import."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    # torch's import sets OpenMP's thread count to its intra-op count: every library here
+    # gets all the CPUs.
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    p, q = torch.from_numpy(xtr), torch.from_numpy(xte)
+    best = None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        d2 = (q * q).sum(1, keepdim=True) + (p * p).sum(1) - 2.0 * (q @ p.T)
+        d2.topk(k, dim=1, largest=False)
+        t = time.perf_counter() - t0
+        best = t if best is None else min(best, t)
+    return best
+
+
+def scaling(a, faiss, rec):
+    """kNN time against N on the first N Fashion-MNIST training images, a.test queries:
+    symred, FAISS IndexFlatL2 and torch's dense distances + topk at every N."""
+    ns = [int(v) for v in a.scaling.split(",")]
+    xtr_all = np.ascontiguousarray(read_idx(os.path.join(DIR, "train-images-idx3-ubyte.gz"),
+                                            max(ns)).astype(np.float32) / 255.0)
+    xte = np.ascontiguousarray(read_idx(os.path.join(DIR, "t10k-images-idx3-ubyte.gz"),
+                                        a.test).astype(np.float32) / 255.0)
+    bad = 0
+    for n in ns:
+        xtr = np.ascontiguousarray(xtr_all[:n])
+        bad += compare("Fashion-MNIST exact kNN", xtr, xte, a.k, a.reps, faiss, rec)
+        t_t = torch_topk(xtr, xte, a.k, a.reps)
+        if t_t is not None:
+            print(f"torch dense distances + topk: {t_t:.3f} s")
+            rec.data["rows"][-1]["torch_topk_s"] = round(t_t, 4)
+        print()
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", type=int, default=60000)
@@ -103,12 +148,18 @@ def main():
     ap.add_argument("--reps", type=int, default=1, help="runs of each; the best is reported")
     ap.add_argument("--random", help="comma-separated point counts: random data instead")
     ap.add_argument("--dims", default="3,10,100", help="with --random: comma-separated D")
+    ap.add_argument("--scaling", help="comma-separated N: Fashion-MNIST's first N images, "
+                    "with torch's dense topk beside FAISS")
     a = ap.parse_args()
     try:
         import faiss
     except ImportError:
         sys.exit("knn_faiss: python3-faiss is not installed (apt-get install python3-faiss)")
     rec = Record("knn_faiss")
+    if a.scaling:
+        bad = scaling(a, faiss, rec)
+        rec.close()
+        return 0 if bad == 0 else 1
     if a.random:
         rng = np.random.default_rng(0)
         bad = 0

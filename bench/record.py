@@ -12,6 +12,19 @@ import json
 import os
 import subprocess
 import sys
+import time
+
+
+def best(fn, reps):
+    """The best time of reps calls of fn, after one untimed call that compiles the kernels
+    (symred's JIT, XLA, pykeops) and warms the caches."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
 
 
 def _commit():
