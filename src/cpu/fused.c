@@ -360,11 +360,13 @@ static sr_status emit_factor(const sr_kernel *k, struct fused_kernel *fk, int q,
     return st;
 }
 
-sr_status cpu_fused_prepare(sr_kernel *k, int acc)
+/* Plans k on the fused strategy with the formulas of km (k's own, or with SqDist expanded for a
+ * gemm); with gemm_form, only when a factor of F then comes from a gemm. */
+static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool gemm_form)
 {
     sr_ctx *ctx = k->ctx;
     struct fused_form fm = {NULL, -1, -1, 1, 0};
-    if (!fused_match(k, &fm))
+    if (!fused_match(km, &fm))
         return SR_ENOTSUP;
     /* The products: symred's AVX-512 gemm where the CPU has it, else BLIS (SYMRED_GEMM_KERNEL). */
     int kern;
@@ -403,7 +405,10 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
             fc->dim = S[q]->child[0]->dim;
         }
     }
-    if (!(fk->why = fused_choose(k, fk))) {
+    bool gemm_factor = false;
+    for (int q = 0; q < fk->nfac; q++)
+        gemm_factor |= fk->fac[q].gemm != 0;
+    if ((gemm_form && !gemm_factor) || !(fk->why = fused_choose(k, fk))) {
         free(fk);
         return SR_ENOTSUP;
     }
@@ -461,9 +466,27 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
             return SR_ENOTSUP;
         return st == SR_ENOMEM ? sr__error(ctx, st, "fused two-product: cannot emit F's tile") : st;
     }
+    if (gemm_form)
+        sr__simp_take_gemm_form(k);
     k->backend = &cpu_fused_backend;
     k->backend_data = fk;
     return SR_OK;
+}
+
+sr_status cpu_fused_prepare(sr_kernel *k, int acc)
+{
+    /* F with SqDist expanded into norms and an inner product (the simplifier's gemm form) when
+     * that gives a factor of F its gemm: an absolute error of about the rounding of the norms
+     * in each distance (docs/wide.md), which a smooth F and a sum take as they take rounding;
+     * else F as simplified. */
+    sr_kernel kx;
+    const sr_kernel *km = cpu_gemm_form(k, &kx);
+    if (km != k) {
+        sr_status st = prepare_form(k, km, acc, true);
+        if (st != SR_ENOTSUP)
+            return st;
+    }
+    return prepare_form(k, k, acc, false);
 }
 
 /* ---- run ----------------------------------------------------------------------------------- */
