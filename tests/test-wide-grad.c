@@ -226,3 +226,47 @@ CASE(gauss_r16_f64, GAUSS, 16, 37, 101, SR_F64)
 CASE(gauss_r64_one, GAUSS, 64, 1, 1, SR_F32)
 CASE(gauss_r64_no_rows, GAUSS, 64, 0, 257, SR_F32)
 CASE(gauss_r65_no_cols, GAUSS, 65, 131, 0, SR_F32)
+
+/* The form A - B on its own: Sum of Exp(-SqDist(x, y) g) (x - y), the radial kernel's gradient
+ * written as a forward, with x and y of D values: wider than the direct strategy's 64 values
+ * per pair, so fused, with SqDist expanded for the gemm; D = 300 takes two passes over B's
+ * columns. Against the reference, both axes. */
+static void radial_case(int D, int axis)
+{
+    const int64_t nx = 67, ny = 131;
+    sr_expr *x = sr_vi(ctx, 0, D), *y = sr_vj(ctx, 1, D), *g = sr_pm(ctx, 2, 1);
+    sr_expr *f = sr_mul(ctx, sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, sr_sqdist(ctx, x, y), g))),
+                        axis == 1 ? sr_sub(ctx, x, y) : sr_sub(ctx, y, x));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.axis = axis;
+    sr_kernel *kj, *kr;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kj), SR_OK, "%s", sr_ctx_error(ctx));
+    d.device = SR_DEVICE_REFERENCE;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kr), SR_OK, "%s", sr_ctx_error(ctx));
+    const char *ex = sr_kernel_explain(kj);
+    if (have_gemm)
+        cr_assert(strstr(ex, "strategy: fused two-product") && strstr(ex, "SqNorm2"), "%s", ex);
+    uint64_t s = 3 + (uint64_t)D;
+    float *xa = fill(SR_F32, nx * D, 0.0, 0.1, &s), *ya = fill(SR_F32, ny * D, 0.0, 0.1, &s);
+    float gv = 1.0f;
+    const void *args[3] = {xa, ya, &gv};
+    int64_t nout = axis == 1 ? nx : ny;
+    float *o1 = calloc((size_t)(nout * D), 4), *o2 = calloc((size_t)(nout * D), 4);
+    cr_assert_eq(sr_kernel_run(kj, nx, ny, args, o1), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run(kr, nx, ny, args, o2), SR_OK, "%s", sr_ctx_error(ctx));
+    double big = 0;
+    for (int64_t t = 0; t < nout * D; t++)
+        big = fmax(big, fabs(o2[t]));
+    for (int64_t t = 0; t < nout * D; t++)
+        cr_assert(fabs(o1[t] - o2[t]) <= 1e-4 * big, "D %d axis %d [%lld]: %.9g, reference %.9g", D,
+                  axis, (long long)t, o1[t], o2[t]);
+    free(xa);
+    free(ya);
+    free(o1);
+    free(o2);
+    sr_kernel_free(kj);
+    sr_kernel_free(kr);
+}
+
+Test(wide_grad, radial_d100) { radial_case(100, 1); }
+Test(wide_grad, radial_d300_axis0) { radial_case(300, 0); }
