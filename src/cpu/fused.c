@@ -182,12 +182,12 @@ static bool fused_match(const sr_kernel *k, struct fused_form *m)
         if (n < 2 || b < 0)
             return false;
         sr_ctx *ctx = k->ctx;
-        sr_expr *F = neg % 2 ? sr_intcst(ctx, -1) : NULL;
+        sr_expr *F = NULL;
         for (int t = 0; t < n; t++)
             if (t != b)
                 F = F ? sr_mul(ctx, F, (sr_expr *)fac[t]) : (sr_expr *)fac[t];
-        m->f = F;
-        return F != NULL;
+        m->f = F && neg % 2 ? sr_neg(ctx, F) : F;
+        return m->f != NULL;
     }
     if (k->red == SR_SUMSOFTMAXWEIGHT && k->weight && k->fdim == 1) {
         m->f = k->f;
@@ -239,7 +239,7 @@ static void split_factors(const sr_kernel *k, struct fused_kernel *fk)
     int neg = 0, n = mul_factors(fk->f, fac, 0, FUSED_MAX_TERMS, &neg);
     fk->nfac = 1;
     fk->fac[0].f = fk->f;
-    if (n < 2 || neg) /* negations stay inside a factor of F as built by fused_match */
+    if (n < 2)
         return;
     for (int t = 0; t < n; t++) {
         bool several;
@@ -257,6 +257,8 @@ static void split_factors(const sr_kernel *k, struct fused_kernel *fk)
     }
     if (!g[0] || !g[1] || !S[1])
         return; /* one factor is enough */
+    if (neg % 2 && !(g[0] = sr_neg(k->ctx, g[0])))
+        return;
     for (int q = 0; q < FUSED_MAX_FACTORS; q++)
         fk->fac[q].f = g[q];
     fk->nfac = FUSED_MAX_FACTORS;
