@@ -184,8 +184,8 @@ static bool fused_match(const sr_kernel *k, struct fused_form *m)
         sr_ctx *ctx = k->ctx;
         sr_expr *F = NULL;
         for (int t = 0; t < n; t++)
-            if (t != b)
-                F = F ? sr_mul(ctx, F, (sr_expr *)fac[t]) : (sr_expr *)fac[t];
+            if (t != b && !(F = F ? sr_mul(ctx, F, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
+                return false; /* out of memory: not fused */
         m->f = F && neg % 2 ? sr_neg(ctx, F) : F;
         return m->f != NULL;
     }
@@ -254,6 +254,8 @@ static void split_factors(const sr_kernel *k, struct fused_kernel *fk)
                 S[q] = s;
         }
         g[q] = g[q] ? sr_mul(k->ctx, g[q], (sr_expr *)fac[t]) : (sr_expr *)fac[t];
+        if (!g[q])
+            return; /* out of memory: F as one factor */
     }
     if (!g[0] || !g[1] || !S[1])
         return; /* one factor is enough */
