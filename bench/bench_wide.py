@@ -6,6 +6,10 @@ Two jobs, float32:
              PyTorch 2.x from PyPI), i.e. the cost of the product alone.
   attention  SumSoftMaxWeight((q|k) * s, v): symred against
              torch.nn.functional.scaled_dot_product_attention on the CPU, same process.
+  attn_grad  the same through symred.torch: the backward (gradients with respect to q, k and v
+             together: the log-normalizer and three gradient kernels) against symred's own
+             forward in the same run, ratio backward / forward (target: at most 3); PyTorch's
+             scaled_dot_product_attention backward / forward beside it.
 Each figure is the best of --reps runs after one warm-up run (which compiles or loads the
 kernel), symred's and the baseline's alternating. Prints one line per case with the ratio symred / baseline; with
 SYMRED_BENCH_RECORD=FILE set, appends the run to FILE as a record (bench/record.py).
@@ -46,6 +50,8 @@ def main():
     ap.add_argument("--widths", default="1,16,64,256,1024")
     ap.add_argument("--attn", default="4096:64,4096:128,16384:64,16384:128",
                     help="N:D pairs of the attention job (N = M), empty for none")
+    ap.add_argument("--attn-grad", default="4096:64",
+                    help="N:D pairs of the attention backward job, empty for none")
     ap.add_argument("--threads", type=int, default=0, help="0: all cores")
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
@@ -55,7 +61,6 @@ def main():
     import numpy as np
     import torch
     import symred
-
     from record import Record  # bench/record.py, beside this file
 
     torch.set_num_threads(threads)
@@ -109,8 +114,61 @@ def main():
         print(f"attention N=M={N} D={D:3d}  symred {ts:8.4f} s ({strat})  sdpa {tb:8.4f} s"
               f"  ratio {ts / tb:5.2f}  rel.err {err:.1e}", flush=True)
 
+    attn_grad(a, rng, rec, torch, race)
+
     rec.data["torch"] = torch.__version__
     rec.close()
+
+def attn_grad(a, rng, rec, torch, race):
+    """Attention's backward through symred.torch against its forward, and PyTorch's SDPA
+    backward against its forward, all in this process."""
+    import numpy as np
+    import symred.torch as st
+
+    for pair in [p for p in a.attn_grad.split(",") if p]:
+        N, D = (int(v) for v in pair.split(":"))
+        q, kk, v, G = (torch.from_numpy(rng.standard_normal((N, D), dtype=np.float32))
+                       for _ in range(4))
+        s = torch.tensor([1.0 / np.sqrt(D)], dtype=torch.float32)
+        k = st.Genred("(q|k)*s", [f"q=Vi({D})", f"k=Vj({D})", "s=Pm(1)", f"v=Vj({D})"],
+                      reduction_op="SumSoftMaxWeight", axis=1, formula2="v")
+        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, kk, v))
+
+        def fwd():
+            with torch.no_grad():
+                k(q, kk, s, v)
+
+        def bwd():
+            out = k(qg, kg, s, vg)
+            torch.autograd.grad(out, (qg, kg, vg), G)
+
+        tf, tfb = race(fwd, bwd, a.reps)
+        tb = tfb - tf  # the backward alone: forward + backward less the forward
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        qt, kt, vt = (t[None, None].clone().requires_grad_(True) for t in (q, kk, v))
+
+        def tfwd():
+            with torch.no_grad():
+                sdpa(qt, kt, vt)
+
+        def tbwd():
+            torch.autograd.grad(sdpa(qt, kt, vt), (qt, kt, vt), G[None, None])
+
+        pf, pfb = race(tfwd, tbwd, a.reps)
+        pb = pfb - pf
+        # The gradients against PyTorch's (the same attention, scale 1/sqrt(D)).
+        out = k(qg, kg, s, vg)
+        ours = torch.autograd.grad(out, (qg, kg, vg), G)
+        ref = torch.autograd.grad(sdpa(qt, kt, vt), (qt, kt, vt), G[None, None])
+        err = max(float((o - r[0, 0]).abs().max() / r.abs().max()) for o, r in zip(ours, ref))
+        rec.row(job="attn_grad", n=N, d=D, r=D, symred_s=round(tb, 4), base_s=round(tf, 4),
+                baseline="symred forward", ratio=round(tb / tf, 3),
+                torch_bwd_s=round(pb, 4), torch_fwd_s=round(pf, 4),
+                torch_ratio=round(pb / pf, 3), rel_err=float(f"{err:.2e}"))
+        print(f"attn_grad N=M={N} D={D:3d}  symred backward {tb:8.4f} s / forward {tf:8.4f} s"
+              f"  ratio {tb / tf:5.2f}   (sdpa backward {pb:8.4f} s / forward {pf:8.4f} s"
+              f"  ratio {pb / pf:5.2f})  rel.err {err:.1e}", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -47,8 +47,10 @@ ABOUT = {
     "bench_wide": "Wide outputs on the fused two-product strategy ([wide.md](wide.md)): `matvec` "
                   "is `Exp(-SqDist(x,y)*g)*b` with B of R columns against the dense `K @ B` with "
                   "K prebuilt (torch, MKL); `attention` is `SumSoftMaxWeight((q|k)*s, v)` against "
-                  "`torch.nn.functional.scaled_dot_product_attention`. ratio = symred / baseline "
-                  "time.",
+                  "`torch.nn.functional.scaled_dot_product_attention`; `attn_grad` is the same "
+                  "attention's backward (q, k, v together, symred.torch) over symred's forward "
+                  "(target <= 3), with PyTorch's backward / forward beside it. ratio = symred / "
+                  "baseline time.",
     "exp_underflow": "Narrow against wide Gaussians (Sum and LogSumExp, float32 and float64): "
                      "the time at c = 200 and 5000, where most exponents underflow, over the time "
                      "at c = 0.5 (over_wide), in one process.",

@@ -14,7 +14,6 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +32,7 @@ static void setup(void)
     unsetenv("SYMRED_GEMM_KERNEL");
     unsetenv("SYMRED_MEM_LIMIT");
     unsetenv("SYMRED_NUM_THREADS");
-    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
-    have_gemm = cpu_avx512_usable() || (h != NULL && !getenv("BLIS_ARCH_TYPE"));
+    have_gemm = cpu_avx512_usable() || tu_blis_usable();
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
 }
 static void setup_blis(void)
@@ -42,8 +40,7 @@ static void setup_blis(void)
     setenv("SYMRED_GEMM_KERNEL", "blis", 1);
     setup();
     setenv("SYMRED_GEMM_KERNEL", "blis", 1);
-    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
-    have_gemm = h != NULL && !getenv("BLIS_ARCH_TYPE");
+    have_gemm = tu_blis_usable();
 }
 static void teardown(void)
 {

@@ -1,7 +1,10 @@
 /* util.c — helpers shared by the Criterion tests. */
+#define _GNU_SOURCE
 #include "util.h"
 
+#include <dlfcn.h>
 #include <math.h>
+#include <stdlib.h>
 
 uint64_t tu_rand(uint64_t *s)
 {
@@ -36,4 +39,10 @@ int tu_close(double a, double b, double rtol, double atol)
     if (isinf(a) || isinf(b))
         return a == b;
     return fabs(a - b) <= atol + rtol * fabs(b);
+}
+
+bool tu_blis_usable(void)
+{
+    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    return h != NULL && !getenv("BLIS_ARCH_TYPE");
 }

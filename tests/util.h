@@ -4,6 +4,7 @@
 
 #include "symred.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Deterministic xorshift generator: tests are reproducible. */
@@ -14,5 +15,8 @@ double tu_uniform(uint64_t *state, double lo, double hi);
 void tu_fill(void *buf, sr_dtype dtype, int64_t n, double lo, double hi, uint64_t *state);
 /* |a - b| <= atol + rtol*|b|, with NaN == NaN and equal infinities equal. */
 int tu_close(double a, double b, double rtol, double atol);
+/* Whether BLIS can be loaded for the gemm strategies (and BLIS_ARCH_TYPE does not force a
+ * sub-configuration); symred's AVX-512 gemm is the other (cpu_avx512_usable). */
+bool tu_blis_usable(void);
 
 #endif

@@ -220,6 +220,13 @@ struct sr_simp_info {
     int nhoisted;
     struct sr_cost cost, cost_user; /* as run (hoisting included), and as given */
     char *log;                      /* the passes and the rules that fired, for explain */
+    /* f and weight with the expansions that serve a gemm (sqdist-gemm, norm2diff-gemm:
+     * SqDist as norms and an inner product), NULL when none applies. Not run unless a gemm
+     * strategy takes them (sr__simp_take_gemm_form): the expansion cancels where the distance
+     * is small beside the norms, which the gemm-epilogue's exact re-ranking repairs. */
+    const sr_expr *f_gemm, *weight_gemm;
+    char *log_gemm;
+    bool gemm_form; /* k->f and k->weight are f_gemm and weight_gemm */
 };
 
 struct sr_kernel {
@@ -256,6 +263,9 @@ sr_status simp_enabled(sr_ctx *ctx, bool *on);
 sr_status simp_kernel(sr_kernel *k);
 void simp_kernel_release(sr_kernel *k);
 void simp_kernel_explain(const sr_kernel *k, struct expr_buf *b);
+/* Makes k run f_gemm and weight_gemm (a backend's gemm strategy chose them): k->f and
+ * k->weight, the hoisted terms and the cost estimate follow. No-op when there are none. */
+void sr__simp_take_gemm_form(sr_kernel *k);
 /* The backend of a kernel with a reduction rewrite (k->simp.post; src/core/post.c): an inner kernel
  * on the user's device reduces k->simp.inner, then the post formula gives the output. kernel.c
  * installs it in place of a backend whose post_rewrite is set. */

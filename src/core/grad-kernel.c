@@ -46,13 +46,18 @@ static sr_expr *grad_body(sr_ctx *ctx, const sr_kernel *k, sr_expr *v, const str
         return sr_grad(ctx, f, v, sr_mul(ctx, x->g, sr_exp(ctx, sr_sub(ctx, f, x->o))));
     case SR_SUMSOFTMAXWEIGHT: {
         /* out = sum_j s_j W_j with s_j = exp(F_j - L): d out = sum_j s_j (dW_j + (W_j - out)
-         * dF_j), so the pair's inputs are s G for W and s (G | W - out) for F. */
+         * dF_j), so the pair's inputs are s G for W and s (G | W - out) for F. That inner
+         * product is written (G | W) - (G | out): the first is a product of an output-index
+         * and a reduced-index variable (a tile of them is a gemm in the fused strategy), the
+         * second depends on the output row only. A term that is zero (v not in F, or not in
+         * W) is left out, so that the body is one product of scalars and a variable. */
         sr_expr *w = (sr_expr *)k->simp.weight_user;
         sr_expr *s = sr_exp(ctx, sr_sub(ctx, f, x->aux));
-        sr_expr *gf =
-            sr_grad(ctx, f, v, sr_mul(ctx, s, sr_scalprod(ctx, x->g, sr_sub(ctx, w, x->o))));
+        sr_expr *gw_in = sr_sub(ctx, sr_scalprod(ctx, x->g, w), sr_scalprod(ctx, x->g, x->o));
+        sr_expr *gf = sr_grad(ctx, f, v, sr_mul(ctx, s, gw_in));
         sr_expr *gw = sr_grad(ctx, w, v, sr_mul(ctx, s, x->g));
-        return sr_add(ctx, gf, gw);
+        sr_expr *zero = expr_zeros(ctx, v->dim);
+        return gw == zero ? gf : gf == zero ? gw : sr_add(ctx, gf, gw);
     }
     case SR_MIN:
     case SR_MAX:

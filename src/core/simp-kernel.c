@@ -328,6 +328,25 @@ static void estimate(sr_kernel *k)
     }
 }
 
+/* f and weight simplified with options o: returns f's form, *w2 the weight's (NULL without
+ * one), *log the rules that fired (NULL when out of memory). */
+static const sr_expr *simplify_into(sr_kernel *k, const sr_expr *f, const sr_expr *w,
+                                    const struct simp_opts *o, sr_expr **w2, char **log)
+{
+    struct expr_buf b = {0};
+    sr_expr *f2;
+    simp_expr(k->ctx, (sr_expr *)f, o, &f2, &b);
+    *w2 = NULL;
+    if (w) {
+        expr_buf_printf(&b, "  weight:\n");
+        simp_expr(k->ctx, (sr_expr *)w, o, w2, &b);
+    }
+    if (b.oom)
+        free(b.data);
+    *log = b.oom ? NULL : b.data;
+    return f2;
+}
+
 sr_status simp_kernel(sr_kernel *k)
 {
     k->simp.f_user = k->f;
@@ -336,21 +355,24 @@ sr_status simp_kernel(sr_kernel *k)
     if (st0 != SR_OK)
         return st0;
     if (k->simp.enabled) {
-        struct simp_opts o;
-        simp_opts_default(&o);
-        struct expr_buf log = {0};
-        sr_expr *f2, *w2;
-        simp_expr(k->ctx, (sr_expr *)k->f, &o, &f2, &log);
-        if (k->weight) {
-            expr_buf_printf(&log, "  weight:\n");
-            simp_expr(k->ctx, (sr_expr *)k->weight, &o, &w2, &log);
-            k->weight = w2;
+        /* The expansions that serve a gemm are left out here: a strategy that takes them asks
+         * for the second form (sr__simp_take_gemm_form). */
+        struct simp_opts o, og;
+        simp_opts_default(&og);
+        o = og;
+        o.gemm_min_dim = 0;
+        sr_expr *w2 = NULL;
+        k->f = simplify_into(k, k->f, k->weight, &o, &w2, &k->simp.log);
+        k->weight = w2;
+        char *logg = NULL;
+        const sr_expr *fg = simplify_into(k, k->f, k->weight, &og, &w2, &logg);
+        if (fg != k->f || w2 != k->weight) {
+            k->simp.f_gemm = fg;
+            k->simp.weight_gemm = w2;
+            k->simp.log_gemm = logg;
+        } else {
+            free(logg);
         }
-        k->f = f2;
-        if (log.oom)
-            free(log.data);
-        else
-            k->simp.log = log.data;
         sr_status pending = expr_ctx(k->ctx)->err.pending;
         plan_reduction(k);
         collect_hoisted(k, k->f);
@@ -361,8 +383,27 @@ sr_status simp_kernel(sr_kernel *k)
     return SR_OK;
 }
 
+void sr__simp_take_gemm_form(sr_kernel *k)
+{
+    if (!k->simp.f_gemm || k->simp.gemm_form)
+        return;
+    k->f = k->simp.f_gemm;
+    k->weight = k->simp.weight_gemm;
+    k->simp.gemm_form = true;
+    free(k->simp.hoisted);
+    k->simp.hoisted = NULL;
+    k->simp.nhoisted = 0;
+    sr_status pending = expr_ctx(k->ctx)->err.pending;
+    collect_hoisted(k, k->f);
+    collect_hoisted(k, k->weight);
+    expr_ctx(k->ctx)->err.pending = pending;
+    estimate(k);
+}
+
 void simp_kernel_release(sr_kernel *k)
 {
+    free(k->simp.log_gemm);
+    k->simp.log_gemm = NULL;
     free(k->simp.log);
     free(k->simp.hoisted);
     k->simp.log = NULL;
@@ -391,6 +432,12 @@ void simp_kernel_explain(const sr_kernel *k, struct expr_buf *b)
             expr_buf_printf(b, "%s", si->log);
         else
             expr_buf_printf(b, "  no rule applies\n");
+        if (si->gemm_form)
+            expr_buf_printf(b, "for the gemm (the strategy below):\n%s",
+                            si->log_gemm ? si->log_gemm : "");
+        else if (si->f_gemm)
+            expr_buf_printf(b, "not applied (no gemm strategy runs this kernel): the expansion "
+                               "of SqDist into norms and an inner product\n");
         expr_buf_printf(b, "simplified formula: ");
         expr_print_to(b, k->f);
         expr_buf_printf(b, "\n");

@@ -273,6 +273,10 @@ extern const struct sr_backend_i cpu_gemm_backend;
  * through which F and the weight of k depend on the pair, if there is exactly one; NULL
  * otherwise. *epi: the cost model's flops per pair of the other pair nodes. */
 const sr_expr *cpu_gemm_find_node(const struct sr_kernel *k, int *va, int *vb, double *epi);
+/* k with its formulas in the simplifier's gemm form (SqDist as norms and an inner product,
+ * k->simp.f_gemm), copied into *kx, when there is one; else k itself. A strategy that runs that
+ * form makes it k's own with sr__simp_take_gemm_form. */
+const struct sr_kernel *cpu_gemm_form(const struct sr_kernel *k, struct sr_kernel *kx);
 
 /* BLIS, loaded at first use (gemm.c): whether it can be used (else why), the sub-configuration
  * it picked, and C (m x n, row stride ldc) = A B (+ C when beta), A and B with row and column

@@ -1,13 +1,19 @@
 /*
  * fused.c — the fused two-product strategy: wide outputs, out_o = RED_r F(o, r) B_r with F scalar
  * and B a variable of the reduced axis of width R (a kernel matrix times R right-hand sides; a
- * softmax-weighted sum of vectors, attention).
+ * softmax-weighted sum of vectors, attention). The gradients of these reductions have the same
+ * shape: attention's dq, dk and dv are Sums of F B with F the product of two factors, each a
+ * function of one inner product (exp((q|k) s - L) and (G|v) - (G|o)); the Gaussian mat-vec's
+ * dx is a Sum of F (x_i - y_j), done as x_i sum_j F - sum_j F y_j (the row sums of F beside the
+ * product), with F holding the inner product (G_i|b_j) of the incoming gradient and B.
  *
  * Per thread, a block of TI output rows walks the reduced range in tiles of TJ indices:
  *   1. the TI x TJ tile of F, formed in cache by generated code (the JIT module of F alone, its
  *      sr_block entry point): per pair for a low-dimensional F, or, when F depends on the pair
  *      only through one inner product of dimension at least SR_GEMM_MIN_DIM, from a tile of
- *      inner products by symred's AVX-512 gemm plus the generated pointwise epilogue;
+ *      inner products by symred's AVX-512 gemm plus the generated pointwise epilogue; an F that
+ *      is a product of factors over two such inner products is formed as the elementwise
+ *      product of one tile per factor, each from its own gemm and module;
  *   2. SumSoftMaxWeight only: the online softmax, per row the running maximum m, the output row
  *      and the running sum rescaled by exp(m_old - m) when the maximum grows, and the tile
  *      replaced by exp(F - m) (0 where F is -inf);
@@ -55,20 +61,34 @@
 
 enum { KERN_AVX512, KERN_BLIS };
 
-struct fused_kernel {
-    int kern;           /* the products' gemm */
-    int bvar;           /* the argument index of B */
-    int R;              /* its width */
-    int rc;             /* columns of B per pass over the reduced range */
-    const sr_expr *f;   /* the scalar F */
-    int gemm;           /* F's tile from a tile of inner products */
-    int va, vb, dim;    /* the inner product's operands (gemm) */
-    int ti, tj;         /* output rows per block, reduced indices per tile */
-    int64_t per_thread; /* workspace bytes per thread */
-    const char *why;    /* why this strategy was chosen */
+/* F as a product of at most this many factors, each of which depends on the pair through at
+ * most one inner product of two variables that a gemm computes (attention's gradient:
+ * exp((q|k) s - L) times (G|v) - (G|o)). */
+#define FUSED_MAX_FACTORS 2
+
+/* One factor of F: the JIT module that forms its tile. */
+struct fused_factor {
+    const sr_expr *f;
+    int gemm;        /* its tile from a tile of inner products */
+    int va, vb, dim; /* the inner product's operands (gemm) */
     struct jit_module *m;
     struct jit_plan plan;
     struct jit_load_info info;
+};
+
+struct fused_kernel {
+    int kern;         /* the products' gemm */
+    int bvar;         /* the argument index of B */
+    int avar;         /* A (struct fused_form), or -1 */
+    int bsign, asign; /* the signs of B's and A's terms */
+    int R;            /* its width */
+    int rc;           /* columns of B per pass over the reduced range */
+    const sr_expr *f; /* the scalar F */
+    int nfac;         /* factors of F, each with its module */
+    struct fused_factor fac[FUSED_MAX_FACTORS];
+    int ti, tj;         /* output rows per block, reduced indices per tile */
+    int64_t per_thread; /* workspace bytes per thread */
+    const char *why;    /* why this strategy was chosen */
 };
 
 /* The reduced-axis variable argument that e is, or -1. */
@@ -80,45 +100,189 @@ static int reduced_var_arg(const sr_kernel *k, const sr_expr *e)
     return (int)e->iattr[0];
 }
 
-/* Whether k is a fused two-product: Sum of F * B or F * B (B first or second), or
- * SumSoftMaxWeight of F with weight B; F scalar, B a reduced-axis variable. Sets *f and *bvar. */
-static bool fused_match(const sr_kernel *k, const sr_expr **f, int *bvar)
+/* The factors of e (dimension 1 or fdim) through products and negations, at most nmax: fac
+ * gets them, *neg counts the negations. Returns their number, or -1 when there are more. */
+static int mul_factors(const sr_expr *e, const sr_expr **fac, int n, int nmax, int *neg)
 {
-    if (k->red == SR_SUM && !k->weight && k->f->op == OP_MUL) {
-        for (int c = 0; c < 2; c++) {
-            const sr_expr *b = k->f->child[c], *s = k->f->child[1 - c];
-            int v = reduced_var_arg(k, b);
-            if (v >= 0 && s->dim == 1 && b->dim == k->fdim) {
-                *f = s;
-                *bvar = v;
-                return true;
-            }
-        }
-        return false;
+    if (n < 0)
+        return n;
+    if (e->op == OP_MUL)
+        return mul_factors(e->child[1], fac, mul_factors(e->child[0], fac, n, nmax, neg), nmax,
+                           neg);
+    if (e->op == OP_MINUS) {
+        ++*neg;
+        return mul_factors(e->child[0], fac, n, nmax, neg);
     }
-    if (k->red == SR_SUMSOFTMAXWEIGHT && k->weight && k->fdim == 1) {
-        int v = reduced_var_arg(k, k->weight);
-        if (v < 0)
-            return false;
-        *f = k->f;
-        *bvar = v;
+    if (n == nmax)
+        return -1;
+    fac[n] = e;
+    return n + 1;
+}
+
+#define FUSED_MAX_TERMS 16
+
+/* What fused_match found: out_o = bsign sum_r F(o, r) B_r + asign A_o sum_r F(o, r), with A an
+ * output-index variable of B's width or none (avar < 0). */
+struct fused_form {
+    const sr_expr *f; /* the scalar F */
+    int bvar, avar;   /* argument indices of B and A */
+    int bsign, asign;
+};
+
+/* The output-axis variable argument that e is, or -1. */
+static int output_var_arg(const sr_kernel *k, const sr_expr *e)
+{
+    unsigned cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    if (e->op != OP_VAR || e->iattr[1] != (int64_t)cat)
+        return -1;
+    return (int)e->iattr[0];
+}
+
+/* Whether the vector factor e is B, or A - B, B - A, A + B (the gradient of a radial kernel:
+ * x_i - y_j); sets m's variables and signs. */
+static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct fused_form *m)
+{
+    m->bsign = 1;
+    m->avar = -1;
+    m->asign = 0;
+    if ((m->bvar = reduced_var_arg(k, e)) >= 0)
+        return true;
+    if (e->op != OP_SUB && e->op != OP_ADD)
+        return false;
+    for (int c = 0; c < 2; c++) {
+        int a = output_var_arg(k, e->child[c]), b = reduced_var_arg(k, e->child[1 - c]);
+        if (a < 0 || b < 0 || e->child[0]->dim != e->dim || e->child[1]->dim != e->dim)
+            continue;
+        m->avar = a;
+        m->bvar = b;
+        m->asign = e->op == OP_SUB && c == 1 ? -1 : 1;
+        m->bsign = e->op == OP_SUB && c == 0 ? -1 : 1;
         return true;
     }
     return false;
 }
 
+/* Whether k is a fused two-product: Sum of a product of scalars and one vector factor (B, or
+ * A - B, ... as vector_factor) in any order and nesting, with negations (F * B, s k_j Exp(..)
+ * (G|v), 2 g (b|G) (x - y) Exp(..)), or SumSoftMaxWeight of a scalar F with weight B. Sets m;
+ * F is built as the product of the scalar factors. */
+static bool fused_match(const sr_kernel *k, struct fused_form *m)
+{
+    if (k->red == SR_SUM && !k->weight) {
+        const sr_expr *fac[FUSED_MAX_TERMS];
+        int neg = 0, n = mul_factors(k->f, fac, 0, FUSED_MAX_TERMS, &neg), b = -1;
+        for (int t = 0; t < n; t++) {
+            /* Scalar F (the formula of one value): B is its first reduced-axis variable. */
+            if (fac[t]->dim == 1 && (b >= 0 || k->fdim > 1 || reduced_var_arg(k, fac[t]) < 0))
+                continue;
+            if (b >= 0 || fac[t]->dim != k->fdim || !vector_factor(k, fac[t], m))
+                return false; /* a vector that is not B, or two of them */
+            b = t;
+        }
+        if (n < 2 || b < 0)
+            return false;
+        sr_ctx *ctx = k->ctx;
+        sr_expr *F = NULL;
+        for (int t = 0; t < n; t++)
+            if (t != b && !(F = F ? sr_mul(ctx, F, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
+                return false; /* out of memory: not fused */
+        m->f = F && neg % 2 ? sr_neg(ctx, F) : F;
+        return m->f != NULL;
+    }
+    if (k->red == SR_SUMSOFTMAXWEIGHT && k->weight && k->fdim == 1) {
+        m->f = k->f;
+        m->avar = -1;
+        m->bsign = 1;
+        m->asign = 0;
+        return (m->bvar = reduced_var_arg(k, k->weight)) >= 0;
+    }
+    return false;
+}
+
+/* The inner product of two variables, one per side, of dimension at least SR_GEMM_MIN_DIM,
+ * that e depends on; NULL if none; *several when there is more than one. */
+static const sr_expr *wide_scalprod(const sr_kernel *k, const sr_expr *e, bool *several)
+{
+    sr_kernel ke = *k;
+    ke.f = e;
+    ke.weight = NULL;
+    int va, vb;
+    double epi;
+    const sr_expr *S = cpu_gemm_find_node(&ke, &va, &vb, &epi);
+    *several = false;
+    if (S)
+        return S->child[0]->dim >= SR_GEMM_MIN_DIM ? S : NULL;
+    /* NULL: none, or more than one; tell them apart by the pair-dependent products. */
+    size_t n = expr_toposort(e, NULL, 0);
+    const sr_expr **order = malloc((n ? n : 1) * sizeof *order);
+    if (!order)
+        return NULL;
+    expr_toposort(e, order, n);
+    int found = 0;
+    for (size_t t = 0; t < n; t++)
+        found += order[t]->op == OP_SCALPROD && order[t]->child[0]->op == OP_VAR &&
+                 order[t]->child[1]->op == OP_VAR &&
+                 (order[t]->deps & (DEP_I | DEP_J)) == (DEP_I | DEP_J);
+    free(order);
+    *several = found > 1;
+    return NULL;
+}
+
+/* Splits the scalar F into at most FUSED_MAX_FACTORS factors, each depending on the pair
+ * through at most one wide inner product (so that each factor's tile can come from one gemm):
+ * the first takes the factors with no wide inner product, or with several. Sets fk->nfac and
+ * each factor's formula. */
+static void split_factors(const sr_kernel *k, struct fused_kernel *fk)
+{
+    const sr_expr *fac[FUSED_MAX_TERMS], *S[FUSED_MAX_FACTORS] = {0};
+    sr_expr *g[FUSED_MAX_FACTORS] = {0};
+    int neg = 0, n = mul_factors(fk->f, fac, 0, FUSED_MAX_TERMS, &neg);
+    fk->nfac = 1;
+    fk->fac[0].f = fk->f;
+    if (n < 2)
+        return;
+    for (int t = 0; t < n; t++) {
+        bool several;
+        const sr_expr *s = wide_scalprod(k, fac[t], &several);
+        int q = 0;
+        if (s && !several) {
+            for (q = 0; q < FUSED_MAX_FACTORS && S[q] && S[q] != s; q++)
+                ;
+            if (q == FUSED_MAX_FACTORS)
+                q = 0;
+            else if (!S[q])
+                S[q] = s;
+        }
+        g[q] = g[q] ? sr_mul(k->ctx, g[q], (sr_expr *)fac[t]) : (sr_expr *)fac[t];
+        if (!g[q])
+            return; /* out of memory: F as one factor */
+    }
+    if (!g[0] || !g[1] || !S[1])
+        return; /* one factor is enough */
+    if (neg % 2 && !(g[0] = sr_neg(k->ctx, g[0])))
+        return;
+    for (int q = 0; q < FUSED_MAX_FACTORS; q++)
+        fk->fac[q].f = g[q];
+    fk->nfac = FUSED_MAX_FACTORS;
+}
+
 /* The choice between the direct and the fused strategies, in one place: the fused one when B
- * is at least the measured crossover width, or when the direct strategy cannot take the formula
- * (more than 64 values of F and weight per pair). Returns why, or NULL for the direct one. */
-static const char *fused_choose(const sr_kernel *k, int R)
+ * is at least the measured crossover width, when the direct strategy cannot take the formula
+ * (more than 64 values of F and weight per pair), or, for A - B, when a factor of F comes from
+ * a gemm (the direct strategy would form that inner product pair by pair). Returns why, or NULL
+ * for the direct one. */
+static const char *fused_choose(const sr_kernel *k, const struct fused_kernel *fk)
 {
     int DG = k->weight ? k->weight->dim : 0;
     if (k->fdim + DG > 64)
         return "output or weight wider than the direct strategy's 64 values per pair";
     int min = k->red == SR_SUM ? FUSED_MIN_WIDTH_SUM : FUSED_MIN_WIDTH_SSMW;
-    if (R >= min)
+    if (fk->R >= min)
         return k->red == SR_SUM ? "B at least 4 wide: the product beats the direct strategy"
                                 : "softmax weight: the product beats the direct strategy";
+    for (int q = 0; q < fk->nfac && fk->avar >= 0; q++)
+        if (fk->fac[q].gemm)
+            return "F's inner products by the gemm";
     return NULL;
 }
 
@@ -130,25 +294,32 @@ static int64_t al64(int64_t v) { return (v + 63) / 64 * 64; }
 static int64_t ld_pass(const struct fused_kernel *fk) { return fk->rc + 16; }
 
 /* One thread's workspace for tiles ti x tj: the tile of F and its packed copy, the packed block
- * of B, the row states (maximum and sum), the module's own tile; gemm: the tile of inner
- * products and both packed operands. */
+ * of B, the row states (maximum and sum), the modules' own tiles, the tile of each further
+ * factor of F; per factor from a gemm: the tile of inner products and both packed operands. */
 static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, int ti, int tj)
 {
     int f64 = k->dtype == SR_F64;
-    int64_t es = f64 ? 8 : 4, D = fk->gemm ? fk->dim : 0;
+    int64_t es = f64 ? 8 : 4, D = 0;
     int64_t b = al64((int64_t)ti * tj * es) + al64((int64_t)ti * 16) +
-                al64(((int64_t)k->nargs + 2) * (int64_t)sizeof(void *)) + fk->plan.workspace_bytes +
-                64;
-    if (fk->gemm)
+                al64(((int64_t)k->nargs + 2) * (int64_t)sizeof(void *)) + 64;
+    if (fk->nfac > 1)
         b += al64((int64_t)ti * tj * es);
+    for (int q = 0; q < fk->nfac; q++) {
+        const struct fused_factor *fc = &fk->fac[q];
+        b += fc->plan.workspace_bytes;
+        if (!fc->gemm)
+            continue;
+        D = fc->dim > D ? fc->dim : D;
+        b += al64((int64_t)ti * tj * es);
+        if (fk->kern == KERN_AVX512)
+            b += al64(cpu_avx512_pack_a_bytes(ti, fc->dim, f64)) +
+                 al64(cpu_avx512_pack_b_bytes(tj, fc->dim, f64));
+    }
     if (fk->rc < fk->R)
         b += al64((int64_t)ti * ld_pass(fk) * es) + al64((int64_t)tj * ld_pass(fk) * es);
     if (fk->kern == KERN_AVX512) {
         b += al64(cpu_avx512_pack_a_bytes(ti, tj, f64)) +
              al64(cpu_avx512_pack_b_bytes(fk->rc, tj, f64));
-        if (fk->gemm)
-            b += al64(cpu_avx512_pack_a_bytes(ti, D, f64)) +
-                 al64(cpu_avx512_pack_b_bytes(tj, D, f64));
     } else {
         /* BLIS packs into its own buffers: both operands of the larger product, an estimate. */
         int64_t kk = tj > D ? tj : D, nn = fk->rc > tj ? fk->rc : tj;
@@ -159,17 +330,47 @@ static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, i
 
 static void fused_free(sr_ctx *ctx, struct fused_kernel *fk)
 {
-    if (fk->m)
-        jit_module_release(ctx, fk->m);
+    for (int q = 0; q < fk->nfac; q++)
+        if (fk->fac[q].m)
+            jit_module_release(ctx, fk->fac[q].m);
     free(fk);
 }
 
-sr_status cpu_fused_prepare(sr_kernel *k, int acc)
+/* The source of factor q's module for tiles fk->ti x fk->tj: F's factor alone as a scalar Sum,
+ * used through its sr_block, reading its inner products from args[nargs] when from a gemm. */
+static sr_status emit_factor(const sr_kernel *k, struct fused_kernel *fk, int q, const sr_expr *S,
+                             struct expr_buf *src)
+{
+    struct fused_factor *fc = &fk->fac[q];
+    sr_kernel kf = *k;
+    kf.f = fc->f;
+    kf.fdim = 1;
+    kf.out_dim = 1;
+    kf.weight = NULL;
+    kf.red = SR_SUM;
+    kf.k = 0;
+    int64_t lim = k->ctx->mem_limit;
+    memset(&fc->plan, 0, sizeof fc->plan);
+    fc->plan.ws_limit = lim > 0 ? lim / 4 : 0;
+    if (fc->gemm) {
+        fc->plan.gemm = S;
+        fc->plan.gemm_arg = k->nargs;
+        fc->plan.gemm_ld = fk->tj;
+        fc->plan.gemm_rows = fk->ti;
+    }
+    sr_status st = jit_emit_c(&kf, JIT_ACC_BLOCK, src, &fc->plan);
+    if (st == SR_OK && src->oom)
+        st = SR_ENOMEM;
+    return st;
+}
+
+/* Plans k on the fused strategy with the formulas of km (k's own, or with SqDist expanded for a
+ * gemm); with gemm_form, only when a factor of F then comes from a gemm. */
+static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool gemm_form)
 {
     sr_ctx *ctx = k->ctx;
-    const sr_expr *f;
-    int bvar;
-    if (!fused_match(k, &f, &bvar))
+    struct fused_form fm = {NULL, -1, -1, 1, 0};
+    if (!fused_match(km, &fm))
         return SR_ENOTSUP;
     /* The products: symred's AVX-512 gemm where the CPU has it, else BLIS (SYMRED_GEMM_KERNEL). */
     int kern;
@@ -180,32 +381,40 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
         return SR_ENOTSUP;
     if (k->dtype == SR_F32 && acc != JIT_ACC_BLOCK)
         return SR_ENOTSUP; /* Kahan and float64 accumulation: the direct strategy */
-    int R = k->vars[bvar].dim;
-    const char *why = fused_choose(k, R);
-    if (!why)
-        return SR_ENOTSUP;
+    int R = k->vars[fm.bvar].dim;
     struct fused_kernel *fk = calloc(1, sizeof *fk);
     if (!fk)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     fk->kern = kern;
-    fk->bvar = bvar;
+    fk->bvar = fm.bvar;
+    fk->avar = fm.avar;
+    fk->bsign = fm.bsign;
+    fk->asign = fm.asign;
     fk->R = R;
     fk->rc = R < FUSED_COLS ? R : FUSED_COLS;
-    fk->f = f;
-    fk->why = why;
-    /* The module of F alone: a scalar Sum, used through its sr_block. */
-    sr_kernel kf = *k;
-    kf.f = f;
-    kf.fdim = 1;
-    kf.out_dim = 1;
-    kf.weight = NULL;
-    kf.red = SR_SUM;
-    kf.k = 0;
-    double epi = 0;
-    const sr_expr *S = cpu_gemm_find_node(&kf, &fk->va, &fk->vb, &epi);
-    if (S && S->child[0]->dim >= SR_GEMM_MIN_DIM && epi <= S->child[0]->dim) {
-        fk->gemm = 1;
-        fk->dim = S->child[0]->dim;
+    fk->f = fm.f;
+    split_factors(k, fk);
+    /* Each factor's tile from a tile of inner products when it depends on the pair through
+     * one, of dimension at least SR_GEMM_MIN_DIM, and little else. */
+    const sr_expr *S[FUSED_MAX_FACTORS] = {0};
+    for (int q = 0; q < fk->nfac; q++) {
+        struct fused_factor *fc = &fk->fac[q];
+        sr_kernel kf = *k;
+        kf.f = fc->f;
+        kf.weight = NULL;
+        double epi = 0;
+        S[q] = cpu_gemm_find_node(&kf, &fc->va, &fc->vb, &epi);
+        if (S[q] && S[q]->child[0]->dim >= SR_GEMM_MIN_DIM && epi <= S[q]->child[0]->dim) {
+            fc->gemm = 1;
+            fc->dim = S[q]->child[0]->dim;
+        }
+    }
+    bool gemm_factor = false;
+    for (int q = 0; q < fk->nfac; q++)
+        gemm_factor |= fk->fac[q].gemm != 0;
+    if ((gemm_form && !gemm_factor) || !(fk->why = fused_choose(k, fk))) {
+        free(fk);
+        return SR_ENOTSUP;
     }
     /* Tiles: a multiple of the AVX-512 micro-kernel's 14 rows, and 256 reduced indices (one K
      * block of BLIS's zen3 sgemm, one of ours). Measured under load on this 2-core AVX2 VM with
@@ -217,25 +426,17 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
     fk->tj = 256;
     if (kern == KERN_AVX512 && fk->tj > cpu_avx512_kc_max(k->dtype == SR_F64))
         fk->tj = (int)cpu_avx512_kc_max(k->dtype == SR_F64); /* one K block per tile */
+    struct expr_buf src[FUSED_MAX_FACTORS] = {{0}};
     for (;;) {
-        struct expr_buf src = {0};
-        memset(&fk->plan, 0, sizeof fk->plan);
-        fk->plan.ws_limit = lim > 0 ? lim / 4 : 0;
-        if (fk->gemm) {
-            fk->plan.gemm = S;
-            fk->plan.gemm_arg = k->nargs;
-            fk->plan.gemm_ld = fk->tj;
-            fk->plan.gemm_rows = fk->ti;
+        bool any_gemm = false;
+        for (int q = 0; q < fk->nfac && st == SR_OK; q++) {
+            free(src[q].data);
+            memset(&src[q], 0, sizeof src[q]);
+            st = emit_factor(k, fk, q, S[q], &src[q]);
+            any_gemm |= fk->fac[q].gemm != 0;
         }
-        st = jit_emit_c(&kf, JIT_ACC_BLOCK, &src, &fk->plan);
-        if (st == SR_OK && src.oom)
-            st = SR_ENOMEM;
-        if (st != SR_OK) {
-            free(src.data);
-            fused_free(ctx, fk);
-            return st == SR_ENOTSUP ? SR_ENOTSUP
-                                    : sr__error(ctx, st, "fused two-product: cannot emit F's tile");
-        }
+        if (st != SR_OK)
+            break;
         int ti = fk->ti, tj = fk->tj;
         while (lim > 0 && thread_bytes(k, fk, ti, tj) > lim && (ti > 14 || tj > 16)) {
             if (ti > 14)
@@ -243,39 +444,60 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
             else
                 tj /= 2;
         }
-        if (fk->gemm && (ti != fk->ti || tj != fk->tj)) {
+        if (any_gemm && (ti != fk->ti || tj != fk->tj)) {
             fk->ti = ti; /* the tile's leading dimension is compiled in: emit again */
             fk->tj = tj;
-            free(src.data);
             continue;
         }
         fk->ti = ti;
         fk->tj = tj;
         fk->per_thread = thread_bytes(k, fk, ti, tj);
-        if (lim > 0 && fk->per_thread > lim) {
-            free(src.data);
-            fused_free(ctx, fk);
-            return SR_ENOTSUP; /* the direct strategy reports the budget */
-        }
-        st = jit_module_get(ctx, src.data, src.len, &fk->m, &fk->info);
-        free(src.data);
+        if (lim > 0 && fk->per_thread > lim)
+            st = SR_ENOTSUP; /* the direct strategy reports the budget */
         break;
     }
-    if (st == SR_OK && !fk->m->block)
-        st = SR_ENOTSUP;
+    for (int q = 0; q < fk->nfac && st == SR_OK; q++) {
+        struct fused_factor *fc = &fk->fac[q];
+        st = jit_module_get(ctx, src[q].data, src[q].len, &fc->m, &fc->info);
+        if (st == SR_OK && !fc->m->block)
+            st = SR_ENOTSUP;
+    }
+    for (int q = 0; q < fk->nfac; q++)
+        free(src[q].data);
     if (st != SR_OK) {
         fused_free(ctx, fk);
-        return st == SR_ENODEV ? SR_ENOTSUP : st;
+        if (st == SR_ENOTSUP || st == SR_ENODEV)
+            return SR_ENOTSUP;
+        return st == SR_ENOMEM ? sr__error(ctx, st, "fused two-product: cannot emit F's tile") : st;
     }
+    if (gemm_form)
+        sr__simp_take_gemm_form(k);
     k->backend = &cpu_fused_backend;
     k->backend_data = fk;
     return SR_OK;
 }
 
+sr_status cpu_fused_prepare(sr_kernel *k, int acc)
+{
+    /* F with SqDist expanded into norms and an inner product (the simplifier's gemm form) when
+     * that gives a factor of F its gemm: an absolute error of about the rounding of the norms
+     * in each distance (docs/wide.md), which a smooth F and a sum take as they take rounding;
+     * else F as simplified. */
+    sr_kernel kx;
+    const sr_kernel *km = cpu_gemm_form(k, &kx);
+    if (km != k) {
+        sr_status st = prepare_form(k, km, acc, true);
+        if (st != SR_ENOTSUP)
+            return st;
+    }
+    return prepare_form(k, k, acc, false);
+}
+
 /* ---- run ----------------------------------------------------------------------------------- */
 
 struct fused_ws {
-    char *F, *Ap, *Bp, *G, *Qp, *Kp;
+    char *F, *F2, *Ap, *Bp;
+    char *G[FUSED_MAX_FACTORS], *Qp[FUSED_MAX_FACTORS], *Kp[FUSED_MAX_FACTORS];
     char *Cb, *Vb; /* passes over B's columns: the pass's output block and tile of B */
     double *m, *s; /* SumSoftMaxWeight: running maximum and sum per row */
     const void **args;
@@ -305,20 +527,26 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
         TAKE(w->Cb, ti * ld_pass(fk) * es);
         TAKE(w->Vb, tj * ld_pass(fk) * es);
     }
-    if (fk->gemm)
-        TAKE(w->G, ti * tj * es);
+    if (fk->nfac > 1)
+        TAKE(w->F2, ti * tj * es);
+    for (int q = 0; q < fk->nfac; q++) {
+        const struct fused_factor *fc = &fk->fac[q];
+        if (!fc->gemm)
+            continue;
+        TAKE(w->G[q], ti * tj * es);
+        if (fk->kern == KERN_AVX512) {
+            TAKE(w->Qp[q], cpu_avx512_pack_a_bytes(ti, fc->dim, f64));
+            TAKE(w->Kp[q], cpu_avx512_pack_b_bytes(tj, fc->dim, f64));
+        }
+    }
     if (fk->kern == KERN_AVX512) {
         TAKE(w->Ap, cpu_avx512_pack_a_bytes(ti, tj, f64));
         TAKE(w->Bp, cpu_avx512_pack_b_bytes(fk->rc, tj, f64));
-        if (fk->gemm) {
-            TAKE(w->Qp, cpu_avx512_pack_a_bytes(ti, fk->dim, f64));
-            TAKE(w->Kp, cpu_avx512_pack_b_bytes(tj, fk->dim, f64));
-        }
     }
 #undef TAKE
     for (int v = 0; v < k->nargs; v++)
         w->args[v] = r->args[v];
-    w->args[k->nargs] = w->G;
+    w->args[k->nargs] = NULL;
     w->args[k->nargs + 1] = NULL;
     return true;
 }
@@ -464,6 +692,94 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
     }
 }
 
+/* The tile of F on rows [o0, o1) x reduced indices [rt, rt + nj), row stride nj, in w->F: each
+ * factor's tile by its module (from its tile of inner products G = Q Kt^T, of row stride tj,
+ * when it has one), multiplied together. Nonzero when out of memory (a module's tile). */
+static int factor_tiles(const sr_kernel *k, const struct fused_kernel *fk, const sr_run_desc *r,
+                        struct fused_ws *w, int64_t o0, int64_t o1, int64_t rt, int64_t nj)
+{
+    const int f64 = k->dtype == SR_F64;
+    const int64_t es = f64 ? 8 : 4, no = o1 - o0;
+    for (int q = 0; q < fk->nfac; q++) {
+        const struct fused_factor *fc = &fk->fac[q];
+        if (fc->gemm) {
+            const int64_t D = fc->dim;
+            const char *Q = (const char *)r->args[fc->va] + o0 * D * es;
+            const char *Kt = (const char *)r->args[fc->vb] + rt * D * es;
+            /* G (no x nj, row stride tj) = Q Kt^T, Kt stored nj x D row-major. */
+            if (fk->kern == KERN_AVX512)
+                cpu_avx512_gemm(f64, no, nj, D, w->Qp[q], Kt, w->Kp[q], w->G[q], fk->tj);
+            else
+                cpu_blis_gemm(f64, no, nj, D, Q, D, 1, Kt, 1, D, 0, w->G[q], fk->tj);
+        }
+        w->args[k->nargs] = w->G[q];
+        if (fc->m->block(o0, o1, rt, rt + nj, w->args, q ? w->F2 : w->F, nj, 1))
+            return 1;
+        if (q == 0)
+            continue;
+        const int64_t n = no * nj;
+        if (f64) {
+            double *F = (double *)w->F;
+            const double *F2 = (const double *)w->F2;
+#pragma omp simd
+            for (int64_t c = 0; c < n; c++)
+                F[c] *= F2[c];
+        } else {
+            float *F = (float *)w->F;
+            const float *F2 = (const float *)w->F2;
+#pragma omp simd
+            for (int64_t c = 0; c < n; c++)
+                F[c] *= F2[c];
+        }
+    }
+    return 0;
+}
+
+/* w->s[o] += the sum of row o of the tile of F (row stride nj), o < no. */
+static void row_sums(int f64, struct fused_ws *w, int64_t no, int64_t nj)
+{
+    for (int64_t o = 0; o < no; o++) {
+        double t = 0;
+        if (f64) {
+            const double *F = (const double *)w->F + o * nj;
+#pragma omp simd reduction(+ : t)
+            for (int64_t c = 0; c < nj; c++)
+                t += F[c];
+        } else {
+            const float *F = (const float *)w->F + o * nj;
+            float tf = 0;
+#pragma omp simd reduction(+ : tf)
+            for (int64_t c = 0; c < nj; c++)
+                tf += F[c];
+            t = tf;
+        }
+        w->s[o] += t;
+    }
+}
+
+/* out = bsign out + asign A_o sum_r F(o, r) on the pass's block (no rows, cols columns from
+ * c0, row stride ldo): the A term of A - B, from the row sums of F. */
+static void add_a_term(const sr_kernel *k, const struct fused_kernel *fk, const sr_run_desc *r,
+                       struct fused_ws *w, char *out, int64_t ldo, int64_t o0, int64_t no, int c0,
+                       int cols)
+{
+    const int R = fk->R;
+    for (int64_t o = 0; o < no; o++) {
+        const double sa = fk->asign * w->s[o], sb = fk->bsign;
+        if (k->dtype == SR_F64) {
+            const double *A = (const double *)r->args[fk->avar] + (o0 + o) * R + c0;
+            double *orow = (double *)out + o * ldo;
+            for (int c = 0; c < cols; c++)
+                orow[c] = sb * orow[c] + sa * A[c];
+        } else {
+            const float *A = (const float *)r->args[fk->avar] + (o0 + o) * R + c0;
+            float *orow = (float *)out + o * ldo;
+            for (int c = 0; c < cols; c++)
+                orow[c] = (float)(sb * orow[c] + sa * A[c]);
+        }
+    }
+}
+
 /* Output rows [o0, o1) (at most ti), columns [c0, c0 + cols) of B, over the reduced intervals
  * iv[2q], iv[2q + 1], q < niv: those outputs are overwritten. Nonzero when out of memory (the
  * module's tile). */
@@ -485,14 +801,14 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
     }
     const char *V = (const char *)r->args[fk->bvar] + c0 * es;
     const bool avx = fk->kern == KERN_AVX512;
-    const int64_t D = fk->dim;
-    const char *Q = fk->gemm ? (const char *)r->args[fk->va] + o0 * D * es : NULL;
-    if (fk->gemm && avx)
-        cpu_avx512_pack_a(f64, no, D, Q, w->Qp);
+    for (int q = 0; q < fk->nfac; q++)
+        if (fk->fac[q].gemm && avx)
+            cpu_avx512_pack_a(f64, no, fk->fac[q].dim,
+                              (const char *)r->args[fk->fac[q].va] + o0 * fk->fac[q].dim * es,
+                              w->Qp[q]);
     for (int64_t q = 0; q < niv; q++)
         for (int64_t rt = iv[2 * q], r1 = iv[2 * q + 1]; rt < r1; rt += fk->tj) {
             const int64_t nj = r1 - rt < fk->tj ? r1 - rt : fk->tj;
-            const char *Kt = fk->gemm ? (const char *)r->args[fk->vb] + rt * D * es : NULL;
             const char *Vt = V + rt * R * es;
             int64_t ldv = R;
             if (w->Vb) { /* the tile of B's pass columns, at stride ld_pass */
@@ -501,14 +817,10 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                 Vt = w->Vb;
                 ldv = ld_pass(fk);
             }
-            /* G (no x nj, row stride tj) = Q Kt^T, Kt stored nj x D row-major. */
-            if (fk->gemm && avx)
-                cpu_avx512_gemm(f64, no, nj, D, w->Qp, Kt, w->Kp, w->G, fk->tj);
-            else if (fk->gemm)
-                cpu_blis_gemm(f64, no, nj, D, Q, D, 1, Kt, 1, D, 0, w->G, fk->tj);
-            /* The tile of F, row stride nj. */
-            if (fk->m->block(o0, o1, rt, rt + nj, w->args, w->F, nj, 1))
+            if (factor_tiles(k, fk, r, w, o0, o1, rt, nj))
                 return 1;
+            if (fk->avar >= 0)
+                row_sums(f64, w, no, nj);
             if (ssmw)
                 softmax_tile(k, fk, w, out, ldo, no, nj, cols);
             /* out (no x cols, row stride ldo) += F (no x nj) Vt (nj x cols, row stride ldv). */
@@ -528,6 +840,8 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                     ((float *)out)[o * ldo + c] = (float)(((float *)out)[o * ldo + c] / w->s[o]);
             }
         }
+    if (fk->avar >= 0)
+        add_a_term(k, fk, r, w, out, ldo, o0, no, c0, cols);
     for (int64_t o = 0; w->Cb && o < no; o++)
         memcpy(dst + o * R * es, out + o * ldo * es, (size_t)(cols * es));
     return 0;
@@ -644,16 +958,32 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
     expr_buf_printf(b, "strategy: fused two-product (%s)\n", fk->why);
     expr_buf_printf(b, "  F: ");
     expr_print_to(b, fk->f);
-    expr_buf_printf(b, ", scalar, its tile %s\n",
-                    fk->gemm ? "from a tile of inner products and the generated epilogue"
-                             : "by generated code per pair (sr_block)");
-    if (fk->gemm && fk->kern == KERN_AVX512) {
-        char d[160];
-        cpu_avx512_describe(k->dtype == SR_F64, fk->dim, d, sizeof d);
-        expr_buf_printf(b, "  inner products: arguments [%d] and [%d], symred's AVX-512 gemm, %s\n",
-                        fk->va, fk->vb, d);
-    } else if (fk->gemm) {
-        expr_buf_printf(b, "  inner products: arguments [%d] and [%d], BLIS\n", fk->va, fk->vb);
+    bool any_gemm = false;
+    if (fk->nfac > 1)
+        expr_buf_printf(b, ", scalar, the product of %d factors, a tile of each:\n", fk->nfac);
+    for (int q = 0; q < fk->nfac; q++) {
+        const struct fused_factor *fc = &fk->fac[q];
+        any_gemm |= fc->gemm != 0;
+        if (fk->nfac > 1) {
+            expr_buf_printf(b, "  factor %d: ", q + 1);
+            expr_print_to(b, fc->f);
+            expr_buf_printf(b, ", its tile ");
+        } else {
+            expr_buf_printf(b, ", scalar, its tile ");
+        }
+        expr_buf_printf(b, "%s\n",
+                        fc->gemm ? "from a tile of inner products and the generated epilogue"
+                                 : "by generated code per pair (sr_block)");
+        if (fc->gemm && fk->kern == KERN_AVX512) {
+            char d[160];
+            cpu_avx512_describe(k->dtype == SR_F64, fc->dim, d, sizeof d);
+            expr_buf_printf(b,
+                            "  inner products: arguments [%d] and [%d], symred's AVX-512 gemm, "
+                            "%s\n",
+                            fc->va, fc->vb, d);
+        } else if (fc->gemm) {
+            expr_buf_printf(b, "  inner products: arguments [%d] and [%d], BLIS\n", fc->va, fc->vb);
+        }
     }
     expr_buf_printf(b, "  B: argument [%d], %d wide; tile of F times tile of B by the gemm (%s)\n",
                     fk->bvar, fk->R, desc);
@@ -663,17 +993,25 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
     expr_buf_printf(b,
                     "tiles: %d output rows x %d reduced indices, %d columns of B per pass\n"
                     "workspace %lld bytes per thread (tile of F and its packed copy, packed B, "
-                    "row states%s)\n"
+                    "row states%s%s)\n"
                     "threads: %d (OpenMP over blocks of output rows)\n"
-                    "accumulation: %s\n"
-                    "module of F: %s, cache %s, %.1f ms\n",
+                    "accumulation: %s\n",
                     fk->ti, fk->tj, fk->rc, (long long)fk->per_thread,
-                    fk->gemm ? ", tile of inner products and the packed operands" : "",
+                    fk->nfac > 1 ? ", the second factor's tile" : "",
+                    any_gemm ? ", tile of inner products and the packed operands" : "",
                     sr__threads(k->ctx, fk->per_thread),
-                    k->dtype == SR_F64 ? "float64" : "block (float32, one addition per tile)",
-                    fk->info.origin, fk->info.cache, fk->info.compile_ms);
-    if (fk->info.path[0])
-        expr_buf_printf(b, "path: %s\n", fk->info.path);
+                    k->dtype == SR_F64 ? "float64" : "block (float32, one addition per tile)");
+    for (int q = 0; q < fk->nfac; q++) {
+        const struct fused_factor *fc = &fk->fac[q];
+        if (fk->nfac > 1)
+            expr_buf_printf(b, "module of factor %d: ", q + 1);
+        else
+            expr_buf_printf(b, "module of F: ");
+        expr_buf_printf(b, "%s, cache %s, %.1f ms\n", fc->info.origin, fc->info.cache,
+                        fc->info.compile_ms);
+        if (fc->info.path[0])
+            expr_buf_printf(b, "path: %s\n", fc->info.path);
+    }
 }
 
 const struct sr_backend_i cpu_fused_backend = {

@@ -353,6 +353,16 @@ static void gemm_free(sr_ctx *ctx, struct gemm_kernel *g)
     free(g);
 }
 
+const sr_kernel *cpu_gemm_form(const sr_kernel *k, sr_kernel *kx)
+{
+    if (!k->simp.f_gemm)
+        return k;
+    *kx = *k;
+    kx->f = k->simp.f_gemm;
+    kx->weight = k->simp.weight_gemm;
+    return kx;
+}
+
 sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
 {
     sr_ctx *ctx = k->ctx;
@@ -366,7 +376,10 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
         return st;
     int va = -1, vb = -1;
     double epi = 0;
-    const sr_expr *S = mode == 2 ? NULL : cpu_gemm_find_node(k, &va, &vb, &epi);
+    /* The formula with SqDist expanded into norms and an inner product, when the simplifier
+     * found one: the selections rank their candidates again exactly (refine_prepare). */
+    sr_kernel kx;
+    const sr_expr *S = mode == 2 ? NULL : cpu_gemm_find_node(cpu_gemm_form(k, &kx), &va, &vb, &epi);
     if (!S)
         return SR_ENOTSUP;
     int dim = S->child[0]->dim;
@@ -392,7 +405,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
     int64_t lim = ctx->mem_limit;
     /* A selection: the gemm pass keeps kc candidates per row (kernel kk), ranked again. */
-    sr_kernel kk = *k;
+    sr_kernel kk = *cpu_gemm_form(k, &kx);
     if (refinable(k) && refine == 0) {
         if ((st = refine_prepare(k, g, lim)) != SR_OK) {
             gemm_free(ctx, g);
@@ -461,6 +474,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
         gemm_free(k->ctx, g);
         return st == SR_ENODEV ? SR_ENOTSUP : st;
     }
+    sr__simp_take_gemm_form(k);
     k->backend = &cpu_gemm_backend;
     k->backend_data = g;
     return SR_OK;
@@ -901,9 +915,10 @@ const struct sr_backend_i cpu_gemm_backend = {
 
 void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)
 {
+    sr_kernel kx;
     int va, vb, mode = 0;
     double epi;
-    const sr_expr *S = cpu_gemm_find_node(k, &va, &vb, &epi);
+    const sr_expr *S = cpu_gemm_find_node(cpu_gemm_form(k, &kx), &va, &vb, &epi);
     if (!S)
         return; /* no single inner product: nothing to say */
     const char *var = gemm_mode_var(), *env = getenv(var), *kern = getenv("SYMRED_GEMM_KERNEL"),
