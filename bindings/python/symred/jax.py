@@ -23,15 +23,18 @@ parameter (``vmap`` over a bandwidth, say) becomes a variable of the output inde
 per row, in a kernel rebuilt from the Genred (still one call); only a parameter declared by
 ``Var()``, and batches on the GPU, run as a ``jax.lax.map`` loop.
 
-Kernels live as long as the process: a jitted function holds their address, and JAX may keep
-it compiled after the Genred that made it is gone. ``import symred`` never imports jax; this
+Lifetime. A jitted function holds the kernels' addresses, and JAX may keep it compiled after
+the Genred that made it is gone: each Genred's context and kernels belong to a reference-counted
+keeper in the FFI library, held by the Genred and by every XLA executable that calls its
+kernels (taken when XLA builds the executable, released when XLA destroys it), and freed with
+the last of them (:func:`keepers_alive` counts them). ``import symred`` never imports jax; this
 module does, and raises ImportError without it.
 """
 
 import ctypes
 import os
 import re
-import threading
+import weakref
 from pathlib import Path
 
 try:
@@ -51,7 +54,7 @@ from . import genred as _genred
 from . import lazytensor as _lazy
 from ._lib import SR_CAT_I, SR_CAT_J, SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, check, lib
 
-__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm", "xla_lib_path"]
+__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm", "keepers_alive", "xla_lib_path"]
 
 _SR_DTYPES = {np.dtype(np.float32): SR_F32, np.dtype(np.float64): SR_F64}
 _SELECTING = ("Min", "Max", "Min_ArgMin", "Max_ArgMax", "KMin", "KMin_ArgKMin")
@@ -92,17 +95,45 @@ def _load_xla_lib():
 
 
 _xla, xla_lib_path = _load_xla_lib()
-jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(_xla.symred_xla_cpu), platform="cpu")
+_xla.symred_xla_keeper_new.restype = ctypes.c_void_p
+_xla.symred_xla_keeper_adopt.restype = ctypes.c_int
+_xla.symred_xla_keeper_adopt.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+_xla.symred_xla_keeper_release.argtypes = [ctypes.c_void_p]
+_xla.symred_xla_keepers_alive.restype = ctypes.c_long
+
+
+def _stages(handler):
+    # The same handler runs the instantiate stage (the executable takes a reference to the
+    # Genred's keeper) and the execute stage.
+    cap = jax.ffi.pycapsule(handler)
+    return {"instantiate": cap, "execute": cap}
+
+
+jax.ffi.register_ffi_target(_TARGET, _stages(_xla.symred_xla_cpu), platform="cpu")
 try:  # a jaxlib without its CUDA plugin has no CUDA platform to register on
-    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(_xla.symred_xla_cuda),
-                                platform="CUDA")
+    jax.ffi.register_ffi_target(_TARGET, _stages(_xla.symred_xla_cuda), platform="CUDA")
 except Exception:  # noqa: BLE001 - the CPU target is all this process can use then
     pass
 
-# Handles of every Genred of this module: a compiled jax function holds the address of their
-# kernels, so they are never freed (see the module docstring).
-_alive = []
-_alive_lock = threading.Lock()
+
+def _hand_over(h, keeper):
+    """A Genred's finalizer: its context and kernels go to its keeper, which frees them once
+    no XLA executable refers to them either (bindings/python/ffi/symred-xla.c, Lifetime)."""
+    with h.lock:
+        ptrs = [k.value for k in h.kernels.values()]
+        h.kernels.clear()
+    arr = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+    if _xla.symred_xla_keeper_adopt(keeper, h.ctx, arr, len(ptrs)) != 0:
+        _genred._Handle.close(lib, h.ctx, dict(enumerate(arr[: len(ptrs)])))
+    _xla.symred_xla_keeper_release(keeper)
+
+
+def keepers_alive():
+    """The number of Genreds of this module whose context and kernels are not freed yet:
+    alive, or referred to by an XLA executable (JAX's caches keep those until
+    ``jax.clear_caches()`` or their own eviction)."""
+    return _xla.symred_xla_keepers_alive()
 
 # ---- kernels ----------------------------------------------------------------------------
 
@@ -244,6 +275,7 @@ def _ffi(call, args):
     if kern.red in _WITH_INDICES:
         results.append(jax.ShapeDtypeStruct(shape, _index_dtype()))
     attrs = dict(kernel=np.uint64(kern.ptr.value), context=np.uint64(kern.owner._h.ctx.value),
+                 keeper=np.uint64(kern.owner._keeper),
                  dtype=np.int64(kern.desc[0]),
                  nx=np.int64(call.nx), ny=np.int64(call.ny), nout=np.int64(call.nout))
     if call.ranges is not None:
@@ -498,10 +530,14 @@ class Genred(_genred.Genred):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # A compiled jax function may outlive this object and still hold its kernels.
+        # A compiled jax function may outlive this object and still hold its kernels: they
+        # go to a keeper that the executables referring to them hold too.
+        keeper = _xla.symred_xla_keeper_new()
+        if not keeper:
+            raise MemoryError("symred.jax: symred_xla_keeper_new failed")
+        self._keeper = keeper
         self._finalizer.detach()
-        with _alive_lock:
-            _alive.append(self._h)
+        self._finalizer = weakref.finalize(self, _hand_over, self._h, keeper)
         self._jax_kernels = {}
 
     def _jax_kernel(self, sr_dtype, device):

@@ -426,3 +426,48 @@ def test_jacfwd_each_argument_is_one_call():
     # One call: the batched tangent kernel (jacfwd does not return the values, so XLA drops
     # the forward).
     assert hlo_custom_calls(jax.jacfwd(gr, argnums=3), x, y, b, g) == 1
+
+
+def test_genred_made_while_tracing_outlives_its_python_object():
+    """A Genred created while tracing (a LazyTensor reduction inside jax.jit) is gone from
+    Python after the trace, but the compiled function still calls its kernel: the executable
+    holds the Genred's keeper, so the kernel is still there on later calls."""
+    import gc
+
+    import symred.jax as sjax
+
+    x, y, _, _ = data(9, 8)
+    symred.lazytensor._cache.clear()
+    gc.collect()
+    base = sjax.keepers_alive()
+    f = jax.jit(lambda x, s: (-(Vi(x) - Vj(y)).sqnorm2() * s).exp().sum(dim=1))
+    s = jnp.asarray(1.3)
+    first = f(x, s)
+    symred.lazytensor._cache.clear()  # the LazyTensor formula cache holds the Genred too
+    gc.collect()
+    assert sjax.keepers_alive() == base + 1  # held by the executable alone
+    want = jnp.exp(-((x[:, None] - y[None]) ** 2).sum(-1) * s).sum(1, keepdims=True)
+    assert_close(f(x, s), first)
+    assert_close(f(x, s), want)
+
+
+def test_many_distinct_formulas_are_freed():
+    """Genreds that are gone, and whose executables JAX has dropped, free their contexts and
+    kernels: creating many distinct formulas does not keep them all."""
+    import gc
+
+    import symred.jax as sjax
+
+    x, y, _, _ = data(6, 5)
+    jax.clear_caches()
+    gc.collect()
+    base = sjax.keepers_alive()
+    for i in range(12):
+        K = Genred(f"Exp(-SqDist(x, y) * {i + 1})", ["x = Vi(3)", "y = Vj(3)"], axis=1)
+        jax.jit(K)(x, y).block_until_ready()
+        jax.grad(lambda x: K(x, y).sum())(x).block_until_ready()
+    assert sjax.keepers_alive() >= base + 11  # still held by JAX's compiled executables
+    del K
+    jax.clear_caches()
+    gc.collect()
+    assert sjax.keepers_alive() <= base
