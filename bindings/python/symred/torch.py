@@ -552,7 +552,12 @@ class Genred(_genred.Genred):
 
     @staticmethod
     def _ranges_array(a):
-        return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        if not isinstance(a, torch.Tensor):
+            return np.asarray(a)
+        # Through tolist(): under torch.func.jvp, .numpy() refuses even a plain tensor
+        # ("doesn't have storage"). Ranges are small integer arrays.
+        dt = np.float64 if a.is_floating_point() else np.int64  # floats: refused by the caller
+        return np.asarray(a.tolist(), dtype=dt).reshape(tuple(a.shape))
 
     @staticmethod
     def _numpy_dtype(dt):

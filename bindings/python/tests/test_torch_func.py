@@ -357,3 +357,22 @@ def test_forward_ad_dual_numbers():
         got = fwAD.unpack_dual(K(*dual)).tangent
         want = fwAD.unpack_dual(dense(*dual)).tangent
     close(got, want)
+
+
+@needs_func
+def test_jvp_with_ranges_given_as_tensors():
+    # Block-sparse ranges as int64 tensors under torch.func.jvp (whose .numpy() refuses even
+    # a plain tensor): two diagonal blocks, against the masked dense jvp.
+    x, y, b, g = inputs()
+    dx, dy, db, dg = tangents()
+    T = torch.tensor
+    rg = (T([[0, 4], [4, NX]]), T([1, 2]), T([[0, 3], [3, NY]]),
+          T([[0, 3], [3, NY]]), T([1, 2]), T([[0, 4], [4, NX]]))
+    mask = torch.zeros(NX, NY, dtype=DT)
+    mask[:4, :3] = 1
+    mask[4:, 3:] = 1
+    K, dense = pair("Sum", 1)
+    got = torch.func.jvp(lambda x, y: K(x, y, b, g, ranges=rg), (x, y), (dx, dy))[1]
+    want = torch.func.jvp(lambda x, y: (dense_F(x, y, b, g) * mask[..., None]).sum(1),
+                          (x, y), (dx, dy))[1]
+    close(got, want)
