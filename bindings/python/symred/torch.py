@@ -691,6 +691,31 @@ def _solve_setup(ctx, inputs, a):
     kern, opts, bpos, *args = inputs
     ctx.kern, ctx.opts, ctx.bpos = kern, opts, bpos
     ctx.save_for_backward(a, *args)
+    ctx.save_for_forward(a, *args)
+
+
+def _solve_jvp(ctx, *tangents):
+    """Forward mode: (alpha I + K) a = b gives (alpha I + K) da = db - dK a, with dK a the
+    tangent of the Sum reduction F(x_i, y_j) a_j along the tangents of x, y and the
+    parameters (the tangent kernel, sr_kernel_jvp, with b's slot holding a): one more solve."""
+    kern, opts, bpos = ctx.kern, ctx.opts, ctx.bpos
+    a, *args = ctx.saved_tensors
+    dargs = list(tangents[3:])
+    n = kern.nargs
+    rhs = dargs[bpos].reshape(a.shape) if dargs[bpos] is not None else torch.zeros_like(a)
+    tang, mask = [None] * n, 0
+    for i, t in enumerate(dargs[:n]):
+        if i != bpos and t is not None and args[i] is not None and i in kern.vars:
+            tang[i] = t.reshape(args[i].shape)
+            mask |= 1 << i
+    if mask:
+        fwd = list(args[:n]) + [None] * max(0, n - len(args))
+        fwd[bpos] = a
+        jk = kern.jvp(mask)
+        rhs = rhs - _Reduce.apply(jk, a.shape[0], a.shape[0], None, *(fwd + tang)[: jk.nargs])
+    rhs_args = list(args)
+    rhs_args[bpos] = rhs.contiguous()
+    return _Solve.apply(kern, opts[:3] + (False,), bpos, *rhs_args)
 
 
 def _solve_backward(ctx, grad_a):
@@ -723,9 +748,10 @@ _Solve = _autograd_function(
     another solve (through this Function: differentiable); and for any other input t of K
     (x, y, a parameter), dL/dt = -d/dt <g, K a> with g = dL/db and a held fixed: the
     gradient of the Sum reduction F(x_i, y_j) a_j with incoming gradient -g, run by the
-    gradient kernels of :class:`_Reduce` (pykeops does the same with Grad formulas). It has
-    no vmap rule: torch.vmap refuses it.""",
-    _solve_forward, _solve_setup, _solve_backward)
+    gradient kernels of :class:`_Reduce` (pykeops does the same with Grad formulas). Forward
+    mode: another solve of db - dK a (dK a by the tangent kernel). It has no vmap rule:
+    torch.vmap refuses it (and so jacfwd).""",
+    _solve_forward, _solve_setup, _solve_backward, jvp=_solve_jvp)
 
 
 class KernelSolve(Genred, _solve.KernelSolve):
