@@ -6,6 +6,13 @@ autograd. Prints the times (best of --reps calls, after a warm-up that compiles;
 and symred from NumPy alternate call by call) and the ratios; records them with bench/record.py when SYMRED_BENCH_RECORD is set.
 
     SYMRED_LIB=build/libsymred.so ~/.cache/symred-venv/bin/python bench/jax_matvec.py
+
+--mem-grid N1,N2,...: instead, the memory grid. For each N = M, the jitted symred.jax
+mat-vec and the jitted jax.numpy one each run once in a child process under RLIMIT_AS =
+--mem-limit (bytes, default 4e9); each row records the outcome ("ok", or "oom" when JAX
+cannot allocate or the child dies under the limit), the time of one call after a warm-up at
+a small size, and the child's peak resident memory (ru_maxrss). jax.numpy needs the N x M
+matrix (4 N^2 bytes in float32); symred.jax needs the inputs and the output.
 """
 
 import argparse
@@ -46,12 +53,83 @@ def best_interleaved(fns, reps):
     return [min(t) for t in times]
 
 
+def mem_child(system, n):
+    """One call of the mat-vec of ``system`` at N = M = n (run in a child under RLIMIT_AS):
+    prints "ok <seconds> <peak rss bytes>" or "oom <message>"."""
+    import resource
+
+    def make(m):
+        rng = np.random.default_rng(0)
+        return (jnp.asarray(rng.random((m, 3), dtype=np.float32)),
+                jnp.asarray(rng.random((m, 3), dtype=np.float32)),
+                jnp.asarray(rng.standard_normal((m, 1), dtype=np.float32)),
+                jnp.asarray([2.0], dtype=jnp.float32))
+
+    if system == "symred_jax":
+        fn = jax.jit(sjax.Genred(FORMULA, ALIASES, reduction_op="Sum", axis=1))
+    else:
+        @jax.jit
+        def fn(x, y, b, g):
+            d2 = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+            return jnp.exp(-g[0] * d2) @ b
+    try:
+        fn(*make(100)).block_until_ready()  # compiles symred's kernel; XLA recompiles per shape
+        args = make(n)
+        t = time.perf_counter()
+        fn(*args).block_until_ready()
+        dt = time.perf_counter() - t
+    except (MemoryError, RuntimeError) as e:  # XLA's RESOURCE_EXHAUSTED is a RuntimeError
+        print("oom", str(e).splitlines()[0][:200])
+        return
+    print(f"ok {dt:.6f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}")
+
+
+def mem_grid(sizes, limit, rec):
+    import resource
+    import subprocess
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    print(f"memory grid, Gaussian mat-vec N = M, D = 3, float32, RLIMIT_AS = {limit / 1e9:.1f} GB")
+    for n in sizes:
+        for system in ("symred_jax", "jax_numpy"):
+            p = subprocess.run([sys.executable, __file__, "--mem-child", system, str(n)],
+                               capture_output=True, text=True, preexec_fn=limited)
+            last = (p.stdout.strip().splitlines() or [""])[-1].split(" ", 2)
+            if p.returncode == 0 and last[0] == "ok":
+                outcome, secs, rss = "ok", float(last[1]), int(last[2])
+                print(f"  N = {n:>8}  {system:10}  ok   {secs:9.3f} s   peak RSS {rss / 1e6:8.0f} MB")
+            else:
+                outcome, secs, rss = "oom", None, None
+                why = " ".join(last[1:]) if last[0] == "oom" else (
+                    f"exit status {p.returncode}: " + (p.stderr.strip().splitlines() or [""])[-1][:120])
+                print(f"  N = {n:>8}  {system:10}  out of memory under the limit ({why})")
+            if rec is not None:
+                rec.row(case="mem_grid", n=n, d=3, dtype="float32", system=system,
+                        outcome=outcome, seconds=secs, peak_rss_bytes=rss, limit_bytes=limit)
+    if rec is not None:
+        rec.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true", help="skip the symred.torch gradient")
+    ap.add_argument("--mem-grid", help="comma-separated N: the memory grid instead")
+    ap.add_argument("--mem-limit", type=float, default=4e9, help="RLIMIT_AS of the grid's runs")
+    ap.add_argument("--mem-child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.mem_child:
+        return mem_child(a.mem_child[0], int(a.mem_child[1]))
+    if a.mem_grid:
+        try:
+            from record import Record
+            rec = Record("jax-matvec")
+        except ImportError:
+            rec = None
+        return mem_grid([int(float(v)) for v in a.mem_grid.split(",")], int(a.mem_limit), rec)
     n = a.n
     try:  # made before timing: it notes the load average then
         from record import Record

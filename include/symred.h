@@ -534,6 +534,34 @@ SR_API sr_status sr_kernel_run_device(const sr_kernel *kernel, const sr_run_desc
 SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kernel **grad_kernel);
 
 /*
+ * The kernel of a reduction's directional derivative (forward mode, a Jacobian-vector
+ * product): the derivative of the forward values along tangents dv of the variables whose
+ * indices are set in var_mask (bit v for index v; indices below 64). With n =
+ * sr_kernel_nargs(kernel), it is a Sum reduction with the forward kernel's axis, dtype, device
+ * and accumulation, run with the same nx and ny as the forward call and this argument layout:
+ *
+ *   args[0 .. n)  the forward arrays, unchanged;
+ *   args[n + v]   the tangent dv of variable v, an array of v's shape, for each v in var_mask
+ *                 (the entries of the other indices are unused and may be NULL);
+ *   args[2 n]     LogSumExp, SumSoftMaxWeight: the forward output values; Min, Max,
+ *                 Min_ArgMin, Max_ArgMax, KMin, KMin_ArgKMin: the forward indices converted to
+ *                 the dtype (as for sr_kernel_grad): out rows x out_dim;
+ *   args[2 n + 1] SumSoftMaxWeight: the log-normalizer (out rows x 1); Min, Max, KMin (and
+ *                 the _Arg variants): the reduced index itself, 0, 1, ..., reduced rows - 1.
+ *
+ * Its output is the tangent of the forward values, out rows x out_dim: for Sum
+ * sum_j sum_v Diff(F, v, dv) (sr_diff), for LogSumExp the same weighted by the softmax weight
+ * exp(F_ij - out_i), for SumSoftMaxWeight sum_j s_ij (dW_ij + (W_ij - out_i) dF_ij), for Min,
+ * Max and KMin dF at the selected pairs. The kernel reads the first sr_kernel_nargs(jvp) of
+ * these entries. It is an ordinary kernel: sr_kernel_grad and sr_kernel_jvp of it give second
+ * derivatives. Errors: SR_EINVAL (NULL kernel or out, var_mask empty or naming an index the
+ * formula does not use, an Arg reduction, whose indices have no derivative), and those of
+ * sr_kernel_new. Builds expressions in the kernel's context: not thread-safe with other calls
+ * on that context; the result is freed with sr_kernel_free.
+ */
+SR_API sr_status sr_kernel_jvp(const sr_kernel *kernel, uint64_t var_mask, sr_kernel **jvp_kernel);
+
+/*
  * Solves (alpha I + K) a = b by conjugate gradients (pykeops' KernelSolve), where K is the
  * symmetric n x n kernel matrix of a Sum kernel whose formula is F(x_i, x_j) * b_j: kernel
  * computes out_i = sum_j F(x_i, x_j) b_j (axis 1; with axis 0 the roles of i and j swap) and

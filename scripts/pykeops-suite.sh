@@ -20,14 +20,6 @@ EXPECTED_FAILURES=(
     "test_complex_numpy.py"
     # float16 tensors: the new-dtypes work (its tests also need a GPU).
     "test_float16.py"
-    # forward-mode derivatives (torch.func.jvp, jacfwd, and hessian = jacfwd of jacrev): the
-    # autograd Functions of symred.torch have no jvp rule yet; reverse mode passes.
-    "test_torch_func.py::test_torch_func_jvp"
-    "test_torch_func.py::test_torch_func_jacfwd"
-    "test_torch_func.py::test_torch_func_hessian"
-    "test_torch_func_logsumexp.py::test_torch_func_jvp"
-    "test_torch_func_logsumexp.py::test_torch_func_jacfwd"
-    "test_torch_func_logsumexp.py::test_torch_func_hessian"
 )
 
 lib=${1:-${SYMRED_LIB:-$PWD/build-dev/libsymred.so}}

@@ -176,11 +176,103 @@ static void check_case(const char *name, struct fwd *c)
     free(idx);
 }
 
+/* The forward values at the arrays a (reference, float64) into v (nout x out_dim). */
+static void values(const struct fwd *c, double *const *a, double *v)
+{
+    sr_kernel *k = make(c, with_indices(c->red), SR_DEVICE_REFERENCE);
+    int64_t n = (c->axis == 1 ? NX : NY) * sr_kernel_out_dim(k);
+    int64_t *idx = calloc((size_t)n, sizeof *idx);
+    run(k, (const void *const *)a, NV, v, idx);
+    free(idx);
+    sr_kernel_free(k);
+}
+
+/* sr_kernel_jvp along random tangents of the variables in mask, on the reference and the CPU
+ * JIT, against central finite differences of the forward values along the same tangents. */
+static void check_jvp(const char *name, const struct fwd *c, uint64_t mask)
+{
+    uint64_t seed = 4321;
+    double *a[NV], *da[NV];
+    for (int v = 0; v < NV; v++) {
+        int64_t n = rows(vcat[v]) * vdim[v];
+        a[v] = malloc((size_t)n * sizeof **a);
+        da[v] = malloc((size_t)n * sizeof **da);
+        for (int64_t t = 0; t < n; t++) {
+            a[v][t] = tu_uniform(&seed, v == 3 ? 0.5 : -1.0, 1.0);
+            da[v][t] = tu_uniform(&seed, -1.0, 1.0);
+        }
+    }
+    sr_kernel *fk = make(c, with_indices(c->red), SR_DEVICE_REFERENCE);
+    int od = sr_kernel_out_dim(fk);
+    int64_t nout = c->axis == 1 ? NX : NY, nred = c->axis == 1 ? NY : NX, no = nout * od;
+    double *O = calloc((size_t)no, sizeof *O), *aux = calloc((size_t)(NX + NY), sizeof *aux);
+    double *up = calloc((size_t)no, sizeof *up), *down = calloc((size_t)no, sizeof *down);
+    double *got = calloc((size_t)no, sizeof *got);
+    int64_t *idx = calloc((size_t)no, sizeof *idx);
+    run(fk, (const void *const *)a, NV, O, idx);
+    if (c->red != SR_SUM && c->red != SR_LOGSUMEXP && c->red != SR_SUMSOFTMAXWEIGHT)
+        for (int64_t t = 0; t < no; t++)
+            O[t] = (double)idx[t];
+    for (int64_t t = 0; t < nred; t++)
+        aux[t] = (double)t;
+    if (c->red == SR_SUMSOFTMAXWEIGHT) {
+        struct fwd l = *c;
+        l.red = SR_LOGSUMEXP;
+        sr_kernel *lk = make(&l, SR_LOGSUMEXP, SR_DEVICE_REFERENCE);
+        run(lk, (const void *const *)a, NV, aux, NULL);
+        sr_kernel_free(lk);
+    }
+    double h = 1e-6, *shifted[NV];
+    for (int s = 0; s < 2; s++) {
+        for (int v = 0; v < NV; v++) {
+            int64_t n = rows(vcat[v]) * vdim[v];
+            shifted[v] = malloc((size_t)n * sizeof **shifted);
+            for (int64_t t = 0; t < n; t++)
+                shifted[v][t] = a[v][t] + ((mask >> v & 1) ? (s ? -h : h) * da[v][t] : 0.0);
+        }
+        values(c, shifted, s ? down : up);
+        for (int v = 0; v < NV; v++)
+            free(shifted[v]);
+    }
+    const void *args[2 * NV + 2] = {a[0], a[1], a[2], a[3]};
+    for (int v = 0; v < NV; v++)
+        args[NV + v] = (mask >> v & 1) ? da[v] : NULL;
+    args[2 * NV] = O;
+    args[2 * NV + 1] = aux;
+    /* The CPU JIT (a compile per kernel) for the all-variables tangent only. */
+    for (int dev = 0; dev < (mask == 0xf ? 2 : 1); dev++) {
+        sr_kernel *fwd = make(c, c->red, dev ? SR_DEVICE_CPU : SR_DEVICE_REFERENCE), *jk;
+        cr_assert_eq(sr_kernel_jvp(fwd, mask, &jk), SR_OK, "%s: %s", name, sr_ctx_error(ctx));
+        cr_assert_eq(sr_kernel_out_dim(jk), od);
+        run(jk, args, 2 * NV + 2, got, NULL);
+        for (int64_t t = 0; t < no; t++) {
+            double want = (up[t] - down[t]) / (2 * h);
+            cr_expect(tu_close(got[t], want, 1e-6, 1e-6),
+                      "%s axis %d, mask %#llx, [%lld] on %s: got %.12g, finite differences %.12g",
+                      name, c->axis, (unsigned long long)mask, (long long)t,
+                      dev ? "cpu" : "reference", got[t], want);
+        }
+        sr_kernel_free(jk);
+        sr_kernel_free(fwd);
+    }
+    sr_kernel_free(fk);
+    for (int v = 0; v < NV; v++)
+        free(a[v]), free(da[v]);
+    free(O), free(aux), free(up), free(down), free(got), free(idx);
+}
+
+/* The gradients (check_case) and, for reductions with values, the tangents along each
+ * variable alone and all four together (check_jvp), on both axes. */
 static void check_both_axes(const char *name, const char *f, const char *w, sr_reduction red, int k)
 {
     for (int axis = 0; axis < 2; axis++) {
         struct fwd c = {parse(f), w ? parse(w) : NULL, red, axis, k};
         check_case(name, &c);
+        if (!has_values(red))
+            continue;
+        for (int v = 0; v < NV; v++)
+            check_jvp(name, &c, 1u << v);
+        check_jvp(name, &c, 0xf);
     }
 }
 
@@ -342,6 +434,44 @@ Test(grad_red, high_dimension_jit_matches_reference)
     }
 }
 
+/* The tangent kernel of a gradient kernel: a second derivative, against finite differences of
+ * the gradient kernel along the tangent of g. */
+Test(grad_red, jvp_of_a_gradient_kernel)
+{
+    struct fwd c = {parse("Exp(-SqDist(x,y)*g)*b"), NULL, SR_SUM, 1, 1};
+    sr_kernel *fk = make(&c, SR_SUM, SR_DEVICE_CPU), *gk, *jk;
+    cr_assert_eq(sr_kernel_grad(fk, 1, &gk), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_jvp(gk, 1u << 3 | 1u << 0, &jk), SR_OK, "%s", sr_ctx_error(ctx));
+    uint64_t seed = 8;
+    double x[NX * 3], y[NY * 3], b[NY], g = 0.7, G[NX], dx[NX * 3], dg = 0.3;
+    double got[NY * 3], gy[2][NY * 3];
+    tu_fill(x, SR_F64, NX * 3, -1, 1, &seed);
+    tu_fill(y, SR_F64, NY * 3, -1, 1, &seed);
+    tu_fill(b, SR_F64, NY, -1, 1, &seed);
+    tu_fill(G, SR_F64, NX, -1, 1, &seed);
+    tu_fill(dx, SR_F64, NX * 3, -1, 1, &seed);
+    int n = sr_kernel_nargs(gk);
+    cr_assert_eq(n, 5);
+    const void *args[10] = {x, y, b, &g, G, dx, NULL, NULL, &dg, NULL};
+    cr_assert_eq(sr_kernel_run(jk, NX, NY, args, got), SR_OK, "%s", sr_ctx_error(ctx));
+    double eps = 1e-6, x0[NX * 3];
+    memcpy(x0, x, sizeof x);
+    for (int s = 0; s < 2; s++) {
+        double e = s ? -eps : eps;
+        g = 0.7 + e * dg;
+        for (int t = 0; t < NX * 3; t++)
+            x[t] = x0[t] + e * dx[t];
+        cr_assert_eq(sr_kernel_run(gk, NX, NY, args, gy[s]), SR_OK);
+    }
+    for (int t = 0; t < NY * 3; t++)
+        cr_expect(tu_close(got[t], (gy[0][t] - gy[1][t]) / (2 * eps), 1e-6, 1e-6),
+                  "[%d]: got %.12g, finite differences %.12g", t, got[t],
+                  (gy[0][t] - gy[1][t]) / (2 * eps));
+    sr_kernel_free(jk);
+    sr_kernel_free(gk);
+    sr_kernel_free(fk);
+}
+
 Test(grad_red, errors)
 {
     struct fwd c = {parse("SqDist(x,y)"), NULL, SR_SUM, 1, 1};
@@ -359,5 +489,21 @@ Test(grad_red, errors)
     cr_expect_eq(sr_kernel_grad(k, 1, &gk), SR_EINVAL);
     cr_expect_eq(sr_kernel_grad(k, 2, &gk), SR_OK, "%s", sr_ctx_error(ctx));
     sr_kernel_free(gk);
+    sr_kernel_free(k);
+    /* sr_kernel_jvp */
+    k = make(&c, SR_SUM, SR_DEVICE_REFERENCE);
+    sr_kernel *jk = (sr_kernel *)1;
+    cr_expect_eq(sr_kernel_jvp(NULL, 1, &jk), SR_EINVAL);
+    cr_expect_null(jk);
+    cr_expect_eq(sr_kernel_jvp(k, 1, NULL), SR_EINVAL);
+    cr_expect_eq(sr_kernel_jvp(k, 0, &jk), SR_EINVAL);
+    cr_expect_eq(sr_kernel_jvp(k, 1u << 1, &jk), SR_EINVAL); /* y is not used */
+    cr_expect(strstr(sr_ctx_error(ctx), "index 1") != NULL, "%s", sr_ctx_error(ctx));
+    cr_expect_eq(sr_kernel_jvp(k, (uint64_t)1 << 40, &jk), SR_EINVAL);
+    sr_kernel_free(k);
+    c.f = parse("SqDist(x,y)");
+    k = make(&c, SR_ARGMIN, SR_DEVICE_REFERENCE);
+    cr_expect_eq(sr_kernel_jvp(k, 1, &jk), SR_EINVAL);
+    cr_expect(strstr(sr_ctx_error(ctx), "ArgMin") != NULL, "%s", sr_ctx_error(ctx));
     sr_kernel_free(k);
 }

@@ -262,8 +262,9 @@ Test(nvrtc, every_reduction_both_axes_both_dtypes)
     sr_ctx_free(ctx);
 }
 
-/* The gradient kernels of sr_kernel_grad (docs/gradients.md) are ordinary kernels: those of
- * every reduction kind, with respect to a Vi, a Vj and a parameter variable, compile. */
+/* The gradient kernels of sr_kernel_grad and the tangent kernels of sr_kernel_jvp
+ * (docs/gradients.md) are ordinary kernels: those of every reduction kind, with respect to a
+ * Vi, a Vj and a parameter variable (the tangent kernel: along all four), compile. */
 Test(nvrtc, gradient_kernels_compile)
 {
     need_nvrtc();
@@ -290,6 +291,9 @@ Test(nvrtc, gradient_kernels_compile)
             compile_built(gk, NULL);
             sr_kernel_free(gk);
         }
+        cr_assert_eq(sr_kernel_jvp(k, 0xf, &gk), SR_OK, "%s", sr_ctx_error(ctx));
+        compile_built(gk, NULL);
+        sr_kernel_free(gk);
         sr_kernel_free(k);
     }
     sr_ctx_free(ctx);

@@ -1,5 +1,6 @@
 /*
- * grad-kernel.c — sr_kernel_grad: the kernel of a reduction's gradient.
+ * grad-kernel.c — sr_kernel_grad and sr_kernel_jvp: the kernels of a reduction's gradient
+ * (reverse mode) and of its directional derivative (forward mode).
  *
  * The gradient of a reduction with respect to one of its variables is itself a Sum reduction
  * of a formula built with sr_grad, over the same pairs: over the forward reduced index for a
@@ -7,6 +8,11 @@
  * rows are summed by the caller), and over the forward output index for a variable of the
  * reduced index (the transposed sum). The reductions differ only in the gradient input they
  * give sr_grad at each pair (docs/gradients.md has the derivations and the calling contract).
+ *
+ * The directional derivative of a reduction along tangents of some of its variables is a Sum
+ * reduction too, over the forward reduced index: each pair contributes dF = sum_v Diff(F, v,
+ * dv) (sr_diff), weighted as the reduction weights its pairs (1 for Sum, the softmax weight for
+ * LogSumExp and SumSoftMaxWeight, the selected pairs only for Min, Max and KMin).
  */
 #include "core.h"
 
@@ -108,5 +114,89 @@ sr_status sr_kernel_grad(const sr_kernel *k, int var_index, sr_kernel **out)
     d.device = k->device;
     d.acc = k->acc;
     /* A NULL body: sr_kernel_new reports the builder's error. */
+    return sr_kernel_new(ctx, body, &d, out);
+}
+
+/* The directional derivative of F along the tangents of the variables in mask: the sum of
+ * Diff(F, v, dv) with dv the variable of index n + v (NULL on a builder error). */
+static sr_expr *tangent_of(sr_ctx *ctx, const sr_kernel *k, sr_expr *f, uint64_t mask)
+{
+    sr_expr *s = NULL;
+    for (int v = 0; v < k->nargs && v < 64; v++) {
+        if (!(mask >> v & 1))
+            continue;
+        const struct expr_var *vv = &k->vars[v];
+        sr_expr *d = sr_diff(ctx, f, sr_var(ctx, v, vv->dim, vv->cat),
+                             sr_var(ctx, k->nargs + v, vv->dim, vv->cat));
+        s = s ? sr_add(ctx, s, d) : d;
+    }
+    return s;
+}
+
+/* The formula summed by the tangent kernel of k (x->g unused: the tangents are its inputs). */
+static sr_expr *jvp_body(sr_ctx *ctx, const sr_kernel *k, uint64_t mask, const struct grad_extra *x)
+{
+    sr_expr *f = (sr_expr *)k->simp.f_user;
+    sr_expr *df = tangent_of(ctx, k, f, mask);
+    switch (k->red) {
+    case SR_SUM:
+        return df;
+    case SR_LOGSUMEXP: /* sum_j exp(F_j - LSE) dF_j, componentwise */
+        return sr_mul(ctx, sr_exp(ctx, sr_sub(ctx, f, x->o)), df);
+    case SR_SUMSOFTMAXWEIGHT: { /* sum_j s_j (dW_j + (W_j - out) dF_j), s_j = exp(F_j - L) */
+        sr_expr *w = (sr_expr *)k->simp.weight_user;
+        sr_expr *dw = tangent_of(ctx, k, w, mask);
+        sr_expr *s = sr_exp(ctx, sr_sub(ctx, f, x->aux));
+        return sr_mul(ctx, s, sr_add(ctx, dw, sr_mul(ctx, sr_sub(ctx, w, x->o), df)));
+    }
+    default: { /* Min, Max, KMin and their _Arg variants: dF at the selected pairs */
+        int d = k->fdim;
+        sr_expr *s = NULL;
+        for (int t = 0; t < k->k; t++) {
+            sr_expr *it = d * k->k == 1 ? x->o : sr_extract(ctx, x->o, t * d, d);
+            sr_expr *term = sr_mul(ctx, sr_equal(ctx, x->aux, it), df);
+            s = s ? sr_concat(ctx, s, term) : term;
+        }
+        return s;
+    }
+    }
+}
+
+sr_status sr_kernel_jvp(const sr_kernel *k, uint64_t var_mask, sr_kernel **out)
+{
+    if (out)
+        *out = NULL;
+    if (!k)
+        return SR_EINVAL;
+    sr_ctx *ctx = k->ctx;
+    if (!out)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_jvp: out is NULL");
+    if (k->red == SR_ARGMIN || k->red == SR_ARGMAX || k->red == SR_ARGKMIN)
+        return sr__error(ctx, SR_EINVAL,
+                         "sr_kernel_jvp: %s returns indices only, which have no derivative",
+                         sr_reduction_name(k->red));
+    if (!var_mask)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_jvp: var_mask names no variable");
+    for (int v = 0; v < 64; v++)
+        if ((var_mask >> v & 1) && (v >= k->nargs || !k->vars[v].dim))
+            return sr__error(ctx, SR_EINVAL,
+                             "sr_kernel_jvp: var_mask names index %d, which the kernel's formula "
+                             "does not use (it has %d argument indices)",
+                             v, k->nargs);
+    sr_cat out_cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    sr_cat red_cat = k->axis == 1 ? SR_CAT_J : SR_CAT_I;
+    int n = k->nargs;
+    bool selecting = k->red != SR_SUM && k->red != SR_LOGSUMEXP && k->red != SR_SUMSOFTMAXWEIGHT;
+    struct grad_extra x = {
+        .o = sr_var(ctx, 2 * n, k->out_dim, out_cat),
+        .aux = sr_var(ctx, 2 * n + 1, 1, selecting ? red_cat : out_cat),
+    };
+    sr_expr *body = x.o && x.aux ? jvp_body(ctx, k, var_mask, &x) : NULL;
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_SUM;
+    d.axis = k->axis;
+    d.dtype = k->dtype;
+    d.device = k->device;
+    d.acc = k->acc;
     return sr_kernel_new(ctx, body, &d, out);
 }

@@ -23,12 +23,23 @@
  * Python side checks the shapes at trace time.
  * Errors are returned through XLA's error API with symred's message; JAX raises them as
  * Python exceptions.
+ *
+ * Lifetime. A compiled XLA program holds the kernel's address, and may outlive the Genred that
+ * made it (a Genred created while tracing a jitted function, say). So a Genred's context and
+ * kernels belong to a keeper (symred_xla_keeper_new) with a reference count: one reference
+ * for the Genred (released by its finalizer, which hands the context and kernels over), and
+ * one for every XLA executable whose custom call names the keeper (attribute keeper, u64):
+ * the handler's instantiate stage, run when XLA builds the executable, takes it and stores
+ * the keeper as the call's state, and XLA's state deleter releases it when the executable is
+ * destroyed. The last release frees the kernels, then the context.
  */
 #include "xla/ffi/api/c_api.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +51,70 @@
 SRX_API XLA_FFI_Error *symred_xla_cpu(XLA_FFI_CallFrame *frame);
 SRX_API XLA_FFI_Error *symred_xla_cuda(XLA_FFI_CallFrame *frame);
 
+/* A reference-counted owner of a Genred's context and kernels (see Lifetime above). */
+typedef struct symred_xla_keeper symred_xla_keeper;
+/* A new keeper holding one reference (the caller's); NULL when out of memory. */
+SRX_API symred_xla_keeper *symred_xla_keeper_new(void);
+/* Hands the context and n kernels over to the keeper, which frees them after its last
+ * release; returns 0, or -1 when out of memory or called twice (nothing is taken then). */
+SRX_API int symred_xla_keeper_adopt(symred_xla_keeper *k, sr_ctx *ctx, sr_kernel *const *kernels,
+                                    int n);
+/* Drops one reference; the last frees what the keeper holds. NULL is ignored. */
+SRX_API void symred_xla_keeper_release(void *k);
+/* The number of keepers not yet freed in this process (for tests and diagnostics). */
+SRX_API long symred_xla_keepers_alive(void);
+
 enum { NRANGES = 6 };
+
+struct symred_xla_keeper {
+    atomic_long refs;
+    sr_ctx *ctx;
+    sr_kernel **kernels;
+    int nkernels;
+};
+
+/* Process-wide count of live keepers: diagnostic only (symred_xla_keepers_alive). */
+static atomic_long keepers_alive;
+
+symred_xla_keeper *symred_xla_keeper_new(void)
+{
+    symred_xla_keeper *k = calloc(1, sizeof *k);
+    if (k == NULL)
+        return NULL;
+    atomic_init(&k->refs, 1);
+    atomic_fetch_add(&keepers_alive, 1);
+    return k;
+}
+
+int symred_xla_keeper_adopt(symred_xla_keeper *k, sr_ctx *ctx, sr_kernel *const *kernels, int n)
+{
+    if (k == NULL || k->ctx != NULL || n < 0)
+        return -1;
+    sr_kernel **copy = calloc((size_t)(n > 0 ? n : 1), sizeof *copy);
+    if (copy == NULL)
+        return -1;
+    for (int i = 0; i < n; i++)
+        copy[i] = kernels[i];
+    k->kernels = copy;
+    k->nkernels = n;
+    k->ctx = ctx;
+    return 0;
+}
+
+void symred_xla_keeper_release(void *p)
+{
+    symred_xla_keeper *k = p;
+    if (k == NULL || atomic_fetch_sub(&k->refs, 1) != 1)
+        return;
+    for (int i = 0; i < k->nkernels; i++)
+        sr_kernel_free(k->kernels[i]);
+    free(k->kernels);
+    sr_ctx_free(k->ctx);
+    free(k);
+    atomic_fetch_sub(&keepers_alive, 1);
+}
+
+long symred_xla_keepers_alive(void) { return atomic_load(&keepers_alive); }
 
 /* The range attributes, in the order of struct sr_ranges. */
 static const char *const range_names[NRANGES] = {"ranges_i", "slices_i", "redranges_j",
@@ -51,6 +125,7 @@ typedef struct call {
     sr_kernel *kernel;
     sr_ctx *ctx;
     int64_t nx, ny, nout;
+    symred_xla_keeper *keeper;            /* NULL when the call names none */
     XLA_FFI_DataType dtype;               /* of the arrays and values: the kernel's */
     const XLA_FFI_Array *ranges[NRANGES]; /* all NULL without ranges */
     const void **args;
@@ -83,6 +158,8 @@ static int is_metadata_query(XLA_FFI_CallFrame *frame)
            frame->extension_start->type == XLA_FFI_Extension_Metadata;
 }
 
+static XLA_FFI_Error *keeper_type_id(const XLA_FFI_Api *api, XLA_FFI_TypeId *out);
+
 static XLA_FFI_Error *answer_metadata(XLA_FFI_CallFrame *frame)
 {
     XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)frame->extension_start;
@@ -95,6 +172,9 @@ static XLA_FFI_Error *answer_metadata(XLA_FFI_CallFrame *frame)
     ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
     ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
     ext->metadata->traits = 0;
+    if (ext->metadata->struct_size >=
+        offsetof(XLA_FFI_Metadata, state_type_id) + sizeof(XLA_FFI_TypeId))
+        return keeper_type_id(frame->api, &ext->metadata->state_type_id);
     return NULL;
 }
 
@@ -130,11 +210,12 @@ static int scalar_i64(XLA_FFI_AttrType type, void *attr, int64_t *out)
 static XLA_FFI_Error *decode_attrs(XLA_FFI_CallFrame *frame, call *c)
 {
     const XLA_FFI_Attrs *a = &frame->attrs;
-    int64_t kernel = 0, ctx = 0, dtype = -1;
-    static const char *const scalar_names[] = {"kernel", "context", "dtype", "nx", "ny", "nout"};
-    int64_t *slots[] = {&kernel, &ctx, &dtype, &c->nx, &c->ny, &c->nout};
-    enum { NSCALARS = 6 };
-    int have = 0; /* bit s: scalar_names[s] was given */
+    int64_t kernel = 0, ctx = 0, dtype = -1, keeper = 0;
+    static const char *const scalar_names[] = {"kernel", "context", "dtype", "nx",
+                                               "ny",     "nout",    "keeper"};
+    int64_t *slots[] = {&kernel, &ctx, &dtype, &c->nx, &c->ny, &c->nout, &keeper};
+    enum { NSCALARS = 7, REQUIRED = (1 << 6) - 1 }; /* keeper is optional */
+    int have = 0;                                   /* bit s: scalar_names[s] was given */
     for (int64_t i = 0; i < a->size; i++) {
         const XLA_FFI_ByteSpan *name = a->names[i];
         int s = 0;
@@ -159,7 +240,7 @@ static XLA_FFI_Error *decode_attrs(XLA_FFI_CallFrame *frame, call *c)
                         "symred: attribute %s must be an int64 array", range_names[r]);
         c->ranges[r] = arr;
     }
-    if (have != (1 << NSCALARS) - 1)
+    if ((have & REQUIRED) != REQUIRED)
         return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
                     "symred: the call lacks one of the attributes kernel, context, dtype, nx, ny, "
                     "nout");
@@ -179,7 +260,68 @@ static XLA_FFI_Error *decode_attrs(XLA_FFI_CallFrame *frame, call *c)
                     "symred: NULL kernel or context");
     c->kernel = (sr_kernel *)(uintptr_t)kernel;
     c->ctx = (sr_ctx *)(uintptr_t)ctx;
+    c->keeper = (symred_xla_keeper *)(uintptr_t)keeper;
     return NULL;
+}
+
+/* The XLA type of a keeper held as an executable's state: registered once per process with
+ * the API XLA hands the handler, its deleter releasing the keeper. */
+static pthread_mutex_t keeper_type_lock = PTHREAD_MUTEX_INITIALIZER;
+static XLA_FFI_TypeId keeper_type; /* 0 until registered */
+
+static XLA_FFI_Error *keeper_type_id(const XLA_FFI_Api *api, XLA_FFI_TypeId *out)
+{
+    static const XLA_FFI_TypeInfo info = {
+        .struct_size = XLA_FFI_TypeInfo_STRUCT_SIZE,
+        .deleter = symred_xla_keeper_release,
+    };
+    static const char name[] = "symred_xla_keeper";
+    XLA_FFI_Error *err = NULL;
+    pthread_mutex_lock(&keeper_type_lock);
+    if (keeper_type.type_id == 0) {
+        XLA_FFI_TypeId id = {0};
+        XLA_FFI_Type_Register_Args args;
+        memset(&args, 0, sizeof args);
+        args.struct_size = XLA_FFI_Type_Register_Args_STRUCT_SIZE;
+        args.name.ptr = name;
+        args.name.len = sizeof name - 1;
+        args.type_id = &id;
+        args.type_info = &info;
+        err = api->XLA_FFI_Type_Register(&args);
+        if (err == NULL)
+            keeper_type = id;
+    }
+    *out = keeper_type;
+    pthread_mutex_unlock(&keeper_type_lock);
+    return err;
+}
+
+/* The instantiate stage, run once when XLA builds an executable with this call: the
+ * executable takes a reference to the call's keeper, as its state, which XLA's deleter
+ * releases with the executable. */
+static XLA_FFI_Error *instantiate(XLA_FFI_CallFrame *frame)
+{
+    call c;
+    memset(&c, 0, sizeof c);
+    XLA_FFI_Error *err = decode_attrs(frame, &c);
+    if (err != NULL || c.keeper == NULL)
+        return err;
+    XLA_FFI_TypeId id;
+    err = keeper_type_id(frame->api, &id);
+    if (err != NULL)
+        return err;
+    XLA_FFI_State_Set_Args args;
+    memset(&args, 0, sizeof args);
+    args.struct_size = XLA_FFI_State_Set_Args_STRUCT_SIZE;
+    args.ctx = frame->ctx;
+    args.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+    args.type_id = &id;
+    args.state = c.keeper;
+    atomic_fetch_add(&c.keeper->refs, 1);
+    err = frame->api->XLA_FFI_State_Set(&args);
+    if (err != NULL)
+        symred_xla_keeper_release(c.keeper);
+    return err;
 }
 
 static int64_t elements(const XLA_FFI_Buffer *b)
@@ -277,6 +419,8 @@ XLA_FFI_Error *symred_xla_cpu(XLA_FFI_CallFrame *frame)
 {
     if (is_metadata_query(frame))
         return answer_metadata(frame);
+    if (frame->stage == XLA_FFI_ExecutionStage_INSTANTIATE)
+        return instantiate(frame);
     if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return NULL;
     call c;
@@ -351,6 +495,8 @@ XLA_FFI_Error *symred_xla_cuda(XLA_FFI_CallFrame *frame)
 {
     if (is_metadata_query(frame))
         return answer_metadata(frame);
+    if (frame->stage == XLA_FFI_ExecutionStage_INSTANTIATE)
+        return instantiate(frame);
     if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return NULL;
     const XLA_FFI_Api *api = frame->api;

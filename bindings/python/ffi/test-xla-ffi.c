@@ -16,6 +16,11 @@
 
 XLA_FFI_Error *symred_xla_cpu(XLA_FFI_CallFrame *frame);
 XLA_FFI_Error *symred_xla_cuda(XLA_FFI_CallFrame *frame);
+typedef struct symred_xla_keeper symred_xla_keeper;
+symred_xla_keeper *symred_xla_keeper_new(void);
+int symred_xla_keeper_adopt(symred_xla_keeper *k, sr_ctx *ctx, sr_kernel *const *kernels, int n);
+void symred_xla_keeper_release(void *k);
+long symred_xla_keepers_alive(void);
 
 static int failures;
 static char last_error[1024];
@@ -40,6 +45,25 @@ static XLA_FFI_Error *error_create(XLA_FFI_Error_Create_Args *args)
 static XLA_FFI_Error *stream_get(XLA_FFI_Stream_Get_Args *args)
 {
     args->stream = NULL;
+    return NULL;
+}
+
+/* XLA's side of a stateful handler: the registered type's deleter and the state set. */
+static const XLA_FFI_TypeInfo *registered_type;
+static void *state_set;
+static int64_t state_type;
+
+static XLA_FFI_Error *type_register(XLA_FFI_Type_Register_Args *args)
+{
+    registered_type = args->type_info;
+    args->type_id->type_id = 42;
+    return NULL;
+}
+
+static XLA_FFI_Error *state_set_fn(XLA_FFI_State_Set_Args *args)
+{
+    state_set = args->state;
+    state_type = args->type_id->type_id;
     return NULL;
 }
 
@@ -163,6 +187,8 @@ int main(void)
     api.struct_size = XLA_FFI_Api_STRUCT_SIZE;
     api.XLA_FFI_Error_Create = error_create;
     api.XLA_FFI_Stream_Get = stream_get;
+    api.XLA_FFI_Type_Register = type_register;
+    api.XLA_FFI_State_Set = state_set_fn;
     for (int i = 0; i < NX * 3; i++)
         x[i] = sin(i + 1.0);
     for (int i = 0; i < NY * 3; i++)
@@ -266,6 +292,36 @@ int main(void)
 
     sr_kernel_free(sum);
     sr_kernel_free(amin);
+    /* Lifetime: a keeper adopts a context and its kernels; the instantiate stage makes the
+     * executable hold a reference (its state), and the kernels are freed after the last of
+     * the two releases. */
+    sr_ctx *ctx2 = NULL;
+    CHECK(sr_ctx_new(&ctx2) == SR_OK, "second context");
+    sr_kernel *owned = kernel(ctx2, "Exp(-SqDist(x, y)) * b", SR_SUM);
+    long alive0 = symred_xla_keepers_alive();
+    symred_xla_keeper *keeper = symred_xla_keeper_new();
+    CHECK(keeper != NULL && symred_xla_keepers_alive() == alive0 + 1, "keeper_new");
+    CHECK(symred_xla_keeper_adopt(keeper, ctx2, &owned, 1) == 0, "adopt");
+    CHECK(symred_xla_keeper_adopt(keeper, ctx2, &owned, 1) == -1, "adopt twice is refused");
+    double out[NX];
+    std_frame(&f, ctx2, owned, XLA_FFI_DataType_F64, out);
+    f.cf.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+    XLA_FFI_Error *ierr = symred_xla_cpu(&f.cf);
+    CHECK(ierr == NULL && state_set == NULL, "instantiate without a keeper: no state (%s)",
+          ierr ? last_error : "ok");
+    add_attr(&f, "keeper", (int64_t)(uintptr_t)keeper);
+    ierr = symred_xla_cpu(&f.cf);
+    CHECK(ierr == NULL && state_set == keeper && state_type == 42 && registered_type != NULL,
+          "instantiate: %s", ierr ? last_error : "state not set");
+    f.cf.stage = XLA_FFI_ExecutionStage_EXECUTE; /* the keeper attribute is accepted */
+    CHECK(symred_xla_cpu(&f.cf) == NULL, "run with a keeper attribute: %s", last_error);
+    symred_xla_keeper_release(keeper); /* the Genred's reference */
+    CHECK(symred_xla_keepers_alive() == alive0 + 1, "the executable still holds the keeper");
+    CHECK(symred_xla_cpu(&f.cf) == NULL, "run after the Genred's release: %s", last_error);
+    if (registered_type != NULL && state_set != NULL)
+        registered_type->deleter(state_set); /* XLA destroys the executable */
+    CHECK(symred_xla_keepers_alive() == alive0, "the last release frees the keeper");
+
     sr_ctx_free(ctx);
     if (failures == 0)
         printf("test-xla-ffi: all checks passed\n");

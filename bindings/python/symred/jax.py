@@ -9,33 +9,39 @@ formula, reduction, shapes and dtype, so a bad formula or a wrong shape raises w
 tracing, with symred's message; a failure at run time (bad block-sparse ranges, say) comes
 back through XLA's error API and JAX raises it as a Python exception.
 
-Gradients. Every kernel run is a ``jax.custom_vjp`` function whose backward runs the
-gradient kernels of the C library (``sr_kernel_grad``, docs/gradients.md) as further FFI
-calls, through the same function: gradients nest to any order (``jax.hessian``,
-``check_grads(order=2)``).
+Derivatives. Every kernel run is one JAX primitive, ``symred_reduce``, with a forward-mode
+rule, a transpose rule and a batching rule (docs/jax.md). Its JVP is another kernel run: the
+tangent kernel of the C library (``sr_kernel_jvp``) of the variables that have a tangent,
+which is linear in the tangents; its transpose runs the gradient kernels (``sr_kernel_grad``,
+docs/gradients.md). So ``jax.jvp``, ``jax.jacfwd``, ``jax.grad``, ``jax.vjp``, ``jax.jacrev``
+and ``jax.hessian`` all work, and nest to any order (every derivative is a kernel run through
+the same primitive).
 
-vmap. Every kernel run is also a ``jax.custom_batching.custom_vmap`` function whose rule lays
-the batches end to end and runs them as **one** call with block-diagonal block-sparse ranges,
-symred's batch dimensions (docs/ranges.md). A batched parameter (``vmap`` over a bandwidth,
-say) becomes a variable of the output index, one value per row, in a kernel rebuilt from the
-Genred (still one call); only a parameter declared by ``Var()``, and batches on the GPU, run
-as a ``jax.lax.map`` loop.
+vmap. The batching rule lays the batches end to end and runs them as **one** call with
+block-diagonal block-sparse ranges, symred's batch dimensions (docs/ranges.md). A batched
+parameter (``vmap`` over a bandwidth, say) becomes a variable of the output index, one value
+per row, in a kernel rebuilt from the Genred (still one call); only a parameter declared by
+``Var()``, and batches on the GPU, run as a ``jax.lax.map`` loop.
 
-Kernels live as long as the process: a jitted function holds their address, and JAX may keep
-it compiled after the Genred that made it is gone. ``import symred`` never imports jax; this
+Lifetime. A jitted function holds the kernels' addresses, and JAX may keep it compiled after
+the Genred that made it is gone: each Genred's context and kernels belong to a reference-counted
+keeper in the FFI library, held by the Genred and by every XLA executable that calls its
+kernels (taken when XLA builds the executable, released when XLA destroys it), and freed with
+the last of them (:func:`keepers_alive` counts them). ``import symred`` never imports jax; this
 module does, and raises ImportError without it.
 """
 
 import ctypes
 import os
 import re
-import threading
+import weakref
 from pathlib import Path
 
 try:
     import jax
     import jax.numpy as jnp
-    from jax.custom_batching import custom_vmap
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching, mlir
 except ImportError as e:  # pragma: no cover - exercised where jax is missing
     raise ImportError(
         "symred.jax needs JAX (pip install jax); symred itself and symred.numpy work without it"
@@ -48,7 +54,7 @@ from . import genred as _genred
 from . import lazytensor as _lazy
 from ._lib import SR_CAT_I, SR_CAT_J, SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, check, lib
 
-__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm", "xla_lib_path"]
+__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm", "keepers_alive", "xla_lib_path"]
 
 _SR_DTYPES = {np.dtype(np.float32): SR_F32, np.dtype(np.float64): SR_F64}
 _SELECTING = ("Min", "Max", "Min_ArgMin", "Max_ArgMax", "KMin", "KMin_ArgKMin")
@@ -89,17 +95,45 @@ def _load_xla_lib():
 
 
 _xla, xla_lib_path = _load_xla_lib()
-jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(_xla.symred_xla_cpu), platform="cpu")
+_xla.symred_xla_keeper_new.restype = ctypes.c_void_p
+_xla.symred_xla_keeper_adopt.restype = ctypes.c_int
+_xla.symred_xla_keeper_adopt.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+_xla.symred_xla_keeper_release.argtypes = [ctypes.c_void_p]
+_xla.symred_xla_keepers_alive.restype = ctypes.c_long
+
+
+def _stages(handler):
+    # The same handler runs the instantiate stage (the executable takes a reference to the
+    # Genred's keeper) and the execute stage.
+    cap = jax.ffi.pycapsule(handler)
+    return {"instantiate": cap, "execute": cap}
+
+
+jax.ffi.register_ffi_target(_TARGET, _stages(_xla.symred_xla_cpu), platform="cpu")
 try:  # a jaxlib without its CUDA plugin has no CUDA platform to register on
-    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(_xla.symred_xla_cuda),
-                                platform="CUDA")
+    jax.ffi.register_ffi_target(_TARGET, _stages(_xla.symred_xla_cuda), platform="CUDA")
 except Exception:  # noqa: BLE001 - the CPU target is all this process can use then
     pass
 
-# Handles of every Genred of this module: a compiled jax function holds the address of their
-# kernels, so they are never freed (see the module docstring).
-_alive = []
-_alive_lock = threading.Lock()
+
+def _hand_over(h, keeper):
+    """A Genred's finalizer: its context and kernels go to its keeper, which frees them once
+    no XLA executable refers to them either (bindings/python/ffi/symred-xla.c, Lifetime)."""
+    with h.lock:
+        ptrs = [k.value for k in h.kernels.values()]
+        h.kernels.clear()
+    arr = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+    if _xla.symred_xla_keeper_adopt(keeper, h.ctx, arr, len(ptrs)) != 0:
+        _genred._Handle.close(lib, h.ctx, dict(enumerate(arr[: len(ptrs)])))
+    _xla.symred_xla_keeper_release(keeper)
+
+
+def keepers_alive():
+    """The number of Genreds of this module whose context and kernels are not freed yet:
+    alive, or referred to by an XLA executable (JAX's caches keep those until
+    ``jax.clear_caches()`` or their own eviction)."""
+    return _xla.symred_xla_keepers_alive()
 
 # ---- kernels ----------------------------------------------------------------------------
 
@@ -126,6 +160,7 @@ class _Kernel:
         self.owner, self.ptr, self.red, self.axis = owner, ptr, red, axis
         self.desc, self.expr, self.make = desc, expr, make
         self.parent = None  # the kernel this one derives from (set by _new_derived)
+        self.jvp_mask = None  # for a tangent kernel: the variables of the parent it derives
         self.nargs = lib.sr_kernel_nargs(ptr)
         self.out_dim = lib.sr_kernel_out_dim(ptr)
         self.vars = _kernel_vars(ptr)
@@ -153,6 +188,23 @@ class _Kernel:
 
         return self._new_derived(("grad", index), make)
 
+    def jvp(self, mask):
+        """The tangent kernel along the variables of the bit mask ``mask`` (sr_kernel_jvp):
+        the forward arrays, one tangent per forward index, then the forward output and the
+        auxiliary array; same axis."""
+
+        def make(h):
+            out = ctypes.c_void_p()
+            check(lib.sr_kernel_jvp(self.ptr, mask, ctypes.byref(out)), h.ctx,
+                  f"forward-mode derivative of {self.red}")
+            h.kernels[("jvp", id(self), mask)] = out
+            k = _Kernel(self.owner, out, "Sum", self.axis, self.desc,
+                        make=lambda parent: parent.jvp(mask))
+            k.jvp_mask = mask
+            return k
+
+        return self._new_derived(("jvp", mask), make)
+
     def logsumexp(self):
         """SumSoftMaxWeight's log-normalizer, which its gradient kernel reads."""
 
@@ -173,9 +225,11 @@ class _Kernel:
         """The same kernel with the parameters of the given indices turned into variables of
         the output index of the Genred's reduction (one value per output row: symred.Genred's
         batched parameters), or None when that Genred cannot (parameters declared by Var())."""
-        owner, chain, k = self.owner, [], self
+        owner, chain, k, indices = self.owner, [], self, set(indices)
         while not isinstance(k.make, tuple):
             chain.append(k.make)
+            if k.jvp_mask is not None:  # a tangent (index n + v) goes with its variable v
+                indices = {i % k.parent.nargs for i in indices}
             k = k.parent
         try:
             g = owner._promoted(tuple(sorted(indices)))
@@ -221,6 +275,7 @@ def _ffi(call, args):
     if kern.red in _WITH_INDICES:
         results.append(jax.ShapeDtypeStruct(shape, _index_dtype()))
     attrs = dict(kernel=np.uint64(kern.ptr.value), context=np.uint64(kern.owner._h.ctx.value),
+                 keeper=np.uint64(kern.owner._keeper),
                  dtype=np.int64(kern.desc[0]),
                  nx=np.int64(call.nx), ny=np.int64(call.ny), nout=np.int64(call.nout))
     if call.ranges is not None:
@@ -228,18 +283,42 @@ def _ffi(call, args):
     return tuple(jax.ffi.ffi_call(_TARGET, results, vmap_method="sequential")(*args, **attrs))
 
 
-def _run(call, *args):
-    """One kernel run, batched by vmap into one call (see _batched)."""
+_reduce_p = Primitive("symred_reduce")
+_reduce_p.multiple_results = True
 
-    @custom_vmap
-    def run(*a):
-        return _ffi(call, a)
 
-    @run.def_vmap
-    def rule(axis_size, in_batched, *a):
-        return _batched(call, axis_size, in_batched, a)
+def _reduce(call, *args):
+    """One kernel run: the results as a tuple (values, indices, or both)."""
+    return tuple(_reduce_p.bind(*args, call=call))
 
-    return run(*args)
+
+def _reduce_abstract(*args, call):
+    kern = call.kern
+    dt = jnp.float64 if kern.desc[0] == SR_F64 else jnp.float32
+    shape = (call.nout, kern.out_dim)
+    outs = []
+    if kern.red not in _INDEX_ONLY:
+        outs.append(jax.core.ShapedArray(shape, dt))
+    if kern.red in _WITH_INDICES:
+        outs.append(jax.core.ShapedArray(shape, _index_dtype()))
+    return outs
+
+
+_reduce_p.def_impl(lambda *args, call: _ffi(call, args))
+_reduce_p.def_abstract_eval(_reduce_abstract)
+mlir.register_lowering(_reduce_p, mlir.lower_fun(lambda *args, call: _ffi(call, args),
+                                                 multiple_results=True))
+
+
+def _reduce_batch(args, dims, *, call):
+    B = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    in_batched = [d is not None for d in dims]
+    args = [jnp.moveaxis(a, d, 0) if b else a for a, d, b in zip(args, dims, in_batched)]
+    outs, _ = _batched(call, B, in_batched, args)
+    return list(outs), [0] * len(outs)
+
+
+batching.primitive_batchers[_reduce_p] = _reduce_batch
 
 
 def _batched(call, B, in_batched, args):
@@ -252,15 +331,22 @@ def _batched(call, B, in_batched, args):
     GPU, the batches run as a loop."""
     kern = call.kern
     outs_batched = (True,) * (int(kern.red not in _INDEX_ONLY) + int(kern.red in _WITH_INDICES))
+    in_batched = list(in_batched)
     params = [i for i, b in enumerate(in_batched)
               if b and kern.vars.get(i, (None,))[0] == SR_CAT_PARAM]
     pk = kern.promoted(params) if params and kern.desc[1] != _lib.SR_DEVICE_CUDA else None
     if pk is not None:
-        # Batched parameters as variables of the Genred's output index: one value per row.
+        # Batched parameters as variables of the Genred's output index: one value per row;
+        # in a tangent kernel a parameter and its tangent go together, so an unbatched one
+        # promoted with a batched one is repeated for every batch.
         args = list(args)
-        for i in params:
-            rows = call.nx if pk.vars[i][0] == SR_CAT_I else call.ny
-            args[i] = jnp.broadcast_to(args[i][:, None, :], (B, rows, args[i].shape[-1]))
+        for i, (cat, _) in pk.vars.items():
+            if kern.vars[i][0] != SR_CAT_PARAM or cat == SR_CAT_PARAM:
+                continue
+            rows = call.nx if cat == SR_CAT_I else call.ny
+            a = args[i] if in_batched[i] else args[i][None]
+            args[i] = jnp.broadcast_to(a[:, None, :], (B, rows, a.shape[-1]))
+            in_batched[i] = True
         call, kern = _Call(pk, call.nx, call.ny, call.ranges), pk
     # The CUDA handler has no ranges (sr_kernel_run_device): batches loop there.
     elif params or kern.desc[1] == _lib.SR_DEVICE_CUDA:
@@ -270,7 +356,7 @@ def _batched(call, B, in_batched, args):
             a = list(args)
             for i, x in zip(idx, xs):
                 a[i] = x
-            return _run(call, *a)
+            return _reduce(call, *a)
 
         return jax.lax.map(one, [args[i] for i in idx]), outs_batched
     out_cat = SR_CAT_I if kern.axis == 1 else SR_CAT_J
@@ -305,7 +391,7 @@ def _batched(call, B, in_batched, args):
             own = (out_blocks, b + 1, red_iv)
         ranges = own + red_t if kern.axis == 1 else red_t + own
     ranges = tuple(np.ascontiguousarray(r, dtype=np.int64) for r in ranges)
-    outs = _run(_Call(kern, nx, ny, ranges), *flat)
+    outs = _reduce(_Call(kern, nx, ny, ranges), *flat)
     res = []
     for o in outs:
         o = o.reshape((B, M) + o.shape[1:])
@@ -316,56 +402,82 @@ def _batched(call, B, in_batched, args):
     return tuple(res), outs_batched
 
 
-def _reduce_impl(call, *args):
-    return _run(call, *args)
-
-
-_reduce = jax.custom_vjp(_reduce_impl, nondiff_argnums=(0,))
-
-
-def _reduce_fwd(call, *args):
-    # Through _reduce itself, not _run: under an outer derivative (second order) the forward
-    # is differentiated too.
-    outs = _reduce(call, *args)
-    return outs, (args, outs)
-
-
-def _reduce_bwd(call, res, cts):
-    """The gradients of a kernel run with respect to its arrays: the gradient kernel of each
-    variable (sr_kernel_grad) run on the forward arrays, the incoming gradient and what the
-    reduction's contract adds (docs/gradients.md), through _reduce again so that the backward
-    is differentiable too."""
-    args, outs = res
+def _extras(call, args, outs):
+    """What the gradient and tangent kernels of a reduction read after the forward arrays and
+    the incoming gradient or the tangents (docs/gradients.md): the forward output (values,
+    or indices as values) and the log-normalizer or the reduced index."""
     kern = call.kern
-    zeros = [jnp.zeros_like(a) for a in args]
-    if kern.red in _INDEX_ONLY:
-        return tuple(zeros)  # indices do not move with the inputs
     values = outs[0]
-    G = cts[0]
-    extra = [G]
     if kern.red == "LogSumExp":
-        extra.append(values)
-    elif kern.red == "SumSoftMaxWeight":
+        return [values]
+    if kern.red == "SumSoftMaxWeight":
         lse = kern.logsumexp()
-        extra += [values, _reduce(_Call(lse, call.nx, call.ny, call.ranges),
-                                  *args[: lse.nargs])[0]]
-    elif kern.red in _SELECTING:
-        extra += [outs[1].astype(values.dtype),
-                  jnp.arange(call.nred, dtype=values.dtype)[:, None]]
-    grads = list(zeros)
-    for i, a in enumerate(args):
-        if i not in kern.vars:
-            continue
-        gk = kern.grad(i)
-        g = _reduce(_Call(gk, call.nx, call.ny, call.ranges), *(list(args) + extra)[: gk.nargs])
-        g = g[0]
-        if kern.vars[i][0] == SR_CAT_PARAM:
+        return [values, _reduce(_Call(lse, call.nx, call.ny, call.ranges),
+                                *args[: lse.nargs])[0]]
+    if kern.red in _SELECTING:
+        return [outs[1].astype(values.dtype), jnp.arange(call.nred, dtype=values.dtype)[:, None]]
+    return []
+
+
+def _placeholder(kern):
+    return jnp.zeros((1,), jnp.float64 if kern.desc[0] == SR_F64 else jnp.float32)
+
+
+def _reduce_jvp(primals, tangents, *, call):
+    """Forward mode: the tangent of the values is the tangent kernel (sr_kernel_jvp) of the
+    variables whose tangent is not a symbolic zero, run through the same primitive; it is
+    linear in the tangents (its transpose is _reduce_transpose). Indices have no tangent."""
+    outs = _reduce(call, *primals)
+    kern = call.kern
+    touts = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+    if kern.red in _INDEX_ONLY:
+        return outs, touts
+    n = kern.nargs
+    dargs, mask = [_placeholder(kern)] * n, 0
+    for i, t in enumerate(tangents[:n]):
+        if type(t) is not ad.Zero and i in kern.vars:
+            dargs[i] = t
+            mask |= 1 << i
+    if mask:
+        extra = _extras(call, primals, outs) + [_placeholder(kern)] * 2
+        jk = kern.jvp(mask)
+        args = (list(primals[:n]) + dargs + extra)[: jk.nargs]
+        touts[0] = _reduce(_Call(jk, call.nx, call.ny, call.ranges), *args)[0]
+    return outs, touts
+
+
+def _reduce_transpose(cts, *args, call):
+    """Reverse mode: the transpose of a tangent kernel run with respect to its tangents is
+    the parent kernel's gradient kernels (sr_kernel_grad) with the cotangent as incoming
+    gradient, run through the same primitive (so that the backward is differentiable too).
+    The tangent kernel's arguments after the tangents (forward output, log-normalizer or
+    reduced index) are the gradient kernel's after the incoming gradient."""
+    kern = call.kern
+    undefined = [i for i, a in enumerate(args) if ad.is_undefined_primal(a)]
+    parent = kern.parent
+    n = parent.nargs if parent is not None else 0
+    if kern.jvp_mask is None or any(i < n or i >= 2 * n for i in undefined):
+        raise NotImplementedError(f"symred.jax: cannot transpose a {kern.red} kernel run with "
+                                  f"respect to arguments {undefined}: only tangent kernels "
+                                  f"are linear in their tangents")
+    out = [None] * len(args)
+    ct = cts[0]
+    if type(ct) is ad.Zero:
+        return out
+    extra = [ct] + list(args[2 * n: 2 * n + 2])
+    for i in undefined:
+        v = i - n
+        gk = parent.grad(v)
+        gargs = (list(args[:n]) + extra + [_placeholder(kern)] * 2)[: gk.nargs]
+        g = _reduce(_Call(gk, call.nx, call.ny, call.ranges), *gargs)[0]
+        if parent.vars[v][0] == SR_CAT_PARAM:
             g = g.sum(0)  # one partial gradient per output row
-        grads[i] = g.reshape(a.shape)
-    return tuple(grads)
+        out[i] = g.reshape(args[i].aval.shape)
+    return out
 
 
-_reduce.defvjp(_reduce_fwd, _reduce_bwd)
+ad.primitive_jvps[_reduce_p] = _reduce_jvp
+ad.primitive_transposes[_reduce_p] = _reduce_transpose
 
 # ---- Genred -----------------------------------------------------------------------------
 
@@ -418,10 +530,14 @@ class Genred(_genred.Genred):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # A compiled jax function may outlive this object and still hold its kernels.
+        # A compiled jax function may outlive this object and still hold its kernels: they
+        # go to a keeper that the executables referring to them hold too.
+        keeper = _xla.symred_xla_keeper_new()
+        if not keeper:
+            raise MemoryError("symred.jax: symred_xla_keeper_new failed")
+        self._keeper = keeper
         self._finalizer.detach()
-        with _alive_lock:
-            _alive.append(self._h)
+        self._finalizer = weakref.finalize(self, _hand_over, self._h, keeper)
         self._jax_kernels = {}
 
     def _jax_kernel(self, sr_dtype, device):

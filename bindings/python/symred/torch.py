@@ -93,7 +93,8 @@ class _Kernel:
         self.desc = desc  # (sr dtype, sr device, accumulation) of the kernel
         self.expr = expr  # the forward formula, for SumSoftMaxWeight's log-normalizer
         # How this kernel comes from the owner's: None for the owner's own, else
-        # (parent kernel, "grad", variable index) or (parent kernel, "lse", None).
+        # (parent kernel, "grad", variable index), (parent kernel, "jvp", variable mask) or
+        # (parent kernel, "lse", None).
         self.derived = derived
         self.nargs = lib.sr_kernel_nargs(ptr)
         self.out_dim = lib.sr_kernel_out_dim(ptr)
@@ -124,6 +125,21 @@ class _Kernel:
 
         return self._new_derived(("grad", index), make)
 
+    def jvp(self, mask):
+        """The tangent kernel along the variables of the bit mask ``mask`` (sr_kernel_jvp):
+        reads the forward arrays, then one tangent per forward index, then the forward
+        output and the auxiliary array of docs/gradients.md; same axis."""
+
+        def make(h):
+            out = ctypes.c_void_p()
+            check(lib.sr_kernel_jvp(self.ptr, mask, ctypes.byref(out)), h.ctx,
+                  f"forward-mode derivative of {self.red}")
+            h.kernels[("jvp", id(self), mask)] = out
+            return _Kernel(self.owner, out, "Sum", self.axis, self.desc,
+                           derived=(self, "jvp", mask))
+
+        return self._new_derived(("jvp", mask), make)
+
     def logsumexp(self):
         """The LogSumExp kernel of the same formula and axis: SumSoftMaxWeight's
         log-normalizer, which its gradient kernel reads."""
@@ -151,8 +167,25 @@ class _Kernel:
         if self.derived is None:
             return self.owner._promoted(indices)._torch_kernel(*self.desc[:2])
         parent, op, index = self.derived
+        if op == "jvp":  # a tangent's index n + v is promoted with its variable v
+            parent = parent.promoted(tuple(sorted({i % parent.nargs for i in indices})))
+            return parent.jvp(index)
         parent = parent.promoted(indices)
         return parent.grad(index) if op == "grad" else parent.logsumexp()
+
+    def promotion(self, indices):
+        """The parameters to promote together with those of ``indices`` (see promoted): in a
+        tangent kernel, a parameter and its tangent become variables together, the one
+        batched and the other repeated per batch."""
+        if self.derived is None:
+            return tuple(sorted(indices))
+        parent, op, _ = self.derived
+        if op != "jvp":
+            return tuple(i for i in parent.promotion(indices) if i in self.vars)
+        n = parent.nargs
+        base = parent.promotion(tuple(sorted({i % n for i in indices})))
+        both = set(base) | {n + i for i in base}
+        return tuple(sorted(i for i in both if i in self.vars))
 
 
 def _load_gomp():
@@ -207,7 +240,10 @@ def _pointer(t):
 def _run(kern, nx, ny, ranges, args):
     """Runs the kernel on tensors (None for an unused index) with block-sparse ranges (None,
     or the (struct, arrays) of _genred._ranges_struct); returns (values, indices)."""
-    args = list(args[: kern.nargs]) + [None] * max(0, kern.nargs - len(args))
+    # The kernel reads row-major arrays: a view (an expanded parameter under torch.vmap, a
+    # tangent) is copied; a contiguous tensor goes as it is.
+    args = [a.contiguous() if a is not None else None for a in args[: kern.nargs]]
+    args += [None] * max(0, kern.nargs - len(args))
     first = next((a for a in args if a is not None), None)
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None else torch.float32
@@ -269,11 +305,14 @@ def _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx):
 _FUNC_STYLE = hasattr(torch.autograd.Function, "setup_context")
 
 
-def _autograd_function(name, doc, forward, setup_context, backward, vmap=None):
+def _autograd_function(name, doc, forward, setup_context, backward, vmap=None, jvp=None):
     """A torch.autograd.Function from its parts: PyTorch 2.x style (forward without ctx,
     setup_context, and ``vmap`` as the vmap rule when given) where torch has it, so that
-    torch.func and torch.vmap take it; else forward(ctx, ...) doing both steps."""
+    torch.func and torch.vmap take it; else forward(ctx, ...) doing both steps. ``jvp``,
+    when given, is the forward-mode rule (torch.func.jvp, jacfwd, torch.autograd.forward_ad)."""
     body = {"__doc__": doc, "backward": staticmethod(backward)}
+    if jvp is not None:
+        body["jvp"] = staticmethod(jvp)
     if _FUNC_STYLE:
         body.update(forward=staticmethod(forward), setup_context=staticmethod(setup_context),
                     generate_vmap_rule=False)
@@ -306,8 +345,17 @@ def _reduce_setup(ctx, inputs, output):
         values, idx = output, None
     ctx.kern, ctx.nx, ctx.ny, ctx.ranges = kern, nx, ny, ranges
     ctx.save_for_backward(values, idx, *args)
+    ctx.save_for_forward(values, idx, *args)
     if idx is not None:
         ctx.mark_non_differentiable(idx)
+
+
+def _selection(kern, nx, ny, values, idx):
+    """What the gradient and tangent kernels of Min, Max and KMin read after the forward
+    arrays (docs/gradients.md): the selected indices as values, and the reduced index."""
+    reduced = ny if kern.axis == 1 else nx
+    return [idx.to(values.dtype),
+            torch.arange(reduced, dtype=values.dtype, device=values.device)[:, None]]
 
 
 def _reduce_backward(ctx, *grads):
@@ -328,11 +376,41 @@ def _reduce_backward(ctx, *grads):
         lse = kern.logsumexp()
         extra += [values, _Reduce.apply(lse, nx, ny, ranges, *fwd[: lse.nargs])]
     elif kern.red in _SELECTING:
-        reduced = ny if kern.axis == 1 else nx
-        extra += [idx.to(values.dtype),
-                  torch.arange(reduced, dtype=values.dtype, device=values.device)[:, None]]
+        extra += _selection(kern, nx, ny, values, idx)
     grads = _input_grads(kern, nx, ny, ranges, fwd, extra, args, ctx.needs_input_grad[4:])
     return tuple(none[:4] + grads)
+
+
+def _reduce_jvp(ctx, *tangents):
+    """Forward mode: the tangent of the values along the inputs' tangents, the tangent
+    kernel (sr_kernel_jvp) of the variables that have one, run through :class:`_Reduce` (so
+    that it is differentiable in turn: hessian = jacfwd(jacrev)). Indices have no tangent."""
+    kern, nx, ny, ranges = ctx.kern, ctx.nx, ctx.ny, ctx.ranges
+    values, idx, *args = ctx.saved_tensors
+    if kern.red in _INDEX_ONLY:
+        return None
+    n = kern.nargs
+    fwd = list(args[:n]) + [None] * max(0, n - len(args))
+    dargs = [None] * n
+    mask = 0
+    for i, t in enumerate(tangents[4:4 + n]):
+        if t is not None and args[i] is not None and i in kern.vars:
+            dargs[i] = t.reshape(args[i].shape).contiguous()
+            mask |= 1 << i
+    if mask == 0:
+        dv = torch.zeros_like(values)
+    else:
+        extra = [None, None]  # the forward output and the auxiliary array
+        if kern.red in ("LogSumExp", "SumSoftMaxWeight"):
+            extra[0] = values
+        if kern.red == "SumSoftMaxWeight":
+            lse = kern.logsumexp()
+            extra[1] = _Reduce.apply(lse, nx, ny, ranges, *fwd[: lse.nargs])
+        elif kern.red in _SELECTING:
+            extra = _selection(kern, nx, ny, values, idx)
+        jk = kern.jvp(mask)
+        dv = _Reduce.apply(jk, nx, ny, ranges, *(fwd + dargs + extra)[: jk.nargs])
+    return (dv, None) if idx is not None else dv
 
 
 def _reduce_vmap(info, in_dims, kern, nx, ny, ranges, *args):
@@ -351,6 +429,12 @@ def _reduce_vmap(info, in_dims, kern, nx, ny, ranges, *args):
     batched = [d is not None for d in dims]
     promote = tuple(i for i, b in enumerate(batched)
                     if b and kern.vars.get(i, (None,))[0] == SR_CAT_PARAM)
+    if promote:
+        promote = kern.promotion(promote)
+        for i in promote:  # promoted with a batched one: the same value for every batch
+            if not batched[i]:
+                args[i] = args[i].expand(B, *args[i].shape)
+                batched[i] = True
     k = kern.promoted(promote) if promote else kern
     rows = {_lib.SR_CAT_I: nx, _lib.SR_CAT_J: ny}
     out_cat = _lib.SR_CAT_I if kern.axis == 1 else _lib.SR_CAT_J
@@ -400,7 +484,7 @@ _Reduce = _autograd_function(
     """One reduction, called as ``_Reduce.apply(kernel, nx, ny, ranges, *tensors)``: forward
     runs the kernel; backward runs its gradient kernels through this same Function, so that
     the backward is differentiable too; under torch.vmap the batch runs as one launch.""",
-    _reduce_forward, _reduce_setup, _reduce_backward, _reduce_vmap)
+    _reduce_forward, _reduce_setup, _reduce_backward, _reduce_vmap, _reduce_jvp)
 
 
 def _input_grads(kern, nx, ny, ranges, fwd, extra, args, needed):
@@ -468,7 +552,12 @@ class Genred(_genred.Genred):
 
     @staticmethod
     def _ranges_array(a):
-        return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        if not isinstance(a, torch.Tensor):
+            return np.asarray(a)
+        # Through tolist(): under torch.func.jvp, .numpy() refuses even a plain tensor
+        # ("doesn't have storage"). Ranges are small integer arrays.
+        dt = np.float64 if a.is_floating_point() else np.int64  # floats: refused by the caller
+        return np.asarray(a.tolist(), dtype=dt).reshape(tuple(a.shape))
 
     @staticmethod
     def _numpy_dtype(dt):
@@ -602,6 +691,31 @@ def _solve_setup(ctx, inputs, a):
     kern, opts, bpos, *args = inputs
     ctx.kern, ctx.opts, ctx.bpos = kern, opts, bpos
     ctx.save_for_backward(a, *args)
+    ctx.save_for_forward(a, *args)
+
+
+def _solve_jvp(ctx, *tangents):
+    """Forward mode: (alpha I + K) a = b gives (alpha I + K) da = db - dK a, with dK a the
+    tangent of the Sum reduction F(x_i, y_j) a_j along the tangents of x, y and the
+    parameters (the tangent kernel, sr_kernel_jvp, with b's slot holding a): one more solve."""
+    kern, opts, bpos = ctx.kern, ctx.opts, ctx.bpos
+    a, *args = ctx.saved_tensors
+    dargs = list(tangents[3:])
+    n = kern.nargs
+    rhs = dargs[bpos].reshape(a.shape) if dargs[bpos] is not None else torch.zeros_like(a)
+    tang, mask = [None] * n, 0
+    for i, t in enumerate(dargs[:n]):
+        if i != bpos and t is not None and args[i] is not None and i in kern.vars:
+            tang[i] = t.reshape(args[i].shape)
+            mask |= 1 << i
+    if mask:
+        fwd = list(args[:n]) + [None] * max(0, n - len(args))
+        fwd[bpos] = a
+        jk = kern.jvp(mask)
+        rhs = rhs - _Reduce.apply(jk, a.shape[0], a.shape[0], None, *(fwd + tang)[: jk.nargs])
+    rhs_args = list(args)
+    rhs_args[bpos] = rhs.contiguous()
+    return _Solve.apply(kern, opts[:3] + (False,), bpos, *rhs_args)
 
 
 def _solve_backward(ctx, grad_a):
@@ -634,9 +748,10 @@ _Solve = _autograd_function(
     another solve (through this Function: differentiable); and for any other input t of K
     (x, y, a parameter), dL/dt = -d/dt <g, K a> with g = dL/db and a held fixed: the
     gradient of the Sum reduction F(x_i, y_j) a_j with incoming gradient -g, run by the
-    gradient kernels of :class:`_Reduce` (pykeops does the same with Grad formulas). It has
-    no vmap rule: torch.vmap refuses it.""",
-    _solve_forward, _solve_setup, _solve_backward)
+    gradient kernels of :class:`_Reduce` (pykeops does the same with Grad formulas). Forward
+    mode: another solve of db - dK a (dK a by the tangent kernel). It has no vmap rule:
+    torch.vmap refuses it (and so jacfwd).""",
+    _solve_forward, _solve_setup, _solve_backward, jvp=_solve_jvp)
 
 
 class KernelSolve(Genred, _solve.KernelSolve):

@@ -141,7 +141,7 @@ def test_check_grads_second_order(red, formula, axis):
     gr = Genred(formula, ALIASES, reduction_op=red, axis=axis,
                 opt_arg=2 if red == "KMin" else None,
                 formula2="b" if red == "SumSoftMaxWeight" else None)
-    check_grads(gr, (x, y, b, g), order=2, modes=["rev"], atol=1e-5, rtol=1e-5)
+    check_grads(gr, (x, y, b, g), order=2, modes=["fwd", "rev"], atol=1e-5, rtol=1e-5)
 
 
 def test_arg_reduction_gradient_is_zero():
@@ -353,18 +353,121 @@ def test_sgpr_bound_through_symred_matches_dense():
     assert_close(gs, gd, 1e-7)
 
 
-def test_hessian_by_reverse_over_reverse():
-    """jax.hessian is forward over reverse, which custom_vjp refuses; jacrev(grad) is the
-    Hessian through two levels of gradient kernels."""
+def test_hessian_forward_over_reverse_and_reverse_over_reverse():
+    """jax.hessian (forward over reverse: tangent kernels of the gradient kernels) and
+    jacrev(grad) (two levels of gradient kernels) against the dense Hessian."""
     x, y, b, g = data(4, 3)
     gr = gaussian_sum(1)
 
     def loss(fn):
-        return lambda x: (fn(x, y, b, g) ** 2).sum()
+        return lambda x, g: (fn(x, y, b, g) ** 2).sum()
 
     def dense(x, y, b, g):
         return (dense_f(x, y, g)[:, :, None] * b[None]).sum(1)
 
-    assert_close(jax.jacrev(jax.grad(loss(gr)))(x), jax.hessian(loss(dense))(x), 1e-9)
-    with pytest.raises(TypeError, match="forward-mode"):
-        jax.hessian(loss(gr))(x)
+    want = jax.hessian(loss(dense), argnums=(0, 1))(x, g)
+    got = jax.jit(jax.hessian(loss(gr), argnums=(0, 1)))(x, g)
+    for i in range(2):
+        for j in range(2):
+            assert_close(got[i][j], want[i][j], 1e-9)
+    assert_close(jax.jacrev(jax.grad(loss(gr)))(x, g), want[0][0], 1e-9)
+
+
+@pytest.mark.parametrize("red", ["Sum", "LogSumExp", "Min", "SumSoftMaxWeight", "KMin_ArgKMin"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_jvp_against_dense(red, axis):
+    """jax.jvp: the tangent kernel along all four tangents, against jax's jvp of the dense
+    computation (KMin of a vector formula, which selects per component: against central
+    differences of symred's values); one custom call for the values and one for the
+    tangent (SumSoftMaxWeight: and one for its log-normalizer)."""
+    args = data()
+    rng = np.random.default_rng(9)
+    dargs = tuple(jnp.asarray(rng.normal(size=a.shape)) for a in args)
+    ssmw = red == "SumSoftMaxWeight"
+    gr = Genred(F if ssmw else F + " * b", ALIASES, reduction_op=red, axis=axis,
+                opt_arg=2 if red.startswith("K") else None, formula2="b" if ssmw else None)
+
+    def ours(*a):
+        out = gr(*a)
+        return out[0] if red == "KMin_ArgKMin" else out
+
+    def dense(x, y, b, g):
+        Fm = dense_f(x, y, g)
+        if ssmw:
+            W = jnp.broadcast_to(b[None], Fm.shape + (2,))  # W_ij = b_j
+            return reduce_dense(red, Fm[:, :, None], axis, W=W)
+        return reduce_dense(red, Fm[:, :, None] * b[None], axis)
+
+    got = jax.jvp(ours, args, dargs)
+    if red == "KMin_ArgKMin":
+        eps = 1e-6
+        plus = ours(*[a + eps * d for a, d in zip(args, dargs)])
+        minus = ours(*[a - eps * d for a, d in zip(args, dargs)])
+        assert_close(got[1], (plus - minus) / (2 * eps), 1e-6)
+    else:
+        want = jax.jvp(dense, args, dargs)
+        assert_close(got[0], want[0], 1e-10)
+        assert_close(got[1], want[1], 1e-9)
+    assert hlo_custom_calls(lambda *a: jax.jvp(ours, a, dargs), *args) == (3 if ssmw else 2)
+
+
+def test_jacfwd_each_argument_is_one_call():
+    """jax.jacfwd is a vmap of the JVP: the tangent kernel's batching rule, one call, also for
+    a batched tangent of an unbatched parameter (the two promoted together)."""
+    x, y, b, g = data()
+    gr = gaussian_sum(1)
+
+    def dense(x, y, b, g):
+        return (dense_f(x, y, g)[:, :, None] * b[None]).sum(1)
+
+    for argnum in range(4):
+        assert_close(jax.jacfwd(gr, argnums=argnum)(x, y, b, g),
+                     jax.jacfwd(dense, argnums=argnum)(x, y, b, g), 1e-10)
+    # One call: the batched tangent kernel (jacfwd does not return the values, so XLA drops
+    # the forward).
+    assert hlo_custom_calls(jax.jacfwd(gr, argnums=3), x, y, b, g) == 1
+
+
+def test_genred_made_while_tracing_outlives_its_python_object():
+    """A Genred created while tracing (a LazyTensor reduction inside jax.jit) is gone from
+    Python after the trace, but the compiled function still calls its kernel: the executable
+    holds the Genred's keeper, so the kernel is still there on later calls."""
+    import gc
+
+    import symred.jax as sjax
+
+    x, y, _, _ = data(9, 8)
+    symred.lazytensor._cache.clear()
+    gc.collect()
+    base = sjax.keepers_alive()
+    f = jax.jit(lambda x, s: (-(Vi(x) - Vj(y)).sqnorm2() * s).exp().sum(dim=1))
+    s = jnp.asarray(1.3)
+    first = f(x, s)
+    symred.lazytensor._cache.clear()  # the LazyTensor formula cache holds the Genred too
+    gc.collect()
+    assert sjax.keepers_alive() == base + 1  # held by the executable alone
+    want = jnp.exp(-((x[:, None] - y[None]) ** 2).sum(-1) * s).sum(1, keepdims=True)
+    assert_close(f(x, s), first)
+    assert_close(f(x, s), want)
+
+
+def test_many_distinct_formulas_are_freed():
+    """Genreds that are gone, and whose executables JAX has dropped, free their contexts and
+    kernels: creating many distinct formulas does not keep them all."""
+    import gc
+
+    import symred.jax as sjax
+
+    x, y, _, _ = data(6, 5)
+    jax.clear_caches()
+    gc.collect()
+    base = sjax.keepers_alive()
+    for i in range(12):
+        K = Genred(f"Exp(-SqDist(x, y) * {i + 1})", ["x = Vi(3)", "y = Vj(3)"], axis=1)
+        jax.jit(K)(x, y).block_until_ready()
+        jax.grad(lambda x: K(x, y).sum())(x).block_until_ready()
+    assert sjax.keepers_alive() >= base + 11  # still held by JAX's compiled executables
+    del K
+    jax.clear_caches()
+    gc.collect()
+    assert sjax.keepers_alive() <= base

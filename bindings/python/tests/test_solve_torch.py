@@ -122,3 +122,22 @@ def test_errors():
         KernelSolve(FORMULA, aliases(1), "c", axis=1)
     with pytest.raises(TypeError, match="mixed dtypes"):
         Kinv(x, x, b.float(), g)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_forward_mode_matches_dense(axis):
+    # da = (alpha I + K)^-1 (db - dK a): the tangent kernel and one more solve, against the
+    # dense solve's forward-mode derivative (torch.autograd.forward_ad: PyTorch 1.13 too).
+    import torch.autograd.forward_ad as fwAD
+
+    x, b, g = data(47, 2)
+    gen = torch.Generator().manual_seed(4)
+    dx, db = torch.randn(x.shape, dtype=F64, generator=gen), torch.randn(b.shape, dtype=F64,
+                                                                         generator=gen)
+    dg = torch.tensor([0.3], dtype=F64)
+    Kinv = KernelSolve(FORMULA, aliases(2, axis), "b", axis=axis)
+    with fwAD.dual_level():
+        xd, bd, gd = fwAD.make_dual(x, dx), fwAD.make_dual(b, db), fwAD.make_dual(g, dg)
+        got = fwAD.unpack_dual(Kinv(xd, xd, bd, gd, alpha=ALPHA, eps=1e-12)).tangent
+        want = fwAD.unpack_dual(dense_solve(xd, bd, gd)).tangent
+    torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-8)

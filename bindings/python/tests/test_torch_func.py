@@ -255,3 +255,124 @@ def test_kernel_solve_grad_and_vmap_refused():
     close(got, torch.func.grad(lambda r: dense_solve(x, r).sum())(rhs), 1e-8)
     with pytest.raises(RuntimeError):
         torch.vmap(lambda r: Ks(x, x, r, alpha=1.0))(torch.randn(2, NX, 1, dtype=DT))
+
+
+def tangents(seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(a.shape, dtype=DT, generator=gen) for a in inputs())
+
+
+@needs_func
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("red", sorted(REDS))
+def test_jvp_matches_dense(red, axis):
+    # Forward mode: the tangent kernel (sr_kernel_jvp) along all four tangents at once, and
+    # along the parameter's alone (the other tangents None).
+    K, dense = pair(red, axis)
+    args, dargs = inputs(), tangents()
+    out, got = torch.func.jvp(K, args, dargs)
+    out_d, want = torch.func.jvp(dense, args, dargs)
+    close(out, out_d)
+    close(got, want)
+    only_g = (torch.zeros_like(args[0]), torch.zeros_like(args[1]), torch.zeros_like(args[2]),
+              dargs[3])
+    close(torch.func.jvp(lambda g: K(*args[:3], g), (args[3],), (dargs[3],))[1],
+          torch.func.jvp(dense, args, only_g)[1])
+
+
+@needs_func
+@pytest.mark.parametrize("axis", [0, 1])
+def test_jacfwd_each_argument(axis):
+    # jacfwd is a vmap over jvp: the tangent kernel's vmap rule, with a batched tangent of an
+    # unbatched parameter (both read per output row: the parameter repeated per batch).
+    K, dense = pair("Sum", axis)
+    args = inputs()
+    for argnum in range(4):
+        close(torch.func.jacfwd(K, argnums=argnum)(*args),
+              torch.func.jacfwd(dense, argnums=argnum)(*args))
+
+
+@needs_func
+def test_jvp_of_softmax_weight_and_kmin():
+    x, y, b, g = inputs()
+    dx, dy, db, dg = tangents()
+    S = Genred("-g * SqDist(x, y)", ALIASES, reduction_op="SumSoftMaxWeight", axis=0,
+               formula2="b * (x | y)")
+
+    def dense_s(x, y, b, g):
+        s = torch.softmax(-g * ((x[:, None] - y[None]) ** 2).sum(-1), 0)
+        return (s[..., None] * b[None] * (x @ y.T)[..., None]).sum(0)
+
+    close(torch.func.jvp(S, (x, y, b, g), (dx, dy, db, dg))[1],
+          torch.func.jvp(dense_s, (x, y, b, g), (dx, dy, db, dg))[1])
+    Km = Genred("g * SqDist(x, y)", ALIASES, reduction_op="KMin", axis=1, opt_arg=3)
+
+    def dense_k(x, y, b, g):
+        return torch.topk(g * ((x[:, None] - y[None]) ** 2).sum(-1), 3, 1, largest=False).values
+
+    close(torch.func.jvp(Km, (x, y, b, g), (dx, dy, db, dg))[1],
+          torch.func.jvp(dense_k, (x, y, b, g), (dx, dy, db, dg))[1])
+
+
+@needs_func
+def test_hessian_forward_over_reverse():
+    # hessian = jacfwd(jacrev): the tangent kernels of the gradient kernels.
+    K, dense = pair("Sum", 1)
+    args = inputs()
+    got = torch.func.hessian(lambda *a: K(*a).square().sum(), argnums=(0, 1, 2, 3))(*args)
+    want = torch.func.hessian(lambda *a: dense(*a).square().sum(), argnums=(0, 1, 2, 3))(*args)
+    for i in range(4):
+        for j in range(4):
+            close(got[i][j], want[i][j], 1e-9)
+
+
+@needs_func
+def test_jvp_lazytensor_batch_dims_and_weighted_logsumexp():
+    # Leading batch dimensions (block-sparse ranges) and the weighted LogSumExp (LogSumExp plus
+    # the log of a SumSoftMaxWeight), as pykeops' own torch.func tests use them.
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 5, 1, 2, dtype=DT, generator=gen)
+    y = torch.randn(3, 1, 4, 2, dtype=DT, generator=gen)
+    w = torch.rand(3, 1, 4, 1, dtype=DT, generator=gen) + 0.5
+    dargs = tuple(torch.randn(a.shape, dtype=DT, generator=gen) for a in (x, y, w))
+
+    def lazy(x, y, w):
+        d2 = ((LazyTensor(x) - LazyTensor(y)) ** 2).sum(-1)
+        return d2.logsumexp(axis=2, weight=LazyTensor(w))
+
+    def dense(x, y, w):
+        return torch.logsumexp(((x - y) ** 2).sum(-1, keepdim=True) + w.log(), 2)
+
+    close(torch.func.jvp(lazy, (x, y, w), dargs)[1], torch.func.jvp(dense, (x, y, w), dargs)[1])
+
+
+def test_forward_ad_dual_numbers():
+    # torch.autograd.forward_ad (PyTorch 1.13 as well): the jvp rule of the Function.
+    import torch.autograd.forward_ad as fwAD
+
+    K, dense = pair("LogSumExp", 1)
+    args, dargs = inputs(), tangents()
+    with fwAD.dual_level():
+        dual = [fwAD.make_dual(a, t) for a, t in zip(args, dargs)]
+        got = fwAD.unpack_dual(K(*dual)).tangent
+        want = fwAD.unpack_dual(dense(*dual)).tangent
+    close(got, want)
+
+
+@needs_func
+def test_jvp_with_ranges_given_as_tensors():
+    # Block-sparse ranges as int64 tensors under torch.func.jvp (whose .numpy() refuses even
+    # a plain tensor): two diagonal blocks, against the masked dense jvp.
+    x, y, b, g = inputs()
+    dx, dy, db, dg = tangents()
+    T = torch.tensor
+    rg = (T([[0, 4], [4, NX]]), T([1, 2]), T([[0, 3], [3, NY]]),
+          T([[0, 3], [3, NY]]), T([1, 2]), T([[0, 4], [4, NX]]))
+    mask = torch.zeros(NX, NY, dtype=DT)
+    mask[:4, :3] = 1
+    mask[4:, 3:] = 1
+    K, dense = pair("Sum", 1)
+    got = torch.func.jvp(lambda x, y: K(x, y, b, g, ranges=rg), (x, y), (dx, dy))[1]
+    want = torch.func.jvp(lambda x, y: (dense_F(x, y, b, g) * mask[..., None]).sum(1),
+                          (x, y), (dx, dy))[1]
+    close(got, want)
