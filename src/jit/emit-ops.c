@@ -38,6 +38,9 @@ static void e_matvec(struct emitter *E, const sr_expr *e);
 static void e_tensor(struct emitter *E, const sr_expr *e);
 static void e_weighted(struct emitter *E, const sr_expr *e);
 static void e_tensordot(struct emitter *E, const sr_expr *e);
+static void e_cpair(struct emitter *E, const sr_expr *e);
+static void e_cpart(struct emitter *E, const sr_expr *e);
+static void e_csum(struct emitter *E, const sr_expr *e);
 
 #define EW(s)                                                                                      \
     {                                                                                              \
@@ -115,6 +118,24 @@ static void e_tensordot(struct emitter *E, const sr_expr *e);
 #define JIT_C_ELEMT          FN(e_slice)
 #define JIT_C_EXTRACTT       FN(e_slice)
 #define JIT_C_TENSORDOT      FN(e_tensordot)
+#define JIT_C_CADD           FN(e_cpair)
+#define JIT_C_CSUB           FN(e_cpair)
+#define JIT_C_CMULT          FN(e_cpair)
+#define JIT_C_CDIV           FN(e_cpair)
+#define JIT_C_CSCAL          FN(e_cpair)
+#define JIT_C_CREALSCAL      FN(e_cpair)
+#define JIT_C_CONJ           FN(e_cpair)
+#define JIT_C_CEXP           FN(e_cpair)
+#define JIT_C_CEXP1J         FN(e_cpair)
+#define JIT_C_REAL2C         FN(e_cpair)
+#define JIT_C_IMAG2C         FN(e_cpair)
+#define JIT_C_CSUMT          FN(e_cpair)
+#define JIT_C_CREAL          FN(e_cpart)
+#define JIT_C_CIMAG          FN(e_cpart)
+#define JIT_C_CABS           FN(e_cpart)
+#define JIT_C_CSQUAREABS     FN(e_cpart)
+#define JIT_C_CANGLE         FN(e_cpart)
+#define JIT_C_CSUM           FN(e_csum)
 
 static const struct jit_cop c_ops[] = {
 #define JIT_C_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = JIT_C_##id,
@@ -655,6 +676,144 @@ static void e_weighted(struct emitter *E, const sr_expr *e)
     }
     def(E, e, 0);
     P("%s_s;\n", n);
+}
+
+/* ---- complex ops: a complex vector is (re, im) pairs of interleaved components. Each output
+ * pair is unrolled with the reference's formulas; big complex nodes are arrays (not lazy). */
+
+/* Component part (0: re, 1: im) of pair k of operand c of e: a complex scalar (dimension 2)
+ * is broadcast; a real operand (Real2Complex, ComplexRealScal's scalar) gives component k. */
+static const char *cpart(struct emitter *E, const sr_expr *e, int c, int k, int part)
+{
+    const sr_expr *x = e->child[c];
+    if (x->dim == 2)
+        return jit_ref_c(E, x, part);
+    return jit_ref_c(E, x, 2 * k + part);
+}
+
+/* Ops with a complex output: pair k from pair k of the operands. */
+static void e_cpair(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    const char *t = T(E), *f = E->fs;
+    for (int k = 0; k < e->dim / 2; k++) {
+        const char *re = NULL, *im = NULL;
+        jit_nm(e, 2 * k, n);
+        switch ((enum expr_op)e->op) {
+        case OP_CADD:
+        case OP_CSUB: {
+            const char *s = e->op == OP_CADD ? "+" : "-";
+            re = jit_sfmt(E, "%s %s %s", cpart(E, e, 0, k, 0), s, cpart(E, e, 1, k, 0));
+            im = jit_sfmt(E, "%s %s %s", cpart(E, e, 0, k, 1), s, cpart(E, e, 1, k, 1));
+            break;
+        }
+        case OP_CMULT:
+        case OP_CSCAL:
+        case OP_CDIV: {
+            const char *a0 = cpart(E, e, 0, k, 0), *a1 = cpart(E, e, 0, k, 1);
+            const char *b0 = cpart(E, e, 1, k, 0), *b1 = cpart(E, e, 1, k, 1);
+            if (e->op != OP_CDIV) {
+                re = jit_sfmt(E, "%s * %s - %s * %s", a0, b0, a1, b1);
+                im = jit_sfmt(E, "%s * %s + %s * %s", a0, b1, a1, b0);
+                break;
+            }
+            /* a conj(b) / |b|^2 */
+            P("        const %s %s_q = (%s)1 / (%s * %s + %s * %s);\n", t, n, t, b0, b0, b1, b1);
+            re = jit_sfmt(E, "(%s * %s + %s * %s) * %s_q", a0, b0, a1, b1, n);
+            im = jit_sfmt(E, "(%s * %s - %s * %s) * %s_q", a1, b0, a0, b1, n);
+            break;
+        }
+        case OP_CREALSCAL: {
+            const char *s = jit_ref_c(E, e->child[0], 0);
+            re = jit_sfmt(E, "%s * %s", s, jit_ref_c(E, e->child[1], 2 * k));
+            im = jit_sfmt(E, "%s * %s", s, jit_ref_c(E, e->child[1], 2 * k + 1));
+            break;
+        }
+        case OP_CONJ:
+            re = cpart(E, e, 0, k, 0);
+            im = jit_sfmt(E, "-%s", cpart(E, e, 0, k, 1));
+            break;
+        case OP_CEXP:
+            P("        const %s %s_r = sr_exp(%s);\n", t, n, cpart(E, e, 0, k, 0));
+            re = jit_sfmt(E, "%s_r * cos%s(%s)", n, f, cpart(E, e, 0, k, 1));
+            im = jit_sfmt(E, "%s_r * sin%s(%s)", n, f, cpart(E, e, 0, k, 1));
+            break;
+        case OP_CEXP1J:
+        case OP_REAL2C:
+        case OP_IMAG2C: {
+            const char *x = jit_ref_c(E, e->child[0], k), *zero = jit_sfmt(E, "(%s)0", t);
+            re = e->op == OP_CEXP1J   ? jit_sfmt(E, "cos%s(%s)", f, x)
+                 : e->op == OP_REAL2C ? x
+                                      : zero;
+            im = e->op == OP_CEXP1J   ? jit_sfmt(E, "sin%s(%s)", f, x)
+                 : e->op == OP_REAL2C ? zero
+                                      : x;
+            break;
+        }
+        case OP_CSUMT:
+            re = jit_ref_c(E, e->child[0], 0);
+            im = jit_ref_c(E, e->child[0], 1);
+            break;
+        default:
+            E->fail = SR_EINTERNAL;
+            return;
+        }
+        def(E, e, 2 * k);
+        P("%s;\n", re);
+        def(E, e, 2 * k + 1);
+        P("%s;\n", im);
+    }
+}
+
+/* Ops with a real output: component k from pair k of the operand. */
+static void e_cpart(struct emitter *E, const sr_expr *e)
+{
+    for (int k = 0; k < e->dim; k++) {
+        const char *re = cpart(E, e, 0, k, 0), *im = cpart(E, e, 0, k, 1), *x = NULL;
+        switch ((enum expr_op)e->op) {
+        case OP_CREAL:
+            x = re;
+            break;
+        case OP_CIMAG:
+            x = im;
+            break;
+        case OP_CABS:
+            x = jit_sfmt(E, "sqrt%s(%s * %s + %s * %s)", E->fs, re, re, im, im);
+            break;
+        case OP_CSQUAREABS:
+            x = jit_sfmt(E, "%s * %s + %s * %s", re, re, im, im);
+            break;
+        case OP_CANGLE:
+            x = jit_sfmt(E, "atan2%s(%s, %s)", E->fs, im, re);
+            break;
+        default:
+            E->fail = SR_EINTERNAL;
+            return;
+        }
+        def(E, e, k);
+        P("%s;\n", x);
+    }
+}
+
+/* ComplexSum: the real and the imaginary parts summed in increasing order, as the reference;
+ * over a big operand, one loop over its pairs. */
+static void e_csum(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    const sr_expr *x = e->child[0];
+    jit_nm(e, 0, n);
+    P("        %s %s_re = 0, %s_im = 0;\n", T(E), n, n);
+    if (big(x))
+        P("        for (int q_ = 0; q_ < %d; q_++) { %s_re += %s; %s_im += %s; }\n", x->dim / 2, n,
+          jit_ref(E, x, "(2 * q_)"), n, jit_ref(E, x, "(2 * q_ + 1)"));
+    else
+        for (int k = 0; k < x->dim / 2; k++)
+            P("        %s_re += %s; %s_im += %s;\n", n, jit_ref_c(E, x, 2 * k), n,
+              jit_ref_c(E, x, 2 * k + 1));
+    def(E, e, 0);
+    P("%s_re;\n", n);
+    def(E, e, 1);
+    P("%s_im;\n", n);
 }
 
 /* Big nodes of these ops are inlined where used instead of computed into an array. */
