@@ -213,7 +213,14 @@ static const char *const big_group =
     " + (TensorDot(Extract(x, 0, 4), Extract(w, 0, 5), [4], [5], [], [], [1,0])|y)"
     " + Sum(ComplexReal(ComplexMult(ComplexExp(x*0.1), Conj(w))))"
     " + Elem(ComplexMult(ComplexSum(ComplexExp1j(x)), ComplexDivide(Extract(y, 0, 2),"
-    " ComplexSum(Concat(w, g*y))+3)), 1)";
+    " ComplexSum(Concat(w, g*y))+3)), 1)"
+    /* big complex nodes in the pair loop: lazy, like elementwise ones */
+    " + Sum(ComplexReal(ComplexMult(x, Conj(y)))) + Sum(ComplexAngle(x+y))"
+    " + ComplexAbs(ComplexSum(ComplexDivide(ComplexExp(x*0.1), y+3)))"
+    " + Sum(ComplexSquareAbs(ComplexAdd(ComplexScal(Extract(y, 0, 2), x),"
+    " Real2Complex(Extract(w, 0, 10)*g))))"
+    " + Sum(Concat(ComplexExp1j(Extract(x, 0, 9)*g), Imag2Complex(Extract(y, 0, 1))))"
+    " + Sum(ComplexRealScal(g, ComplexSubtract(y, ComplexSumT(ComplexSum(x), 20))))";
 
 const char *diff_op_group_formula(int grp, const char *const **aliases)
 {
