@@ -126,7 +126,10 @@ class LazyTensor:
     is_complex = False
 
     def __new__(cls, x=None, axis=None):
-        if not cls.is_complex and cls._COMPLEX is not None and cls._complex_data(x):
+        # A binding without a complex class of its own (symred.jax) refuses complex data in
+        # _normalize_array instead.
+        if not cls.is_complex and cls._COMPLEX is not None and issubclass(cls._COMPLEX, cls) \
+                and cls._complex_data(x):
             return object.__new__(cls._COMPLEX)
         return object.__new__(cls)
 
@@ -276,6 +279,8 @@ class LazyTensor:
     def _retype(self, complex_):
         """A copy of self as a real or a complex LazyTensor of this binding."""
         cls = self._real_cls()
+        if complex_ and not (cls._COMPLEX is not None and issubclass(cls._COMPLEX, cls)):
+            raise TypeError(f"complex LazyTensors are not supported by {cls.__module__}")
         res = (cls._COMPLEX if complex_ else cls).__new__(cls._COMPLEX if complex_ else cls)
         LazyTensor.__init__(res)
         res._copy_from(self)

@@ -155,10 +155,8 @@ def test_errors():
         Genred("ComplexMult(x,y)", ["x=Vi(3)", "y=Vj(3)"])
 
 
-torch = pytest.importorskip("torch", reason="python3-torch is not installed")
-
-
 def test_torch_forward_and_gradient():
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed")
     import symred.torch as st
 
     gen = torch.Generator().manual_seed(0)

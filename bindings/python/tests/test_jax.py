@@ -368,3 +368,14 @@ def test_hessian_by_reverse_over_reverse():
     assert_close(jax.jacrev(jax.grad(loss(gr)))(x), jax.hessian(loss(dense))(x), 1e-9)
     with pytest.raises(TypeError, match="forward-mode"):
         jax.hessian(loss(gr))(x)
+
+
+def test_complex_is_refused():
+    """symred.jax has no complex LazyTensor: complex arrays and complex operands are refused."""
+    with pytest.raises(TypeError, match="complex64 is not supported"):
+        LazyTensor(jnp.ones((5, 1, 2), dtype=jnp.complex64))
+    y = LazyTensor(jnp.ones((5, 1, 2), dtype=jnp.float32))
+    with pytest.raises(TypeError, match="not supported by symred.jax"):
+        y * 1j
+    with pytest.raises(TypeError, match="not supported by symred.jax"):
+        y.exp1j()
