@@ -372,7 +372,7 @@ static void ev_TENSORDOT(const sr_expr *e, double *out, const double *const *in)
 EV_CBINARY(CADD, a[0] + b[0], a[1] + b[1])
 EV_CBINARY(CSUB, a[0] - b[0], a[1] - b[1])
 EV_CBINARY(CMULT, a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0])
-EV_CBINARY(CSCAL, a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0])
+#define ev_CSCAL ev_CMULT /* the complex scalar is operand 0, broadcast */
 /* a conj(b) / |b|^2 (KeOps' ComplexDivide) */
 EV_CBINARY(CDIV, (a[0] * b[0] + a[1] * b[1]) * (1.0 / (b[0] * b[0] + b[1] * b[1])),
            (a[1] * b[0] - a[0] * b[1]) * (1.0 / (b[0] * b[0] + b[1] * b[1])))
