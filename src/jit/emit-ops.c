@@ -745,8 +745,8 @@ static const char *complex_expr(struct emitter *E, const sr_expr *e, const char 
     case OP_CEXP: {
         const char *r = jit_sfmt(E, "sr_exp(%s)", cpart(E, e, 0, idx, 0)),
                    *im = cpart(E, e, 0, idx, 1);
-        return pick(E, idx, jit_sfmt(E, "%s * cos%s(%s)", r, f, im),
-                    jit_sfmt(E, "%s * sin%s(%s)", r, f, im));
+        return pick(E, idx, jit_sfmt(E, "%s * sr_cos(%s)", r, im),
+                    jit_sfmt(E, "%s * sr_sin(%s)", r, im));
     }
     case OP_CEXP1J:
     case OP_REAL2C:
@@ -755,7 +755,7 @@ static const char *complex_expr(struct emitter *E, const sr_expr *e, const char 
             is_num(idx) ? jit_sfmt(E, "%d", atoi(idx) / 2) : jit_sfmt(E, "((%s) >> 1)", idx);
         const char *x = comp(E, e->child[0], h), *zero = jit_sfmt(E, "(%s)0", t);
         if (e->op == OP_CEXP1J)
-            return pick(E, idx, jit_sfmt(E, "cos%s(%s)", f, x), jit_sfmt(E, "sin%s(%s)", f, x));
+            return pick(E, idx, jit_sfmt(E, "sr_cos(%s)", x), jit_sfmt(E, "sr_sin(%s)", x));
         return e->op == OP_REAL2C ? pick(E, idx, x, zero) : pick(E, idx, zero, x);
     }
     case OP_CSUMT:
