@@ -278,6 +278,36 @@ SR_API sr_expr *sr_tensordot(sr_ctx *ctx, sr_expr *a, sr_expr *b, int rank_a, co
                              int rank_b, const int *dims_b, int ncont, const int *cont_a,
                              const int *cont_b, const int *permute);
 
+/*
+ * Complex numbers (KeOps' complex ops). A complex vector of dimension d is a real vector of
+ * dimension 2d holding (re, im) pairs: (re_0, im_0, re_1, im_1, ...). Complex operands must have
+ * even dimensions. Add, Sub, Mult and Div (a / b = a conj(b) / |b|^2) work pairwise on equal
+ * dimensions, or broadcast a complex scalar (dimension 2) over the other operand. scal multiplies
+ * a complex vector by a complex scalar, realscal by a real scalar (dimension 1); either may come
+ * first. Real, Imag, Abs (sqrt(re^2 + im^2)), SquareAbs and Angle (atan2(im, re)) map 2d -> d;
+ * real2complex (x + 0i), imag2complex (0 + xi) and exp1j (cos x + i sin x) map d -> 2d; Sum adds
+ * the complex components (2d -> 2); SumT repeats a complex scalar up to dimension dim (even, in
+ * reals). Gradients are those of the real maps on the interleaved parts, as KeOps defines them.
+ */
+SR_API sr_expr *sr_complex_add(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_complex_sub(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_complex_mult(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_complex_div(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_complex_scal(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_complex_realscal(sr_ctx *ctx, sr_expr *a, sr_expr *b);
+SR_API sr_expr *sr_conj(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_exp(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_exp1j(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_real(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_imag(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_abs(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_squareabs(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_angle(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_real2complex(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_imag2complex(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_sum(sr_ctx *ctx, sr_expr *a);
+SR_API sr_expr *sr_complex_sumt(sr_ctx *ctx, sr_expr *a, int dim);
+
 /* Symbolic differentiation (docs/gradients.md). Both build ordinary expressions from the
  * derivative rule of each op, so the result prints, parses back, simplifies and runs on every
  * backend like any formula; they are builders (NULL operand in, NULL out; errors recorded in

@@ -15,9 +15,6 @@ cd "$(dirname "$0")/.."
 # Tests that cannot pass on symred yet, each with why. The GPU-only tests skip themselves on a
 # machine without a GPU.
 EXPECTED_FAILURES=(
-    # complex numbers (ComplexLazyTensor, complex dtypes): the new-dtypes work.
-    "test_complex.py"
-    "test_complex_numpy.py"
     # float16 tensors: the new-dtypes work (its tests also need a GPU).
     "test_float16.py"
 )

@@ -42,7 +42,7 @@ int64_t diff_run(sr_ctx *ctx, sr_kernel *kb, sr_kernel *kr, int64_t nx, int64_t 
 
 /* The op groups: together they use every op of the op table (the simplifier is turned off
  * while they run, so each op reaches the backend as written). */
-#define DIFF_OP_GROUPS 7
+#define DIFF_OP_GROUPS 9
 void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt);
 /* Op group grp's formula and its 4 aliases (x=Vi, y=Vj, g=Pm(1), and b=Vj(1) or w=Pm(20)). */
 const char *diff_op_group_formula(int grp, const char *const **aliases);
@@ -58,7 +58,15 @@ void diff_special(sr_ctx *ctx, sr_device dev, sr_reduction red, enum diff_gen g,
 /* The test lists, as X-macro tables, so every backend's test file runs the same cases:
  * X(test name, group) / X(reduction, test name) / X(test name, reduction, gen, k, formula). */
 #define DIFF_OP_TESTS(X)                                                                           \
-    X(unary, 0) X(unary2, 1) X(binary, 2) X(vector, 3) X(weighted, 4) X(tensor, 5) X(big_dims, 6)
+    X(unary, 0)                                                                                    \
+    X(unary2, 1)                                                                                   \
+    X(binary, 2)                                                                                   \
+    X(vector, 3)                                                                                   \
+    X(weighted, 4)                                                                                 \
+    X(tensor, 5)                                                                                   \
+    X(complex, 6)                                                                                  \
+    X(complex2, 7)                                                                                 \
+    X(big_dims, 8)
 #define DIFF_RED_TESTS(X)                                                                          \
     X(SR_SUM, sum)                                                                                 \
     X(SR_MIN, min)                                                                                 \

@@ -232,6 +232,42 @@ static sr_expr *make_tensordot(struct gen *g, int op, int d, int depth)
                         ta ? (int[]){0} : (int[]){1}, (int[]){0}, perm ? (int[]){1, 0} : NULL);
 }
 
+/* Complex ops (pairs of interleaved reals): operands of the dimensions each needs, a complex
+ * scalar (dimension 2) broadcast now and then. */
+static bool even(int d) { return d % 2 == 0; }
+static bool only2(int d) { return d == 2; }
+static sr_expr *make_complex(struct gen *g, int op, int d, int depth)
+{
+    switch (op) {
+    case OP_CADD:
+    case OP_CSUB:
+    case OP_CMULT:
+    case OP_CDIV: {
+        int da = d > 2 && chance(g, 0.25) ? 2 : d, db = da == 2 || !chance(g, 0.25) ? d : 2;
+        return mk(g, op, gen_expr(g, da, depth), gen_expr(g, db, depth), NULL, 0, 0);
+    }
+    case OP_CSCAL:
+    case OP_CREALSCAL: {
+        /* either order: the builder puts the scalar first */
+        sr_expr *a = gen_expr(g, op == OP_CSCAL ? 2 : 1, depth), *b = gen_expr(g, d, depth);
+        return chance(g, 0.5) ? mk(g, op, a, b, NULL, 0, 0) : mk(g, op, b, a, NULL, 0, 0);
+    }
+    case OP_CONJ:
+    case OP_CEXP:
+        return mk(g, op, gen_expr(g, d, depth), NULL, NULL, 0, 0);
+    case OP_CEXP1J:
+    case OP_REAL2C:
+    case OP_IMAG2C:
+        return mk(g, op, gen_expr(g, d / 2, depth), NULL, NULL, 0, 0);
+    case OP_CSUM:
+        return mk(g, op, gen_expr(g, 2 * free_dim(g), depth), NULL, NULL, 0, 0);
+    case OP_CSUMT:
+        return mk(g, op, gen_expr(g, 2, depth), NULL, NULL, d, 0);
+    default: /* ComplexReal, ComplexImag, ComplexAbs, ComplexSquareAbs, ComplexAngle */
+        return mk(g, op, gen_expr(g, 2 * d, depth), NULL, NULL, 0, 0);
+    }
+}
+
 static const struct op_gen op_gens[OP_COUNT] = {
     [OP_POW] = {NULL, make_pow, DOM_ANY},
     [OP_ROUND] = {NULL, make_round, DOM_ANY},
@@ -256,6 +292,24 @@ static const struct op_gen op_gens[OP_COUNT] = {
     [OP_POWF] = {NULL, NULL, DOM_POS},
     [OP_ASIN] = {NULL, NULL, DOM_UNIT},
     [OP_ACOS] = {NULL, NULL, DOM_UNIT},
+    [OP_CADD] = {even, make_complex, DOM_ANY},
+    [OP_CSUB] = {even, make_complex, DOM_ANY},
+    [OP_CMULT] = {even, make_complex, DOM_ANY},
+    [OP_CDIV] = {even, make_complex, DOM_ANY},
+    [OP_CSCAL] = {even, make_complex, DOM_ANY},
+    [OP_CREALSCAL] = {even, make_complex, DOM_ANY},
+    [OP_CONJ] = {even, make_complex, DOM_ANY},
+    [OP_CEXP] = {even, make_complex, DOM_ANY},
+    [OP_CEXP1J] = {even, make_complex, DOM_ANY},
+    [OP_REAL2C] = {even, make_complex, DOM_ANY},
+    [OP_IMAG2C] = {even, make_complex, DOM_ANY},
+    [OP_CSUMT] = {even, make_complex, DOM_ANY},
+    [OP_CSUM] = {only2, make_complex, DOM_ANY},
+    [OP_CREAL] = {NULL, make_complex, DOM_ANY},
+    [OP_CIMAG] = {NULL, make_complex, DOM_ANY},
+    [OP_CABS] = {NULL, make_complex, DOM_ANY},
+    [OP_CSQUAREABS] = {NULL, make_complex, DOM_ANY},
+    [OP_CANGLE] = {NULL, make_complex, DOM_ANY},
 };
 
 static bool is_excluded(int op, const char **reason)

@@ -9,6 +9,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <complex.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@ static void setup(void) { cr_assert_eq(sr_ctx_new(&ctx), SR_OK); }
 static void teardown(void) { sr_ctx_free(ctx); }
 TestSuite(ops, .init = setup, .fini = teardown);
 
-#define MAXARGS 4
+#define MAXARGS 5
 #define MAXOUT  256
 
 static const sr_dtype dtypes[2] = {SR_F32, SR_F64};
@@ -606,6 +607,100 @@ Test(ops, sumt_elemt_extractt)
             eval1(sr_extractt(ctx, sr_concat(ctx, va, vy), 1, 5), dt, 2, args, (int[]){1, 1}, got);
             expect_vec(dt, got, (double[]){0, a, y, 0, 0}, 5, "ExtractT");
         }
+    }
+}
+
+/* The complex ops on interleaved (re, im) pairs against C99 complex arithmetic: a and b are
+ * 3 complex numbers (i and j), c a complex scalar (broadcast), r 3 reals and s one real. */
+static double complex cz(const double *v, int k) { return CMPLX(v[2 * k], v[2 * k + 1]); }
+static void cset(double *v, int k, double complex z)
+{
+    v[2 * k] = creal(z);
+    v[2 * k + 1] = cimag(z);
+}
+Test(ops, complex_ops)
+{
+    uint64_t seed = 31;
+    enum { NC = 3 };
+    for (int t = 0; t < 2; t++) {
+        sr_dtype dt = dtypes[t];
+        double a[2 * NC], b[2 * NC], c[2], r[NC], s1[1], got[MAXOUT], want[4 * NC];
+        fill(a, 2 * NC, &seed, dt);
+        fill(b, 2 * NC, &seed, dt);
+        fill(c, 2, &seed, dt);
+        fill(r, NC, &seed, dt);
+        fill(s1, 1, &seed, dt);
+        const double *args[5] = {a, b, c, r, s1};
+        const int n[5] = {2 * NC, 2 * NC, 2, NC, 1};
+        sr_expr *A = sr_vi(ctx, 0, 2 * NC), *B = sr_vj(ctx, 1, 2 * NC), *C = sr_pm(ctx, 2, 2),
+                *R = sr_vj(ctx, 3, NC), *S = sr_pm(ctx, 4, 1);
+        /* Every formula uses all five variables (so the kernel takes five arrays): the extra
+         * term is 0 * Sum(...) of those it does not use, exact for finite inputs. */
+        sr_expr *z = sr_mul(ctx, sr_intcst(ctx, 0),
+                            sr_add(ctx, sr_add(ctx, sr_sum(ctx, A), sr_sum(ctx, B)),
+                                   sr_add(ctx, sr_add(ctx, sr_sum(ctx, C), sr_sum(ctx, R)), S)));
+#define CHECK(expr, count, what)                                                                   \
+    do {                                                                                           \
+        int od_ = eval1(sr_add(ctx, (expr), z), dt, 5, args, n, got);                              \
+        cr_assert_eq(od_, (count), "%s: dimension %d", what, od_);                                 \
+        expect_vec(dt, got, want, (count), what);                                                  \
+    } while (0)
+        for (int k = 0; k < NC; k++)
+            cset(want, k, cz(a, k) * cz(b, k));
+        CHECK(sr_complex_mult(ctx, A, B), 2 * NC, "ComplexMult");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, cz(c, 0) * cz(b, k));
+        CHECK(sr_complex_mult(ctx, C, B), 2 * NC, "ComplexMult broadcast");
+        CHECK(sr_complex_scal(ctx, B, C), 2 * NC, "ComplexScal");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, cz(a, k) + cz(c, 0));
+        CHECK(sr_complex_add(ctx, A, C), 2 * NC, "ComplexAdd");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, cz(c, 0) - cz(b, k));
+        CHECK(sr_complex_sub(ctx, C, B), 2 * NC, "ComplexSubtract");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, cz(a, k) / cz(b, k));
+        CHECK(sr_complex_div(ctx, A, B), 2 * NC, "ComplexDivide");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, cz(a, k) / cz(c, 0));
+        CHECK(sr_complex_div(ctx, A, C), 2 * NC, "ComplexDivide broadcast");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, s1[0] * cz(b, k));
+        CHECK(sr_complex_realscal(ctx, B, S), 2 * NC, "ComplexRealScal");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, conj(cz(a, k)));
+        CHECK(sr_conj(ctx, A), 2 * NC, "Conj");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, cexp(cz(a, k)));
+        CHECK(sr_complex_exp(ctx, A), 2 * NC, "ComplexExp");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, cexp(I * r[k]));
+        CHECK(sr_complex_exp1j(ctx, R), 2 * NC, "ComplexExp1j");
+        for (int k = 0; k < NC; k++)
+            cset(want, k, CMPLX(r[k], 0) + CMPLX(0, s1[0]));
+        CHECK(sr_add(ctx, sr_real2complex(ctx, R), sr_imag2complex(ctx, sr_sumt(ctx, S, NC))),
+              2 * NC, "Real2Complex + Imag2Complex");
+        for (int k = 0; k < NC; k++)
+            want[k] = creal(cz(a, k));
+        CHECK(sr_complex_real(ctx, A), NC, "ComplexReal");
+        for (int k = 0; k < NC; k++)
+            want[k] = cimag(cz(a, k));
+        CHECK(sr_complex_imag(ctx, A), NC, "ComplexImag");
+        for (int k = 0; k < NC; k++)
+            want[k] = cabs(cz(a, k));
+        CHECK(sr_complex_abs(ctx, A), NC, "ComplexAbs");
+        for (int k = 0; k < NC; k++)
+            want[k] = creal(cz(a, k) * conj(cz(a, k)));
+        CHECK(sr_complex_squareabs(ctx, A), NC, "ComplexSquareAbs");
+        for (int k = 0; k < NC; k++)
+            want[k] = carg(cz(a, k));
+        CHECK(sr_complex_angle(ctx, A), NC, "ComplexAngle");
+        cset(want, 0, cz(a, 0) + cz(a, 1) + cz(a, 2));
+        CHECK(sr_complex_sum(ctx, A), 2, "ComplexSum");
+        for (int k = 0; k < 2; k++)
+            cset(want, k, cz(c, 0));
+        CHECK(sr_complex_sumt(ctx, C, 4), 4, "ComplexSumT");
+#undef CHECK
     }
 }
 

@@ -274,6 +274,24 @@ Test(parse, every_op_text_round_trips)
                                         "TensorDot(TensorProd(x,z),y,[3,2],[3],[0],[0])",
                                         "TensorDot(TensorProd(x,y),z,[3,3],[2],[],[],[2,0,1])",
                                         "TensorDot(b,g,[],[1],[],[])",
+                                        "ComplexAdd(z,Concat(z,z))",
+                                        "ComplexSubtract(Concat(z,z),z)",
+                                        "ComplexMult(z,z)",
+                                        "ComplexDivide(Concat(z,z),z)",
+                                        "ComplexScal(Concat(z,z),z)",
+                                        "ComplexRealScal(z,b)",
+                                        "Conj(z)",
+                                        "ComplexExp(z)",
+                                        "ComplexExp1j(x)",
+                                        "ComplexReal(z)",
+                                        "ComplexImag(z)",
+                                        "ComplexAbs(z)",
+                                        "ComplexSquareAbs(z)",
+                                        "ComplexAngle(z)",
+                                        "Real2Complex(x)",
+                                        "Imag2Complex(b)",
+                                        "ComplexSum(Concat(z,z))",
+                                        "ComplexSumT(z,6)",
                                         "Exp(-SqDist(x,y)*g)*b+Sqrt(x**2)|Normalize(y)**-0.5"};
     int seen[OP_COUNT] = {0};
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
@@ -750,12 +768,34 @@ Test(parse, tensordot_errors)
     assert_fails("ElemT(b,3,3)", SR_EDIM, "ElemT", "out of range");
     assert_fails("ExtractT(x,1,3)", SR_EDIM, "ExtractT", NULL);
     assert_fails("SumT(x,3)", SR_EDIM, "SumT", NULL);
+    /* complex operands have even dimensions; a complex scalar broadcasts, nothing else does */
+    assert_fails("ComplexMult(x,y)", SR_EDIM, "ComplexMult", "even");
+    assert_fails("Conj(x)", SR_EDIM, "Conj", "dimension 3");
+    assert_fails("ComplexAdd(Concat(z,z),Concat(z,Concat(z,z)))", SR_EDIM, "ComplexAdd", "4 and 6");
+    assert_fails("ComplexScal(Concat(z,z),Concat(z,z))", SR_EDIM, "ComplexScal", "complex scalar");
+    assert_fails("ComplexRealScal(z,x)", SR_EDIM, "ComplexRealScal", "real scalar");
+    assert_fails("ComplexSumT(z,5)", SR_EDIM, "ComplexSumT", "even");
+    assert_fails("ComplexSumT(Concat(z,z),4)", SR_EDIM, "ComplexSumT", "dimension 2");
+    assert_fails("ComplexReal(b)", SR_EDIM, "ComplexReal", "even");
+}
+
+Test(parse, complex_scalars_go_first)
+{
+    /* ComplexRealScal(f, g) with the scalar second is the same node as with it first (KeOps
+     * swaps the operands); likewise ComplexScal's complex scalar. */
+    sr_expr *a = parse_ok("ComplexRealScal(Concat(z,z),b)"),
+            *b = parse_ok("ComplexRealScal(b,Concat(z,z))");
+    cr_assert_eq(a, b);
+    cr_assert_eq(a->child[0]->dim, 1);
+    sr_expr *c = parse_ok("ComplexScal(Concat(z,z),z)"),
+            *d = parse_ok("ComplexScal(z,Concat(z,z))");
+    cr_assert_eq(c, d);
+    cr_assert_eq(c->child[0]->dim, 2);
+    cr_assert_eq(sr_expr_dim(c), 4);
 }
 
 Test(parse, keops_functions_symred_lacks_are_named)
 {
-    assert_fails("ComplexMult(x,y)", SR_EPARSE, "'ComplexMult' is a KeOps function", "complex");
-    assert_fails("Conj(x)", SR_EPARSE, "'Conj'", "complex numbers");
     assert_fails("BSpline(x,b,2)", SR_EPARSE, "'BSpline'", "not implemented");
     assert_fails("SoftDTW_SqDist(x,y,g)", SR_EPARSE, "'SoftDTW_SqDist'", NULL);
 }

@@ -129,7 +129,7 @@ Test(print, shared_subexpressions_are_printed_again)
 static sr_expr *sample(enum expr_op op)
 {
     sr_expr *x = sr_vi(ctx, 0, 3), *y = sr_vj(ctx, 1, 3), *s = sr_pm(ctx, 2, 1);
-    sr_expr *a = sr_vi(ctx, 3, 6), *w = sr_pm(ctx, 4, 9);
+    sr_expr *a = sr_vi(ctx, 3, 6), *w = sr_pm(ctx, 4, 9), *z = sr_vj(ctx, 5, 2);
     switch (op) {
     case OP_VAR:
         return y;
@@ -260,6 +260,42 @@ static sr_expr *sample(enum expr_op op)
     case OP_TENSORDOT:
         return sr_tensordot(ctx, a, x, 2, (int[]){2, 3}, 1, (int[]){3}, 1, (int[]){1}, (int[]){0},
                             NULL);
+    case OP_CADD:
+        return sr_complex_add(ctx, a, z);
+    case OP_CSUB:
+        return sr_complex_sub(ctx, z, a);
+    case OP_CMULT:
+        return sr_complex_mult(ctx, a, a);
+    case OP_CDIV:
+        return sr_complex_div(ctx, a, z);
+    case OP_CSCAL:
+        return sr_complex_scal(ctx, a, z); /* printed with the scalar first */
+    case OP_CREALSCAL:
+        return sr_complex_realscal(ctx, a, s);
+    case OP_CONJ:
+        return sr_conj(ctx, a);
+    case OP_CEXP:
+        return sr_complex_exp(ctx, z);
+    case OP_CEXP1J:
+        return sr_complex_exp1j(ctx, x);
+    case OP_CREAL:
+        return sr_complex_real(ctx, a);
+    case OP_CIMAG:
+        return sr_complex_imag(ctx, a);
+    case OP_CABS:
+        return sr_complex_abs(ctx, a);
+    case OP_CSQUAREABS:
+        return sr_complex_squareabs(ctx, z);
+    case OP_CANGLE:
+        return sr_complex_angle(ctx, a);
+    case OP_REAL2C:
+        return sr_real2complex(ctx, x);
+    case OP_IMAG2C:
+        return sr_imag2complex(ctx, s);
+    case OP_CSUM:
+        return sr_complex_sum(ctx, a);
+    case OP_CSUMT:
+        return sr_complex_sumt(ctx, z, 8);
     case OP_COUNT:
         break;
     }
@@ -288,6 +324,10 @@ static sr_expr *random_expr(uint64_t *rng, int steps)
     pool[n++] = sr_vj(ctx, 1, 3);
     pool[n++] = sr_pm(ctx, 2, 1);
     pool[n++] = sr_vj(ctx, 3, 9);
+    pool[n++] = sr_vi(ctx, 4, 4);
+    pool[n++] = sr_pm(ctx, 5, 2);
+    pool[n++] = sr_vj(ctx, 6, 4);
+    pool[n++] = sr_vj(ctx, 7, 2);
     pool[n++] = sr_intcst(ctx, (int64_t)(tu_rand(rng) % 2001) - 1000);
     pool[n++] = sr_const(ctx, tu_uniform(rng, -1e3, 1e3));
     pool[n++] = sr_ratcst(ctx, (int64_t)(tu_rand(rng) % 21) - 10, 1 + (int64_t)(tu_rand(rng) % 9));
@@ -319,6 +359,9 @@ static sr_expr *random_expr(uint64_t *rng, int steps)
         case OP_ONEHOT:
         case OP_SUMT:
             at[0] = 1 + (int64_t)(tu_rand(rng) % 4);
+            break;
+        case OP_CSUMT:
+            at[0] = 2 + 2 * (int64_t)(tu_rand(rng) % 3);
             break;
         case OP_ELEMT:
             at[0] = 1 + (int64_t)(tu_rand(rng) % 4);

@@ -344,6 +344,27 @@ Test(simplify, exp_and_log)
     assert_not_fires(sr_exp(ctx, sr_log(ctx, X)), "log-exp");
 }
 
+Test(simplify, complex_identities)
+{
+    sr_expr *z = sr_concat(ctx, X, Y); /* three complex numbers */
+    assert_fires(sr_conj(ctx, sr_conj(ctx, z)), "conj-conj");
+    assert_simp(sr_conj(ctx, sr_conj(ctx, z)), z);
+    assert_simp(sr_complex_real(ctx, sr_real2complex(ctx, X)), X);
+    assert_simp(sr_complex_imag(ctx, sr_imag2complex(ctx, Y)), Y);
+    assert_not_fires(sr_complex_imag(ctx, sr_real2complex(ctx, X)), "real-real2complex");
+    assert_not_fires(sr_complex_real(ctx, sr_imag2complex(ctx, X)), "imag-imag2complex");
+    /* |z| and |z|^2 are never negative (NaN aside): Abs of them goes */
+    assert_simp(sr_abs(ctx, sr_complex_abs(ctx, z)), sr_complex_abs(ctx, z));
+    assert_simp(sr_square(ctx, sr_sqrt(ctx, sr_complex_squareabs(ctx, z))),
+                sr_complex_squareabs(ctx, z));
+    /* values unchanged, NaN and Inf inputs included */
+    sr_expr *f =
+        sr_add(ctx, sr_complex_real(ctx, sr_conj(ctx, sr_conj(ctx, sr_real2complex(ctx, X)))),
+               sr_abs(ctx, sr_complex_abs(ctx, sr_complex_mult(ctx, z, sr_conj(ctx, z)))));
+    check_same_values(f, false, 5);
+    check_same_values(f, true, 6);
+}
+
 Test(simplify, powers)
 {
     assert_simp(sr_pow(ctx, X, 2), sr_square(ctx, X));

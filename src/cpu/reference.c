@@ -333,6 +333,91 @@ static void ev_TENSORDOT(const sr_expr *e, double *out, const double *const *in)
     }
 }
 
+/* ---- complex ops: pairs (re, im) of interleaved reals. CW(c, k) is the real part of pair k of
+ * operand c, a broadcast complex scalar (dimension 2) giving its one pair; CW(c, k)[1] is the
+ * imaginary part. */
+#define CW(c, k) (in[c] + (e->child[c]->dim == 2 ? 0 : 2 * (k)))
+
+#define EV_CBINARY(id, re, im)                                                                     \
+    static void ev_##id(const sr_expr *e, double *out, const double *const *in)                    \
+    {                                                                                              \
+        for (int k = 0; k < e->dim / 2; k++) {                                                     \
+            const double *a = CW(0, k), *b = CW(1, k);                                             \
+            out[2 * k] = (re);                                                                     \
+            out[2 * k + 1] = (im);                                                                 \
+        }                                                                                          \
+    }
+/* Pair k of a complex output from component k of a real operand. */
+#define EV_TOCOMPLEX(id, re, im)                                                                   \
+    static void ev_##id(const sr_expr *e, double *out, const double *const *in)                    \
+    {                                                                                              \
+        for (int k = 0; k < e->dim / 2; k++) {                                                     \
+            double x = in[0][k];                                                                   \
+            out[2 * k] = (re);                                                                     \
+            out[2 * k + 1] = (im);                                                                 \
+        }                                                                                          \
+    }
+/* Component k of a real output from pair k of a complex operand. */
+#define EV_FROMCOMPLEX(id, expr)                                                                   \
+    static void ev_##id(const sr_expr *e, double *out, const double *const *in)                    \
+    {                                                                                              \
+        for (int k = 0; k < e->dim; k++) {                                                         \
+            double re = in[0][2 * k], im = in[0][2 * k + 1];                                       \
+            (void)re;                                                                              \
+            (void)im;                                                                              \
+            out[k] = (expr);                                                                       \
+        }                                                                                          \
+    }
+
+EV_CBINARY(CADD, a[0] + b[0], a[1] + b[1])
+EV_CBINARY(CSUB, a[0] - b[0], a[1] - b[1])
+EV_CBINARY(CMULT, a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0])
+#define ev_CSCAL ev_CMULT /* the complex scalar is operand 0, broadcast */
+/* a conj(b) / |b|^2 (KeOps' ComplexDivide) */
+EV_CBINARY(CDIV, (a[0] * b[0] + a[1] * b[1]) * (1.0 / (b[0] * b[0] + b[1] * b[1])),
+           (a[1] * b[0] - a[0] * b[1]) * (1.0 / (b[0] * b[0] + b[1] * b[1])))
+static void ev_CREALSCAL(const sr_expr *e, double *out, const double *const *in)
+{
+    for (int k = 0; k < e->dim; k++)
+        out[k] = in[0][0] * in[1][k];
+}
+static void ev_CONJ(const sr_expr *e, double *out, const double *const *in)
+{
+    for (int k = 0; k < e->dim; k++)
+        out[k] = k % 2 ? -in[0][k] : in[0][k];
+}
+static void ev_CEXP(const sr_expr *e, double *out, const double *const *in)
+{
+    for (int k = 0; k < e->dim; k += 2) {
+        double r = exp(in[0][k]);
+        out[k] = r * cos(in[0][k + 1]);
+        out[k + 1] = r * sin(in[0][k + 1]);
+    }
+}
+EV_TOCOMPLEX(CEXP1J, cos(x), sin(x))
+EV_TOCOMPLEX(REAL2C, x, 0.0)
+EV_TOCOMPLEX(IMAG2C, 0.0, x)
+EV_FROMCOMPLEX(CREAL, re)
+EV_FROMCOMPLEX(CIMAG, im)
+EV_FROMCOMPLEX(CABS, sqrt(re *re + im * im))
+EV_FROMCOMPLEX(CSQUAREABS, re *re + im * im)
+EV_FROMCOMPLEX(CANGLE, atan2(im, re))
+static void ev_CSUM(const sr_expr *e, double *out, const double *const *in)
+{
+    double re = 0.0, im = 0.0;
+    for (int k = 0; k < e->child[0]->dim; k += 2) {
+        re += in[0][k];
+        im += in[0][k + 1];
+    }
+    out[0] = re;
+    out[1] = im;
+}
+static void ev_CSUMT(const sr_expr *e, double *out, const double *const *in)
+{
+    for (int k = 0; k < e->dim; k++)
+        out[k] = in[0][k % 2];
+}
+
 /* A missing evaluator is a compile error (undeclared ev_<id>), never an empty slot. */
 static const evalfn evaluators[OP_COUNT] = {
 #define REF_EVAL_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = ev_##id,

@@ -187,6 +187,66 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
         d = 1;
         break;
     }
+    case OP_CADD:
+    case OP_CSUB:
+    case OP_CMULT:
+    case OP_CDIV:
+        /* KeOps' vectorised complex ops: equal dimensions, or one complex scalar (dimension 2)
+         * broadcast over the other */
+        if (da % 2 != 0 || db % 2 != 0 || (da != db && da != 2 && db != 2))
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: operand dimensions %lld and %lld do not match (complex "
+                                      "operands need equal even dimensions, or dimension 2 to "
+                                      "broadcast)",
+                                      name, (long long)da, (long long)db);
+        d = da > db ? da : db;
+        break;
+    case OP_CSCAL:
+    case OP_CREALSCAL: {
+        int64_t want = op == OP_CSCAL ? 2 : 1; /* a complex or a real scalar */
+        if (da != want || db % 2 != 0)
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: needs a %s scalar (dimension %lld) and a complex vector "
+                                      "(even dimension), not dimensions %lld and %lld",
+                                      name, want == 2 ? "complex" : "real", (long long)want,
+                                      (long long)da, (long long)db);
+        d = db;
+        break;
+    }
+    case OP_CONJ:
+    case OP_CEXP:
+    case OP_CREAL:
+    case OP_CIMAG:
+    case OP_CABS:
+    case OP_CSQUAREABS:
+    case OP_CANGLE:
+    case OP_CSUM:
+        if (da % 2 != 0)
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: the operand must be complex (an even dimension: "
+                                      "interleaved real and imaginary parts), not dimension %lld",
+                                      name, (long long)da);
+        d = op == OP_CONJ || op == OP_CEXP ? da : op == OP_CSUM ? 2 : da / 2;
+        break;
+    case OP_REAL2C:
+    case OP_IMAG2C:
+    case OP_CEXP1J:
+        d = 2 * da;
+        break;
+    case OP_CSUMT:
+        if (da != 2)
+            return expr_builder_error(
+                ctx, SR_EDIM,
+                "ComplexSumT: the operand must be a complex scalar (dimension 2), "
+                "not dimension %lld",
+                (long long)da);
+        if (at[0] < 2 || at[0] % 2 != 0)
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "ComplexSumT: the output dimension must be even and >= 2 "
+                                      "(interleaved real and imaginary parts), not %lld",
+                                      (long long)at[0]);
+        d = at[0];
+        break;
     default:
         return expr_builder_error(ctx, SR_EINTERNAL, "%s: no dimension rule", name);
     }
@@ -300,6 +360,15 @@ sr_expr *expr_make(sr_ctx *ctx, enum expr_op op, sr_expr *const *child, const in
                                                       : DEP_P;
     } else {
         int d = 0;
+        /* ComplexScal and ComplexRealScal take the scalar first; given second, the operands
+         * swap (KeOps' ComplexRealScal does the same), so both orders are one node. */
+        if ((op == OP_CSCAL || op == OP_CREALSCAL) &&
+            proto.child[1]->dim == (op == OP_CSCAL ? 2 : 1) &&
+            proto.child[0]->dim != proto.child[1]->dim) {
+            sr_expr *t = proto.child[0];
+            proto.child[0] = proto.child[1];
+            proto.child[1] = t;
+        }
         if (op == OP_TENSORDOT) { /* the lists' hash goes with their index */
             const struct expr_tdot *t = expr_tdot_get(ctx, proto.iattr[0]);
             proto.iattr[1] = t ? (int64_t)t->hash : 0;
@@ -379,6 +448,13 @@ SR_BUILDER2_(sr_vecmatmult, OP_VECMATMULT)
 SR_BUILDER2_(sr_tensorprod, OP_TENSORPROD)
 SR_BUILDER2_(sr_weightedsqnorm, OP_WEIGHTEDSQNORM)
 
+SR_BUILDER2_(sr_complex_add, OP_CADD)
+SR_BUILDER2_(sr_complex_sub, OP_CSUB)
+SR_BUILDER2_(sr_complex_mult, OP_CMULT)
+SR_BUILDER2_(sr_complex_div, OP_CDIV)
+SR_BUILDER2_(sr_complex_scal, OP_CSCAL)
+SR_BUILDER2_(sr_complex_realscal, OP_CREALSCAL)
+
 SR_BUILDER1_(sr_neg, OP_MINUS)
 SR_BUILDER1_(sr_inv, OP_INV)
 SR_BUILDER1_(sr_square, OP_SQUARE)
@@ -406,6 +482,17 @@ SR_BUILDER1_(sr_max, OP_MAX)
 SR_BUILDER1_(sr_min, OP_MIN)
 SR_BUILDER1_(sr_argmax, OP_ARGMAX)
 SR_BUILDER1_(sr_argmin, OP_ARGMIN)
+SR_BUILDER1_(sr_conj, OP_CONJ)
+SR_BUILDER1_(sr_complex_exp, OP_CEXP)
+SR_BUILDER1_(sr_complex_exp1j, OP_CEXP1J)
+SR_BUILDER1_(sr_complex_real, OP_CREAL)
+SR_BUILDER1_(sr_complex_imag, OP_CIMAG)
+SR_BUILDER1_(sr_complex_abs, OP_CABS)
+SR_BUILDER1_(sr_complex_squareabs, OP_CSQUAREABS)
+SR_BUILDER1_(sr_complex_angle, OP_CANGLE)
+SR_BUILDER1_(sr_real2complex, OP_REAL2C)
+SR_BUILDER1_(sr_imag2complex, OP_IMAG2C)
+SR_BUILDER1_(sr_complex_sum, OP_CSUM)
 
 sr_expr *sr_pow(sr_ctx *ctx, sr_expr *a, int p) { return make1(ctx, OP_POW, a, p, 0); }
 sr_expr *sr_round(sr_ctx *ctx, sr_expr *a, int d) { return make1(ctx, OP_ROUND, a, d, 0); }
@@ -436,6 +523,10 @@ sr_expr *sr_weightedsqdist(sr_ctx *ctx, sr_expr *w, sr_expr *a, sr_expr *b)
     return make3(ctx, OP_WEIGHTEDSQDIST, w, a, b);
 }
 sr_expr *sr_sumt(sr_ctx *ctx, sr_expr *a, int dim) { return make1(ctx, OP_SUMT, a, dim, 0); }
+sr_expr *sr_complex_sumt(sr_ctx *ctx, sr_expr *a, int dim)
+{
+    return make1(ctx, OP_CSUMT, a, dim, 0);
+}
 sr_expr *sr_elemt(sr_ctx *ctx, sr_expr *a, int dim, int m)
 {
     return make1(ctx, OP_ELEMT, a, dim, m);

@@ -40,7 +40,11 @@ enum expr_dimrule {
  * reduced, q > 0; Cst keeps its value in fattr; Pow (p); Round (decimals); ClampInt (lo, hi);
  * Elem (m); Extract (start, len); OneHot (dim); ElemT (n, m); ExtractT (start, dim); SumT
  * (dim); TensorDot (the index of its interned index lists in the context, see struct expr_tdot,
- * and their hash).
+ * and their hash); ComplexSumT (dim, in reals).
+ *
+ * Complex values are interleaved reals: a complex vector of dimension d is a real vector of
+ * dimension 2d (re, im, re, im, ...), as in KeOps. The Complex* ops, Conj, Real2Complex and
+ * Imag2Complex read and write that layout; to the rest of the IR they are real maps.
  */
 #define EXPR_OP_MAP(X)                                                                             \
     X(VAR, "Var", 0, 2, DIM_LEAF, NULL)                                                            \
@@ -106,7 +110,25 @@ enum expr_dimrule {
     X(SUMT, "SumT", 1, 1, DIM_SPECIAL, NULL)                                                       \
     X(ELEMT, "ElemT", 1, 2, DIM_SPECIAL, NULL)                                                     \
     X(EXTRACTT, "ExtractT", 1, 2, DIM_SPECIAL, NULL)                                               \
-    X(TENSORDOT, "TensorDot", 2, 2, DIM_SPECIAL, NULL)
+    X(TENSORDOT, "TensorDot", 2, 2, DIM_SPECIAL, NULL)                                             \
+    X(CADD, "ComplexAdd", 2, 0, DIM_SPECIAL, NULL)                                                 \
+    X(CSUB, "ComplexSubtract", 2, 0, DIM_SPECIAL, NULL)                                            \
+    X(CMULT, "ComplexMult", 2, 0, DIM_SPECIAL, NULL)                                               \
+    X(CDIV, "ComplexDivide", 2, 0, DIM_SPECIAL, NULL)                                              \
+    X(CSCAL, "ComplexScal", 2, 0, DIM_SPECIAL, NULL)                                               \
+    X(CREALSCAL, "ComplexRealScal", 2, 0, DIM_SPECIAL, NULL)                                       \
+    X(CONJ, "Conj", 1, 0, DIM_SPECIAL, NULL)                                                       \
+    X(CEXP, "ComplexExp", 1, 0, DIM_SPECIAL, NULL)                                                 \
+    X(CEXP1J, "ComplexExp1j", 1, 0, DIM_SPECIAL, NULL)                                             \
+    X(CREAL, "ComplexReal", 1, 0, DIM_SPECIAL, NULL)                                               \
+    X(CIMAG, "ComplexImag", 1, 0, DIM_SPECIAL, NULL)                                               \
+    X(CABS, "ComplexAbs", 1, 0, DIM_SPECIAL, NULL)                                                 \
+    X(CSQUAREABS, "ComplexSquareAbs", 1, 0, DIM_SPECIAL, NULL)                                     \
+    X(CANGLE, "ComplexAngle", 1, 0, DIM_SPECIAL, NULL)                                             \
+    X(REAL2C, "Real2Complex", 1, 0, DIM_SPECIAL, NULL)                                             \
+    X(IMAG2C, "Imag2Complex", 1, 0, DIM_SPECIAL, NULL)                                             \
+    X(CSUM, "ComplexSum", 1, 0, DIM_SPECIAL, NULL)                                                 \
+    X(CSUMT, "ComplexSumT", 1, 1, DIM_SPECIAL, NULL)
 
 enum expr_op {
 #define EXPR_OP_ENUM_(id, name, arity, nattr, dimrule, infix) OP_##id,

@@ -385,6 +385,93 @@ static void gr_EXTRACTT(struct grad *G, const sr_expr *e, sr_expr *g)
     ACC(0, sr_extract(X, g, (int)e->iattr[0], A->dim));
 }
 
+/* ---- complex ops: the transposed Jacobians of the real maps on the (re, im) pairs. For a
+ * holomorphic op h the adjoint of a pair is conj(h') times the adjoint of the output (KeOps'
+ * rules); a complex scalar broadcast over a vector receives the ComplexSum of its terms. */
+
+/* Contribution c for child k of e: summed when the child is a broadcast complex scalar. */
+static sr_expr *cfit(sr_ctx *ctx, const sr_expr *e, int k, sr_expr *c)
+{
+    return c && e->child[k]->dim == 2 && c->dim > 2 ? sr_complex_sum(ctx, c) : c;
+}
+#define CACC(k, expr) ACC(k, cfit(X, e, (k), (expr)))
+
+static void gr_CADD(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    CACC(0, g);
+    CACC(1, g);
+}
+static void gr_CSUB(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    CACC(0, g);
+    CACC(1, sr_neg(X, g));
+}
+static void gr_CMULT(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    CACC(0, sr_complex_mult(X, sr_conj(X, B), g));
+    CACC(1, sr_complex_mult(X, sr_conj(X, A), g));
+}
+#define gr_CSCAL gr_CMULT
+static void gr_CDIV(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    /* d(a/b) = da / b - (a/b) db / b */
+    sr_expr *cb = sr_conj(X, B);
+    CACC(0, sr_complex_div(X, g, cb));
+    CACC(1, sr_neg(X, sr_complex_div(X, sr_complex_mult(X, sr_conj(X, SELF), g), cb)));
+}
+static void gr_CREALSCAL(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_scalprod(X, g, B));
+    ACC(1, sr_mul(X, A, g));
+}
+static void gr_CONJ(struct grad *G, const sr_expr *e, sr_expr *g) { ACC(0, sr_conj(X, g)); }
+static void gr_CEXP(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_complex_mult(X, sr_conj(X, SELF), g));
+}
+static void gr_CEXP1J(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    /* d(cos a + i sin a) = i e^{ia} da: the adjoint is Im(conj(e^{ia}) g) */
+    ACC(0, sr_complex_imag(X, sr_complex_mult(X, sr_conj(X, SELF), g)));
+}
+static void gr_CREAL(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_real2complex(X, g));
+}
+static void gr_CIMAG(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_imag2complex(X, g));
+}
+static void gr_CSQUAREABS(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_complex_mult(X, sr_real2complex(X, sr_mul(X, I(2), g)), A));
+}
+static void gr_CABS(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    /* a / |a| written with Rsqrt, as KeOps' Sqrt(ComplexSquareAbs(a)): 0 at a = 0 */
+    sr_expr *r = sr_rsqrt(X, sr_complex_squareabs(X, A));
+    ACC(0, sr_complex_mult(X, sr_real2complex(X, sr_mul(X, g, r)), A));
+}
+static void gr_CANGLE(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    /* atan2(im, re): the gradient (-im, re) / |a|^2 of each pair is i a / |a|^2 */
+    ACC(0, sr_complex_mult(X, sr_imag2complex(X, sr_div(X, g, sr_complex_squareabs(X, A))), A));
+}
+static void gr_REAL2C(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_complex_real(X, g));
+}
+static void gr_IMAG2C(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_complex_imag(X, g));
+}
+static void gr_CSUM(struct grad *G, const sr_expr *e, sr_expr *g)
+{
+    ACC(0, sr_complex_sumt(X, g, A->dim));
+}
+static void gr_CSUMT(struct grad *G, const sr_expr *e, sr_expr *g) { ACC(0, sr_complex_sum(X, g)); }
+#undef CACC
+
 /*
  * TensorDot is bilinear: the adjoint of a is the TensorDot of g (shaped as the output) with b
  * that contracts b's kept axes with the output axes they went to, and whose kept axes (g's

@@ -19,8 +19,8 @@
  * ops have function spellings too (Add, Subtract, Mult, Divide, Minus). Some KeOps functions are
  * built here from other ops, as keopscore defines them (SqNormIso, SqNormDiag, SymSqNorm,
  * IntInv, DiffClampInt, Zero, LessThan, LessOrEqual, Kron, GradMatrix, Divergence, Laplacian:
- * see "derived" below); the KeOps functions symred lacks (complex numbers, BSpline,
- * SoftDTW_SqDist) are named in the error.
+ * see "derived" below); the KeOps functions symred lacks (BSpline, SoftDTW_SqDist) are named in
+ * the error.
  *
  * Nodes are built only through expr_make(), which checks dimensions and interns. The parser is
  * a recursive-descent parser whose nesting (parentheses, calls, unary minus, exponents) is
@@ -601,6 +601,7 @@ static const char *const *attr_names(enum expr_op op)
     case OP_ONEHOT:
         return onehot;
     case OP_SUMT:
+    case OP_CSUMT:
         return onehot;
     case OP_ELEMT:
         return elemt;
@@ -873,14 +874,6 @@ static sr_expr *parse_derived_call(struct parser *p, const struct tok *name, enu
 /* KeOps 2.3 functions that symred does not implement, and why (docs/semantics.md). */
 static const char *unsupported_keops(const struct parser *p, const struct tok *t)
 {
-    static const char *const complex_fns[] = {
-        "ComplexAbs",       "ComplexAdd",      "ComplexAngle", "ComplexDivide", "ComplexExp",
-        "ComplexExp1j",     "ComplexImag",     "ComplexMult",  "ComplexReal",   "ComplexRealScal",
-        "ComplexSquareAbs", "ComplexSubtract", "ComplexSum",   "ComplexSumT",   "Conj",
-        "Imag2Complex",     "Real2Complex"};
-    for (size_t i = 0; i < sizeof complex_fns / sizeof *complex_fns; i++)
-        if (name_is(p, t, complex_fns[i]))
-            return "complex numbers are not supported";
     if (name_is(p, t, "BSpline"))
         return "B-splines are not implemented";
     if (name_is(p, t, "SoftDTW_SqDist"))

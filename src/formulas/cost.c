@@ -89,6 +89,29 @@ double simp_op_flops(const sr_expr *e)
         double base = w == 1 ? 2 * x + 1 : w == x ? 3 * x : 2 * w + 2 * x;
         return base + (e->op == OP_WEIGHTEDSQDIST ? x : 0);
     }
+    /* complex ops, per real component of the output (a pair is two) */
+    case OP_CMULT:
+    case OP_CSCAL:
+    case OP_CSQUAREABS:
+        return 3 * d;
+    case OP_CDIV:
+        return 8 * d;
+    case OP_CEXP:
+        return 21 * d;
+    case OP_CEXP1J:
+        return 15 * d;
+    case OP_CABS:
+        return 7 * d;
+    case OP_CANGLE:
+        return 20 * d;
+    case OP_CSUM:
+        return a;
+    case OP_CREAL:
+    case OP_CIMAG:
+    case OP_REAL2C:
+    case OP_IMAG2C:
+    case OP_CSUMT:
+        return 0;
     default: /* elementwise arithmetic, comparisons, Abs, Sign, ... */
         return d;
     }

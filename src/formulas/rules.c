@@ -454,6 +454,8 @@ bool simp_nonneg(const sr_expr *e)
     case OP_ONEHOT:
     case OP_ARGMAX:
     case OP_ARGMIN:
+    case OP_CABS:
+    case OP_CSQUAREABS:
         return true;
     case OP_POW:
         return e->iattr[0] % 2 == 0 || simp_nonneg(e->child[0]);
@@ -858,6 +860,12 @@ static sr_expr *r_square_sqrt(struct simp_state *s, sr_expr *e)
 
 static bool g_log_exp(struct simp_state *s, sr_expr *e) { return e->child[0]->op == OP_EXP; }
 
+/* Conj(Conj(a)) -> a, ComplexReal(Real2Complex(a)) -> a, ComplexImag(Imag2Complex(a)) -> a:
+ * exact (the parts are copied, NaN and Inf included); gradients of complex formulas make them. */
+static bool g_conj_conj(struct simp_state *s, sr_expr *e) { return e->child[0]->op == OP_CONJ; }
+static bool g_real_real2c(struct simp_state *s, sr_expr *e) { return e->child[0]->op == OP_REAL2C; }
+static bool g_imag_imag2c(struct simp_state *s, sr_expr *e) { return e->child[0]->op == OP_IMAG2C; }
+
 static bool g_pow_small(struct simp_state *s, sr_expr *e)
 {
     int64_t n = e->iattr[0];
@@ -1120,6 +1128,9 @@ const struct simp_rule simp_rules[] = {
     {"sqrt-square", I, OP_SQUARE, g_sqrt_square, r_grandchild},
     {"square-sqrt", I, OP_SQRT, g_square_sqrt, r_square_sqrt},
     {"log-exp", I, OP_LOG, g_log_exp, r_grandchild},
+    {"conj-conj", I, OP_CONJ, g_conj_conj, r_grandchild},
+    {"real-real2complex", I, OP_CREAL, g_real_real2c, r_grandchild},
+    {"imag-imag2complex", I, OP_CIMAG, g_imag_imag2c, r_grandchild},
     {"pow-small", I, OP_POW, g_pow_small, r_pow_small},
     {"powf-const", I, OP_POWF, g_powf_const, r_powf_const},
     {"sqrt-sqnorm", I, OP_SQRT, g_sqrt_sqnorm, r_sqrt_sqnorm},

@@ -60,6 +60,17 @@ static void prelude(struct emitter *E, const char *A)
      * function that is not the builtin atan takes no such rewrite. */
     P("extern %s sr_atan%s(%s) __asm__(\"atan%s\");\n", t, f, t, f);
     P("extern %s atan2%s(%s, %s);\n\n", t, f, t, t);
+    /* sin and cos under other names, for the complex ops: gcc merges the builtin sin and cos of
+     * one argument into a call of sincos, which has no vector variant, and the loop around it
+     * stays scalar (a complex exponential per pair ran as sincos + exp calls). Not being the
+     * builtins, they are declared const (true under -fno-math-errno), else gcc assumes they
+     * write memory and does not vectorise the loop either. */
+    P("#pragma omp declare simd notinbranch\n"
+      "extern sr_t sr_sin(sr_t) __asm__(\"sin%s\") __attribute__((const));\n",
+      f);
+    P("#pragma omp declare simd notinbranch\n"
+      "extern sr_t sr_cos(sr_t) __asm__(\"cos%s\") __attribute__((const));\n",
+      f);
     P("static inline %s sr_sq(%s a) { return a * a; }\n", t, t);
     /* exp without libmvec's slow paths. Its vector exp falls back to scalar code for a whole
      * vector when one argument is below about -87.3 (float; -708.4 double), and arithmetic on

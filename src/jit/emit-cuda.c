@@ -60,7 +60,10 @@ static void prelude(struct expr_buf *b, bool f32, const char *acc_t)
     P("static __device__ __forceinline__ sr_t sr_sq(sr_t a) { return a * a; }\n");
     /* The C spelling of Exp calls sr_exp (emit-c.c works around libmvec there); CUDA's exp has
      * no slow underflow path. */
-    P("static __device__ __forceinline__ sr_t sr_exp(sr_t a) { return exp(a); }\n\n");
+    P("static __device__ __forceinline__ sr_t sr_exp(sr_t a) { return exp(a); }\n");
+    /* The complex ops' names for sin and cos (emit-c.c keeps gcc from merging them there). */
+    P("static __device__ __forceinline__ sr_t sr_sin(sr_t a) { return sin(a); }\n");
+    P("static __device__ __forceinline__ sr_t sr_cos(sr_t a) { return cos(a); }\n\n");
 }
 
 sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,

@@ -38,6 +38,8 @@ static void e_matvec(struct emitter *E, const sr_expr *e);
 static void e_tensor(struct emitter *E, const sr_expr *e);
 static void e_weighted(struct emitter *E, const sr_expr *e);
 static void e_tensordot(struct emitter *E, const sr_expr *e);
+static void e_complex(struct emitter *E, const sr_expr *e);
+static void e_csum(struct emitter *E, const sr_expr *e);
 
 #define EW(s)                                                                                      \
     {                                                                                              \
@@ -115,6 +117,24 @@ static void e_tensordot(struct emitter *E, const sr_expr *e);
 #define JIT_C_ELEMT          FN(e_slice)
 #define JIT_C_EXTRACTT       FN(e_slice)
 #define JIT_C_TENSORDOT      FN(e_tensordot)
+#define JIT_C_CADD           FN(e_complex)
+#define JIT_C_CSUB           FN(e_complex)
+#define JIT_C_CMULT          FN(e_complex)
+#define JIT_C_CDIV           FN(e_complex)
+#define JIT_C_CSCAL          FN(e_complex)
+#define JIT_C_CREALSCAL      FN(e_complex)
+#define JIT_C_CONJ           FN(e_complex)
+#define JIT_C_CEXP           FN(e_complex)
+#define JIT_C_CEXP1J         FN(e_complex)
+#define JIT_C_REAL2C         FN(e_complex)
+#define JIT_C_IMAG2C         FN(e_complex)
+#define JIT_C_CSUMT          FN(e_complex)
+#define JIT_C_CREAL          FN(e_complex)
+#define JIT_C_CIMAG          FN(e_complex)
+#define JIT_C_CABS           FN(e_complex)
+#define JIT_C_CSQUAREABS     FN(e_complex)
+#define JIT_C_CANGLE         FN(e_complex)
+#define JIT_C_CSUM           FN(e_csum)
 
 static const struct jit_cop c_ops[] = {
 #define JIT_C_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = JIT_C_##id,
@@ -657,11 +677,154 @@ static void e_weighted(struct emitter *E, const sr_expr *e)
     P("%s_s;\n", n);
 }
 
+/* ---- complex ops: a complex vector is (re, im) pairs of interleaved components. Component idx
+ * of a complex op is one C expression of its operands' components (the reference's formulas),
+ * for a constant idx (small nodes: each component defined in turn) or a loop index (big nodes
+ * are lazy, inlined where used, like elementwise ones). */
+
+/* Component idx of x, where idx is a C expression: a small x's named components are selected by
+ * a chain of conditionals (a big output may take its components from a small operand). */
+static const char *comp(struct emitter *E, const sr_expr *x, const char *idx)
+{
+    if (is_num(idx) || big(x) || x->dim == 1)
+        return jit_ref(E, x, idx);
+    const char *r = jit_sfmt(E, "(%s)0", T(E));
+    for (int c = x->dim; c-- > 0;)
+        r = jit_sfmt(E, "((%s) == %d ? %s : %s)", idx, c, jit_ref_c(E, x, c), r);
+    return r;
+}
+
+/* The real (part 0) or imaginary (part 1) part of the pair of operand c of e that output
+ * component idx belongs to; a complex scalar operand (dimension 2) is broadcast. */
+static const char *cpart(struct emitter *E, const sr_expr *e, int c, const char *idx, int part)
+{
+    const sr_expr *x = e->child[c];
+    if (x->dim == 2)
+        return jit_ref_c(E, x, part);
+    if (is_num(idx))
+        return jit_ref_c(E, x, (atoi(idx) & ~1) + part);
+    return comp(E, x, jit_sfmt(E, "((%s) - ((%s) & 1) + %d)", idx, idx, part));
+}
+
+/* re where idx is even, im where it is odd. */
+static const char *pick(struct emitter *E, const char *idx, const char *re, const char *im)
+{
+    if (is_num(idx))
+        return atoi(idx) % 2 ? im : re;
+    return jit_sfmt(E, "(((%s) & 1) ? (%s) : (%s))", idx, im, re);
+}
+
+static const char *complex_expr(struct emitter *E, const sr_expr *e, const char *idx)
+{
+    const char *t = T(E), *f = E->fs;
+    switch ((enum expr_op)e->op) {
+    case OP_CADD:
+    case OP_CSUB: {
+        const char *s = e->op == OP_CADD ? "+" : "-";
+        return pick(E, idx,
+                    jit_sfmt(E, "%s %s %s", cpart(E, e, 0, idx, 0), s, cpart(E, e, 1, idx, 0)),
+                    jit_sfmt(E, "%s %s %s", cpart(E, e, 0, idx, 1), s, cpart(E, e, 1, idx, 1)));
+    }
+    case OP_CMULT:
+    case OP_CSCAL:
+    case OP_CDIV: {
+        const char *a0 = cpart(E, e, 0, idx, 0), *a1 = cpart(E, e, 0, idx, 1);
+        const char *b0 = cpart(E, e, 1, idx, 0), *b1 = cpart(E, e, 1, idx, 1);
+        if (e->op != OP_CDIV)
+            return pick(E, idx, jit_sfmt(E, "%s * %s - %s * %s", a0, b0, a1, b1),
+                        jit_sfmt(E, "%s * %s + %s * %s", a0, b1, a1, b0));
+        /* a conj(b) / |b|^2 */
+        const char *q = jit_sfmt(E, "((%s)1 / (%s * %s + %s * %s))", t, b0, b0, b1, b1);
+        return pick(E, idx, jit_sfmt(E, "(%s * %s + %s * %s) * %s", a0, b0, a1, b1, q),
+                    jit_sfmt(E, "(%s * %s - %s * %s) * %s", a1, b0, a0, b1, q));
+    }
+    case OP_CREALSCAL:
+        return jit_sfmt(E, "%s * %s", jit_ref_c(E, e->child[0], 0), comp(E, e->child[1], idx));
+    case OP_CONJ:
+        return pick(E, idx, cpart(E, e, 0, idx, 0), jit_sfmt(E, "-%s", cpart(E, e, 0, idx, 1)));
+    case OP_CEXP: {
+        const char *r = jit_sfmt(E, "sr_exp(%s)", cpart(E, e, 0, idx, 0)),
+                   *im = cpart(E, e, 0, idx, 1);
+        return pick(E, idx, jit_sfmt(E, "%s * sr_cos(%s)", r, im),
+                    jit_sfmt(E, "%s * sr_sin(%s)", r, im));
+    }
+    case OP_CEXP1J:
+    case OP_REAL2C:
+    case OP_IMAG2C: {
+        const char *h =
+            is_num(idx) ? jit_sfmt(E, "%d", atoi(idx) / 2) : jit_sfmt(E, "((%s) >> 1)", idx);
+        const char *x = comp(E, e->child[0], h), *zero = jit_sfmt(E, "(%s)0", t);
+        if (e->op == OP_CEXP1J)
+            return pick(E, idx, jit_sfmt(E, "sr_cos(%s)", x), jit_sfmt(E, "sr_sin(%s)", x));
+        return e->op == OP_REAL2C ? pick(E, idx, x, zero) : pick(E, idx, zero, x);
+    }
+    case OP_CSUMT:
+        return pick(E, idx, jit_ref_c(E, e->child[0], 0), jit_ref_c(E, e->child[0], 1));
+    default: /* real outputs: component idx from pair idx of the operand */
+        break;
+    }
+    const sr_expr *x = e->child[0];
+    const char *re, *im;
+    if (is_num(idx)) {
+        re = jit_ref_c(E, x, 2 * atoi(idx));
+        im = jit_ref_c(E, x, 2 * atoi(idx) + 1);
+    } else {
+        re = comp(E, x, jit_sfmt(E, "(2 * (%s))", idx));
+        im = comp(E, x, jit_sfmt(E, "(2 * (%s) + 1)", idx));
+    }
+    switch ((enum expr_op)e->op) {
+    case OP_CREAL:
+        return re;
+    case OP_CIMAG:
+        return im;
+    case OP_CABS:
+        return jit_sfmt(E, "sqrt%s(%s * %s + %s * %s)", f, re, re, im, im);
+    case OP_CSQUAREABS:
+        return jit_sfmt(E, "%s * %s + %s * %s", re, re, im, im);
+    case OP_CANGLE:
+        return jit_sfmt(E, "atan2%s(%s, %s)", f, im, re);
+    default:
+        E->fail = SR_EINTERNAL;
+        return "0";
+    }
+}
+
+static void e_complex(struct emitter *E, const sr_expr *e)
+{
+    for (int c = 0; c < e->dim; c++) {
+        const char *x = complex_expr(E, e, jit_sfmt(E, "%d", c));
+        def(E, e, c);
+        P("%s;\n", x);
+    }
+}
+
+/* ComplexSum: the real and the imaginary parts summed in increasing order, as the reference;
+ * over a big operand, one loop over its pairs. */
+static void e_csum(struct emitter *E, const sr_expr *e)
+{
+    char n[32];
+    const sr_expr *x = e->child[0];
+    jit_nm(e, 0, n);
+    P("        %s %s_re = 0, %s_im = 0;\n", T(E), n, n);
+    if (big(x))
+        P("        for (int q_ = 0; q_ < %d; q_++) { %s_re += %s; %s_im += %s; }\n", x->dim / 2, n,
+          jit_ref(E, x, "(2 * q_)"), n, jit_ref(E, x, "(2 * q_ + 1)"));
+    else
+        for (int k = 0; k < x->dim / 2; k++)
+            P("        %s_re += %s; %s_im += %s;\n", n, jit_ref_c(E, x, 2 * k), n,
+              jit_ref_c(E, x, 2 * k + 1));
+    def(E, e, 0);
+    P("%s_re;\n", n);
+    def(E, e, 1);
+    P("%s_im;\n", n);
+}
+
 /* Big nodes of these ops are inlined where used instead of computed into an array. */
 bool jit_lazy_op(const sr_expr *e)
 {
     return c_ops[e->op].ew || e->op == OP_ROUND || e->op == OP_EXTRACT || e->op == OP_CONCAT ||
-           e->op == OP_SUMT || e->op == OP_ELEMT || e->op == OP_EXTRACTT;
+           e->op == OP_SUMT || e->op == OP_ELEMT || e->op == OP_EXTRACTT ||
+           c_ops[e->op].fn == e_complex;
 }
 
 /* The elementwise template of op for the target: its override, else the C spelling. */
@@ -676,6 +839,8 @@ static const char *lazy_expr(struct emitter *E, const sr_expr *e, const char *id
         return ew_expr(E, e, ew_tmpl(E, e->op), idx);
     if (e->op == OP_ROUND)
         return round_expr(E, e, idx);
+    if (c_ops[e->op].fn == e_complex)
+        return complex_expr(E, e, idx);
     return slice_expr(E, e, idx);
 }
 

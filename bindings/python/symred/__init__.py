@@ -16,7 +16,7 @@ checkout (build/, build-ci/, build*/); see :data:`lib_path`. :func:`info` prints
 from ._lib import SymredError, SymredRuntimeError, SymredValueError, lib_path, version
 from ._info import info
 from .genred import REDUCTIONS, Genred
-from .lazytensor import LazyTensor, Pm, Vi, Vj
+from .lazytensor import ComplexLazyTensor, LazyTensor, Pm, Vi, Vj
 from .solve import KernelSolve
 
 __version__ = "0.1.0"  # also in setup.py and pyproject.toml; sr_version() matches

@@ -19,7 +19,7 @@ from .cluster import swap_axes
 from .genred import Genred
 from .solve import KernelSolve
 
-__all__ = ["LazyTensor", "Vi", "Vj", "Pm"]
+__all__ = ["LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm"]
 
 _I, _J, _P = 0, 1, 2
 _CAT_TEXT = {_I: "Vi", _J: "Vj", _P: "Pm"}
@@ -86,6 +86,10 @@ def _const_text(v):
     return repr(v)
 
 
+def _is_complex_number(x):
+    return isinstance(x, (complex, np.complexfloating))
+
+
 def _check_array_dtype(a, what):
     if a.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{what}: dtype {a.dtype.name} is not supported; use float32 or float64")
@@ -115,6 +119,32 @@ class LazyTensor:
     _ARRAY_NAME = "NumPy array"
     _GENRED = Genred
     _KERNELSOLVE = KernelSolve
+
+    # A complex LazyTensor holds (re, im) pairs of interleaved reals: its class, set below.
+    _COMPLEX = None
+    _REAL = None
+    is_complex = False
+
+    def __new__(cls, x=None, axis=None):
+        # A binding without a complex class of its own (symred.jax) refuses complex data in
+        # _normalize_array instead.
+        if not cls.is_complex and cls._COMPLEX is not None and issubclass(cls._COMPLEX, cls) \
+                and cls._complex_data(x):
+            return object.__new__(cls._COMPLEX)
+        return object.__new__(cls)
+
+    @classmethod
+    def _complex_data(cls, x):
+        """Whether x (an array, a number or a list of numbers) holds complex values."""
+        if isinstance(x, cls._ARRAY_TYPE):
+            return cls._array_is_complex(x)
+        if isinstance(x, (list, tuple)):
+            return any(_is_complex_number(v) for v in x)
+        return _is_complex_number(x)
+
+    @staticmethod
+    def _array_is_complex(x):
+        return x.dtype.kind == "c"
 
     @staticmethod
     def _normalize_array(x):
@@ -238,7 +268,47 @@ class LazyTensor:
 
     @classmethod
     def _wrap(cls, x):
-        return x if isinstance(x, LazyTensor) else cls(x)
+        return x if isinstance(x, LazyTensor) else cls._real_cls()(x)
+
+    @classmethod
+    def _real_cls(cls):
+        """The real LazyTensor class of this binding (its constructor picks the complex class
+        for complex data)."""
+        return cls._REAL if cls.is_complex else cls
+
+    def _retype(self, complex_):
+        """A copy of self as a real or a complex LazyTensor of this binding."""
+        cls = self._real_cls()
+        if complex_ and not (cls._COMPLEX is not None and issubclass(cls._COMPLEX, cls)):
+            raise TypeError(f"complex LazyTensors are not supported by {cls.__module__}")
+        res = (cls._COMPLEX if complex_ else cls).__new__(cls._COMPLEX if complex_ else cls)
+        LazyTensor.__init__(res)
+        res._copy_from(self)
+        return res
+
+    def _unary_to(self, name, dimres, complex_):
+        """The op name applied to self, as a real or complex LazyTensor of dimension dimres."""
+        res = self._retype(complex_)
+        res.formula = f"{name}({self.formula})"
+        res.ndim = dimres
+        return res
+
+    def real2complex(self):
+        """``x + 0i``: a :class:`ComplexLazyTensor` (KeOps' Real2Complex)."""
+        return self._unary_to("Real2Complex", 2 * self.ndim, True)
+
+    def imag2complex(self):
+        """``0 + x i``: a :class:`ComplexLazyTensor` (KeOps' Imag2Complex)."""
+        return self._unary_to("Imag2Complex", 2 * self.ndim, True)
+
+    def exp1j(self):
+        """``exp(i x) = cos x + i sin x``: a :class:`ComplexLazyTensor` (KeOps' ComplexExp1j)."""
+        return self._unary_to("ComplexExp1j", 2 * self.ndim, True)
+
+    def _complex_operand(self, o):
+        """Whether o makes a binary operation with self complex."""
+        return (isinstance(o, LazyTensor) and o.is_complex) or \
+            (not isinstance(o, LazyTensor) and self._complex_data(o))
 
     def _join(self, *others):
         res = type(self)()
@@ -289,6 +359,8 @@ class LazyTensor:
         return res
 
     def _infix(self, op, other, reverse=False, check="sameor1", dimres=None):
+        if op in "+-*/" and self._complex_operand(other):
+            return self.real2complex()._infix(op, other, reverse)
         a, b = self._operands([other], check, repr(op))
         if reverse:
             a, b = b, a
@@ -856,8 +928,9 @@ class LazyTensor:
     def __matmul__(self, v, **kwargs):
         """``K @ v``: the sum over j of K_ij v_j, for K of dimension 1 and v a 1-D array of m
         values (result: n values) or an array of shape (B.., m, e) (result (B.., n, e)).
-        Keyword arguments (``K.__matmul__(v, backend=..., out=...)``) go to the reduction."""
-        if self.ndim != 1:
+        Keyword arguments (``K.__matmul__(v, backend=..., out=...)``) go to the reduction.
+        A complex K (one complex component) with a real or complex v gives a complex result."""
+        if self.ndim != (2 if self.is_complex else 1):
             raise ValueError(f"K @ v needs a LazyTensor K of dimension 1, got shape {self.shape}")
         if not isinstance(v, self._ARRAY_TYPE):
             return NotImplemented
@@ -865,7 +938,7 @@ class LazyTensor:
         if len(shape) == 0:
             raise ValueError("K @ v: v must have at least one dimension")
         view = (1, shape[0], 1) if len(shape) == 1 else shape[:-2] + (1,) + shape[-2:]
-        kv = self * type(self)(v.reshape(view))
+        kv = self * self._real_cls()(v.reshape(view))
         res = kv.sum(kv.dim() - 2, **kwargs)
         return res.reshape(-1) if len(shape) == 1 else res
 
@@ -943,6 +1016,149 @@ class LazyTensor:
                 f"\n    shape: {self.shape}\n    dtype: {dt}")
 
     __str__ = __repr__
+
+
+class ComplexLazyTensor(LazyTensor):
+    """A symbolic complex array (pykeops' ``ComplexLazyTensor``), made by :class:`LazyTensor`
+    from complex64 / complex128 arrays or Python complex numbers, or by ``real2complex``,
+    ``imag2complex`` and ``exp1j``. A complex vector of dimension d is held as 2d interleaved
+    reals (re, im, ...), as in KeOps: complex arrays reach the library as float32 / float64 views
+    of doubled width, and reductions come back as complex arrays. ``+ - * /`` use KeOps'
+    ComplexAdd, ComplexSubtract, ComplexMult (ComplexRealScal by a real scalar) and
+    ComplexDivide, a real operand being made complex first; ``real``, ``imag``, ``abs()``,
+    ``angle()`` are real; ``conj()``, ``exp()``, ``sum(-1)`` (ComplexSum) and ``@`` are complex.
+    Reductions: Sum only.
+    """
+
+    is_complex = True
+
+    @classmethod
+    def _normalize_array(cls, x):
+        if not cls._array_is_complex(x):
+            raise TypeError(f"ComplexLazyTensor(array of shape {tuple(x.shape)}): the array must "
+                            f"be complex64 or complex128")
+        return super()._normalize_array(cls._view_real(x))
+
+    @staticmethod
+    def _view_real(x):
+        """A complex array as reals of doubled last dimension (a 0-D array as 2 values)."""
+        if x.dtype not in (np.complex64, np.complex128):
+            raise TypeError(f"ComplexLazyTensor: dtype {x.dtype.name} is not supported; use "
+                            f"complex64 or complex128")
+        x = np.ascontiguousarray(x.reshape(1) if x.ndim == 0 else x)
+        if not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
+        return x.view(np.float32 if x.dtype == np.complex64 else np.float64)
+
+    @staticmethod
+    def _view_complex(x):
+        """The reals (re, im, ...) of the last dimension as complex numbers."""
+        x = np.ascontiguousarray(x)
+        return x.view(np.complex64 if x.dtype == np.float32 else np.complex128)
+
+    def __init__(self, x=None, axis=None):
+        if isinstance(x, (list, tuple)) or _is_complex_number(x):
+            vals = list(x) if isinstance(x, (list, tuple)) else [x]
+            if not vals or not all((_is_int(v) or _is_float(v) or _is_complex_number(v))
+                                   and not isinstance(v, bool) for v in vals):
+                raise TypeError("ComplexLazyTensor: a list must hold one or more numbers")
+            if axis not in (None, 2):
+                raise ValueError("ComplexLazyTensor: numbers make a parameter; axis must be None "
+                                 "or 2")
+            x = [float(p) for v in vals for p in (complex(v).real, complex(v).imag)]
+        elif _is_int(x) or _is_float(x):
+            raise TypeError("ComplexLazyTensor: a real number is not complex; use complex(x)")
+        super().__init__(x, axis)
+
+    @property
+    def shape(self):
+        """As pykeops: the last entry counts complex components, dropped when there is one."""
+        s = self._shape
+        s = s[:-1] + (s[-1] // 2,)
+        return s[:-1] if s[-1] == 1 else s
+
+    # ---- arithmetic ----------------------------------------------------------------------------
+
+    _COMPLEX_OPS = {"+": "ComplexAdd", "-": "ComplexSubtract", "*": "ComplexMult",
+                    "/": "ComplexDivide"}
+
+    def _infix(self, op, other, reverse=False, check="sameor1", dimres=None):
+        name = self._COMPLEX_OPS.get(op)
+        if name is None:
+            raise TypeError(f"{op!r} is not defined for complex LazyTensors")
+        if _is_complex_number(other):
+            other = type(self)(other)
+        other = self._wrap(other)
+        if not other.is_complex:
+            if op == "*" and other.ndim == 1:
+                res = other._join(self)._retype(True)
+                res.formula = f"ComplexRealScal({other.formula},{self.formula})"
+                res.ndim = self.ndim
+                return res
+            other = other.real2complex()
+        a, b = (other, self) if reverse else (self, other)
+        if a.ndim != b.ndim and 2 not in (a.ndim, b.ndim):
+            raise ValueError(f"{name}: complex operands must have the same dimension or one "
+                             f"complex component, got {a.ndim // 2} and {b.ndim // 2}")
+        res = a._join(b)._retype(True)
+        res.formula = f"{name}({a.formula},{b.formula})"
+        res.ndim = max(a.ndim, b.ndim)
+        return res
+
+    def __pow__(self, o):
+        raise TypeError("** is not defined for complex LazyTensors")
+
+    __rpow__ = __pow__
+
+    # ---- complex functions ---------------------------------------------------------------------
+
+    @property
+    def real(self):
+        return self._unary_to("ComplexReal", self.ndim // 2, False)
+
+    @property
+    def imag(self):
+        return self._unary_to("ComplexImag", self.ndim // 2, False)
+
+    def angle(self):
+        return self._unary_to("ComplexAngle", self.ndim // 2, False)
+
+    def abs(self):
+        return self._unary_to("ComplexAbs", self.ndim // 2, False)
+
+    __abs__ = abs
+
+    def conj(self):
+        return self._unary_to("Conj", self.ndim, True)
+
+    def exp(self):
+        return self._unary_to("ComplexExp", self.ndim, True)
+
+    def real2complex(self):
+        raise ValueError("real2complex cannot be applied to a complex LazyTensor")
+
+    def imag2complex(self):
+        raise ValueError("imag2complex cannot be applied to a complex LazyTensor")
+
+    def exp1j(self):
+        raise ValueError("exp1j cannot be applied to a complex LazyTensor")
+
+    def sum(self, axis=-1, dim=None, **kwargs):
+        """``sum(-1)``: ComplexSum of the components; ``sum(dim=0|1)``: the Sum reduction, as a
+        complex array."""
+        if self._is_vector_axis(axis, dim):
+            return self._unary_to("ComplexSum", 2, True)
+        return self._reduce("Sum", axis, dim, kwargs=kwargs)
+
+    def _reduce(self, red, axis, dim, K=None, weight=None, kwargs=None):
+        if red != "Sum" or weight is not None:
+            raise ValueError(f"{red}: complex LazyTensors have the Sum reduction only; reduce "
+                             f".real, .imag or .abs() instead")
+        return self._view_complex(super()._reduce(red, axis, dim, K, weight, kwargs))
+
+
+LazyTensor._COMPLEX = ComplexLazyTensor
+ComplexLazyTensor._REAL = LazyTensor
 
 
 def _vi_vj(cls, x, axis):

@@ -5,10 +5,10 @@ import sys
 from . import _np_utils as utils
 from . import cluster
 from .genred import Genred
-from .lazytensor import LazyTensor, Pm, Vi, Vj
+from .lazytensor import ComplexLazyTensor, LazyTensor, Pm, Vi, Vj
 from .solve import KernelSolve
 
-__all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm", "cluster", "utils"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster", "utils"]
 
 # ``import symred.numpy.cluster`` / ``from symred.numpy.cluster import ...`` (pykeops' paths,
 # also .utils and .operations): this module is not a package, so the submodules are registered

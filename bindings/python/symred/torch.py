@@ -47,7 +47,7 @@ from . import lazytensor as _lazy
 from . import solve as _solve
 from ._lib import SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, RunDesc, SolveDesc, check, lib
 
-__all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm", "cluster"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster"]
 
 # ``from symred.torch.cluster import ...`` (pykeops' path): this module is not a package.
 # pykeops keeps KernelSolve in ``pykeops.torch.operations``: here, this module.
@@ -812,6 +812,33 @@ class LazyTensor(_lazy.LazyTensor):
     @staticmethod
     def _param_array(values, dt):
         return torch.tensor(values, dtype=dt if dt is not None else torch.float32)
+
+    @staticmethod
+    def _array_is_complex(x):
+        return x.is_complex()
+
+
+class ComplexLazyTensor(_lazy.ComplexLazyTensor, LazyTensor):
+    """``pykeops.torch.ComplexLazyTensor``: a symbolic complex tensor (see
+    :class:`symred.ComplexLazyTensor`), made by :class:`LazyTensor` from complex64 / complex128
+    tensors; reductions return complex tensors, differentiable with respect to the real and
+    imaginary parts of the inputs."""
+
+    @staticmethod
+    def _view_real(x):
+        if x.dtype not in (torch.complex64, torch.complex128):
+            raise TypeError(f"ComplexLazyTensor: dtype {str(x.dtype).replace('torch.', '')} is "
+                            f"not supported; use complex64 or complex128")
+        x = x.reshape(1) if x.dim() == 0 else x
+        return torch.view_as_real(x.resolve_conj()).reshape(*x.shape[:-1], 2 * x.shape[-1])
+
+    @staticmethod
+    def _view_complex(x):
+        return torch.view_as_complex(x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2).contiguous())
+
+
+LazyTensor._COMPLEX = ComplexLazyTensor
+ComplexLazyTensor._REAL = LazyTensor
 
 
 def Vi(x):

@@ -471,3 +471,14 @@ def test_many_distinct_formulas_are_freed():
     jax.clear_caches()
     gc.collect()
     assert sjax.keepers_alive() <= base
+
+
+def test_complex_is_refused():
+    """symred.jax has no complex LazyTensor: complex arrays and complex operands are refused."""
+    with pytest.raises(TypeError, match="complex64 is not supported"):
+        LazyTensor(jnp.ones((5, 1, 2), dtype=jnp.complex64))
+    y = LazyTensor(jnp.ones((5, 1, 2), dtype=jnp.float32))
+    with pytest.raises(TypeError, match="not supported by symred.jax"):
+        y * 1j
+    with pytest.raises(TypeError, match="not supported by symred.jax"):
+        y.exp1j()
