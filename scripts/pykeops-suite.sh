@@ -18,8 +18,6 @@ EXPECTED_FAILURES=(
     # complex numbers (ComplexLazyTensor, complex dtypes): the new-dtypes work.
     "test_complex.py"
     "test_complex_numpy.py"
-    # float16 tensors: the new-dtypes work (its tests also need a GPU).
-    "test_float16.py"
     # forward-mode derivatives (torch.func.jvp, jacfwd, and hessian = jacfwd of jacrev): the
     # autograd Functions of symred.torch have no jvp rule yet; reverse mode passes.
     "test_torch_func.py::test_torch_func_jvp"

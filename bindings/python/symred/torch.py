@@ -227,7 +227,7 @@ def _run(kern, nx, ny, ranges, args):
         values = torch.empty((nout, kern.out_dim), dtype=dtype, device=device)
     if kern.red in _WITH_INDICES:
         idx = torch.empty((nout, kern.out_dim), dtype=torch.int64, device=device)
-    if device.type == "cuda" and ranges is not None:
+    if device.type == "cuda" and (ranges is not None or dtype in _HALF):
         return _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx)
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values),
@@ -253,8 +253,9 @@ def _run(kern, nx, ny, ranges, args):
 
 
 def _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx):
-    """CUDA tensors with block-sparse ranges. sr_kernel_run_device (device pointers) has no
-    ranges variant, but sr_kernel_run_ranges runs a CUDA kernel on host arrays (the library
+    """CUDA tensors with block-sparse ranges (or None), or of a 16-bit dtype.
+    sr_kernel_run_device (device pointers) has no ranges variant and takes float32 and float64
+    only, but sr_kernel_run_ranges runs a CUDA kernel on host arrays (the library
     copies them to the GPU and the results back): the tensors go through host copies, and the
     results are copied into the GPU outputs ``values`` / ``idx``. Correct but not zero-copy
     (docs/torch.md); never run on a GPU by its author."""
@@ -264,7 +265,8 @@ def _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx):
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in host])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(hv),
                   out_idx=_pointer(hi))
-    st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run), ctypes.byref(ranges[0]))
+    rg = ctypes.byref(ranges[0]) if ranges is not None else None
+    st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run), rg)
     check(st, kern.owner._h.ctx)
     if values is not None:
         values.copy_(hv)
