@@ -4,18 +4,21 @@
  * exact bfloat16 rounding), and kernels of these dtypes on the reference and the CPU JIT against
  * a float64 computation on the same (widened) inputs, through every entry point that takes
  * arrays: run, run_ex with indices, ranges, eval_block, the gradient kernel, solve, sr_chain,
- * with each accumulation mode. The differential tests of every op and reduction in these dtypes
- * are in test-jit.c (diff.c), the fuzzer's in fuzz.c.
+ * with each accumulation mode, and on the gemm-epilogue and fused strategies (bit for bit the
+ * float32 kernel's outputs on the widened inputs, rounded). The differential tests of every op and
+ * reduction in these dtypes are in test-jit.c (diff.c), the fuzzer's in fuzz.c.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
+#include "cpu/cpu.h"
 #include "diff.h"
 #include "util.h"
 
@@ -290,6 +293,14 @@ static void widen_all(sr_dtype dt, const struct arr *a, int n, float **w, const 
     }
 }
 
+static void free_all(struct arr *a, float **w, int n)
+{
+    for (int v = 0; v < n; v++) {
+        free(w[v]);
+        arr_free(&a[v]);
+    }
+}
+
 static void assert_narrowed(sr_dtype dt, const uint16_t *got, const float *f32, int64_t n,
                             const char *what)
 {
@@ -329,11 +340,61 @@ Test(dtype, ranges_run_as_float32_on_widened_inputs)
             free(of);
             sr_kernel_free(kh);
             sr_kernel_free(kf);
-            for (int v = 0; v < 4; v++) {
-                free(w[v]);
-                arr_free(&a[v]);
-            }
+            free_all(a, w, 4);
         }
+}
+
+/* The gemm-epilogue (a Gaussian through the inner product of D = 32, forced on) and the fused
+ * two-product (16 output columns) strategies, where a GEMM is available: explain names them for
+ * the 16-bit kernels too, whose outputs are float32's on the widened inputs, rounded. */
+Test(dtype, gemm_epilogue_and_fused_strategies)
+{
+    void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    const bool have_gemm = cpu_avx512_usable() || (h != NULL && !getenv("BLIS_ARCH_TYPE"));
+    static const char *const gal[] = {"x=Vi(32)", "y=Vj(32)", "b=Vj(16)"};
+    static const struct {
+        const char *f, *strategy, *gemm_env;
+        int out_dim;
+    } cases[] = {{"Exp(-SqDist(x, y)) * Elem(b, 0)", "strategy: gemm-epilogue", "on", 1},
+                 {"Exp(-SqDist(x, y) * Elem(b, 1)) * b", "strategy: fused two-product", NULL, 16}};
+    const int64_t nx = 131, ny = 257;
+    for (int t = 0; t < 2; t++)
+        for (size_t c = 0; c < 2; c++) {
+            const sr_dtype dt = halves[t];
+            struct arr a[3] = {arr_new(dt, nx * 32, -0.3, 0.3, 20),
+                               arr_new(dt, ny * 32, -0.3, 0.3, 21), arr_new(dt, ny * 16, 0, 1, 22)};
+            float *w[3];
+            const void *hargs[3], *fargs[3];
+            for (int v = 0; v < 3; v++)
+                hargs[v] = a[v].h;
+            widen_all(dt, a, 3, w, fargs);
+            if (cases[c].gemm_env)
+                setenv("SYMRED_GEMM", cases[c].gemm_env, 1);
+            sr_kernel_desc d = sr_kernel_desc_default();
+            sr_expr *f = diff_parse(ctx, cases[c].f, gal, 3);
+            d.dtype = dt;
+            sr_kernel *kh = diff_kernel(ctx, f, d, SR_DEVICE_CPU);
+            d.dtype = SR_F32;
+            sr_kernel *kf = diff_kernel(ctx, f, d, SR_DEVICE_CPU);
+            unsetenv("SYMRED_GEMM");
+            const char *ex = sr_kernel_explain(kh);
+            if (have_gemm)
+                cr_assert(strstr(ex, cases[c].strategy), "%s: expected %s:\n%s", diff_dtype_tag(dt),
+                          cases[c].strategy, ex);
+            const int64_t n = nx * cases[c].out_dim;
+            uint16_t *oh = malloc((size_t)n * 2);
+            float *of = malloc((size_t)n * 4);
+            cr_assert_eq(sr_kernel_run(kh, nx, ny, hargs, oh), SR_OK, "%s", sr_ctx_error(ctx));
+            cr_assert_eq(sr_kernel_run(kf, nx, ny, fargs, of), SR_OK, "%s", sr_ctx_error(ctx));
+            assert_narrowed(dt, oh, of, n, cases[c].strategy);
+            free(oh);
+            free(of);
+            sr_kernel_free(kh);
+            sr_kernel_free(kf);
+            free_all(a, w, 3);
+        }
+    if (h)
+        dlclose(h);
 }
 
 Test(dtype, eval_block_and_gradient_run_as_float32_on_widened_inputs)
@@ -373,10 +434,7 @@ Test(dtype, eval_block_and_gradient_run_as_float32_on_widened_inputs)
         free(of);
         sr_kernel_free(kh);
         sr_kernel_free(kf);
-        for (int v = 0; v < 5; v++) {
-            free(w[v]);
-            arr_free(&a[v]);
-        }
+        free_all(a, w, 5);
     }
 }
 
