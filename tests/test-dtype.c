@@ -4,9 +4,9 @@
  * exact bfloat16 rounding), and kernels of these dtypes on the reference and the CPU JIT against
  * a float64 computation on the same (widened) inputs, through every entry point that takes
  * arrays: run, run_ex with indices, ranges, eval_block, the gradient kernel, solve, sr_chain,
- * with each accumulation mode, and on the gemm-epilogue and fused strategies (bit for bit the
- * float32 kernel's outputs on the widened inputs, rounded). The differential tests of every op and
- * reduction in these dtypes are in test-jit.c (diff.c), the fuzzer's in fuzz.c.
+ * with each accumulation mode, and on the gemm-epilogue and fused strategies (the float32
+ * kernel's outputs on the widened inputs, rounded, to within one unit). The differential tests of
+ * every op and reduction in these dtypes are in test-jit.c (diff.c), the fuzzer's in fuzz.c.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -199,12 +199,49 @@ Test(dtype, gaussian_sum_matches_float64)
             }
 }
 
+/* Sums exact in float32 that lie halfway between two values of the dtype, or just above: the
+ * stores round to nearest with ties to even (truncation, or ties away, gives other bits). */
+Test(dtype, outputs_round_to_nearest_even)
+{
+    static const char *const yal[] = {"y=Vj(1)"};
+    static const struct {
+        sr_dtype dt;
+        double y[3];
+        uint16_t want;
+    } cases[] = {
+        {SR_BF16, {1, 0x1p-7, 0x1p-8}, 0x3f82},  /* 1 + 3 2^-8: the tie goes to even, up */
+        {SR_BF16, {1, 0x1p-8, 0x1p-12}, 0x3f81}, /* above the tie: up */
+        {SR_BF16, {1, 0x1p-8, 0}, 0x3f80},       /* the tie: even, down */
+        {SR_F16, {1, 0x1p-10, 0x1p-11}, 0x3c02}, /* 1 + 3 2^-11 */
+        {SR_F16, {1, 0x1p-11, 0x1p-15}, 0x3c01}, {SR_F16, {1, 0x1p-11, 0}, 0x3c00},
+    };
+    for (int dv = 0; dv < 2; dv++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            sr_kernel_desc d = sr_kernel_desc_default();
+            d.dtype = cases[c].dt;
+            sr_kernel *k = diff_kernel(ctx, diff_parse(ctx, "y", yal, 1), d, devices[dv]);
+            uint16_t y[3], out[2] = {0, 0};
+            for (int j = 0; j < 3; j++)
+                sr__dtype_put(cases[c].dt, y, j, cases[c].y[j]);
+            const void *args[] = {y};
+            cr_assert_eq(sr_kernel_run(k, 2, 3, args, out), SR_OK, "%s", sr_ctx_error(ctx));
+            for (int i = 0; i < 2; i++)
+                cr_assert_eq(out[i], cases[c].want, "%s %s case %zu: 0x%04x, want 0x%04x",
+                             diff_dtype_tag(cases[c].dt), k->backend->name, c, out[i],
+                             cases[c].want);
+            sr_kernel_free(k);
+        }
+}
+
 Test(dtype, explain_names_the_dtype_and_the_accumulation)
 {
     sr_kernel *k = kernel(gauss_f, SR_SUM, 1, SR_BF16, SR_DEVICE_CPU, SR_ACC_KAHAN);
     const char *e = sr_kernel_explain(k);
     cr_assert(strstr(e, "dtype: bfloat16 (computed in float32"), "%s", e);
     cr_assert(strstr(e, "accumulation: kahan"), "%s", e);
+    /* the direct strategy converts in its generated code, without float32 copies */
+    cr_assert(k->io_native);
+    cr_assert(strstr(e, "arrays: bfloat16, read and written by the generated code"), "%s", e);
     sr_kernel_free(k);
 }
 
@@ -283,7 +320,11 @@ Test(dtype, kmin_argkmin_matches_float64)
 }
 
 /* A float32 kernel of the same formula on the widened inputs, its outputs rounded: what a
- * 16-bit kernel must give, bit for bit. */
+ * 16-bit kernel must give, to within one unit in the last place. Not bit for bit: a kernel of
+ * the direct strategy reads the 16-bit arrays in its own generated code, which gcc may
+ * vectorise otherwise than float32's (libmvec's expf where float32's calls the scalar one, or
+ * the reverse), and a last-bit difference of the float32 value moves its rounding across a
+ * halfway point now and then. */
 static void widen_all(sr_dtype dt, const struct arr *a, int n, float **w, const void **args)
 {
     for (int v = 0; v < n; v++) {
@@ -306,8 +347,10 @@ static void assert_narrowed(sr_dtype dt, const uint16_t *got, const float *f32, 
 {
     for (int64_t t = 0; t < n; t++) {
         uint16_t want = dt == SR_F16 ? sr__f32_to_f16(f32[t]) : sr__f32_to_bf16(f32[t]);
-        cr_assert_eq(got[t], want, "%s %s value %lld: 0x%04x, float32 %.9g rounds to 0x%04x", what,
-                     diff_dtype_tag(dt), (long long)t, got[t], f32[t], want);
+        /* adjacent values of one sign have adjacent bit patterns */
+        cr_assert(got[t] == want || ((got[t] ^ want) < 0x8000u && abs(got[t] - want) == 1),
+                  "%s %s value %lld: 0x%04x, float32 %.9g rounds to 0x%04x", what,
+                  diff_dtype_tag(dt), (long long)t, got[t], f32[t], want);
     }
 }
 
@@ -378,9 +421,11 @@ Test(dtype, gemm_epilogue_and_fused_strategies)
             sr_kernel *kf = diff_kernel(ctx, f, d, SR_DEVICE_CPU);
             unsetenv("SYMRED_GEMM");
             const char *ex = sr_kernel_explain(kh);
-            if (have_gemm)
+            if (have_gemm) {
                 cr_assert(strstr(ex, cases[c].strategy), "%s: expected %s:\n%s", diff_dtype_tag(dt),
                           cases[c].strategy, ex);
+                cr_assert(!kh->io_native, "%s runs on float32 copies", cases[c].strategy);
+            }
             const int64_t n = nx * cases[c].out_dim;
             uint16_t *oh = malloc((size_t)n * 2);
             float *of = malloc((size_t)n * 4);

@@ -231,6 +231,9 @@ struct sr_kernel {
     int k;          /* 1 for the non-K reductions */
     sr_dtype dtype; /* what the backends compute in: SR_F32 or SR_F64 */
     sr_dtype io;    /* the caller's arrays: dtype, or SR_F16 / SR_BF16 (dtype SR_F32) */
+    /* The backend reads and writes the 16-bit io arrays itself (the CPU JIT's direct strategy);
+     * otherwise core runs it on float32 copies. Set by the backend's prepare. */
+    bool io_native;
     sr_device device;
     sr_acc acc;  /* the desc's choice; SR_ACC_DEFAULT leaves it to SYMRED_ACC */
     int fdim;    /* dim(F) */

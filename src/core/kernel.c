@@ -378,7 +378,7 @@ sr_status sr_kernel_run_ranges(const sr_kernel *k, const sr_run_desc *r, const s
     sr_status st = run_check(k, r);
     if (st != SR_OK)
         return st;
-    if (k->io != k->dtype)
+    if (k->io != k->dtype && !k->io_native)
         return run_widened(k, r, ranges);
     return run_checked(k, r, ranges);
 }

@@ -89,7 +89,7 @@ static sr_status block_jit(const sr_kernel *k, jit_block_fn fn, int64_t per_thre
     const int64_t nout = ax1 ? ni : nj, nred = ax1 ? nj : ni, o0 = ax1 ? i0 : j0,
                   r0 = ax1 ? j0 : i0, D = k->fdim;
     const int64_t so = ax1 ? nj * D : D, sr = ax1 ? D : nj * D;
-    const size_t esz = sr_dtype_size(k->dtype);
+    const size_t esz = sr_dtype_size(k->io_native ? k->io : k->dtype);
     const int nt = sr__threads(k->ctx, per_thread);
     const int64_t want = (int64_t)nt * BLOCK_PIECES_PER_THREAD;
     int64_t chunk = cdiv(nout, want);
@@ -214,7 +214,9 @@ sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const
     sr_status st = block_check(k, nx, ny, args, i0, ni, j0, nj, out);
     if (st != SR_OK || ni == 0 || nj == 0)
         return st;
-    if (k->io == k->dtype)
+    int64_t ws;
+    const struct jit_module *m = k->io_native ? cpu_jit_module(k, &ws) : NULL;
+    if (k->io == k->dtype || (m && m->block)) /* the generated block reads the 16-bit arrays */
         return eval_block(k, args, i0, ni, j0, nj, out);
     /* float16 / bfloat16: the float32 block from widened copies, rounded into out */
     struct sr_io_copy c;
