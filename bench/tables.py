@@ -34,6 +34,9 @@ ABOUT = {
                         "interpreter against the JIT's generated block in ns per value, beside "
                         "the same kernel's Sum reduction in ns per pair and the module's cold "
                         "compile time.",
+    "bench-half": "The Gaussian mat-vec `Exp(-SqDist(x,y)*g)*b`, D = 3, N = M, in bfloat16 and "
+                  "float16 against float32 on the same values, the three in turn in one process; "
+                  "ratios are times over float32's (below 1: faster).",
     "bench-grad": "The Gaussian mat-vec's gradient kernels (`sr_kernel_grad`) with respect to x "
                   "and y over the forward pass, the three interleaved in one process.",
     "bench-gemm": "`matvec`: the Gaussian mat-vec through the inner product on the direct path, "

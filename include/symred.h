@@ -383,7 +383,12 @@ SR_API const char *sr_reduction_name(sr_reduction r);
 /* Looks a reduction up by its KeOps spelling (case-sensitive). SR_EINVAL if unknown. */
 SR_API sr_status sr_reduction_from_name(const char *name, sr_reduction *out);
 
-typedef enum sr_dtype { SR_F32 = 0, SR_F64 = 1 } sr_dtype;
+/* The element type of a kernel's arrays. SR_F16 (IEEE binary16) and SR_BF16 (bfloat16: the upper
+ * half of a float32) are stored as 16-bit values (uint16_t in C) and computed in float32: every
+ * value is widened to float32 as it is read, the kernel runs as a float32 kernel (the sr_acc
+ * modes apply to its sums), and each output value is rounded to the dtype, to nearest with ties
+ * to even, as it is written. Tolerances per dtype: docs/semantics.md. */
+typedef enum sr_dtype { SR_F32 = 0, SR_F64 = 1, SR_F16 = 2, SR_BF16 = 3 } sr_dtype;
 
 typedef enum sr_device {
     SR_DEVICE_AUTO = 0,     /* SYMRED_DEVICE, else the best available backend */
@@ -392,7 +397,8 @@ typedef enum sr_device {
     SR_DEVICE_REFERENCE = 3 /* the portable interpreter (the test oracle) */
 } sr_device;
 
-/* How float32 Sum-type reductions accumulate (float64 kernels always accumulate in double). */
+/* How float32 Sum-type reductions accumulate, float16 and bfloat16 kernels' included (float64
+ * kernels always accumulate in double). */
 typedef enum sr_acc {
     SR_ACC_DEFAULT = 0, /* $SYMRED_ACC (block, kahan or f64), else block */
     SR_ACC_BLOCK = 1,   /* float32 partial sums per tile, added together: fast, error ~ sqrt(n) */
@@ -408,7 +414,7 @@ typedef struct sr_kernel_desc {
     sr_device device;
     sr_expr *weight; /* SumSoftMaxWeight: the formula whose values are averaged (KeOps'
                         formula2); NULL for the other reductions */
-    sr_acc acc;      /* accumulation of float32 sums; SR_ACC_DEFAULT */
+    sr_acc acc;      /* accumulation of float32 (and float16, bfloat16) sums; SR_ACC_DEFAULT */
 } sr_kernel_desc;
 
 /* Sum over j (axis 1), float32, device AUTO, k = 1, no weight, SR_ACC_DEFAULT. */

@@ -76,12 +76,12 @@ SR_MPI_API int sr_mpi_rank(const sr_mpi *m);
 SR_MPI_API int sr_mpi_size(const sr_mpi *m);
 
 /* Collective. Creates the sharded kernel of desc->reduction of f (any reduction, axis 0 or 1,
- * SR_F32 or SR_F64, any device), as sr_kernel_new would. Every rank must pass the same formula
- * and description: they are compared with rank 0's (SR_EINVAL otherwise). Inside, the kernels
- * that give combinable partial states are built in m's context: the value-and-index form for
- * Min/Max/ArgMin/ArgMax and for the K-reductions (so that blocks merge by value, then index),
- * and for SumSoftMaxWeight a LogSumExp of F beside it (the partial averages are weighted by
- * exp(LogSumExp)); every reduction's errors are those of sr_kernel_new. *out is NULL on
+ * SR_F32 or SR_F64 (SR_ENOTSUP for SR_F16 and SR_BF16), any device), as sr_kernel_new would.
+ * Every rank must pass the same formula and description: they are compared with rank 0's (SR_EINVAL
+ * otherwise). Inside, the kernels that give combinable partial states are built in m's context: the
+ * value-and-index form for Min/Max/ArgMin/ArgMax and for the K-reductions (so that blocks merge by
+ * value, then index), and for SumSoftMaxWeight a LogSumExp of F beside it (the partial averages are
+ * weighted by exp(LogSumExp)); every reduction's errors are those of sr_kernel_new. *out is NULL on
  * failure. */
 SR_MPI_API sr_status sr_mpi_kernel_new(sr_mpi *m, const sr_expr *f, const sr_kernel_desc *desc,
                                        sr_mpi_kernel **out);

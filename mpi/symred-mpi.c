@@ -318,6 +318,11 @@ sr_status sr_mpi_kernel_new(sr_mpi *m, const sr_expr *f, const sr_kernel_desc *d
         st = fail(m, SR_EINVAL, "sr_mpi_kernel_new: desc and out must not be NULL");
     else if ((unsigned)desc->reduction >= SR_REDUCTION_COUNT)
         st = fail(m, SR_EINVAL, "sr_mpi_kernel_new: unknown reduction %d", (int)desc->reduction);
+    else if (desc->dtype != SR_F32 && desc->dtype != SR_F64)
+        st = fail(m, SR_ENOTSUP,
+                  "sr_mpi_kernel_new: dtype must be SR_F32 or SR_F64, not %d (the ring exchanges "
+                  "float32 or float64 blocks)",
+                  (int)desc->dtype);
     else if (!(k = calloc(1, sizeof *k)))
         st = fail(m, SR_ENOMEM, "out of memory");
     if (st == SR_OK) {

@@ -15,8 +15,7 @@ cd "$(dirname "$0")/.."
 # Tests that cannot pass on symred yet, each with why. The GPU-only tests skip themselves on a
 # machine without a GPU.
 EXPECTED_FAILURES=(
-    # float16 tensors: the new-dtypes work (its tests also need a GPU).
-    "test_float16.py"
+    # (none: every CPU test passes)
 )
 
 lib=${1:-${SYMRED_LIB:-$PWD/build-dev/libsymred.so}}

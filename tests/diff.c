@@ -18,9 +18,23 @@ struct inputs {
     int nargs;
 };
 
+struct diff_tol diff_tol_widen(sr_dtype dt, struct diff_tol f32)
+{
+    /* two units in the last place of the output dtype: u = 2^-11 (float16), 2^-8 (bfloat16) */
+    const double ulp2 = dt == SR_F16 ? 0x1p-9 : dt == SR_BF16 ? 0x1p-6 : 0.0;
+    return (struct diff_tol){f32.rtol + ulp2, f32.atol + ulp2};
+}
+
 struct diff_tol diff_tol_of(sr_dtype dt)
 {
-    return dt == SR_F64 ? (struct diff_tol){1e-10, 1e-10} : (struct diff_tol){2e-4, 2e-4};
+    return dt == SR_F64 ? (struct diff_tol){1e-10, 1e-10}
+                        : diff_tol_widen(dt, (struct diff_tol){2e-4, 2e-4});
+}
+
+const char *diff_dtype_tag(sr_dtype dt)
+{
+    static const char *const tags[] = {"f32", "f64", "f16", "bf16"};
+    return tags[dt];
 }
 
 const char *diff_backend_name(sr_device dev)
@@ -56,7 +70,7 @@ static void make_inputs(const sr_kernel *k, int64_t nx, int64_t ny, enum diff_ge
     memset(in, 0, sizeof *in);
     in->nargs = k->nargs;
     cr_assert(k->nargs <= 8);
-    size_t esz = sr_dtype_size(k->dtype);
+    size_t esz = sr_dtype_size(k->io);
     for (int v = 0; v < k->nargs; v++) {
         if (!k->vars[v].dim)
             continue;
@@ -67,10 +81,7 @@ static void make_inputs(const sr_kernel *k, int64_t nx, int64_t ny, enum diff_ge
         for (int64_t t = 0; t < n; t++) {
             double x = draw(k->vars[v].cat == SR_CAT_PARAM && g == DIFF_SPECIAL ? DIFF_GRID : g, &s,
                             lo, hi);
-            if (k->dtype == SR_F64)
-                ((double *)in->buf[v])[t] = x;
-            else
-                ((float *)in->buf[v])[t] = (float)x;
+            sr__dtype_put(k->io, in->buf[v], t, x);
         }
         in->args[v] = in->buf[v];
     }
@@ -109,7 +120,7 @@ int64_t diff_run(sr_ctx *ctx, sr_kernel *kb, sr_kernel *kr, int64_t nx, int64_t 
     make_inputs(kb, nx, ny, g, lo, hi, seed, &in);
     const struct sr_reduction_info *ri = &sr_reductions[kb->red];
     int64_t nout = (kb->axis == 1 ? nx : ny) * kb->out_dim;
-    size_t esz = sr_dtype_size(kb->dtype);
+    size_t esz = sr_dtype_size(kb->io);
     size_t nb = (size_t)(nout > 0 ? nout : 1);
     void *vb = malloc(nb * esz), *vr = malloc(nb * esz);
     int64_t *ib = malloc(nb * 8), *ir = malloc(nb * 8);
@@ -123,8 +134,7 @@ int64_t diff_run(sr_ctx *ctx, sr_kernel *kb, sr_kernel *kr, int64_t nx, int64_t 
     if (sb == SR_OK) {
         for (int64_t t = 0; t < nout; t++) {
             if (ri->values) {
-                double a = kb->dtype == SR_F64 ? ((double *)vb)[t] : ((float *)vb)[t];
-                double b = kb->dtype == SR_F64 ? ((double *)vr)[t] : ((float *)vr)[t];
+                double a = sr__dtype_get(kb->io, vb, t), b = sr__dtype_get(kb->io, vr, t);
                 cr_assert(tu_close(a, b, tl.rtol, tl.atol),
                           "%s nx=%lld ny=%lld: value %lld: %s %.9g, reference %.9g", what,
                           (long long)nx, (long long)ny, (long long)t, kb->backend->name, a, b);
@@ -246,15 +256,15 @@ void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt)
         cr_assert(strstr(sr_kernel_explain(kb), want), "op group %d: %s expected:\n%s", grp, want,
                   sr_kernel_explain(kb));
         char what[64];
-        snprintf(what, sizeof what, "op group %d %s axis %d", grp, dt == SR_F64 ? "f64" : "f32",
-                 axis);
+        snprintf(what, sizeof what, "op group %d %s axis %d", grp, diff_dtype_tag(dt), axis);
         /* One pair per output: Sum over a single index is F itself, so no cancellation. */
-        struct diff_tol tl =
-            dt == SR_F64 ? (struct diff_tol){1e-9, 1e-12} : (struct diff_tol){1e-4, 1e-5};
+        struct diff_tol tl = dt == SR_F64 ? (struct diff_tol){1e-9, 1e-12}
+                                          : diff_tol_widen(dt, (struct diff_tol){1e-4, 1e-5});
         diff_run(ctx, kb, kr, axis ? 129 : 1, axis ? 1 : 129, DIFF_UNIFORM, -1.5, 1.5, 11 + grp, tl,
                  what);
         diff_run(ctx, kb, kr, axis ? 7 : 2, axis ? 2 : 7, DIFF_UNIFORM, -1.5, 1.5, 17 + grp,
-                 dt == SR_F64 ? (struct diff_tol){1e-9, 1e-9} : (struct diff_tol){1e-4, 1e-4},
+                 dt == SR_F64 ? (struct diff_tol){1e-9, 1e-9}
+                              : diff_tol_widen(dt, (struct diff_tol){1e-4, 1e-4}),
                  what);
         sr_kernel_free(kb);
         sr_kernel_free(kr);
@@ -291,8 +301,8 @@ void diff_reduction(sr_ctx *ctx, sr_device dev, sr_reduction red, sr_dtype dt)
                   *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
             char what[96];
-            snprintf(what, sizeof what, "%s %s axis %d", sr_reduction_name(red),
-                     dt == SR_F64 ? "f64" : "f32", axis);
+            snprintf(what, sizeof what, "%s %s axis %d", sr_reduction_name(red), diff_dtype_tag(dt),
+                     axis);
             diff_run(ctx, kb, kr, sizes[s][0], sizes[s][1], DIFF_GRID, -2.0, 2.0, 100 + s,
                      diff_tol_of(dt), what);
         }
@@ -313,13 +323,13 @@ void diff_special(sr_ctx *ctx, sr_device dev, sr_reduction red, enum diff_gen g,
     d.k = k;
     if (red == SR_SUMSOFTMAXWEIGHT)
         d.weight = diff_parse(ctx, "y + 1", al, 2);
-    for (int dt = 0; dt < 2; dt++) {
+    for (int dt = SR_F32; dt <= SR_BF16; dt++) {
         d.dtype = (sr_dtype)dt;
         sr_kernel *kb = diff_kernel(ctx, f, d, dev),
                   *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
         char what[96];
         snprintf(what, sizeof what, "%s of %s (%s)", sr_reduction_name(red), ftext,
-                 dt ? "f64" : "f32");
+                 diff_dtype_tag((sr_dtype)dt));
         diff_run(ctx, kb, kr, 37, 1500, g, -2.0, 2.0, 7, diff_tol_of((sr_dtype)dt), what);
         diff_run(ctx, kb, kr, 3, 9000, g, -2.0, 2.0, 8, diff_tol_of((sr_dtype)dt), what);
         sr_kernel_free(kb);

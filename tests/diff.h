@@ -23,8 +23,14 @@ struct diff_tol {
     double rtol, atol;
 };
 
-/* 1e-10 for float64, 2e-4 for float32 (docs/semantics.md: sums of positive terms). */
+/* 1e-10 for float64, 2e-4 for float32 (docs/semantics.md: sums of positive terms); float16
+ * and bfloat16 (computed in float32): float32's plus two units in the last place of the
+ * output, 2^-9 and 2^-6. */
 struct diff_tol diff_tol_of(sr_dtype dt);
+/* A float32 tolerance widened for dtype dt's output rounding, as diff_tol_of does. */
+struct diff_tol diff_tol_widen(sr_dtype dt, struct diff_tol f32);
+/* "f32", "f64", "f16", "bf16". */
+const char *diff_dtype_tag(sr_dtype dt);
 
 /* The backend name a kernel made for dev must report ("cpu-jit", "cuda"). */
 const char *diff_backend_name(sr_device dev);
@@ -50,7 +56,7 @@ const char *diff_op_group_formula(int grp, const char *const **aliases);
 /* Every reduction at sizes 1, 7, primes, 0, nx << ny and nx >> ny (the split paths). */
 void diff_reduction(sr_ctx *ctx, sr_device dev, sr_reduction red, sr_dtype dt);
 
-/* One reduction of a scalar formula of x=Vi(1), y=Vj(1) with inputs drawn by g, both dtypes,
+/* One reduction of a scalar formula of x=Vi(1), y=Vj(1) with inputs drawn by g, every dtype,
  * at 37 x 1500 and 3 x 9000 (split of the reduced range). */
 void diff_special(sr_ctx *ctx, sr_device dev, sr_reduction red, enum diff_gen g, int k,
                   const char *ftext);

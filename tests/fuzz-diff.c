@@ -36,6 +36,8 @@ static void usage(void)
                     "[--max-failures F] [--verbose] [--coverage]\n");
 }
 
+static const char *const dtype_tags[] = {"f32", "f64", "f16", "bf16"};
+
 int main(int argc, char **argv)
 {
     uint64_t seed = 0;
@@ -124,9 +126,9 @@ int main(int argc, char **argv)
         bool ok = fz_case_run(&c, &o, &st, why, sizeof why, &variant);
         if (o.verbose || one_case >= 0)
             printf("case %ld: %s %s axis %d k %d %s %lldx%lld: %s (%.2f s)\n  %s%s%s\n", i,
-                   sr_reduction_name(c.red), c.dtype == SR_F64 ? "f64" : "f32", c.axis, c.k,
-                   c.inputs, (long long)c.nx, (long long)c.ny, ok ? "ok" : "FAIL", now_s() - tc,
-                   c.formula, c.weight[0] ? "  weight " : "", c.weight);
+                   sr_reduction_name(c.red), dtype_tags[c.dtype], c.axis, c.k, c.inputs,
+                   (long long)c.nx, (long long)c.ny, ok ? "ok" : "FAIL", now_s() - tc, c.formula,
+                   c.weight[0] ? "  weight " : "", c.weight);
         if (!ok) {
             printf("FAIL seed %llu case %ld: %s\n  reproduce: fuzz-diff --seed %llu --case %ld\n  "
                    "formula: %s\n  weight: %s\n  ",

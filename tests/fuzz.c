@@ -509,6 +509,11 @@ void fz_case_draw(uint64_t seed, uint64_t index, struct fz_case *c)
         c->inputs[v] = input_letters[letter];
     }
     c->input_seed = mix(seed ^ 0x5bd1e995, index);
+    /* One float32 case in three becomes a float16 or bfloat16 one, drawn from a stream of its
+     * own so that every other field is what the same seed and index always gave. */
+    uint64_t hs = mix(seed ^ 0x16b16, index);
+    if (c->dtype == SR_F32 && tu_rand(&hs) % 3 == 0)
+        c->dtype = tu_rand(&hs) & 1 ? SR_BF16 : SR_F16;
     /* A formula too long for the text buffers becomes a plain one rather than a cut one. */
     if (!f || sr_expr_print(f, NULL, 0) >= sizeof c->formula ||
         (w && sr_expr_print(w, NULL, 0) >= sizeof c->weight))
@@ -521,7 +526,8 @@ void fz_case_draw(uint64_t seed, uint64_t index, struct fz_case *c)
 static double edge_value(uint64_t *s, sr_dtype dt)
 {
     /* Huge and tiny stay where their squares are finite and nonzero in the dtype. */
-    double huge = dt == SR_F64 ? 1e150 : 1e18, tiny = dt == SR_F64 ? 1e-150 : 1e-18;
+    double huge = dt == SR_F64 ? 1e150 : dt == SR_F16 ? 128 : 1e18;
+    double tiny = dt == SR_F64 ? 1e-150 : dt == SR_F16 ? 0x1p-10 : 1e-18;
     const double vals[] = {0.0,  -0.0,  1.0, -1.0,     huge,     -huge,
                            tiny, -tiny, NAN, INFINITY, -INFINITY};
     if (tu_uniform(s, 0, 1) < 0.35)
@@ -559,16 +565,19 @@ static void inputs_free(struct inputs *in)
     memset(in, 0, sizeof *in);
 }
 
-/* The case's arrays for kernel k; perturb != 0 multiplies every value by (1 + perturb * eps),
- * with eps of random sign when random is set. */
-static bool inputs_make(const struct fz_case *c, const sr_kernel *k, double perturb, bool random,
-                        struct inputs *in)
+/* The case's arrays for kernel k, stored as values of dtype store; perturb != 0 multiplies
+ * every value by (1 + perturb * eps), with eps of random sign when random is set. The values
+ * of a float16 or bfloat16 case are of that dtype whatever the store: the oracle reads them as
+ * float32 arrays. */
+static bool inputs_make(const struct fz_case *c, const sr_kernel *k, sr_dtype store, double perturb,
+                        bool random, struct inputs *in)
 {
     memset(in, 0, sizeof *in);
     if (k->nargs > FZ_MAX_VARS + 4)
         return false;
     in->n = k->nargs;
-    size_t es = sr_dtype_size(c->dtype);
+    size_t es = sr_dtype_size(store);
+    const bool half = c->dtype == SR_F16 || c->dtype == SR_BF16;
     double eps = c->dtype == SR_F64 ? DBL_EPSILON : FLT_EPSILON;
     uint64_t ps = c->input_seed ^ 0xabcdef;
     for (int v = 0; v < k->nargs; v++) {
@@ -584,14 +593,16 @@ static bool inputs_make(const struct fz_case *c, const sr_kernel *k, double pert
         uint64_t s = mix(c->input_seed, (uint64_t)v + 1);
         for (int64_t t = 0; t < n; t++) {
             double x = draw_value(mode, &s, c->dtype);
+            if (half) {
+                uint16_t h;
+                sr__dtype_put(c->dtype, &h, 0, x);
+                x = sr__dtype_get(c->dtype, &h, 0);
+            }
             if (perturb != 0.0) {
                 double sign = random ? (tu_rand(&ps) & 1 ? 1.0 : -1.0) : 1.0;
                 x *= 1.0 + sign * perturb * eps;
             }
-            if (c->dtype == SR_F64)
-                ((double *)in->buf[v])[t] = x;
-            else
-                ((float *)in->buf[v])[t] = (float)x;
+            sr__dtype_put(store, in->buf[v], t, x);
         }
         in->args[v] = in->buf[v];
     }
@@ -621,7 +632,7 @@ static void run_kernel(const sr_kernel *k, const struct fz_case *c, const struct
     memset(r, 0, sizeof *r);
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
     int64_t nout = (k->axis == 1 ? c->nx : c->ny) * k->out_dim;
-    size_t es = sr_dtype_size(k->dtype), nb = (size_t)(nout > 0 ? nout : 1);
+    size_t es = sr_dtype_size(k->io), nb = (size_t)(nout > 0 ? nout : 1);
     void *vb = ri->values ? malloc(nb * es) : NULL;
     int64_t *ib = ri->indices ? malloc(nb * sizeof *ib) : NULL;
     /* A kernel of a rewritten formula may take fewer arrays (a variable simplified away). */
@@ -634,10 +645,23 @@ static void run_kernel(const sr_kernel *k, const struct fz_case *c, const struct
     if (vb) {
         r->val = malloc(nb * sizeof *r->val);
         for (int64_t t = 0; t < nout && r->val; t++)
-            r->val[t] = k->dtype == SR_F64 ? ((double *)vb)[t] : ((float *)vb)[t];
+            r->val[t] = sr__dtype_get(k->io, vb, t);
         free(vb);
     }
     r->idx = ib;
+}
+
+/* The oracle's values of a float16 or bfloat16 case, computed in float32, rounded to the
+ * dtype as the backends' outputs are. */
+static void round_result(sr_dtype dt, struct result *r)
+{
+    if ((dt != SR_F16 && dt != SR_BF16) || r->st != SR_OK)
+        return;
+    for (int64_t t = 0; r->val && t < r->nvals; t++) {
+        uint16_t h;
+        sr__dtype_put(dt, &h, 0, r->val[t]);
+        r->val[t] = sr__dtype_get(dt, &h, 0);
+    }
 }
 
 /* ---- building kernels ---------------------------------------------------------------------- */
@@ -919,6 +943,10 @@ struct oracle {
     int npert;
     double *scale; /* per value output: sum |F| (Sum), max |F| (LogSumExp), ...; NULL: |ref| */
     double rel;    /* tolerance, in units of the scale */
+    /* float16 and bfloat16: the oracle runs in float32 and its outputs are rounded to the
+     * dtype; a backend's float32 result, rounded, may land one unit in the last place away:
+     * out_ulp relative (2^-10, 2^-7), out_tiny absolute (float16's subnormal spacing). */
+    double out_ulp, out_tiny;
     /* float32: the reduction's own sums (of nterms terms of the scale's size) may overflow
      * float32 where the double reference does not; such outputs are not compared. 0: none. */
     double range_limit, nterms;
@@ -969,7 +997,7 @@ static double tol_at(const struct oracle *o, int64_t t, double r)
         if (o->pert[p].val)
             spread = fmax(spread, fabs(o->pert[p].val[t] - r));
     double scale = o->scale && isfinite(o->scale[t]) ? fmax(o->scale[t], fabs(r)) : fabs(r);
-    return o->rel * scale + FZ_K_SPREAD * spread + 1e-300;
+    return o->rel * scale + FZ_K_SPREAD * spread + o->out_ulp * fabs(r) + o->out_tiny + 1e-300;
 }
 
 static bool value_ok(const struct oracle *o, int64_t t, double got, double *tol)
@@ -991,7 +1019,7 @@ static bool value_ok(const struct oracle *o, int64_t t, double got, double *tol)
      * formula (and its reduction rewrite), gives that value. */
     if (nonfinite(r) && o->simp && o->simp->val) {
         double s = o->simp->val[t];
-        *tol = o->rel * fabs(s) + 1e-300;
+        *tol = o->rel * fabs(s) + o->out_ulp * fabs(s) + o->out_tiny + 1e-300;
         if (isnan(s) ? isnan(got) : isinf(s) ? got == s : fabs(got - s) <= *tol)
             return true;
     }
@@ -1738,7 +1766,11 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
     b.d.reduction = c->red;
     b.d.axis = c->axis;
     b.d.k = c->k;
-    b.d.dtype = c->dtype;
+    /* The oracle of a float16 or bfloat16 case: float32 kernels on the same values */
+    const sr_dtype odt = c->dtype == SR_F64 ? SR_F64 : SR_F32;
+    struct inputs hin; /* the case's arrays in its 16-bit dtype, for the backends */
+    memset(&hin, 0, sizeof hin);
+    b.d.dtype = odt;
     b.d.acc = c->acc;
     if (sr_parse(b.ctx, c->formula, NULL, 0, &b.f) != SR_OK ||
         (c->weight[0] && sr_parse(b.ctx, c->weight, NULL, 0, &b.w) != SR_OK)) {
@@ -1748,7 +1780,8 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
     }
     char msg[512];
     kr = kernel_of(&b, b.f, b.w, c->red, SR_DEVICE_REFERENCE, false, NULL, &st, msg, sizeof msg);
-    if (!kr || !inputs_make(c, kr, 0, false, &in)) {
+    if (!kr || !inputs_make(c, kr, odt, 0, false, &in) ||
+        (odt != c->dtype && !inputs_make(c, kr, c->dtype, 0, false, &hin))) {
         if (stats)
             stats->skipped++;
         goto done;
@@ -1759,12 +1792,15 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
     o.kf = kr;
     o.in = &in;
     run_kernel(kr, c, &in, &o.ref);
+    round_result(c->dtype, &o.ref);
+    o.out_ulp = c->dtype == SR_F16 ? 0x1p-10 : c->dtype == SR_BF16 ? 0x1p-7 : 0;
+    o.out_tiny = c->dtype == SR_F16 ? 0x1p-24 : 0;
     double eps = c->dtype == SR_F64 ? DBL_EPSILON : FLT_EPSILON;
     int64_t nred = c->axis == 1 ? c->ny : c->nx;
     /* Rounding error bound in units of eps times the scale: recursive summation of nred terms
      * (Higham's gamma_n), plus a few roundings per formula node and libm's last-place errors. */
     o.rel = (double)(nred + 64) * eps;
-    o.range_limit = c->dtype == SR_F32 ? FLT_MAX / 4 : 0;
+    o.range_limit = c->dtype != SR_F64 ? FLT_MAX / 4 : 0;
     o.nterms = (double)nred + 1;
     if (o.ref.st == SR_OK) {
         scale_of(&b, c, &o);
@@ -1779,9 +1815,9 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         for (int p = 0; p < FZ_NPERT; p++) {
             uint64_t signs = c->input_seed + (uint64_t)p, *sp = pert[p][1] != 0 ? &signs : NULL;
             bool tz = pert[p][2] != 0, f32 = pert[p][3] != 0;
-            if (f32 && c->dtype != SR_F32)
+            if (f32 && c->dtype == SR_F64)
                 continue;
-            double flush = tz ? (c->dtype == SR_F32 ? 1.7e-38 : 3.4e-308) : 0;
+            double flush = tz ? (c->dtype != SR_F64 ? 1.7e-38 : 3.4e-308) : 0;
             sr_expr *pf = perturb_formula(b.ctx, b.f, pert[p][0] * eps, sp, tz, f32, flush);
             sr_expr *pw =
                 b.w ? perturb_formula(b.ctx, b.w, pert[p][0] * eps, sp, tz, f32, flush) : NULL;
@@ -1789,8 +1825,10 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
             sr_kernel *kp = pf ? kernel_of(&b, pf, b.w ? pw : NULL, c->red, SR_DEVICE_REFERENCE,
                                            false, NULL, &pst, NULL, 0)
                                : NULL;
-            if (kp && inputs_make(c, kp, pert[p][0], pert[p][1] != 0, &o.pin[p]))
-                run_kernel(kp, c, &o.pin[p], &o.pert[o.npert++]);
+            if (kp && inputs_make(c, kp, odt, pert[p][0], pert[p][1] != 0, &o.pin[p])) {
+                run_kernel(kp, c, &o.pin[p], &o.pert[o.npert]);
+                round_result(c->dtype, &o.pert[o.npert++]);
+            }
             o.pk[p] = kp;
             if (pw)
                 o.pkg[p] = kernel_of(&b, pw, NULL, SR_SUM, SR_DEVICE_REFERENCE, false, NULL, &pst,
@@ -1808,7 +1846,7 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
                 continue;
             o.wk[p] =
                 kernel_of(&b, pf, pw, c->red, SR_DEVICE_REFERENCE, false, NULL, &pst, NULL, 0);
-            if (o.wk[p] && !inputs_make(c, o.wk[p], rel, pert[p][1] != 0, &o.win[p])) {
+            if (o.wk[p] && !inputs_make(c, o.wk[p], odt, rel, pert[p][1] != 0, &o.win[p])) {
                 sr_kernel_free(o.wk[p]);
                 o.wk[p] = NULL;
             }
@@ -1824,6 +1862,7 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         sr_kernel *k = NULL;
         st = SR_OK;
         msg[0] = '\0';
+        b.d.dtype = c->dtype; /* the backends under test run the case's dtype */
         switch (v) {
         case FZ_REF_SIMP:
             k = kernel_of(&b, b.f, b.w, c->red, SR_DEVICE_REFERENCE, true, NULL, &st, msg,
@@ -1869,6 +1908,7 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         default:
             continue;
         }
+        b.d.dtype = odt;
         if (stats)
             stats->variants[v]++;
         if (ok && !k) {
@@ -1891,10 +1931,11 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
                 if (sref.st == SR_OK)
                     o.simp = &sref;
             }
+            round_result(c->dtype, &sref);
         }
         if (ok) {
             struct result r;
-            run_kernel(k, c, &in, &r);
+            run_kernel(k, c, odt != c->dtype ? &hin : &in, &r);
             if (opt->inject && v == FZ_JIT_SIMP && r.st == SR_OK && r.nvals > 0) {
                 if (r.val)
                     r.val[0] = isfinite(r.val[0]) ? r.val[0] * 1.01 + 0.01 : 0.5;
@@ -1920,6 +1961,7 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
 
 done:
     inputs_free(&in);
+    inputs_free(&hin);
     oracle_free(&o);
     sr_kernel_free(kr);
     sr_ctx_free(b.ctx);
@@ -2098,12 +2140,13 @@ static const char *const red_ids[] = {
 
 void fz_case_print(FILE *f, const struct fz_case *c)
 {
+    static const char *const dtype_ids[] = {"SR_F32", "SR_F64", "SR_F16", "SR_BF16"};
     static const char *const accs[] = {"SR_ACC_DEFAULT", "SR_ACC_BLOCK", "SR_ACC_KAHAN",
                                        "SR_ACC_F64"};
     fprintf(f, "X(name, \"%s\", \"%s\", %s, %d, %d, %s, %s, %lld, %lld, \"%s\", 0x%llxULL, %d)\n",
-            c->formula, c->weight, red_ids[c->red], c->axis, c->k,
-            c->dtype == SR_F64 ? "SR_F64" : "SR_F32", accs[c->acc], (long long)c->nx,
-            (long long)c->ny, c->inputs, (unsigned long long)c->input_seed, c->threads);
+            c->formula, c->weight, red_ids[c->red], c->axis, c->k, dtype_ids[c->dtype],
+            accs[c->acc], (long long)c->nx, (long long)c->ny, c->inputs,
+            (unsigned long long)c->input_seed, c->threads);
 }
 
 int fz_print_coverage(FILE *f)

@@ -394,7 +394,7 @@ Test(api, kernel_new_bad_desc_fields)
     d.axis = -1;
     assert_status(new_kernel(f, d, &k), SR_EINVAL);
     d = sr_kernel_desc_default();
-    d.dtype = (sr_dtype)2;
+    d.dtype = (sr_dtype)4;
     assert_status(new_kernel(f, d, &k), SR_EINVAL);
     assert_msg_has(ctx, "dtype");
     d = sr_kernel_desc_default();

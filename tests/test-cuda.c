@@ -64,6 +64,16 @@ DIFF_OP_TESTS(OPS)
     {                                                                                              \
         need_gpu();                                                                                \
         diff_reduction(ctx, SR_DEVICE_CUDA, R, SR_F64);                                            \
+    }                                                                                              \
+    Test(cuda, red_##name##_f16)                                                                   \
+    {                                                                                              \
+        need_gpu();                                                                                \
+        diff_reduction(ctx, SR_DEVICE_CUDA, R, SR_F16);                                            \
+    }                                                                                              \
+    Test(cuda, red_##name##_bf16)                                                                  \
+    {                                                                                              \
+        need_gpu();                                                                                \
+        diff_reduction(ctx, SR_DEVICE_CUDA, R, SR_BF16);                                           \
     }
 DIFF_RED_TESTS(RED)
 

@@ -53,7 +53,9 @@ static sr_expr *parse(const char *formula, const char *const *aliases, int n)
 
 #define OPS(name, grp)                                                                             \
     Test(jit, ops_##name##_f32) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_F32); }                \
-    Test(jit, ops_##name##_f64) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_F64); }
+    Test(jit, ops_##name##_f64) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_F64); }                \
+    Test(jit, ops_##name##_f16) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_F16); }                \
+    Test(jit, ops_##name##_bf16) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_BF16); }
 DIFF_OP_TESTS(OPS)
 
 Test(jit, knn_big_dim)
@@ -75,7 +77,9 @@ Test(jit, knn_big_dim)
 
 #define RED(R, name)                                                                               \
     Test(jit, red_##name##_f32) { diff_reduction(ctx, SR_DEVICE_CPU, R, SR_F32); }                 \
-    Test(jit, red_##name##_f64) { diff_reduction(ctx, SR_DEVICE_CPU, R, SR_F64); }
+    Test(jit, red_##name##_f64) { diff_reduction(ctx, SR_DEVICE_CPU, R, SR_F64); }                 \
+    Test(jit, red_##name##_f16) { diff_reduction(ctx, SR_DEVICE_CPU, R, SR_F16); }                 \
+    Test(jit, red_##name##_bf16) { diff_reduction(ctx, SR_DEVICE_CPU, R, SR_BF16); }
 DIFF_RED_TESTS(RED)
 
 #define SPECIAL(name, R, gen, k, f)                                                                \

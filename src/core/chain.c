@@ -47,8 +47,10 @@ sr_status sr_chain_new(sr_ctx *ctx, sr_dtype dtype, sr_chain **out)
         return SR_EINVAL;
     if (!out)
         return sr__error(ctx, SR_EINVAL, "sr_chain_new: out is NULL");
-    if (dtype != SR_F32 && dtype != SR_F64)
-        return sr__error(ctx, SR_EINVAL, "sr_chain_new: dtype must be SR_F32 or SR_F64");
+    if ((int)dtype < 0 || dtype > SR_BF16)
+        return sr__error(ctx, SR_EINVAL,
+                         "sr_chain_new: dtype must be SR_F32, SR_F64, SR_F16 or SR_BF16, not %d",
+                         (int)dtype);
     sr_chain *c = calloc(1, sizeof *c);
     if (!c)
         return sr__error(ctx, SR_ENOMEM, "sr_chain_new: out of memory");
@@ -266,15 +268,12 @@ const char *sr_chain_explain(const sr_chain *c)
 
 static double ld(const sr_chain *c, const void *a, int64_t t)
 {
-    return c->dtype == SR_F64 ? ((const double *)a)[t] : (double)((const float *)a)[t];
+    return sr__dtype_get(c->dtype, a, t);
 }
 
 static void st(const sr_chain *c, void *a, int64_t t, double v)
 {
-    if (c->dtype == SR_F64)
-        ((double *)a)[t] = v;
-    else
-        ((float *)a)[t] = (float)v;
+    sr__dtype_put(c->dtype, a, t, v);
 }
 
 static void *alloc_mat(sr_chain *c, int64_t rows, int64_t cols)

@@ -235,8 +235,12 @@ struct sr_kernel {
     const sr_expr *weight; /* SumSoftMaxWeight only */
     sr_reduction red;
     int axis;
-    int k; /* 1 for the non-K reductions */
-    sr_dtype dtype;
+    int k;          /* 1 for the non-K reductions */
+    sr_dtype dtype; /* what the backends compute in: SR_F32 or SR_F64 */
+    sr_dtype io;    /* the caller's arrays: dtype, or SR_F16 / SR_BF16 (dtype SR_F32) */
+    /* The backend reads and writes the 16-bit io arrays itself (the CPU JIT's direct strategy);
+     * otherwise core runs it on float32 copies. Set by the backend's prepare. */
+    bool io_native;
     sr_device device;
     sr_acc acc;  /* the desc's choice; SR_ACC_DEFAULT leaves it to SYMRED_ACC */
     int fdim;    /* dim(F) */
@@ -275,7 +279,39 @@ extern const struct sr_backend_i simp_post_backend;
  * simp_post_backend.run for these kernels). */
 int64_t simp_post_workspace(const sr_kernel *k);
 
-static inline size_t sr_dtype_size(sr_dtype t) { return t == SR_F64 ? 8 : 4; }
+static inline size_t sr_dtype_size(sr_dtype t)
+{
+    return t == SR_F64 ? 8 : t == SR_F16 || t == SR_BF16 ? 2 : 4;
+}
+
+/* ---- element types (dtype.c) ---- */
+
+/* The 16-bit dtypes' conversions: widening is exact, narrowing rounds to nearest even. */
+float sr__f16_to_f32(uint16_t h);
+uint16_t sr__f32_to_f16(float f);
+float sr__bf16_to_f32(uint16_t h);
+uint16_t sr__f32_to_bf16(float f);
+/* Element i of an array of dtype t, as a double; and the store of v rounded to t. */
+double sr__dtype_get(sr_dtype t, const void *a, int64_t i);
+void sr__dtype_put(sr_dtype t, void *a, int64_t i, double v);
+/* "float32", "float64", "float16", "bfloat16". */
+const char *sr__dtype_name(sr_dtype t);
+/* n values of the 16-bit dtype t to float32 and back (rounded to nearest even). */
+void sr__widen(sr_dtype t, const void *src, float *dst, int64_t n);
+void sr__narrow(sr_dtype t, const float *src, void *dst, int64_t n);
+
+/* The float32 copies through which a kernel whose io dtype is 16-bit runs: args are the
+ * widened arrays of the call (NULL where the call's is), out room for nout float32 values. */
+struct sr_io_copy {
+    const void **args;
+    float *out;
+    void *blob;
+};
+/* Widens the call's arrays (sizes as sr__check_arrays checked them) into c; SR_ENOMEM or
+ * SR_EOVERFLOW with a message. sr__io_free frees c (also after a failure). */
+sr_status sr__io_widen(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args,
+                       int64_t nout, struct sr_io_copy *c);
+void sr__io_free(struct sr_io_copy *c);
 
 /* *out = a * b * c, for a count of elements or bytes that feeds an allocation, a copy or a
  * pointer offset; false, *out untouched, when a factor is negative or the product exceeds

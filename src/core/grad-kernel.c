@@ -110,7 +110,7 @@ sr_status sr_kernel_grad(const sr_kernel *k, int var_index, sr_kernel **out)
     sr_kernel_desc d = sr_kernel_desc_default();
     d.reduction = SR_SUM;
     d.axis = vv->cat == red_cat ? 1 - k->axis : k->axis;
-    d.dtype = k->dtype;
+    d.dtype = k->io;
     d.device = k->device;
     d.acc = k->acc;
     /* A NULL body: sr_kernel_new reports the builder's error. */

@@ -77,8 +77,9 @@ static sr_status desc_check(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc 
     if (d->axis != 0 && d->axis != 1)
         return sr__error(ctx, SR_EINVAL,
                          "axis must be 1 (reduce over j) or 0 (reduce over i), not %d", d->axis);
-    if (d->dtype != SR_F32 && d->dtype != SR_F64)
-        return sr__error(ctx, SR_EINVAL, "dtype must be SR_F32 or SR_F64, not %d", (int)d->dtype);
+    if ((int)d->dtype < 0 || d->dtype > SR_BF16)
+        return sr__error(ctx, SR_EINVAL, "dtype must be SR_F32, SR_F64, SR_F16 or SR_BF16, not %d",
+                         (int)d->dtype);
     if ((int)d->acc < 0 || d->acc > SR_ACC_F64)
         return sr__error(ctx, SR_EINVAL, "unknown accumulation mode %d", (int)d->acc);
     if ((int)d->device < 0 || d->device > SR_DEVICE_REFERENCE)
@@ -147,8 +148,11 @@ static void build_explain(sr_kernel *k)
                     k->axis == 1 ? "j (axis 1, one result per i)" : "i (axis 0, one result per j)");
     if (sr_reductions[k->red].uses_k)
         expr_buf_printf(&b, ", k = %d", k->k);
-    expr_buf_printf(&b, "\ndtype: %s\nformula dimension: %d, output values per row: %d\n",
-                    k->dtype == SR_F64 ? "float64" : "float32", k->fdim, k->out_dim);
+    expr_buf_printf(&b, "\ndtype: %s%s\nformula dimension: %d, output values per row: %d\n",
+                    sr__dtype_name(k->io),
+                    k->io != k->dtype ? " (computed in float32: inputs widened, outputs rounded)"
+                                      : "",
+                    k->fdim, k->out_dim);
     expr_buf_printf(&b, "arguments:");
     for (int v = 0; v < k->nargs; v++) {
         if (k->vars[v].dim)
@@ -202,7 +206,8 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
     k->red = desc->reduction;
     k->axis = desc->axis;
     k->k = sr_reductions[desc->reduction].uses_k ? desc->k : 1;
-    k->dtype = desc->dtype;
+    k->io = desc->dtype;
+    k->dtype = desc->dtype == SR_F64 ? SR_F64 : SR_F32;
     k->device = desc->device;
     k->acc = desc->acc;
     k->fdim = f->dim;
@@ -268,7 +273,7 @@ sr_status sr__check_arrays(const sr_kernel *k, int64_t nx, int64_t ny, const voi
         if (!var->dim)
             continue;
         int64_t rows = var->cat == SR_CAT_I ? nx : var->cat == SR_CAT_J ? ny : 1;
-        if (!sr__size_mul(rows, var->dim, (int64_t)sr_dtype_size(k->dtype), &bytes))
+        if (!sr__size_mul(rows, var->dim, (int64_t)sr_dtype_size(k->io), &bytes))
             return sr__error(ctx, SR_EOVERFLOW,
                              "argument %d: %lld rows of dimension %d overflow the address space", v,
                              (long long)rows, var->dim);
@@ -317,18 +322,12 @@ sr_status sr_kernel_run_ex(const sr_kernel *k, const sr_run_desc *r)
     return sr_kernel_run_ranges(k, r, NULL);
 }
 
-sr_status sr_kernel_run_ranges(const sr_kernel *k, const sr_run_desc *r, const sr_ranges *ranges)
+/* The run of a checked call, in the kernel's computing dtype. */
+static sr_status run_checked(const sr_kernel *k, const sr_run_desc *r, const sr_ranges *ranges)
 {
-    if (!k)
-        return SR_EINVAL;
-    if (!r)
-        return sr__error(k->ctx, SR_EINVAL, "%s: run is NULL",
-                         ranges ? "sr_kernel_run_ranges" : "sr_kernel_run_ex");
-    sr_status st = run_check(k, r);
-    if (st != SR_OK)
-        return st;
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
+    sr_status st = SR_OK;
     if (ranges) {
         struct sr_rplan p;
         if ((st = sr__rplan_new(k, r, ranges, &p)) != SR_OK)
@@ -349,6 +348,41 @@ sr_status sr_kernel_run_ranges(const sr_kernel *k, const sr_run_desc *r, const s
     return k->backend->run(k, r);
 }
 
+/* A float16 or bfloat16 call: the float32 kernel on widened copies, its values rounded into
+ * the caller's output (indices are written in place). */
+static sr_status run_widened(const sr_kernel *k, const sr_run_desc *r, const sr_ranges *ranges)
+{
+    const int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    const int64_t nval = sr_reductions[k->red].values ? nout * k->out_dim : 0;
+    struct sr_io_copy c;
+    sr_status st = sr__io_widen(k, r->nx, r->ny, r->args, nval, &c);
+    if (st != SR_OK)
+        return st;
+    sr_run_desc w = *r;
+    w.args = c.args;
+    w.out = nval ? c.out : NULL;
+    st = run_checked(k, &w, ranges);
+    if (st == SR_OK && nval)
+        sr__narrow(k->io, c.out, r->out, nval);
+    sr__io_free(&c);
+    return st;
+}
+
+sr_status sr_kernel_run_ranges(const sr_kernel *k, const sr_run_desc *r, const sr_ranges *ranges)
+{
+    if (!k)
+        return SR_EINVAL;
+    if (!r)
+        return sr__error(k->ctx, SR_EINVAL, "%s: run is NULL",
+                         ranges ? "sr_kernel_run_ranges" : "sr_kernel_run_ex");
+    sr_status st = run_check(k, r);
+    if (st != SR_OK)
+        return st;
+    if (k->io != k->dtype && !k->io_native)
+        return run_widened(k, r, ranges);
+    return run_checked(k, r, ranges);
+}
+
 sr_status sr_kernel_run_device(const sr_kernel *k, const sr_run_desc *r, uint64_t device_args,
                                int device_out)
 {
@@ -363,6 +397,11 @@ sr_status sr_kernel_run_device(const sr_kernel *k, const sr_run_desc *r, uint64_
                          "device pointers need a kernel created with SR_DEVICE_CUDA; this kernel "
                          "runs on the %s backend",
                          k->backend->name);
+    if (k->io != k->dtype)
+        return sr__error(k->ctx, SR_ENOTSUP,
+                         "device pointers are float32 or float64 only; this kernel's dtype is %s "
+                         "(run it with host arrays)",
+                         sr__dtype_name(k->io));
     sr_status st = run_check(k, r);
     if (st != SR_OK)
         return st;

@@ -263,12 +263,9 @@ void sr__fill_identity(const sr_kernel *k, const sr_run_desc *r, int64_t o0, int
         v = NAN;
         break;
     }
-    if (k->dtype == SR_F64)
-        for (size_t i = a; i < b; i++)
-            ((double *)r->out)[i] = v;
-    else
-        for (size_t i = a; i < b; i++)
-            ((float *)r->out)[i] = (float)v;
+    const sr_dtype dt = k->io_native ? k->io : k->dtype;
+    for (size_t i = a; i < b; i++)
+        sr__dtype_put(dt, r->out, (int64_t)i, v);
 }
 
 sr_status sr__run_ranges(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p)

@@ -41,7 +41,7 @@ static sr_status block_check(const sr_kernel *k, int64_t nx, int64_t ny, const v
                          "columns from column %lld is not inside the %lld x %lld matrix",
                          (long long)ni, (long long)i0, (long long)nj, (long long)j0, (long long)nx,
                          (long long)ny);
-    size_t esz = sr_dtype_size(k->dtype);
+    size_t esz = sr_dtype_size(k->io);
     int64_t bytes;
     if (!sr__size_mul(ni, nj, k->fdim, &bytes) || !sr__size_mul(bytes, (int64_t)esz, 1, &bytes))
         return sr__error(ctx, SR_EOVERFLOW,
@@ -89,7 +89,7 @@ static sr_status block_jit(const sr_kernel *k, jit_block_fn fn, int64_t per_thre
     const int64_t nout = ax1 ? ni : nj, nred = ax1 ? nj : ni, o0 = ax1 ? i0 : j0,
                   r0 = ax1 ? j0 : i0, D = k->fdim;
     const int64_t so = ax1 ? nj * D : D, sr = ax1 ? D : nj * D;
-    const size_t esz = sr_dtype_size(k->dtype);
+    const size_t esz = sr_dtype_size(k->io_native ? k->io : k->dtype);
     const int nt = sr__threads(k->ctx, per_thread);
     const int64_t want = (int64_t)nt * BLOCK_PIECES_PER_THREAD;
     int64_t chunk = cdiv(nout, want);
@@ -128,14 +128,11 @@ static sr_status block_jit(const sr_kernel *k, jit_block_fn fn, int64_t per_thre
     return SR_OK;
 }
 
-sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args,
-                               int64_t i0, int64_t ni, int64_t j0, int64_t nj, void *out)
+/* A checked, non-empty block in the kernel's computing dtype. */
+static sr_status eval_block(const sr_kernel *k, const void *const *args, int64_t i0, int64_t ni,
+                            int64_t j0, int64_t nj, void *out)
 {
-    if (!k)
-        return SR_EINVAL;
-    sr_status st = block_check(k, nx, ny, args, i0, ni, j0, nj, out);
-    if (st != SR_OK || ni == 0 || nj == 0)
-        return st;
+    sr_status st;
     int64_t jit_ws = 0;
     const struct jit_module *m = cpu_jit_module(k, &jit_ws);
     if (m && m->block)
@@ -207,4 +204,28 @@ sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const
     if (failed)
         return sr__error(k->ctx, SR_ENOMEM, "sr_kernel_eval_block: out of memory");
     return SR_OK;
+}
+
+sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args,
+                               int64_t i0, int64_t ni, int64_t j0, int64_t nj, void *out)
+{
+    if (!k)
+        return SR_EINVAL;
+    sr_status st = block_check(k, nx, ny, args, i0, ni, j0, nj, out);
+    if (st != SR_OK || ni == 0 || nj == 0)
+        return st;
+    int64_t ws;
+    const struct jit_module *m = k->io_native ? cpu_jit_module(k, &ws) : NULL;
+    if (k->io == k->dtype || (m && m->block)) /* the generated block reads the 16-bit arrays */
+        return eval_block(k, args, i0, ni, j0, nj, out);
+    /* float16 / bfloat16: the float32 block from widened copies, rounded into out */
+    struct sr_io_copy c;
+    const int64_t nval = ni * nj * k->fdim;
+    if ((st = sr__io_widen(k, nx, ny, args, nval, &c)) != SR_OK)
+        return st;
+    st = eval_block(k, c.args, i0, ni, j0, nj, c.out);
+    if (st == SR_OK)
+        sr__narrow(k->io, c.out, out, nval);
+    sr__io_free(&c);
+    return st;
 }

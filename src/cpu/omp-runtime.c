@@ -112,6 +112,9 @@ static sr_status jit_prepare(sr_kernel *k)
     }
     /* One thread's workspace must fit in the memory budget; the emitter shrinks the tiles. */
     jk->plan.ws_limit = ctx->mem_limit;
+    /* The direct strategy's generated code reads and writes float16 and bfloat16 arrays itself
+     * (no float32 copies); every failure below leaves the kernel to core's copies again. */
+    k->io_native = k->io != k->dtype;
     struct expr_buf src = {0};
     sr_status st = jit_emit_c(k, (enum jit_acc)jk->acc, &src, &jk->plan);
     if (st == SR_OK && src.oom)
@@ -119,6 +122,7 @@ static sr_status jit_prepare(sr_kernel *k)
     if (st != SR_OK) {
         free(src.data);
         free(jk);
+        k->io_native = false;
         if (st == SR_ENOTSUP)
             return fall_back(k,
                              "formula too large for the direct strategy (more than 1024 "
@@ -131,6 +135,7 @@ static sr_status jit_prepare(sr_kernel *k)
         free(src.data);
         int64_t need = jk->plan.workspace_bytes;
         free(jk);
+        k->io_native = false;
         return sr__error(ctx, SR_EBUDGET,
                          "memory budget exceeded: the smallest plan of this kernel needs %lld "
                          "bytes of workspace (one thread, tiles of 16 reduced indices x 1 row), "
@@ -141,6 +146,7 @@ static sr_status jit_prepare(sr_kernel *k)
     free(src.data);
     if (st == SR_ENODEV) {
         free(jk);
+        k->io_native = false;
         char detail[600];
         sr__error_get(ctx, detail, sizeof detail);
         return fall_back(
@@ -148,6 +154,7 @@ static sr_status jit_prepare(sr_kernel *k)
     }
     if (st != SR_OK) {
         free(jk);
+        k->io_native = false;
         return st;
     }
     k->backend_data = jk;
@@ -298,6 +305,11 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     SPLIT_ROWS_PER_THREAD, k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
                     jit_ctx_of(k->ctx) ? jit_ctx_of(k->ctx)->cc : "cc", jit_cflags_text(),
                     jk->info.origin, jk->info.cache, jk->info.compile_ms);
+    if (k->io_native)
+        expr_buf_printf(b,
+                        "arrays: %s, read and written by the generated code (no float32 "
+                        "copies)\n",
+                        sr__dtype_name(k->io));
     cpu_gemm_explain_direct(k, b);
     if (jk->info.path[0])
         expr_buf_printf(b, "path: %s\n", jk->info.path);

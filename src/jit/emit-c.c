@@ -37,6 +37,50 @@ static enum place place_of(const struct emitter *E, const sr_expr *e)
 /* Total scalar statements the direct strategy accepts (compile time grows with it). */
 #define JIT_MAX_SCALARS 1024
 
+/* The caller's arrays: sr_io values, read with SR_LD and written with SR_ST. A float16 or
+ * bfloat16 kernel of the direct strategy (k->io_native) reads and writes them itself: bfloat16
+ * widens by a shift, float16 through _Float16 (F16C instructions under -march=native) where
+ * the compiler has it, else by bits; stores round to nearest even. */
+static void io_prelude(struct emitter *E)
+{
+    const struct sr_kernel *k = E->k;
+    if (!k->io_native) {
+        P("typedef sr_t sr_io;\n#define SR_LD(x) (x)\n#define SR_ST(x) (x)\n\n");
+        return;
+    }
+    P("typedef uint16_t sr_io;\n#define SR_LD(x) sr_ld(x)\n#define SR_ST(x) sr_st(x)\n");
+    if (k->io == SR_BF16) {
+        P("static inline float sr_ld(uint16_t h)\n{\n    uint32_t u = (uint32_t)h << 16; float f;\n"
+          "    memcpy(&f, &u, 4); return f;\n}\n"
+          "static inline uint16_t sr_st(float f)\n{\n    uint32_t u; memcpy(&u, &f, 4);\n"
+          "    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);\n"
+          "    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}\n\n");
+        return;
+    }
+    P("#ifdef __FLT16_MAX__\n"
+      "static inline float sr_ld(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }\n"
+      "static inline uint16_t sr_st(float f)\n"
+      "{\n    _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h;\n}\n"
+      "#else\n"
+      "static inline float sr_ld(uint16_t h)\n{\n"
+      "    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;\n"
+      "    float f;\n"
+      "    if (e == 0x1fu) u = s | 0x7f800000u | (m << 13);\n"
+      "    else if (e) u = s | ((e + 112u) << 23) | (m << 13);\n"
+      "    else { f = (float)m * 0x1p-24f; return s ? -f : f; }\n"
+      "    memcpy(&f, &u, 4); return f;\n}\n"
+      "static inline uint16_t sr_st(float f)\n{\n"
+      "    uint32_t u, a; memcpy(&u, &f, 4); a = u & 0x7fffffffu;\n"
+      "    uint16_t s = (uint16_t)((u >> 16) & 0x8000u);\n"
+      "    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00u | ((a >> 13) & 0x1ffu));\n"
+      "    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00u);\n"
+      "    if (a < 0x38800000u) {\n"
+      "        float v; uint32_t w, h; memcpy(&v, &a, 4); v += 0.5f; memcpy(&w, &v, 4);\n"
+      "        h = 0x3f000000u; return (uint16_t)(s | (uint16_t)(w - h));\n    }\n"
+      "    return (uint16_t)(s | ((a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13));\n}\n"
+      "#endif\n\n");
+}
+
 static void prelude(struct emitter *E, const char *A)
 {
     const char *t = T(E), *f = E->fs;
@@ -44,6 +88,7 @@ static void prelude(struct emitter *E, const char *A)
     /* The target's spellings for the shared state code (emit-state.c). */
     P("#define SR_FN static inline\n#define SR_UNROLL\n\n");
     P("typedef %s sr_t;\ntypedef %s sr_acc;\n\n", t, A);
+    io_prelude(E);
     /* Vector variants from libmvec: the declarations carry `declare simd`, and the file is
      * compiled with -fno-math-errno so gcc may call them. math.h is not included so these are
      * the first declarations. */
@@ -197,7 +242,7 @@ static void emit_args(struct emitter *E)
 {
     for (int v = 0; v < E->k->nargs; v++)
         if (E->k->vars[v].dim)
-            P("    const sr_t *restrict a%d = args[%d];\n", v, v);
+            P("    const sr_io *restrict a%d = args[%d];\n", v, v);
     P("    (void)args;\n");
 }
 
@@ -210,7 +255,7 @@ static void emit_block(struct emitter *E, const char *bodytxt, int ncol, int RB,
 {
     const struct sr_kernel *k = E->k;
     P("int sr_block(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, "
-      "void *out_, int64_t so, int64_t sr)\n{\n    sr_t *restrict out = out_;\n");
+      "void *out_, int64_t so, int64_t sr)\n{\n    sr_io *restrict out = out_;\n");
     emit_args(E);
     if (E->gemm) /* the tile of inner products of rows [o0, o1) x [r0, r1), as in sr_part_iv */
         P("    const sr_t *restrict sr_gt = args[%d];\n", gemm_arg);
@@ -231,13 +276,13 @@ static void emit_block(struct emitter *E, const char *bodytxt, int ncol, int RB,
     }
     P("        for (int64_t o = ob; o < oe; o++) {\n");
     emit_scope(E, PL_OUTER);
-    P("        sr_t *restrict ob_ = out + (o - o0) * so + (rt - r0) * %s;\n",
+    P("        sr_io *restrict ob_ = out + (o - o0) * so + (rt - r0) * %s;\n",
       k->axis == 1 ? jit_sfmt(E, "%d", k->fdim) : "sr");
     P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
     E->scope = PL_PAIR;
     for (int c = 0; c < k->fdim; c++)
-        P("        ob_[jj * %s + %d] = %s;\n", k->axis == 1 ? jit_sfmt(E, "%d", k->fdim) : "sr", c,
-          jit_ref_c(E, k->f, c));
+        P("        ob_[jj * %s + %d] = SR_ST(%s);\n",
+          k->axis == 1 ? jit_sfmt(E, "%d", k->fdim) : "sr", c, jit_ref_c(E, k->f, c));
     P("        }\n        }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
 }
 

@@ -47,6 +47,8 @@ static void prelude(struct expr_buf *b, bool f32, const char *acc_t)
     P("typedef long long int64_t;\n");
     P("#define SR_FN static __device__ __forceinline__\n#define SR_UNROLL _Pragma(\"unroll\")\n");
     P("typedef %s sr_t;\ntypedef %s sr_acc;\n", t, acc_t);
+    /* The arrays are of the computing type (the 16-bit dtypes reach CUDA widened). */
+    P("typedef sr_t sr_io;\n#define SR_LD(x) (x)\n#define SR_ST(x) (x)\n");
     if (f32)
         P("#define SR_INF __int_as_float(0x7f800000)\n#define SR_NAN __int_as_float(0x7fc00000)\n");
     else

@@ -205,11 +205,11 @@ const char *jit_ref(struct emitter *E, const sr_expr *e, const char *idx)
     if (e->op == OP_VAR) {
         int v = (int)e->iattr[0];
         if (e->iattr[1] == SR_CAT_PARAM)
-            return jit_sfmt(E, "a%d[%s]", v, idx);
+            return jit_sfmt(E, "SR_LD(a%d[%s])", v, idx);
         if (e->deps & E->outer_dep)
-            return jit_sfmt(E, "a%d[o * %d + %s]", v, e->dim, idx);
+            return jit_sfmt(E, "SR_LD(a%d[o * %d + %s])", v, e->dim, idx);
         if (E->scope == PL_INNER)
-            return jit_sfmt(E, "a%d[r * %d + %s]", v, e->dim, idx);
+            return jit_sfmt(E, "SR_LD(a%d[r * %d + %s])", v, e->dim, idx);
         E->fail = SR_EINTERNAL; /* an inner variable in the pair loop has a column */
         return "0";
     }
@@ -272,7 +272,7 @@ static void e_var(struct emitter *E, const sr_expr *e)
     const char *idx = cat == SR_CAT_PARAM ? "0" : (e->deps & E->outer_dep) ? "o" : "r";
     for (int c = 0; c < e->dim; c++) {
         def(E, e, c);
-        P("a%d[%s * %d + %d];\n", v, idx, e->dim, c);
+        P("SR_LD(a%d[%s * %d + %d]);\n", v, idx, e->dim, c);
     }
 }
 

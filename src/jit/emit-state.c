@@ -5,7 +5,9 @@
  * The C emitter (emit-c.c) and the CUDA emitter (emit-cuda.c) both paste this text into their
  * generated sources. It uses only what both languages share; the target's prelude defines the
  * rest (see jit.h): the types sr_t, sr_acc and int64_t, the constants SR_D, SR_K, SR_DG,
- * SR_OUTD, SR_INF and SR_NAN, the function qualifier SR_FN and the loop hint SR_UNROLL.
+ * SR_OUTD, SR_INF and SR_NAN, the function qualifier SR_FN and the loop hint SR_UNROLL, and
+ * the caller's array element sr_io with its load SR_LD and store SR_ST (the identity unless the
+ * C emitter reads 16-bit arrays itself).
  * Everything is per row; the targets loop over rows (C) or give a row to each thread (CUDA).
  */
 #include "jit.h"
@@ -214,43 +216,44 @@ sr_status jit_emit_state(const struct sr_kernel *k, enum jit_acc acc, struct exp
 
     /* ---- final: the outputs of row o ---- */
     const bool wv = sr_reductions[red].values, wi = sr_reductions[red].indices;
-    P("SR_FN void st_final(const sr_state *s, int64_t o, sr_t *out, int64_t *out_idx)\n{\n"
+    P("SR_FN void st_final(const sr_state *s, int64_t o, sr_io *out, int64_t *out_idx)\n{\n"
       "    (void)out; (void)out_idx;\n");
     if (wv)
-        P("    sr_t *ov = out + o * SR_OUTD;\n");
+        P("    sr_io *ov = out + o * SR_OUTD;\n");
     if (wi)
         P("    int64_t *oi = out_idx + o * SR_OUTD;\n");
     switch (red) {
     case SR_SUM:
-        P("    for (int c = 0; c < SR_D; c++) ov[c] = (sr_t)s->s[c];\n");
+        P("    for (int c = 0; c < SR_D; c++) ov[c] = SR_ST((sr_t)s->s[c]);\n");
         break;
     case SR_MIN:
     case SR_MAX:
-        P("    for (int c = 0; c < SR_D; c++) ov[c] = s->m[c];\n");
+        P("    for (int c = 0; c < SR_D; c++) ov[c] = SR_ST(s->m[c]);\n");
         break;
     case SR_ARGMIN:
     case SR_ARGMAX:
     case SR_MIN_ARGMIN:
     case SR_MAX_ARGMAX:
-        P("    for (int c = 0; c < SR_D; c++) {%s%s }\n", wv ? " ov[c] = s->m[c];" : "",
+        P("    for (int c = 0; c < SR_D; c++) {%s%s }\n", wv ? " ov[c] = SR_ST(s->m[c]);" : "",
           wi ? " oi[c] = s->i[c];" : "");
         break;
     case SR_KMIN:
     case SR_ARGKMIN:
     case SR_KMIN_ARGKMIN:
         P("    for (int q = 0; q < SR_K; q++) for (int c = 0; c < SR_D; c++) {%s%s }\n",
-          wv ? " ov[q * SR_D + c] = s->m[c][q];" : "", wi ? " oi[q * SR_D + c] = s->i[c][q];" : "");
+          wv ? " ov[q * SR_D + c] = SR_ST(s->m[c][q]);" : "",
+          wi ? " oi[q * SR_D + c] = s->i[c][q];" : "");
         break;
     case SR_LOGSUMEXP:
         P("    for (int c = 0; c < SR_D; c++) {\n"
           "        const sr_t m = s->m[c];\n"
-          "        ov[c] = (m != m || m == SR_INF || m == -SR_INF) ? m : m + "
-          "(sr_t)log%s((sr_t)s->s[c]);\n"
+          "        ov[c] = SR_ST((m != m || m == SR_INF || m == -SR_INF) ? m : m + "
+          "(sr_t)log%s((sr_t)s->s[c]));\n"
           "    }\n",
           f);
         break;
     default:
-        P("    for (int c = 0; c < SR_DG; c++) ov[c] = (sr_t)(s->w[c] / s->s);\n");
+        P("    for (int c = 0; c < SR_DG; c++) ov[c] = SR_ST((sr_t)(s->w[c] / s->s));\n");
         break;
     }
     P("}\n\n");

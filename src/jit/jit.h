@@ -7,7 +7,9 @@
  * and in a per-context in-memory cache, and run by the OpenMP runtime in src/cpu/omp-runtime.c
  * (and src/cpu/eval-block.c for sr_block).
  *
- * The generated module exports (T is float or double, the kernel's dtype):
+ * The generated module exports (T is float or double, the kernel's dtype; a module that reads
+ * and writes float16 or bfloat16 arrays itself, k->io_native, takes and writes those in args
+ * and out, computing in float):
  *   const int     sr_abi_version;      JIT_ABI_VERSION
  *   const int64_t sr_state_bytes;      bytes of the reduction state of one output row
  *   const int64_t sr_rows_per_block;   rows the kernel processes per block (state buffers)

@@ -13,6 +13,8 @@ from ._lib import (
     SR_CAT_I,
     SR_CAT_J,
     SR_CAT_PARAM,
+    SR_BF16,
+    SR_F16,
     SR_F32,
     SR_F64,
     KernelDesc,
@@ -45,7 +47,18 @@ _INDEX_ONLY = ("ArgMin", "ArgMax", "ArgKMin")
 _VALUES_AND_INDICES = ("Min_ArgMin", "Max_ArgMax", "KMin_ArgKMin")
 _SUM_LIKE = ("Sum", "LogSumExp", "SumSoftMaxWeight")
 
-_DTYPES = {np.dtype(np.float32): SR_F32, np.dtype(np.float64): SR_F64}
+_DTYPES = {np.dtype(np.float32): SR_F32, np.dtype(np.float64): SR_F64,
+           np.dtype(np.float16): SR_F16}
+# NumPy has no bfloat16: the ml_dtypes package (JAX's) gives it one, used when installed.
+try:
+    import ml_dtypes as _ml_dtypes
+except ImportError:
+    _ml_dtypes = None
+else:
+    _DTYPES[np.dtype(_ml_dtypes.bfloat16)] = SR_BF16
+_DTYPE_NAMES = "float32, float64, float16 or bfloat16"
+_BF16_HELP = ("NumPy has no bfloat16 type: install the ml_dtypes package (pip install ml-dtypes) "
+              "for bfloat16 arrays (ml_dtypes.bfloat16), or pass float32 ones")
 _CAT_NAMES = {SR_CAT_I: "Vi", SR_CAT_J: "Vj", SR_CAT_PARAM: "Pm"}
 
 _BACKENDS = {
@@ -303,12 +316,14 @@ def _expand_gradfrompos(text, parse, axis):
 def _check_dtype_option(dtype):
     if dtype is None:
         return None
+    if _ml_dtypes is None and isinstance(dtype, str) and dtype == "bfloat16":
+        raise TypeError(_BF16_HELP)
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype must be 'float32' or 'float64', not {dtype!r}") from None
+        raise TypeError(f"dtype must be one of {_DTYPE_NAMES}, not {dtype!r}") from None
     if dt not in _DTYPES:
-        raise TypeError(f"dtype must be 'float32' or 'float64', not {dt.name!r}")
+        raise TypeError(f"dtype must be one of {_DTYPE_NAMES}, not {dt.name!r}")
     return dt
 
 
@@ -356,8 +371,11 @@ class Genred:
             KMin, ArgKMin, KMin_ArgKMin, LogSumExp, SumSoftMaxWeight``.
         axis (int): as in pykeops: **0 reduces over i** (one output row per j, ``ny`` rows),
             **1 reduces over j** (one output row per i, ``nx`` rows). Default 0.
-        dtype: ``None``, ``"float32"`` or ``"float64"``. The arrays decide the dtype; when
-            given, arrays of another dtype raise TypeError.
+        dtype: ``None``, ``"float32"``, ``"float64"``, ``"float16"`` or ``"bfloat16"``
+            (``ml_dtypes.bfloat16``: NumPy has none of its own; without the ml_dtypes package
+            bfloat16 raises TypeError saying so). The arrays decide the dtype; when given,
+            arrays of another dtype raise TypeError. float16 and bfloat16 are computed in
+            float32 and the results rounded to the input dtype (docs/semantics.md).
         opt_arg (int): K of KMin, ArgKMin and KMin_ArgKMin (required there, refused elsewhere).
         formula2 (str): the weight G of SumSoftMaxWeight, parsed with the same aliases:
             ``sum_j exp(F_ij) G_ij / sum_j exp(F_ij)``; or of LogSumExp (F scalar):
@@ -622,7 +640,7 @@ class Genred:
         i0, ni, j0, nj = (_int_arg(n, v) for n, v in
                           (("rows[0]", i0), ("rows[1]", ni), ("cols[0]", j0), ("cols[1]", nj)))
         with self._h.lock:
-            k = self._kernel(_DTYPES[np.dtype(self._numpy_dtype(dt))], _lib.SR_DEVICE_CPU)
+            k = self._kernel(self._sr_dtype(dt), _lib.SR_DEVICE_CPU)
             nargs_c = lib.sr_kernel_nargs(k)
             D = lib.sr_kernel_out_dim(k)
         if self.reduction_op != "Sum":
@@ -639,8 +657,8 @@ class Genred:
 
     # eval_block's array hooks; symred.torch.Genred overrides them.
     @staticmethod
-    def _numpy_dtype(dt):
-        return dt
+    def _sr_dtype(dt):
+        return _DTYPES[np.dtype(dt)]
 
     @staticmethod
     def _data_ptr(a):
@@ -671,9 +689,9 @@ class Genred:
 
     @staticmethod
     def _array_dtype(a):
-        """The array's dtype as _prepare compares them, None if it is not float32/float64."""
+        """The array's dtype as _prepare compares them, None if symred does not take it."""
         dt = a.dtype
-        if dt.kind == "f" and dt.itemsize in (4, 8) and not dt.isnative:
+        if dt.kind == "f" and dt.itemsize in (2, 4, 8) and not dt.isnative:
             dt = dt.newbyteorder("=")
         return dt if dt in _DTYPES else None
 
@@ -711,13 +729,13 @@ class Genred:
                 if dt is None:
                     what = self._args[i].describe() if i in self._args else f"argument {i}"
                     raise TypeError(f"{what}: dtype {self._dtype_name(a.dtype)} is not "
-                                    f"supported; use float32 or float64")
+                                    f"supported; use {_DTYPE_NAMES}")
                 dtypes[i] = dt
         if len(set(dtypes.values())) > 1:
             desc = ", ".join(f"argument {i} is {self._dtype_name(dt)}"
                              for i, dt in dtypes.items())
-            raise TypeError(f"mixed dtypes ({desc}): convert all arrays to one of float32 or "
-                            f"float64")
+            raise TypeError(f"mixed dtypes ({desc}): convert all arrays to one of "
+                            f"{_DTYPE_NAMES}")
         if self.dtype is not None:
             dt = self._array_dtype_of_option(self.dtype)
             for i, adt in dtypes.items():

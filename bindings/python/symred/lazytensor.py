@@ -16,7 +16,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .cluster import swap_axes
-from .genred import Genred
+from .genred import _DTYPE_NAMES, _DTYPES, Genred
 from .solve import KernelSolve
 
 __all__ = ["LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm"]
@@ -25,7 +25,6 @@ _I, _J, _P = 0, 1, 2
 _CAT_TEXT = {_I: "Vi", _J: "Vj", _P: "Pm"}
 _serial = itertools.count()
 _TOKEN_RE = re.compile(r"\blzv\d+\b")
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 # Keyword arguments of a reduction that configure the Genred, and those of its call.
 _INIT_KWARGS = ("dtype_acc", "use_double_acc", "sum_scheme", "enable_chunks", "use_fast_math")
@@ -91,8 +90,8 @@ def _is_complex_number(x):
 
 
 def _check_array_dtype(a, what):
-    if a.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{what}: dtype {a.dtype.name} is not supported; use float32 or float64")
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"{what}: dtype {a.dtype.name} is not supported; use {_DTYPE_NAMES}")
 
 
 class LazyTensor:
@@ -102,7 +101,8 @@ class LazyTensor:
     ``(1, m, d)`` (``y[None, :, :]``) by j, ``(1, 1, d)``, ``(d,)`` or a scalar array is a
     parameter; a 2-D ``(n, d)`` array needs ``axis=0`` (i) or ``axis=1`` (j). A Python int is
     the constant IntCst(n) and a Python float a real constant; a list of numbers is a
-    parameter. Arrays must be float32 or float64, all of one dtype.
+    parameter. Arrays must be float32, float64, float16 or bfloat16 (ml_dtypes), all of one
+    dtype.
 
     Operations build formula text; reductions over ``dim=0`` (i, one result per j) or
     ``dim=1`` (j, one result per i) run it and return NumPy arrays shaped as
@@ -148,8 +148,8 @@ class LazyTensor:
 
     @staticmethod
     def _normalize_array(x):
-        """The array in native byte order, or TypeError if its dtype is not float32/64."""
-        if x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and not x.dtype.isnative:
+        """The array in native byte order, or TypeError if symred does not take its dtype."""
+        if x.dtype.kind == "f" and x.dtype.itemsize in (2, 4, 8) and not x.dtype.isnative:
             x = x.astype(x.dtype.newbyteorder("="))
         _check_array_dtype(x, f"LazyTensor(array of shape {x.shape})")
         return x
@@ -323,7 +323,7 @@ class LazyTensor:
             if res.dtype is not None and o.dtype is not None and res.dtype != o.dtype:
                 raise TypeError(f"mixed dtypes: {self._dtype_name(res.dtype)} and "
                                 f"{self._dtype_name(o.dtype)}; convert the arrays to one of "
-                                f"float32 or float64")
+                                f"{_DTYPE_NAMES}")
             if res.dtype is None:
                 res.dtype = o.dtype
             if res.ranges is None:

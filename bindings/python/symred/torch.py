@@ -45,7 +45,8 @@ from . import _torch_cluster as cluster
 from . import genred as _genred
 from . import lazytensor as _lazy
 from . import solve as _solve
-from ._lib import SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, RunDesc, SolveDesc, check, lib
+from ._lib import (SR_BF16, SR_CAT_PARAM, SR_F16, SR_F32, SR_F64, KernelDesc, RunDesc, SolveDesc,
+                   check, lib)
 
 __all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster"]
 
@@ -54,8 +55,13 @@ __all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj
 sys.modules[__name__ + ".cluster"] = cluster
 sys.modules[__name__ + ".operations"] = sys.modules[__name__]
 
-_SR_DTYPES = {torch.float32: SR_F32, torch.float64: SR_F64}
-_NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+_SR_DTYPES = {torch.float32: SR_F32, torch.float64: SR_F64, torch.float16: SR_F16,
+              torch.bfloat16: SR_BF16}
+_HALF = (torch.float16, torch.bfloat16)
+_NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
+                np.dtype(np.float16): torch.float16}
+if _genred._ml_dtypes is not None:
+    _NP_TO_TORCH[np.dtype(_genred._ml_dtypes.bfloat16)] = torch.bfloat16
 _SELECTING = ("Min", "Max", "Min_ArgMin", "Max_ArgMax", "KMin", "KMin_ArgKMin")
 _INDEX_ONLY = ("ArgMin", "ArgMax", "ArgKMin")
 _WITH_INDICES = _INDEX_ONLY + ("Min_ArgMin", "Max_ArgMax", "KMin_ArgKMin")
@@ -157,6 +163,10 @@ class _Kernel:
 
         return self._new_derived(("lse",), make)
 
+    def float32(self):
+        """The float32 kernel of the same reduction (for a kernel of the owner's own)."""
+        return self.owner._torch_kernel(SR_F32, self.desc[1])
+
     def promoted(self, indices):
         """The same kernel with the parameters of the given indices read as variables of the
         owner's output index: the owner Genred's promoted copy (batched parameters, one value
@@ -253,7 +263,7 @@ def _run(kern, nx, ny, ranges, args):
         values = torch.empty((nout, kern.out_dim), dtype=dtype, device=device)
     if kern.red in _WITH_INDICES:
         idx = torch.empty((nout, kern.out_dim), dtype=torch.int64, device=device)
-    if device.type == "cuda" and ranges is not None:
+    if device.type == "cuda" and (ranges is not None or dtype in _HALF):
         return _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx)
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values),
@@ -279,8 +289,9 @@ def _run(kern, nx, ny, ranges, args):
 
 
 def _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx):
-    """CUDA tensors with block-sparse ranges. sr_kernel_run_device (device pointers) has no
-    ranges variant, but sr_kernel_run_ranges runs a CUDA kernel on host arrays (the library
+    """CUDA tensors with block-sparse ranges (or None), or of a 16-bit dtype.
+    sr_kernel_run_device (device pointers) has no ranges variant and takes float32 and float64
+    only, but sr_kernel_run_ranges runs a CUDA kernel on host arrays (the library
     copies them to the GPU and the results back): the tensors go through host copies, and the
     results are copied into the GPU outputs ``values`` / ``idx``. Correct but not zero-copy
     (docs/torch.md); never run on a GPU by its author."""
@@ -290,7 +301,8 @@ def _run_ranges_via_host(kern, nx, ny, ranges, args, values, idx):
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in host])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(hv),
                   out_idx=_pointer(hi))
-    st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run), ctypes.byref(ranges[0]))
+    rg = ctypes.byref(ranges[0]) if ranges is not None else None
+    st = lib.sr_kernel_run_ranges(kern.ptr, ctypes.byref(run), rg)
     check(st, kern.owner._h.ctx)
     if values is not None:
         values.copy_(hv)
@@ -376,6 +388,15 @@ def _reduce_backward(ctx, *grads):
         lse = kern.logsumexp()
         extra += [values, _Reduce.apply(lse, nx, ny, ranges, *fwd[: lse.nargs])]
     elif kern.red in _SELECTING:
+        if values.dtype in _HALF:
+            # float16 counts indices exactly up to 2048 and bfloat16 up to 256: the gradient
+            # kernel, which compares indices, runs in float32 on the widened values
+            k32 = kern.float32()
+            f32 = [a.float() if a is not None else None for a in fwd]
+            ex = [G.float()] + _selection(k32, nx, ny, values.float(), idx)
+            grads = _input_grads(k32, nx, ny, ranges, f32, ex, args, ctx.needs_input_grad[4:])
+            grads = [g.to(a.dtype) if g is not None else None for g, a in zip(grads, args)]
+            return tuple(none[:4] + grads)
         extra += _selection(kern, nx, ny, values, idx)
     grads = _input_grads(kern, nx, ny, ranges, fwd, extra, args, ctx.needs_input_grad[4:])
     return tuple(none[:4] + grads)
@@ -508,8 +529,9 @@ def _input_grads(kern, nx, ny, ranges, fwd, extra, args, needed):
 
 class Genred(_genred.Genred):
     """``pykeops.torch.Genred``: the same arguments as :class:`symred.Genred`, called on torch
-    tensors (all float32 or all float64, on one device), returning torch tensors that
-    autograd differentiates to any order.
+    tensors (all float32, float64, float16 or bfloat16, on one device), returning torch
+    tensors of that dtype that autograd differentiates to any order. float16 and bfloat16
+    are computed in float32 and rounded to the dtype (docs/semantics.md).
 
     ``backend``: ``"auto"`` (CUDA tensors run on their GPU, CPU tensors as symred.Genred's
     ``"auto"``), ``"CPU"``, ``"GPU"`` (CUDA tensors only), ``"reference"`` (CPU tensors).
@@ -560,8 +582,8 @@ class Genred(_genred.Genred):
         return np.asarray(a.tolist(), dtype=dt).reshape(tuple(a.shape))
 
     @staticmethod
-    def _numpy_dtype(dt):
-        return {torch.float32: np.float32, torch.float64: np.float64}[dt]
+    def _sr_dtype(dt):
+        return _SR_DTYPES[dt]
 
     @staticmethod
     def _data_ptr(a):
@@ -802,7 +824,7 @@ class LazyTensor(_lazy.LazyTensor):
         if x.dtype not in _SR_DTYPES:
             raise TypeError(f"LazyTensor(tensor of shape {tuple(x.shape)}): dtype "
                             f"{str(x.dtype).replace('torch.', '')} is not supported; use "
-                            f"float32 or float64")
+                            f"float32, float64, float16 or bfloat16")
         return x
 
     @staticmethod

@@ -171,7 +171,7 @@ def test_contiguous_tensors_are_passed_without_copy(monkeypatch):
 def test_errors():
     x, y, b, g = inputs()
     fn = Genred(F, ALIASES, axis=1)
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="float32, float64, float16 or bfloat16"):
         fn(x.to(torch.int32), y, b, g)
     with pytest.raises(TypeError, match="mixed dtypes"):
         fn(x.float(), y, b, g)
