@@ -238,12 +238,20 @@ static void plan_reduction(sr_kernel *k)
     bool ok = false;
     bool kmin = k->red == SR_KMIN;
     switch (k->red) {
-    case SR_SUM:
-        if (f->op == OP_MUL || f->op == OP_MATVECMULT || f->op == OP_VECMATMULT) {
-            collect_factors(f, &ts);
+    case SR_SUM: {
+        /* Sum_j -(P) = -(Sum_j P) exactly (negation is exact and commutes with rounding): the
+         * factoring looks through a negated product (a gradient's -(... * g)). */
+        sr_expr *p = f->op == OP_MINUS ? f->child[0] : f;
+        if (p->op == OP_MUL || p->op == OP_MATVECMULT || p->op == OP_VECMATMULT) {
+            collect_factors(p, &ts);
             ok = !ts.overflow && plan_sum(k, red_dep, &ts, &post, &rule);
+            if (ok && p != f) {
+                post = expr_make(k->ctx, OP_MINUS, (sr_expr *[]){post, NULL, NULL}, NULL, 0, 0.0);
+                ok = post != NULL;
+            }
         }
         break;
+    }
     case SR_MIN:
     case SR_MAX:
     case SR_KMIN:

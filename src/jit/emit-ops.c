@@ -27,6 +27,11 @@ static void e_var(struct emitter *E, const sr_expr *e);
 static void e_const(struct emitter *E, const sr_expr *e);
 static void e_pow(struct emitter *E, const sr_expr *e);
 static void e_round(struct emitter *E, const sr_expr *e);
+static const char *t_sqself(struct emitter *E, const sr_expr *e, const char *i)
+{
+    return jit_sfmt(E, "sr_sq(%s)", jit_ref(E, e, i));
+}
+
 static void e_sqnorm(struct emitter *E, const sr_expr *e);
 static void e_normalize(struct emitter *E, const sr_expr *e);
 static void e_pair(struct emitter *E, const sr_expr *e);
@@ -424,6 +429,24 @@ static void e_normalize(struct emitter *E, const sr_expr *e)
     }
 }
 
+/* A small difference a - b or b - a of SqDist(a, b)'s operands that is computed in the same scope
+ * before it, or NULL: SqDist then squares its components, bitwise the same terms ((b - a)^2 is
+ * (a - b)^2 in IEEE arithmetic), without computing the differences again. A gradient has both:
+ * d/dx Exp(-SqDist(x,y)*g) is a multiple of (x - y) times the same exponential. */
+static const sr_expr *defined_diff(const struct emitter *E, const sr_expr *e)
+{
+    const sr_expr *a = e->child[0], *b = e->child[1];
+    if (big(a) || a->dim != b->dim)
+        return NULL;
+    for (size_t i = 0; i < E->n && E->order[i] != e; i++) {
+        const sr_expr *d = E->order[i];
+        if (d->op == OP_SUB && E->place[i] == E->place[pos(E, e)] && d->dim == a->dim &&
+            ((d->child[0] == a && d->child[1] == b) || (d->child[0] == b && d->child[1] == a)))
+            return d;
+    }
+    return NULL;
+}
+
 static void e_pair(struct emitter *E, const sr_expr *e)
 {
     char n[32];
@@ -436,8 +459,12 @@ static void e_pair(struct emitter *E, const sr_expr *e)
     }
     jit_nm(e, 0, n);
     P("        %s %s_s = 0;\n", T(E), n);
-    sum_terms(E, e, jit_sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]),
-              e->op == OP_SQDIST ? t_sqdiff : t_prod);
+    const sr_expr *d = e->op == OP_SQDIST ? defined_diff(E, e) : NULL;
+    if (d)
+        sum_terms(E, d, jit_sfmt(E, "%s_s", n), d->dim, false, t_sqself);
+    else
+        sum_terms(E, e, jit_sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]),
+                  e->op == OP_SQDIST ? t_sqdiff : t_prod);
     def(E, e, 0);
     P("%s_s;\n", n);
 }
