@@ -1,12 +1,17 @@
 /*
- * bench-gauss.c — symred's CPU JIT against a hand-written OpenMP + simd loop on the Gaussian
- * kernel mat-vec out_i = sum_j exp(-g |x_i - y_j|^2) b_j (D = 3, float32).
+ * bench-gauss.c — symred's CPU JIT against hand-written OpenMP + simd loops (handloop.c, compiled
+ * with the JIT's flags) on the low-dimensional direct path, D = 3, N = M:
+ *   - the Gaussian kernel mat-vec out_i = sum_j exp(-g |x_i - y_j|^2) b_j, float32 and float64;
+ *   - LogSumExp_j of -g |x_i - y_j|^2 (float32);
+ *   - ArgKMin_j of |x_i - y_j|^2, K = 10 (float32).
  *
  * Usage: bench-gauss [N] [reps]     (N = M, default 40000)
  *
- * Prints, in one run: G pairs/s of symred and of the hand loop (handloop.c, compiled with the
- * same flags as the JIT), their ratio and the largest relative difference of the results; the
- * cold first-call latency (sr_kernel_new with an empty SYMRED_CACHE_DIR: emit + compile + load,
+ * Prints, in one run: for each job G pairs/s of symred and of its hand loop (best times) and the
+ * median over the rounds of the ratio hand time / symred time (each round runs every symred
+ * kernel and every hand loop once, alternating, so a change of load hits both), with the largest
+ * relative difference of the results (the index sets for ArgKMin); the cold first-call latency
+ * of the float32 mat-vec (sr_kernel_new with an empty SYMRED_CACHE_DIR: emit + compile + load,
  * then the first run); and the warm kernel creation time (a new context, the same kernel, from
  * the disk cache). The temporary cache directory is removed at the end.
  */
@@ -25,9 +30,39 @@
 
 void bench_hand_gauss(int64_t n, int64_t m, const float *x, const float *y, const float *b, float g,
                       float *out);
+void bench_hand_gauss_f64(int64_t n, int64_t m, const double *x, const double *y, const double *b,
+                          double g, double *out);
+void bench_hand_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out);
+void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out);
+
+enum { NJOB = 4, KNN = 10 };
+static const char *const job_names[NJOB] = {"gauss-f32", "gauss-f64", "lse-f32", "argkmin-f32"};
 
 static const char *aliases[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
 static const char *formula = "Exp(-SqDist(x,y)*g)*b";
+
+static sr_kernel *make_job(sr_ctx *ctx, const char *form, int na, sr_reduction red, sr_dtype dt,
+                           int k)
+{
+    sr_expr *f;
+    sr_kernel *kern;
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = red;
+    d.dtype = dt;
+    d.k = k;
+    if (sr_parse(ctx, form, aliases, na, &f) != SR_OK ||
+        sr_kernel_new(ctx, f, &d, &kern) != SR_OK) {
+        fprintf(stderr, "setup failed: %s\n", sr_ctx_error(ctx));
+        exit(1);
+    }
+    return kern;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
 static sr_kernel *make(sr_ctx **ctx, double *seconds)
 {
@@ -94,41 +129,100 @@ int main(int argc, char **argv)
     sr_kernel *k2 = make(&ctx2, &t_warm_new);
     int disk_hit = strstr(sr_kernel_explain(k2), "module: disk") != NULL;
 
-    double best_sr = 1e30, best_hand = 1e30;
+    /* The other jobs' kernels, in the warm context (compiled before timing). */
+    double *xd = bench_alloc(sizeof(double) * 3 * n), *yd = bench_alloc(sizeof(double) * 3 * n);
+    double *bd = bench_alloc(sizeof(double) * n), *od1 = bench_alloc(sizeof(double) * n);
+    double *od2 = bench_alloc(sizeof(double) * n), gd = g;
+    int64_t *i1 = bench_alloc(sizeof(int64_t) * KNN * n),
+            *i2 = bench_alloc(sizeof(int64_t) * KNN * n);
+    for (int64_t i = 0; i < 3 * n; i++)
+        xd[i] = x[i], yd[i] = y[i];
+    for (int64_t i = 0; i < n; i++)
+        bd[i] = b[i];
+    sr_kernel *kj[NJOB] = {k2, make_job(ctx2, formula, 4, SR_SUM, SR_F64, 1),
+                           make_job(ctx2, "-SqDist(x,y)*g", 4, SR_LOGSUMEXP, SR_F32, 1),
+                           make_job(ctx2, "SqDist(x,y)", 2, SR_ARGKMIN, SR_F32, KNN)};
+    const void *args_d[] = {xd, yd, bd, &gd}, *args_l[] = {x, y, NULL, &g};
+    double best_sr[NJOB], best_hand[NJOB], ratio[NJOB][64];
+    for (int q = 0; q < NJOB; q++)
+        best_sr[q] = best_hand[q] = 1e30;
+    if (reps > 64)
+        reps = 64;
     bench_hand_gauss(n, n, x, y, b, g, o2); /* warm up the OpenMP threads */
-    for (int r = 0; r < reps; r++) {
-        t0 = bench_now();
-        sr_kernel_run(k2, n, n, args, o1);
-        double t = bench_now() - t0;
-        best_sr = t < best_sr ? t : best_sr;
-        t0 = bench_now();
-        bench_hand_gauss(n, n, x, y, b, g, o2);
-        t = bench_now() - t0;
-        best_hand = t < best_hand ? t : best_hand;
+    for (int r = 0; r < reps; r++)
+        for (int q = 0; q < NJOB; q++) {
+            t0 = bench_now();
+            sr_status st = q == 0   ? sr_kernel_run(kj[q], n, n, args, o1)
+                           : q == 1 ? sr_kernel_run(kj[q], n, n, args_d, od1)
+                           : q == 2 ? sr_kernel_run(kj[q], n, n, args_l, o1)
+                                    : sr_kernel_run(kj[q], n, n, args_l, i1);
+            double ts = bench_now() - t0;
+            if (st != SR_OK) {
+                fprintf(stderr, "%s: %s\n", job_names[q], sr_ctx_error(ctx2));
+                return 1;
+            }
+            t0 = bench_now();
+            if (q == 0)
+                bench_hand_gauss(n, n, x, y, b, g, o2);
+            else if (q == 1)
+                bench_hand_gauss_f64(n, n, xd, yd, bd, gd, od2);
+            else if (q == 2)
+                bench_hand_lse(n, n, x, y, g, o2);
+            else
+                bench_hand_argkmin(n, n, x, y, KNN, i2);
+            double th = bench_now() - t0;
+            best_sr[q] = ts < best_sr[q] ? ts : best_sr[q];
+            best_hand[q] = th < best_hand[q] ? th : best_hand[q];
+            ratio[q][r] = th / ts;
+        }
+    /* The results of the last round: float32 jobs in o1/o2, float64 in od1/od2, indices. */
+    double maxrel[NJOB] = {0};
+    sr_kernel_run(kj[0], n, n, args, o1);
+    bench_hand_gauss(n, n, x, y, b, g, o2);
+    for (int64_t i = 0; i < n; i++) {
+        double d0 = fabs((double)o1[i] - o2[i]) / (fabs((double)o2[i]) + 1e-3);
+        double d1 = fabs(od1[i] - od2[i]) / (fabs(od2[i]) + 1e-3);
+        maxrel[0] = d0 > maxrel[0] ? d0 : maxrel[0];
+        maxrel[1] = d1 > maxrel[1] ? d1 : maxrel[1];
     }
-    double maxrel = 0;
+    sr_kernel_run(kj[2], n, n, args_l, o1);
+    bench_hand_lse(n, n, x, y, g, o2);
     for (int64_t i = 0; i < n; i++) {
         double d = fabs((double)o1[i] - o2[i]) / (fabs((double)o2[i]) + 1e-3);
-        maxrel = d > maxrel ? d : maxrel;
+        maxrel[2] = d > maxrel[2] ? d : maxrel[2];
     }
-    double pairs = (double)n * (double)n;
-    printf("gaussian mat-vec, D=3, float32, N=M=%lld, best of %d\n", (long long)n, reps);
-    printf("symred:    %.3f G pairs/s (%.4f s)\n", pairs / best_sr * 1e-9, best_sr);
-    printf("hand loop: %.3f G pairs/s (%.4f s)\n", pairs / best_hand * 1e-9, best_hand);
-    printf("ratio symred/hand: %.3f   (max rel. difference %.2e)\n", best_hand / best_sr, maxrel);
+    int64_t idx_diff = 0;
+    for (int64_t i = 0; i < KNN * n; i++)
+        idx_diff += i1[i] != i2[i];
+    maxrel[3] = (double)idx_diff / (double)(KNN * n);
+    double pairs = (double)n * (double)n, med[NJOB];
+    printf("low-dimensional direct path, D=3, N=M=%lld, %d alternating rounds\n", (long long)n,
+           reps);
+    for (int q = 0; q < NJOB; q++) {
+        qsort(ratio[q], (size_t)reps, sizeof(double), cmp_double);
+        med[q] = ratio[q][reps / 2];
+        printf("%-12s symred %.3f G pairs/s, hand loop %.3f G pairs/s (best); ratio hand/symred "
+               "median %.3f (min %.3f, max %.3f); %s %.2e\n",
+               job_names[q], pairs / best_sr[q] * 1e-9, pairs / best_hand[q] * 1e-9, med[q],
+               ratio[q][0], ratio[q][reps - 1], q == 3 ? "indices differing" : "max rel. diff.",
+               maxrel[q]);
+    }
     printf("cold first call: sr_kernel_new %.1f ms (emit + compile + load) + first run %.1f ms\n",
            t_cold_new * 1e3, t_first_run * 1e3);
     printf("warm kernel creation (new context, disk cache%s): %.2f ms\n",
            disk_hit ? " hit" : ": NOT a hit", t_warm_new * 1e3);
 
-    bench_record_row(&rec,
-                     "\"N\": %lld, \"reps\": %d, \"symred_gpairs\": %.3f, \"hand_gpairs\": %.3f, "
-                     "\"symred_over_hand\": %.3f, \"cold_ms\": %.1f, \"warm_ms\": %.2f",
-                     (long long)n, reps, pairs / best_sr * 1e-9, pairs / best_hand * 1e-9,
-                     best_hand / best_sr, t_cold_new * 1e3, t_warm_new * 1e3);
+    bench_record_row(
+        &rec,
+        "\"N\": %lld, \"reps\": %d, \"symred_gpairs\": %.3f, \"hand_gpairs\": %.3f, "
+        "\"symred_over_hand\": %.3f, \"f64_over_hand\": %.3f, \"lse_over_hand\": %.3f, "
+        "\"argkmin_over_hand\": %.3f, \"cold_ms\": %.1f, \"warm_ms\": %.2f",
+        (long long)n, reps, pairs / best_sr[0] * 1e-9, pairs / best_hand[0] * 1e-9, med[0], med[1],
+        med[2], med[3], t_cold_new * 1e3, t_warm_new * 1e3);
     bench_record_close(&rec);
     sr_kernel_free(k);
-    sr_kernel_free(k2);
+    for (int q = 0; q < NJOB; q++)
+        sr_kernel_free(kj[q]);
     sr_ctx_free(ctx);
     sr_ctx_free(ctx2);
     char cmd[256];
@@ -136,5 +230,6 @@ int main(int argc, char **argv)
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
     free(x), free(y), free(b), free(o1), free(o2);
+    free(xd), free(yd), free(bd), free(od1), free(od2), free(i1), free(i2);
     return 0;
 }

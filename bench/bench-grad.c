@@ -7,7 +7,7 @@
  * Usage: bench-grad [N] [reps]     (N = M, default 40000)
  *
  * Prints the best time of each pass (the passes interleaved), the ratios backward/forward (target:
- * <= 2.5 for x), and the gradient kernel's formula after the simplifier. Kernels are compiled
+ * <= 1.3), and the gradient kernel's formula after the simplifier. Kernels are compiled
  * before timing.
  */
 #include "symred.h"

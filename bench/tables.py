@@ -23,10 +23,14 @@ OUT = os.path.join(ROOT, "docs", "benchmarks.md")
 
 # What each benchmark measures, and against which baseline in the same run.
 ABOUT = {
-    "bench-gauss": "Gaussian mat-vec `Exp(-SqDist(x,y)*g)*b`, D = 3, float32, N = M: the CPU JIT "
-                   "against a hand-written OpenMP + `omp simd` loop compiled with the JIT's flags "
-                   "in the same process (bench/handloop.c); cold first call (empty cache) and warm "
-                   "creation (disk cache).",
+    "bench-gauss": "The low-dimensional direct path, D = 3, N = M: the CPU JIT against "
+                   "hand-written OpenMP + `omp simd` loops of the same jobs compiled with the JIT's "
+                   "flags in the same process (bench/handloop.c): the Gaussian mat-vec "
+                   "`Exp(-SqDist(x,y)*g)*b` in float32 (symred_over_hand) and float64, LogSumExp "
+                   "of `-SqDist(x,y)*g` and ArgKMin (K = 10) of `SqDist(x,y)` in float32; ratios "
+                   "are hand time / symred time, median of alternating rounds (older rows: best "
+                   "times, float32 mat-vec only); cold first call (empty cache) and warm creation "
+                   "(disk cache).",
     "bench-budget": "A float64 Gaussian mat-vec at a size whose kernel matrix could never be held, "
                     "under a memory budget (`sr_ctx_set_mem_limit`): time, kernel workspace and "
                     "peak resident set size, rows checked against a double loop.",

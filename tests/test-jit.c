@@ -236,6 +236,44 @@ Test(jit, acc_kahan) { sum_with_env("SYMRED_ACC", "kahan", "accumulation: kahan"
 Test(jit, acc_f64) { sum_with_env("SYMRED_ACC", "f64", "accumulation: f64"); }
 Test(jit, one_thread) { sum_with_env("SYMRED_NUM_THREADS", "1", "threads: 1 "); }
 
+/* Register blocking of the fused Sum: several output rows per pass over a tile, the rest by the
+ * single-row loop; row counts around the rows per pass and the block of 64 rows, both
+ * accumulations of float32, float64, a scalar and a vector formula (inputs in [0, 1]; the vector
+ * sums cancel, hence the absolute tolerance). */
+static void blocked_sum(const char *formula, const char *rows_line)
+{
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f = parse(formula, al, 4);
+    static const int64_t nx[] = {1, 2, 3, 4, 5, 7, 64, 65, 67, 131};
+    for (int v = 0; v < 3; v++) {
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.dtype = v == 2 ? SR_F64 : SR_F32;
+        d.acc = v == 1 ? SR_ACC_KAHAN : SR_ACC_BLOCK;
+        sr_kernel *kj = new_kernel(f, d, SR_DEVICE_CPU),
+                  *kr = new_kernel(f, d, SR_DEVICE_REFERENCE);
+        const char *ex = sr_kernel_explain(kj);
+        cr_assert(strstr(ex, rows_line), "explain lacks \"%s\":\n%s", rows_line, ex);
+        for (size_t q = 0; q < sizeof nx / sizeof *nx; q++)
+            diff_run(ctx, kj, kr, nx[q], 1000 + (int64_t)q, DIFF_UNIFORM, 0, 1, 7 + q,
+                     (struct diff_tol){2e-5, 1e-4}, formula);
+        sr_kernel_free(kj);
+        sr_kernel_free(kr);
+    }
+}
+
+Test(jit, register_blocking_scalar)
+{
+    blocked_sum("SqDist(x,y)*g*b", "register blocking: 3 output rows per pass");
+}
+Test(jit, register_blocking_vector)
+{
+    blocked_sum("(x-y)*g*b", "register blocking: 2 output rows per pass");
+}
+Test(jit, register_blocking_not_for_the_gaussian)
+{
+    blocked_sum("Exp(-SqDist(x,y)*g)*b", "register blocking: 1 output rows per pass");
+}
+
 Test(jit, explain_plan)
 {
     static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};

@@ -177,6 +177,18 @@ Test(rewrite, sum_factor)
     check_all(sr_mul(ctx, S, sr_mul(ctx, X, Y)), SR_SUM, 1, 1, "sum-factor");
 }
 
+/* A negated product with a factor of the output row (the gradient of a Gaussian in x:
+ * -(G_i ... g)): Sum_j -(o g) = -(o Sum_j g). With parameter factors only (a gradient in a
+ * parameter) it is left alone, so that eval_block keeps its generated path. */
+Test(rewrite, sum_factor_negated)
+{
+    check_all(sr_neg(ctx, sr_mul(ctx, sr_mul(ctx, X, sr_sub(ctx, X, Y)), gauss())), SR_SUM, 1, 1,
+              "sum-factor");
+    check_all(sr_neg(ctx, sr_mul(ctx, B, sr_mul(ctx, gauss(), S))), SR_SUM, 0, 1, "sum-factor");
+    check_all(sr_neg(ctx, sr_mul(ctx, sr_mul(ctx, P, sr_sub(ctx, X, Y)), gauss())), SR_SUM, 1, 1,
+              NULL);
+}
+
 Test(rewrite, sum_factor_axis0)
 {
     /* Over i, the j-only factor b leaves the reduction. */

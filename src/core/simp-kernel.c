@@ -238,12 +238,28 @@ static void plan_reduction(sr_kernel *k)
     bool ok = false;
     bool kmin = k->red == SR_KMIN;
     switch (k->red) {
-    case SR_SUM:
-        if (f->op == OP_MUL || f->op == OP_MATVECMULT || f->op == OP_VECMATMULT) {
-            collect_factors(f, &ts);
-            ok = !ts.overflow && plan_sum(k, red_dep, &ts, &post, &rule);
+    case SR_SUM: {
+        /* Sum_j -(P) = -(Sum_j P) exactly (negation is exact and commutes with rounding): the
+         * factoring looks through a negated product with a factor of the output row (the
+         * gradient of a kernel in x_i, -(... G_i ... g)). Not for a negated product whose
+         * free factors are parameters only (the gradient in a parameter, SGPR's dK/dg): that
+         * saves one product per pair but would send sr_kernel_eval_block of the kernel, whose
+         * module then computes the inner formula, to the reference interpreter. */
+        unsigned out_dep = k->axis == 1 ? DEP_I : DEP_J;
+        sr_expr *p = f->op == OP_MINUS ? f->child[0] : f;
+        if (p->op == OP_MUL || p->op == OP_MATVECMULT || p->op == OP_VECMATMULT) {
+            collect_factors(p, &ts);
+            bool row_factor = false;
+            for (int i = 0; i < ts.n; i++)
+                row_factor |= (ts.t[i]->deps & out_dep) && !(ts.t[i]->deps & red_dep);
+            ok = !ts.overflow && (p == f || row_factor) && plan_sum(k, red_dep, &ts, &post, &rule);
+            if (ok && p != f) {
+                post = expr_make(k->ctx, OP_MINUS, (sr_expr *[]){post, NULL, NULL}, NULL, 0, 0.0);
+                ok = post != NULL;
+            }
         }
         break;
+    }
     case SR_MIN:
     case SR_MAX:
     case SR_KMIN:

@@ -292,6 +292,8 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "tiles: %d reduced indices x %d output rows; %d tile columns (hoisted "
                     "reduced-index terms), %d buffered values per index\n"
                     "hoisted: %d output-row nodes, %d reduced-index nodes; %d pair nodes\n"
+                    "register blocking: %d output rows per pass over a tile (%d vector "
+                    "registers counted per row, %d shared, of %d)\n"
                     "state: %lld bytes per output row; workspace %lld bytes per thread\n"
                     "threads: %d (OpenMP; reduced range split when fewer than %d output rows "
                     "per thread)\n"
@@ -300,9 +302,10 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "module: %s, cache %s, %.1f ms\n"
                     "eval_block: generated (sr_block, the same tiles, rows over OpenMP threads)\n",
                     p->tile_j, p->rows_per_block, p->columns, p->fbuf, p->hoisted_outer,
-                    p->hoisted_inner, p->pair_nodes, (long long)p->state_bytes,
-                    (long long)p->workspace_bytes, sr__threads(k->ctx, p->workspace_bytes),
-                    SPLIT_ROWS_PER_THREAD, k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
+                    p->hoisted_inner, p->pair_nodes, p->rows_per_pass, p->row_regs, p->shared_regs,
+                    JIT_VREGS, (long long)p->state_bytes, (long long)p->workspace_bytes,
+                    sr__threads(k->ctx, p->workspace_bytes), SPLIT_ROWS_PER_THREAD,
+                    k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
                     jit_ctx_of(k->ctx) ? jit_ctx_of(k->ctx)->cc : "cc", jit_cflags_text(),
                     jk->info.origin, jk->info.cache, jk->info.compile_ms);
     if (k->io_native)

@@ -30,7 +30,10 @@ extern char **environ;
  * simd pragmas without linking an OpenMP runtime. -ffp-contract=off: gnu11 would fuse a product
  * into a sum (an FMA), and a product that overflows alone does not overflow fused, so where the
  * reference adds +Inf and -Inf (NaN) the kernel gave the infinity (docs/semantics.md, "Products
- * are not fused"); the explicit fma() of Mod stays fused. Measured: no difference in speed. */
+ * are not fused"); the explicit fma() of Mod stays fused. Measured: no difference in speed.
+ * -fno-trapping-math: nothing reads the floating-point exception flags, and with traps assumed
+ * gcc keeps a select whose arms compute or compare floats as a branch, which leaves the pair
+ * loop around sr_exp (emit-c.c) unvectorised; values, NaN and Inf are unchanged. */
 const char *const jit_cflags[] = {
     "-O3",
     "-march=native",
@@ -39,6 +42,7 @@ const char *const jit_cflags[] = {
 #endif
     "-fno-math-errno",
     "-ffp-contract=off",
+    "-fno-trapping-math",
     "-fopenmp-simd",
     "-fPIC",
     "-shared",

@@ -81,6 +81,69 @@ static void io_prelude(struct emitter *E)
       "#endif\n\n");
 }
 
+/* The generated code's exponential, sr_exp: inline and branch-free, so that the pair loop
+ * vectorises it with no call (libmvec's vector exp is a call, and falls back to scalar code for a
+ * whole vector when one argument is below about -87.3 in float32, -708.4 in float64). Range
+ * reduction a = k ln2 + r, |r| <= ln2/2 (Cody-Waite: k ln2_hi is exact), a polynomial
+ * 1 + r + r^2 q(r) fitted near-minimax to exp on that interval (degree 6 in float32, 11 in
+ * float64), and 2^k added to the exponent bits. The integer k is read from the low bits of
+ * t = a log2(e) + 1.5 2^p, whose shift by the mantissa width adds k to the exponent. Arguments are
+ * clamped first, so the polynomial is never out of range: below -87.5 (-708.5) the result
+ * underflows, and the underflow clamp makes every result below 1.7e-38 (3.4e-308) 0 (the exact
+ * value there is subnormal: docs/semantics.md, "Exp's underflow"); above the largest argument
+ * with a finite result the result is +inf, and a NaN stays NaN (a + inf). Error bound:
+ * docs/semantics.md ("Exp"), checked over every float32 input by tests/test-exp.c. */
+static void emit_exp(struct emitter *E)
+{
+    P("#if defined(__FMA__) || defined(__aarch64__)\n#define SR_FMA(a, b, c) __builtin_fma%s(a, "
+      "b, c)\n#else\n#define SR_FMA(a, b, c) ((a) * (b) + (c))\n#endif\n",
+      E->fs);
+    if (E->f32)
+        P("static inline float sr_exp(float a)\n{\n"
+          "    const float hi = 0x1.62e42ep+6f;\n"
+          "    const float xl = a < -87.5f ? -87.5f : a;\n"
+          "    const float x = xl > hi ? hi : xl;\n"
+          "    const float t = SR_FMA(x, 0x1.715476p+0f, 0x1.8p23f), k = t - 0x1.8p23f;\n"
+          "    const float r = SR_FMA(-k, 0x1.7f7d1cp-20f, SR_FMA(-k, 0x1.62e4p-1f, x));\n"
+          "    float q = 0x1.6d10fcp-10f;\n"
+          "    q = SR_FMA(q, r, 0x1.120b62p-7f);\n"
+          "    q = SR_FMA(q, r, 0x1.55551ap-5f);\n"
+          "    q = SR_FMA(q, r, 0x1.5554dep-3f);\n"
+          "    q = SR_FMA(q, r, 0x1p-1f);\n"
+          "    const float p = SR_FMA(q, r * r, r) + 1.0f;\n"
+          "    uint32_t u, v;\n    memcpy(&u, &p, 4);\n    memcpy(&v, &t, 4);\n"
+          "    u += v << 23;\n"
+          "    float e;\n    memcpy(&e, &u, 4);\n"
+          "    e = e < 1.7e-38f ? 0.0f : e;\n"
+          "    e = a > hi ? __builtin_inff() : e;\n"
+          "    return a != a ? a : e;\n}\n\n");
+    else
+        P("static inline double sr_exp(double a)\n{\n"
+          "    const double hi = 0x1.62e42fefa39efp+9;\n"
+          "    const double xl = a < -708.5 ? -708.5 : a;\n"
+          "    const double x = xl > hi ? hi : xl;\n"
+          "    const double t = SR_FMA(x, 0x1.71547652b82fep+0, 0x1.8p52), k = t - 0x1.8p52;\n"
+          "    const double r = SR_FMA(-k, 0x1.a39ef35793c76p-33, SR_FMA(-k, 0x1.62e42feep-1, "
+          "x));\n"
+          "    double q = 0x1.af389ecfc4b9cp-26;\n"
+          "    q = SR_FMA(q, r, 0x1.28917c89a43a7p-22);\n"
+          "    q = SR_FMA(q, r, 0x1.71de0db2f6b19p-19);\n"
+          "    q = SR_FMA(q, r, 0x1.a019b9149a41cp-16);\n"
+          "    q = SR_FMA(q, r, 0x1.a01a01a7c2efep-13);\n"
+          "    q = SR_FMA(q, r, 0x1.6c16c17889ef1p-10);\n"
+          "    q = SR_FMA(q, r, 0x1.11111111109b5p-7);\n"
+          "    q = SR_FMA(q, r, 0x1.5555555553d68p-5);\n"
+          "    q = SR_FMA(q, r, 0x1.5555555555556p-3);\n"
+          "    q = SR_FMA(q, r, 0x1.0000000000001p-1);\n"
+          "    const double p = SR_FMA(q, r * r, r) + 1.0;\n"
+          "    uint64_t u, v;\n    memcpy(&u, &p, 8);\n    memcpy(&v, &t, 8);\n"
+          "    u += v << 52;\n"
+          "    double e;\n    memcpy(&e, &u, 8);\n"
+          "    e = e < 3.4e-308 ? 0.0 : e;\n"
+          "    e = a > hi ? __builtin_inf() : e;\n"
+          "    return a != a ? a : e;\n}\n\n");
+}
+
 static void prelude(struct emitter *E, const char *A)
 {
     const char *t = T(E), *f = E->fs;
@@ -117,19 +180,7 @@ static void prelude(struct emitter *E, const char *A)
       "extern sr_t sr_cos(sr_t) __asm__(\"cos%s\") __attribute__((const));\n",
       f);
     P("static inline %s sr_sq(%s a) { return a * a; }\n", t, t);
-    /* exp without libmvec's slow paths. Its vector exp falls back to scalar code for a whole
-     * vector when one argument is below about -87.3 (float; -708.4 double), and arithmetic on
-     * subnormal results is slow too: a narrow Gaussian ran 16-30x slower than a wide one
-     * (docs/semantics.md, "Exp's underflow"). So the argument is clamped to -87 (-708) and results
-     * below 1.7e-38 (3.4e-308), i.e. arguments below about -86.97 (-707.97), are 0. The clamp value
-     * is copysign(87, a), not a constant: gcc would otherwise move the clamp after the call as
-     * a select of the constant exp(-87), and call exp on the unclamped argument. NaN is not
-     * clamped and stays NaN; exp(-inf) = 0. */
-    P("static inline sr_t sr_exp(sr_t a)\n{\n"
-      "    const sr_t e = exp%s(a < %s ? __builtin_copysign%s(%s, a) : a);\n"
-      "    return e < %s ? (sr_t)0 : e;\n}\n\n",
-      f, E->f32 ? "-87.0f" : "-708.0", f, E->f32 ? "87.0f" : "708.0",
-      E->f32 ? "1.7e-38f" : "3.4e-308");
+    emit_exp(E);
 }
 
 /* Emits the nodes placed at pl, in topological order; returns how many. Big variables and
@@ -172,9 +223,8 @@ static int emit_inner(struct emitter *E)
     return nin;
 }
 
-/* The pair loop's body (jj in scope): the small columns loaded from the tile, then the pair
- * nodes. Returns the number of pair nodes. */
-static int emit_pair(struct emitter *E)
+/* The pair loop's column loads (jj in scope): the small columns read from the tile. */
+static void emit_cols(struct emitter *E)
 {
     char n[32];
     for (size_t i = 0; i < E->n; i++)
@@ -182,8 +232,139 @@ static int emit_pair(struct emitter *E)
             for (int c = 0; c < E->order[i]->dim; c++)
                 P("        const sr_t %s = tb[%d * SR_TJ + jj];\n", jit_nm(E->order[i], c, n),
                   E->col[i] + c);
+}
+
+/* The pair loop's body (jj in scope): the small columns loaded from the tile, then the pair
+ * nodes. Returns the number of pair nodes. */
+static int emit_pair(struct emitter *E)
+{
+    emit_cols(E);
     E->scope = PL_PAIR;
     return emit_scope(E, PL_PAIR);
+}
+
+/* The most output rows per pass over a tile. */
+#define JIT_MAX_RPP 4
+
+/*
+ * Register blocking of the fused Sum: how many output rows one pass over a tile serves, so that
+ * each reduced-index column loaded from the tile feeds that many rows' pair nodes. need[] marks
+ * the small output-row nodes the pair nodes read (a row's copy of them stays in registers for
+ * the whole loop). The count: each row keeps its D accumulators and its row values live
+ * (*row_regs); shared by the rows (*shared) are the columns and, when the pair loop has an Exp, the
+ * 8 constants of sr_exp. The most rows (up to JIT_MAX_RPP) whose registers fit JIT_VREGS, at least
+ * 1: the Gaussian at D = 3 (4 per row, 4 columns + 8) runs 1 row per pass, SqDist(x,y)*g*b 3
+ * (measured single-threaded on AVX2: the Gaussian 2-4 rows no faster or slower, the SqDist sum 1.3x
+ * faster with 2 or 3 rows). 1 (no blocking) for formulas it does not apply to: a weight, the
+ * gemm-epilogue's tile, a big node outside the per-call scope (read in place per row), a root that
+ * is not a pair node.
+ */
+static int rows_per_pass(struct emitter *E, bool *need, int ncol, int *row_regs, int *shared)
+{
+    const struct sr_kernel *k = E->k;
+    *shared = ncol;
+    *row_regs = 0;
+    for (size_t i = 0; i < E->n; i++)
+        need[i] = false;
+    if (E->gemm || k->weight || E->place[pos(E, k->f)] != PL_PAIR)
+        return 1;
+    bool has_exp = false;
+    for (size_t i = 0; i < E->n; i++) {
+        const sr_expr *e = E->order[i];
+        if (big(e) && E->place[i] != PL_UNIFORM)
+            return 1;
+        if (E->place[i] != PL_PAIR)
+            continue;
+        has_exp |= e->op == OP_EXP;
+        for (int c = 0; c < expr_arity(e); c++)
+            if (E->place[pos(E, e->child[c])] == PL_OUTER)
+                need[pos(E, e->child[c])] = true;
+    }
+    *row_regs = k->fdim;
+    for (size_t i = 0; i < E->n; i++)
+        if (need[i])
+            *row_regs += E->order[i]->dim;
+    *shared += has_exp ? 8 : 0;
+    int rpp = 1;
+    while (rpp < JIT_MAX_RPP && (rpp + 1) * *row_regs + *shared <= JIT_VREGS)
+        rpp++;
+    return rpp;
+}
+
+/* Folds the fused Sum's partial sums <pfx><c> into the row state s. */
+static void sum_fold(struct emitter *E, enum jit_acc acc, const char *pfx)
+{
+    for (int c = 0; c < E->k->fdim; c++) {
+        if (acc == JIT_ACC_KAHAN)
+            /* no compensation once the sum is infinite: inf - inf would make it NaN */
+            P("        { sr_acc y = %s%d - s->c[%d]; sr_acc t = s->s[%d] + y; s->c[%d] = t - t "
+              "== 0 ? (t - s->s[%d]) - y : 0; s->s[%d] = t; }\n",
+              pfx, c, c, c, c, c, c);
+        else
+            P("        s->s[%d] += %s%d;\n", c, pfx, c);
+    }
+}
+
+/* The fused Sum's passes of rpp rows over a tile (the rows [ob, oe) up to a multiple of rpp;
+ * the single-row loop does the rest from orb). Each row's values needed by the pair nodes are
+ * computed before the loop, as the single-row path does (from the row cache when there is one,
+ * cache[] and NB as row_cache gives them), into w<row>_<id>_<c>; the loop loads the columns once
+ * and runs the pair nodes once per row, each copy in a block of its own with the row's values
+ * under the nodes' names. */
+static void emit_row_passes(struct emitter *E, int rpp, const bool *need, const bool *cache, int NB,
+                            enum jit_acc acc, const char *pairtxt, const char *colstxt)
+{
+    char n[32];
+    const int D = E->k->fdim;
+    P("        int64_t orb = ob;\n");
+    P("        for (; orb + %d <= oe; orb += %d) {\n", rpp, rpp);
+    for (int r = 0; r < rpp; r++) {
+        for (size_t i = 0; i < E->n; i++)
+            for (int c = 0; need[i] && c < E->order[i]->dim; c++)
+                P("        sr_t w%d_%u_%d;\n", r, (unsigned)E->order[i]->id, c);
+        P("        {\n        const int64_t o = orb + %d;\n", r);
+        if (NB) {
+            for (size_t i = 0, u = 0; i < E->n; i++)
+                for (int c = 0; cache[i] && c < E->order[i]->dim; c++, u++)
+                    P("        const sr_t %s = rc[(o - ob) * %d + %zu];\n",
+                      jit_nm(E->order[i], c, n), NB, u);
+        } else {
+            emit_scope(E, PL_OUTER);
+        }
+        for (size_t i = 0; i < E->n; i++)
+            for (int c = 0; need[i] && c < E->order[i]->dim; c++)
+                P("        w%d_%u_%d = %s;\n", r, (unsigned)E->order[i]->id, c,
+                  jit_nm(E->order[i], c, n));
+        P("        }\n");
+    }
+    P("        sr_acc ");
+    for (int r = 0; r < rpp; r++)
+        for (int c = 0; c < D; c++)
+            P("%sq%d_%d = 0", r || c ? ", " : "", r, c);
+    P(";\n#pragma omp simd reduction(+:");
+    for (int r = 0; r < rpp; r++)
+        for (int c = 0; c < D; c++)
+            P("%sq%d_%d", r || c ? "," : "", r, c);
+    P(")\n        for (int jj = 0; jj < nj; jj++) {\n%s", colstxt);
+    E->scope = PL_PAIR;
+    for (int r = 0; r < rpp; r++) {
+        P("        {\n");
+        for (size_t i = 0; i < E->n; i++)
+            for (int c = 0; need[i] && c < E->order[i]->dim; c++)
+                P("        const sr_t %s = w%d_%u_%d;\n", jit_nm(E->order[i], c, n), r,
+                  (unsigned)E->order[i]->id, c);
+        P("%s", pairtxt);
+        for (int c = 0; c < D; c++)
+            P("        q%d_%d += (sr_acc)%s;\n", r, c, jit_ref_c(E, E->k->f, c));
+        P("        }\n");
+    }
+    P("        }\n");
+    for (int r = 0; r < rpp; r++) {
+        P("        {\n        sr_state *s = &st[orb + %d - o0];\n", r);
+        sum_fold(E, acc, jit_sfmt(E, "q%d_", r));
+        P("        }\n");
+    }
+    P("        }\n");
 }
 
 /* The row cache of sr_part_iv: the output-row nodes the pair loop reads, computed once per block
@@ -400,6 +581,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     const int OUTD = k->out_dim;
     sr_status st = SR_OK;
     bool *cache = NULL; /* row_cache's marks */
+    bool *need = NULL;  /* rows_per_pass's marks */
 
     int ncol = 0;
     st = analyse(E, &ncol);
@@ -411,6 +593,13 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     }
     const int NB = row_cache(E, cache);
     bool fused_sum = red == SR_SUM;
+    int rpp = 1, row_regs = 0, shared_regs = 0;
+    if (!(need = calloc(E->n + 1, sizeof *need))) {
+        st = SR_ENOMEM;
+        goto done;
+    }
+    if (fused_sum)
+        rpp = rows_per_pass(E, need, ncol, &row_regs, &shared_regs);
     int nfb = fused_sum ? 0 : D + DG;
     /* Tile width: the tile (columns + buffered values) should stay in L2. */
     int TJ = 512;
@@ -530,7 +719,27 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         nin = emit_inner(E);
         P("        }\n");
     }
-    P("        for (int64_t o = ob; o < oe; o++) {\n        sr_state *s = &st[o - o0];\n");
+    if (rpp > 1) {
+        struct expr_buf cols = {0}, pairs = {0};
+        struct expr_buf *save = E->b;
+        E->b = &cols;
+        emit_cols(E);
+        E->b = &pairs;
+        E->scope = PL_PAIR;
+        emit_scope(E, PL_PAIR);
+        E->b = save;
+        if (!cols.oom && !pairs.oom)
+            emit_row_passes(E, rpp, need, cache, NB, acc, pairs.data ? pairs.data : "",
+                            cols.data ? cols.data : "");
+        else
+            st = SR_ENOMEM;
+        free(cols.data);
+        free(pairs.data);
+        if (st != SR_OK)
+            goto done;
+    }
+    P("        for (int64_t o = %s; o < oe; o++) {\n        sr_state *s = &st[o - o0];\n",
+      rpp > 1 ? "orb" : "ob");
     if (NB) {
         char n[32];
         for (size_t i = 0, u = 0; i < E->n; i++)
@@ -566,15 +775,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         for (int c = 0; c < D; c++)
             P("        p%d += (sr_acc)%s;\n", c, jit_ref_c(E, k->f, c));
         P("        }\n");
-        for (int c = 0; c < D; c++) {
-            if (acc == JIT_ACC_KAHAN)
-                /* no compensation once the sum is infinite: inf - inf would make it NaN */
-                P("        { sr_acc y = p%d - s->c[%d]; sr_acc t = s->s[%d] + y; s->c[%d] = t - t "
-                  "== 0 ? (t - s->s[%d]) - y : 0; s->s[%d] = t; }\n",
-                  c, c, c, c, c, c);
-            else
-                P("        s->s[%d] += p%d;\n", c, c);
-        }
+        sum_fold(E, acc, "p");
     } else {
         P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
         for (int c = 0; c < D; c++)
@@ -654,23 +855,19 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
             P("        for (int c = 0; c < SR_D; c++) {\n"
               "          const sr_t *fv = fb + c * SR_TJ;\n"
               "          sr_t *M = s->m[c]; int64_t *I = s->i[c];\n");
-            if (E->gemm) {
-                /* gemm-epilogue (long reduced ranges, the state persists across tiles): most
-                 * values lose to the current K-th one; reject blocks of 64 with one vectorised
-                 * comparison against it and scan only a block holding a candidate. A NaN v
-                 * never enters a full state with a number as K-th value, so v < thr is exact. */
-                P("          for (int jb = 0; jb < nj; jb += 64) {\n"
-                  "          const int je = jb + 64 < nj ? jb + 64 : nj;\n"
-                  "          if (I[SR_K - 1] >= 0 && M[SR_K - 1] == M[SR_K - 1]) {\n"
-                  "            const sr_t thr = M[SR_K - 1]; int any = 0;\n"
-                  "#pragma omp simd reduction(|:any)\n"
-                  "            for (int jj = jb; jj < je; jj++) any |= fv[jj] < thr;\n"
-                  "            if (!any) continue;\n"
-                  "          }\n"
-                  "          for (int jj = jb; jj < je; jj++) {\n");
-            } else {
-                P("          for (int jj = 0; jj < nj; jj++) {\n");
-            }
+            /* Most values lose to the current K-th one once the state is full (it persists
+             * across the tiles of a row): reject blocks of 64 with one vectorised comparison
+             * against it and scan only a block holding a candidate. A NaN v never enters a full
+             * state with a number as K-th value, so v < thr is exact. */
+            P("          for (int jb = 0; jb < nj; jb += 64) {\n"
+              "          const int je = jb + 64 < nj ? jb + 64 : nj;\n"
+              "          if (I[SR_K - 1] >= 0 && M[SR_K - 1] == M[SR_K - 1]) {\n"
+              "            const sr_t thr = M[SR_K - 1]; int any = 0;\n"
+              "#pragma omp simd reduction(|:any)\n"
+              "            for (int jj = jb; jj < je; jj++) any |= fv[jj] < thr;\n"
+              "            if (!any) continue;\n"
+              "          }\n"
+              "          for (int jj = jb; jj < je; jj++) {\n");
             P("            const sr_t v = fv[jj];\n"
               "            if (!SR_KLT(v, M[SR_K - 1], I[SR_K - 1])) continue;\n"
               "            int p = SR_K - 1;\n"
@@ -679,9 +876,8 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
               "I[p - 1]; p--; }\n"
               "            M[p] = v; I[p] = rt + jj;\n"
               "          }\n"
-              "%s"
-              "        }\n",
-              E->gemm ? "          }\n" : "");
+              "          }\n"
+              "        }\n");
         }
     }
     P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
@@ -704,6 +900,9 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
     if (plan) {
         plan->tile_j = TJ;
         plan->rows_per_block = RB;
+        plan->rows_per_pass = rpp;
+        plan->row_regs = row_regs;
+        plan->shared_regs = shared_regs;
         plan->columns = ncol;
         plan->fbuf = nfb;
         plan->state_bytes = state_bytes;
@@ -718,6 +917,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         st = E->fail;
 done:
     free(cache);
+    free(need);
     emitter_free(E);
     return st;
 }

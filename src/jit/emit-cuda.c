@@ -59,7 +59,8 @@ static void prelude(struct expr_buf *b, bool f32, const char *acc_t)
       "#define __builtin_nan(s) __longlong_as_double(0x7ff8000000000000LL)\n"
       "#define __builtin_inff() __int_as_float(0x7f800000)\n"
       "#define __builtin_nanf(s) __int_as_float(0x7fc00000)\n");
-    P("static __device__ __forceinline__ sr_t sr_sq(sr_t a) { return a * a; }\n");
+    P("static __device__ __forceinline__ sr_t sr_sq(sr_t a) { return a * a; }\n"
+      "#define SR_FMA(a, b, c) fma(a, b, c)\n");
     /* The C spelling of Exp calls sr_exp (emit-c.c works around libmvec there); CUDA's exp has
      * no slow underflow path. */
     P("static __device__ __forceinline__ sr_t sr_exp(sr_t a) { return exp(a); }\n");

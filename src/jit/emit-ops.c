@@ -27,6 +27,19 @@ static void e_var(struct emitter *E, const sr_expr *e);
 static void e_const(struct emitter *E, const sr_expr *e);
 static void e_pow(struct emitter *E, const sr_expr *e);
 static void e_round(struct emitter *E, const sr_expr *e);
+static const char *t_diff(struct emitter *E, const sr_expr *e, const char *i)
+{
+    return jit_sfmt(E, "(%s) - (%s)", jit_ref(E, e->child[0], i), jit_ref(E, e->child[1], i));
+}
+static const char *t_self(struct emitter *E, const sr_expr *e, const char *i)
+{
+    return jit_ref(E, e, i);
+}
+static const char *t_sqself(struct emitter *E, const sr_expr *e, const char *i)
+{
+    return jit_sfmt(E, "sr_sq(%s)", jit_ref(E, e, i));
+}
+
 static void e_sqnorm(struct emitter *E, const sr_expr *e);
 static void e_normalize(struct emitter *E, const sr_expr *e);
 static void e_pair(struct emitter *E, const sr_expr *e);
@@ -390,6 +403,23 @@ static void sum_terms(struct emitter *E, const sr_expr *e, const char *acc, int 
     }
 }
 
+/* Emits "acc += base(k)^2" for k < n like sum_terms(sq), where sq spells base(k)^2; unrolled,
+ * each product is fused into the sum (SR_FMA, one rounding): every term is >= 0, so fusing
+ * changes the rounding only, never an infinity or a NaN (docs/semantics.md). A loop (a long
+ * norm outside the pair loop) adds the rounded squares, as the gemm-epilogue's vectorised
+ * reduction wants. */
+static void sum_squares(struct emitter *E, const sr_expr *e, const char *acc, int n, bool loop,
+                        term_fn sq, term_fn base)
+{
+    if (loop && !(E->scope == PL_PAIR && n <= JIT_PAIR_UNROLL)) {
+        sum_terms(E, e, acc, n, loop, sq);
+        return;
+    }
+    for (int c = 0; c < n; c++)
+        P("        { const %s b_ = %s; %s = SR_FMA(b_, b_, %s); }\n", T(E),
+          base(E, e, jit_sfmt(E, "%d", c)), acc, acc);
+}
+
 static const char *t_square(struct emitter *E, const sr_expr *e, const char *i)
 {
     const char *a = jit_ref(E, e->child[0], i);
@@ -415,7 +445,7 @@ static void e_sqnorm(struct emitter *E, const sr_expr *e)
     const sr_expr *x = e->child[0];
     jit_nm(e, 0, n);
     P("        %s %s_s = 0;\n", T(E), n);
-    sum_terms(E, e, jit_sfmt(E, "%s_s", n), x->dim, big(x), t_square);
+    sum_squares(E, e, jit_sfmt(E, "%s_s", n), x->dim, big(x), t_square, t_plain);
     def(E, e, 0);
     if (e->op == OP_NORM2)
         P("sqrt%s(%s_s);\n", E->fs, n);
@@ -429,7 +459,7 @@ static void e_normalize(struct emitter *E, const sr_expr *e)
     const sr_expr *x = e->child[0];
     jit_nm(e, 0, n);
     P("        %s %s_s = 0;\n", T(E), n);
-    sum_terms(E, e, jit_sfmt(E, "%s_s", n), x->dim, big(x), t_square);
+    sum_squares(E, e, jit_sfmt(E, "%s_s", n), x->dim, big(x), t_square, t_plain);
     P("        const %s %s_r = %s_s == 0 ? (%s)0 : (%s)1 / sqrt%s(%s_s);\n", T(E), n, n, T(E), T(E),
       E->fs, n);
     if (big(e)) {
@@ -444,6 +474,24 @@ static void e_normalize(struct emitter *E, const sr_expr *e)
     }
 }
 
+/* A small difference a - b or b - a of SqDist(a, b)'s operands that is computed in the same scope
+ * before it, or NULL: SqDist then squares its components, bitwise the same terms ((b - a)^2 is
+ * (a - b)^2 in IEEE arithmetic), without computing the differences again. A gradient has both:
+ * d/dx Exp(-SqDist(x,y)*g) is a multiple of (x - y) times the same exponential. */
+static const sr_expr *defined_diff(const struct emitter *E, const sr_expr *e)
+{
+    const sr_expr *a = e->child[0], *b = e->child[1];
+    if (big(a) || a->dim != b->dim)
+        return NULL;
+    for (size_t i = 0; i < E->n && E->order[i] != e; i++) {
+        const sr_expr *d = E->order[i];
+        if (d->op == OP_SUB && E->place[i] == E->place[pos(E, e)] && d->dim == a->dim &&
+            ((d->child[0] == a && d->child[1] == b) || (d->child[0] == b && d->child[1] == a)))
+            return d;
+    }
+    return NULL;
+}
+
 static void e_pair(struct emitter *E, const sr_expr *e)
 {
     char n[32];
@@ -456,8 +504,14 @@ static void e_pair(struct emitter *E, const sr_expr *e)
     }
     jit_nm(e, 0, n);
     P("        %s %s_s = 0;\n", T(E), n);
-    sum_terms(E, e, jit_sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]),
-              e->op == OP_SQDIST ? t_sqdiff : t_prod);
+    const sr_expr *d = e->op == OP_SQDIST ? defined_diff(E, e) : NULL;
+    if (d)
+        sum_squares(E, d, jit_sfmt(E, "%s_s", n), d->dim, false, t_sqself, t_self);
+    else if (e->op == OP_SQDIST)
+        sum_squares(E, e, jit_sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]), t_sqdiff,
+                    t_diff);
+    else
+        sum_terms(E, e, jit_sfmt(E, "%s_s", n), e->child[0]->dim, big(e->child[0]), t_prod);
     def(E, e, 0);
     P("%s_s;\n", n);
 }
@@ -643,7 +697,7 @@ static void e_weighted(struct emitter *E, const sr_expr *e)
     jit_nm(e, 0, n);
     P("        %s %s_s = 0;\n", T(E), n);
     if (W->dim == 1) {
-        sum_terms(E, e, jit_sfmt(E, "%s_s", n), d, big(x), t_wsquare);
+        sum_squares(E, e, jit_sfmt(E, "%s_s", n), d, big(x), t_wsquare, wdiff);
         def(E, e, 0);
         P("(%s) * %s_s;\n", jit_ref_c(E, W, 0), n);
         return;

@@ -50,10 +50,17 @@ enum jit_acc { JIT_ACC_BLOCK = 0, JIT_ACC_KAHAN = 1, JIT_ACC_F64 = 2 };
 
 extern const char *const jit_acc_names[3];
 
+/* Vector registers the register blocking of the fused Sum plans for: AVX2's 16 (AVX-512 and
+ * AArch64 have 32; 16 keeps the count portable). */
+#define JIT_VREGS 16
+
 /* What the emitter decided, for explain. */
 struct jit_plan {
     int tile_j;         /* reduced indices per tile */
     int rows_per_block; /* output rows sharing one transposed tile */
+    int rows_per_pass;  /* output rows one pass of the fused Sum's pair loop serves */
+    int row_regs;       /* the vector registers rows_per_pass counted per row (0: not counted) */
+    int shared_regs;    /* ... and shared by the rows */
     int columns;        /* scalars per reduced index kept in the structure-of-arrays tile */
     int fbuf;           /* formula values per reduced index buffered for the reduction */
     int64_t state_bytes;
