@@ -37,3 +37,16 @@ int tu_close(double a, double b, double rtol, double atol)
         return a == b;
     return fabs(a - b) <= atol + rtol * fabs(b);
 }
+
+double tu_get(const void *buf, sr_dtype dtype, int64_t at)
+{
+    return dtype == SR_F64 ? ((const double *)buf)[at] : ((const float *)buf)[at];
+}
+
+void tu_set(void *buf, sr_dtype dtype, int64_t at, double v)
+{
+    if (dtype == SR_F64)
+        ((double *)buf)[at] = v;
+    else
+        ((float *)buf)[at] = (float)v;
+}

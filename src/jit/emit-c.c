@@ -190,6 +190,27 @@ static void emit_args(struct emitter *E)
     P("    (void)args;\n");
 }
 
+/* The pragma of the pair loop: vectorised across the tile, except in loop mode. */
+static const char *simd_pragma(const struct emitter *E)
+{
+    return E->loops ? "" : "#pragma omp simd\n";
+}
+
+/* Stores F's components (and the weight's, after F's) of pair jj into their rows of the tile
+ * buffer fb, in a loop over the components of a big one. */
+static void emit_fb_store(struct emitter *E, const sr_expr *x, int row0)
+{
+    if (!x)
+        return;
+    if (big(x)) {
+        P("        for (int sr_c = 0; sr_c < %d; sr_c++) fb[(%d + sr_c) * SR_TJ + jj] = %s;\n",
+          x->dim, row0, jit_ref(E, x, "sr_c"));
+        return;
+    }
+    for (int c = 0; c < x->dim; c++)
+        P("        fb[%d * SR_TJ + jj] = %s;\n", row0 + c, jit_ref_c(E, x, c));
+}
+
 /* sr_block (sr_kernel_eval_block): F's values on rows [o0, o1) x reduced indices [r0, r1),
  * component c of (o, r) at out[(o - o0) * so + (r - r0) * sr + c]. The same placement, tiles
  * and pair loop as sr_part_iv (bodytxt is its loop body), storing F where sr_part_iv reduces
@@ -222,11 +243,15 @@ static void emit_block(struct emitter *E, const char *bodytxt, int ncol, int RB,
     emit_scope(E, PL_OUTER);
     P("        sr_t *restrict ob_ = out + (o - o0) * so + (rt - r0) * %s;\n",
       k->axis == 1 ? jit_sfmt(E, "%d", k->fdim) : "sr");
-    P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
+    P("%s        for (int jj = 0; jj < nj; jj++) {\n%s", simd_pragma(E), bodytxt);
     E->scope = PL_PAIR;
-    for (int c = 0; c < k->fdim; c++)
-        P("        ob_[jj * %s + %d] = %s;\n", k->axis == 1 ? jit_sfmt(E, "%d", k->fdim) : "sr", c,
-          jit_ref_c(E, k->f, c));
+    const char *rs = k->axis == 1 ? jit_sfmt(E, "%d", k->fdim) : "sr";
+    if (big(k->f))
+        P("        for (int sr_c = 0; sr_c < %d; sr_c++) ob_[jj * %s + sr_c] = %s;\n", k->fdim, rs,
+          jit_ref(E, k->f, "sr_c"));
+    else
+        for (int c = 0; c < k->fdim; c++)
+            P("        ob_[jj * %s + %d] = %s;\n", rs, c, jit_ref_c(E, k->f, c));
     P("        }\n        }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
 }
 
@@ -277,16 +302,17 @@ static sr_status analyse(struct emitter *E, int *ncol_out)
             scalars += e->dim;
         if ((e->op == OP_MATVECMULT || e->op == OP_VECMATMULT || e->op == OP_TENSORPROD) && !big(e))
             scalars += e->child[0]->dim + e->child[1]->dim;
-        if (e->op == OP_TENSORDOT) /* one statement per term */
-            scalars += e->dim * expr_tdot_of(e)->ncont;
-        /* Big nodes that need an array are not allowed in the vectorised loops. */
+        int64_t terms = jit_unrolled_terms(e);
+        if (terms <= JIT_UNROLL_TERMS) /* one statement per term */
+            scalars += terms;
+        else if (pl == PL_PAIR) /* loops over the output and the contraction */
+            E->loops = true;
+        /* Big nodes that need an array are not allowed in the vectorised pair loop. */
         if (big(e) && e->op != OP_VAR && !jit_lazy_op(e) && pl == PL_PAIR)
-            scalars = JIT_MAX_SCALARS + 1;
+            E->loops = true;
     }
-    if (scalars > JIT_MAX_SCALARS || D + DG > 64) {
-        st = SR_ENOTSUP;
-        goto out;
-    }
+    if (scalars > JIT_MAX_SCALARS || D + DG > JIT_MAX_OUT)
+        E->loops = true;
     /* What the simd loop needs: the pair nodes, the roots, and everything they reference. */
     const sr_expr *roots[2] = {k->f, k->weight};
     for (int r = 0; r < 2; r++)
@@ -354,8 +380,12 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         goto done;
     }
     const int NB = row_cache(E, cache);
-    bool fused_sum = red == SR_SUM;
-    int nfb = fused_sum ? 0 : D + DG;
+    /* Sum accumulates in registers inside the pair loop, except in loop mode, where F goes
+     * through the tile buffer as for the other reductions; SumSoftMaxWeight in loop mode keeps
+     * a tile of sr_acc weights exp(F - max) after F and the weight (two rows of sr_t, so that
+     * it is aligned and holds doubles when sr_t is float). */
+    bool fused_sum = red == SR_SUM && !E->loops;
+    int nfb = fused_sum ? 0 : D + DG + (E->loops && red == SR_SUMSOFTMAXWEIGHT ? 2 : 0);
     /* Tile width: the tile (columns + buffered values) should stay in L2. */
     int TJ = 512;
     while (TJ > 16 && (int64_t)TJ * (ncol + nfb) * (E->f32 ? 4 : 8) > (256 << 10))
@@ -520,18 +550,30 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
                 P("        s->s[%d] += p%d;\n", c, c);
         }
     } else {
-        P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
-        for (int c = 0; c < D; c++)
-            P("        fb[%d * SR_TJ + jj] = %s;\n", c, jit_ref_c(E, k->f, c));
-        for (int c = 0; c < DG; c++)
-            P("        fb[%d * SR_TJ + jj] = %s;\n", D + c, jit_ref_c(E, k->weight, c));
+        P("%s        for (int jj = 0; jj < nj; jj++) {\n%s", simd_pragma(E), bodytxt);
+        emit_fb_store(E, k->f, 0);
+        emit_fb_store(E, k->weight, D);
         P("        }\n");
         /* Tile extreme with a NaN flag, vectorised: used by all the value-picking reductions. */
         const char *tcmp =
             (is_max || red == SR_LOGSUMEXP || red == SR_SUMSOFTMAXWEIGHT) ? ">" : "<";
         const char *tinit = *tcmp == '>' ? "-SR_INF" : "SR_INF";
         const char *rclause = *tcmp == '>' ? "max" : "min";
-        if (red != SR_KMIN && red != SR_ARGKMIN && red != SR_KMIN_ARGKMIN) {
+        if (red == SR_SUM) {
+            /* Loop mode: each component's tile sum, folded into the state as the fused sum's. */
+            P("        for (int c = 0; c < SR_D; c++) {\n"
+              "          const sr_t *fv = fb + c * SR_TJ;\n"
+              "          sr_acc p = 0;\n"
+              "#pragma omp simd reduction(+:p)\n"
+              "          for (int jj = 0; jj < nj; jj++) p += (sr_acc)fv[jj];\n");
+            if (acc == JIT_ACC_KAHAN)
+                P("          { sr_acc y = p - s->c[c]; sr_acc t = s->s[c] + y; s->c[c] = t - t == "
+                  "0 "
+                  "? (t - s->s[c]) - y : 0; s->s[c] = t; }\n");
+            else
+                P("          s->s[c] += p;\n");
+            P("        }\n");
+        } else if (red != SR_KMIN && red != SR_ARGKMIN && red != SR_KMIN_ARGKMIN) {
             int nc = red == SR_SUMSOFTMAXWEIGHT ? 1 : D;
             P("        for (int c = 0; c < %d; c++) {\n", nc);
             P("          const sr_t *fv = fb + c * SR_TJ;\n");
@@ -575,6 +617,28 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
                   "          lse_fold(&s->m[c], &s->s[c], tm, ts);\n");
                 break;
             default: /* SumSoftMaxWeight */
+                if (E->loops) {
+                    /* The tile's weights exp(F - max) once, then one pass per component. */
+                    P("          (void)tn;\n"
+                      "          sr_acc *eb = (sr_acc *)(fb + %d * SR_TJ), ts = 0, wt[SR_DG];\n"
+                      "#pragma omp simd reduction(+:ts)\n"
+                      "          for (int jj = 0; jj < nj; jj++) {\n"
+                      "            eb[jj] = fv[jj] == -SR_INF ? (sr_acc)0 : (sr_acc)sr_exp(fv[jj] "
+                      "- "
+                      "tm);\n"
+                      "            ts += eb[jj];\n"
+                      "          }\n"
+                      "          for (int g = 0; g < SR_DG; g++) {\n"
+                      "            const sr_t *gv = fb + (1 + g) * SR_TJ;\n"
+                      "            sr_acc w = 0;\n"
+                      "#pragma omp simd reduction(+:w)\n"
+                      "            for (int jj = 0; jj < nj; jj++) w += eb[jj] * (sr_acc)gv[jj];\n"
+                      "            wt[g] = w;\n"
+                      "          }\n"
+                      "          ssmw_fold(s, tm, ts, wt);\n",
+                      D + DG);
+                    break;
+                }
                 P("          (void)tn;\n          sr_acc ts = 0");
                 for (int g = 0; g < DG; g++)
                     P(", w%d = 0", g);
@@ -655,6 +719,7 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         plan->hoisted_outer = nout;
         plan->hoisted_inner = nin;
         plan->pair_nodes = npair;
+        plan->loops = E->loops;
     }
     if (b->oom)
         st = SR_ENOMEM;
@@ -714,6 +779,11 @@ sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell, st
     for (int c = 0; c < DG && !E->fail; c++)
         if (!(out->w[c] = strdup(jit_ref_c(E, k->weight, c))))
             st = SR_ENOMEM;
+    if (big(k->f) && !(out->floop = strdup(jit_ref(E, k->f, "sr_c"))))
+        st = SR_ENOMEM;
+    if (k->weight && big(k->weight) && !(out->wloop = strdup(jit_ref(E, k->weight, "sr_c"))))
+        st = SR_ENOMEM;
+    out->loops = E->loops;
     if (out->uniform.oom || out->outer.oom || out->inner.oom || out->pair.oom)
         st = SR_ENOMEM;
     if (E->fail)
@@ -738,5 +808,8 @@ void jit_nodes_free(struct jit_nodes *n)
         free(n->w[c]);
     free(n->f);
     free(n->w);
+    free(n->floop);
+    free(n->wloop);
     n->f = n->w = NULL;
+    n->floop = n->wloop = NULL;
 }
