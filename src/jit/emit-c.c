@@ -116,9 +116,8 @@ static int emit_inner(struct emitter *E)
     return nin;
 }
 
-/* The pair loop's body (jj in scope): the small columns loaded from the tile, then the pair
- * nodes. Returns the number of pair nodes. */
-static int emit_pair(struct emitter *E)
+/* The small tile columns of reduced index jj, loaded under their nodes' names. */
+static void emit_col_loads(struct emitter *E)
 {
     char n[32];
     for (size_t i = 0; i < E->n; i++)
@@ -126,8 +125,45 @@ static int emit_pair(struct emitter *E)
             for (int c = 0; c < E->order[i]->dim; c++)
                 P("        const sr_t %s = tb[%d * SR_TJ + jj];\n", jit_nm(E->order[i], c, n),
                   E->col[i] + c);
+}
+
+/* The pair loop's body (jj in scope): the small columns loaded from the tile, then the pair
+ * nodes. Returns the number of pair nodes. */
+static int emit_pair(struct emitter *E)
+{
+    emit_col_loads(E);
     E->scope = PL_PAIR;
     return emit_scope(E, PL_PAIR);
+}
+
+/* Scalars of the small pair nodes: the rows of the pair scratch of the split pair loop. */
+static int pair_scalars(const struct emitter *E)
+{
+    int n = 0;
+    for (size_t i = 0; i < E->n; i++)
+        if (E->place[i] == PL_PAIR && !big(E->order[i]))
+            n += E->order[i]->dim;
+    return n;
+}
+
+/* The split pair loop's traffic with its scratch rows sp: store (true) every small pair node's
+ * components after the pair nodes, or load (false) them, with the small tile columns, for a
+ * loop over one wide component. */
+static void emit_pair_scratch(struct emitter *E, bool store)
+{
+    char n[32];
+    if (!store)
+        emit_col_loads(E);
+    for (size_t i = 0, u = 0; i < E->n; i++) {
+        const sr_expr *e = E->order[i];
+        if (E->place[i] != PL_PAIR || big(e))
+            continue;
+        for (int c = 0; c < e->dim; c++, u++)
+            if (store)
+                P("        sp[%zu * SR_TJ + jj] = %s;\n", u, jit_nm(e, c, n));
+            else
+                P("        const sr_t %s = sp[%zu * SR_TJ + jj];\n", jit_nm(e, c, n), u);
+    }
 }
 
 /* The row cache of sr_part_iv: the output-row nodes the pair loop reads, computed once per block
@@ -306,10 +342,10 @@ static sr_status analyse(struct emitter *E, int *ncol_out)
         if (terms <= JIT_UNROLL_TERMS) /* one statement per term */
             scalars += terms;
         else if (pl == PL_PAIR) /* loops over the output and the contraction */
-            E->loops = true;
+            E->loops = E->pair_arrays = true;
         /* Big nodes that need an array are not allowed in the vectorised pair loop. */
         if (big(e) && e->op != OP_VAR && !jit_lazy_op(e) && pl == PL_PAIR)
-            E->loops = true;
+            E->loops = E->pair_arrays = true;
     }
     if (scalars > JIT_MAX_SCALARS || D + DG > JIT_MAX_OUT)
         E->loops = true;
@@ -386,6 +422,16 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
      * it is aligned and holds doubles when sr_t is float). */
     bool fused_sum = red == SR_SUM && !E->loops;
     int nfb = fused_sum ? 0 : D + DG + (E->loops && red == SR_SUMSOFTMAXWEIGHT ? 2 : 0);
+    /* The split pair loop (loop mode without pair arrays, a wide F or weight): one vectorised
+     * loop computes the pair nodes and keeps the small ones in scratch rows after the buffered
+     * values; then per wide component a vectorised loop reloads them and stores the component.
+     * One plain loop with an inner loop over the components does not vectorise: the wide
+     * components' libm calls (a Cos(u - v) of 65 components) then ran scalar, 3-4x faster than
+     * the reference only. */
+    const bool split =
+        E->loops && !E->pair_arrays && !fused_sum && (big(k->f) || (k->weight && big(k->weight)));
+    const int sp_row = nfb, npsc = split ? pair_scalars(E) : 0;
+    nfb += npsc;
     /* Tile width: the tile (columns + buffered values) should stay in L2. */
     int TJ = 512;
     while (TJ > 16 && (int64_t)TJ * (ncol + nfb) * (E->f32 ? 4 : 8) > (256 << 10))
@@ -550,10 +596,31 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
                 P("        s->s[%d] += p%d;\n", c, c);
         }
     } else {
-        P("%s        for (int jj = 0; jj < nj; jj++) {\n%s", simd_pragma(E), bodytxt);
-        emit_fb_store(E, k->f, 0);
-        emit_fb_store(E, k->weight, D);
-        P("        }\n");
+        if (split) {
+            P("        sr_t *sp = fb + %d * SR_TJ;\n", sp_row);
+            P("#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n%s", bodytxt);
+            emit_pair_scratch(E, true);
+            const sr_expr *xs[2] = {k->f, k->weight};
+            for (int q = 0; q < 2; q++)
+                if (xs[q] && !big(xs[q]))
+                    emit_fb_store(E, xs[q], q ? D : 0);
+            P("        }\n");
+            for (int q = 0; q < 2; q++) {
+                if (!xs[q] || !big(xs[q]))
+                    continue;
+                P("        for (int sr_c = 0; sr_c < %d; sr_c++) {\n"
+                  "#pragma omp simd\n        for (int jj = 0; jj < nj; jj++) {\n",
+                  xs[q]->dim);
+                emit_pair_scratch(E, false);
+                P("        fb[(%d + sr_c) * SR_TJ + jj] = %s;\n        }\n        }\n", q ? D : 0,
+                  jit_ref(E, xs[q], "sr_c"));
+            }
+        } else {
+            P("%s        for (int jj = 0; jj < nj; jj++) {\n%s", simd_pragma(E), bodytxt);
+            emit_fb_store(E, k->f, 0);
+            emit_fb_store(E, k->weight, D);
+            P("        }\n");
+        }
         /* Tile extreme with a NaN flag, vectorised: used by all the value-picking reductions. */
         const char *tcmp =
             (is_max || red == SR_LOGSUMEXP || red == SR_SUMSOFTMAXWEIGHT) ? ">" : "<";

@@ -32,7 +32,8 @@ struct emitter {
      * pair nodes may be arrays, and F's values reach the reduction through the tile buffer in
      * loops over their components. */
     bool loops;
-    const sr_expr *gemm;      /* gemm-epilogue: this inner product is read from the tile sr_gt */
+    bool pair_arrays;    /* loop mode with pair nodes held in arrays (else only wide or large) */
+    const sr_expr *gemm; /* gemm-epilogue: this inner product is read from the tile sr_gt */
     const char *const *spell; /* [OP_COUNT] other targets' templates (CUDA), NULL = C's */
     char **strs;              /* expression strings, freed at the end */
     size_t nstr, capstr;
