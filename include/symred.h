@@ -445,6 +445,14 @@ SR_API int sr_kernel_nargs(const sr_kernel *kernel);
 /* Values per output row: dim(F) for Sum/Min/Max/Arg*, K*dim(F) for the K-reductions (row-major
  * K×dim), dim(weight) for SumSoftMaxWeight. */
 SR_API int sr_kernel_out_dim(const sr_kernel *kernel);
+/* The variable of index `index` (0 <= index < sr_kernel_nargs(kernel)) that the kernel reads:
+ * its category in *cat (SR_CAT_I, SR_CAT_J or SR_CAT_PARAM) and its dimension in *dim, so that
+ * a caller can size and check args[index] of sr_kernel_run. An index the formula does not use
+ * gives *dim = 0 (its array may be NULL) and *cat = SR_CAT_I. Either pointer may be NULL when
+ * that value is not wanted. Gradient kernels (sr_kernel_grad) have variables of their own,
+ * read the same way. Returns SR_EINVAL (writing nothing) for a NULL kernel or an index out of
+ * range. Thread-safe: it only reads the immutable kernel. */
+SR_API sr_status sr_kernel_var(const sr_kernel *kernel, int index, sr_cat *cat, int *dim);
 
 /* Runs the kernel. args[v] is the array of variable index v: nx*dim values for an i-variable,
  * ny*dim for a j-variable, dim for a parameter, in the kernel's dtype. out receives

@@ -158,8 +158,9 @@ int main(int argc, char **argv)
     printf("fuzz-diff: runs per variant:");
     for (int v = 0; v < FZ_NVARIANTS; v++)
         printf(" %s %ld%s", fz_variant_names[v], st.variants[v], v + 1 < FZ_NVARIANTS ? "," : "");
-    printf("\nfuzz-diff: gemm-epilogue kernels %ld; JIT kernels handed to the reference (too "
-           "large for the direct strategy) %ld; CUDA emitter declined (too large) %ld; outputs "
+    printf("\nfuzz-diff: gemm-epilogue kernels %ld; JIT kernels handed to the reference (no C "
+           "compiler) %ld; CUDA emitter declined (K-reduction state or tile columns too large) "
+           "%ld; outputs "
            "compared %ld, of which unstable under perturbation %ld, accepted pair by pair only "
            "%ld\n",
            st.gemm_shaped, st.jit_fallback, st.cuda_enotsup, st.outputs, st.unstable_outputs,

@@ -495,6 +495,55 @@ Test(api, kernel_new_weight_rules)
     assert_usable(ctx);
 }
 
+/* sr_kernel_var states each variable's category and dimension, an unused index as dim 0, and
+ * refuses a NULL kernel or an index out of range; a gradient kernel's variables (which the
+ * caller did not build) read the same way. */
+Test(api, kernel_var)
+{
+    /* Sum_j Exp(-g |x_i - y_j|^2) b_j, with index 2 unused. */
+    sr_expr *x = sr_vi(ctx, 0, 3), *y = sr_vj(ctx, 1, 3), *g = sr_pm(ctx, 3, 1),
+            *b = sr_vj(ctx, 4, 2);
+    sr_expr *f = sr_mul(ctx, sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, g, sr_sqdist(ctx, x, y)))), b);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.device = SR_DEVICE_REFERENCE;
+    sr_kernel *k = NULL;
+    assert_status(new_kernel(f, d, &k), SR_OK);
+    cr_assert_eq(sr_kernel_nargs(k), 5);
+    const sr_cat want_cat[5] = {SR_CAT_I, SR_CAT_J, SR_CAT_I, SR_CAT_PARAM, SR_CAT_J};
+    const int want_dim[5] = {3, 3, 0, 1, 2};
+    for (int v = 0; v < 5; v++) {
+        sr_cat cat = (sr_cat)-1;
+        int dim = -1;
+        assert_status(sr_kernel_var(k, v, &cat, &dim), SR_OK);
+        cr_assert_eq(cat, want_cat[v], "variable %d: category %d, want %d", v, cat, want_cat[v]);
+        cr_assert_eq(dim, want_dim[v], "variable %d: dim %d, want %d", v, dim, want_dim[v]);
+    }
+    int dim = 7;
+    assert_status(sr_kernel_var(k, 4, NULL, &dim), SR_OK); /* either pointer may be NULL */
+    cr_assert_eq(dim, 2);
+    assert_status(sr_kernel_var(k, 1, NULL, NULL), SR_OK);
+    sr_cat cat = SR_CAT_PARAM;
+    dim = 7;
+    const int bad[] = {-1, 5, 1 << 30};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_status(sr_kernel_var(k, bad[i], &cat, &dim), SR_EINVAL);
+        cr_assert(cat == SR_CAT_PARAM && dim == 7, "index %d: outputs written", bad[i]);
+    }
+    assert_status(sr_kernel_var(NULL, 0, &cat, &dim), SR_EINVAL);
+    cr_assert(cat == SR_CAT_PARAM && dim == 7);
+    /* The gradient with respect to x reads one more array: the incoming gradient, an
+     * i-variable of the output's dimension (2). */
+    sr_kernel *gk = NULL;
+    assert_status(sr_kernel_grad(k, 0, &gk), SR_OK);
+    int n = sr_kernel_nargs(gk);
+    cr_assert_eq(n, 6, "gradient kernel: %d arrays", n);
+    assert_status(sr_kernel_var(gk, 5, &cat, &dim), SR_OK);
+    cr_assert(cat == SR_CAT_I && dim == 2, "incoming gradient: cat %d dim %d", cat, dim);
+    sr_kernel_free(gk);
+    sr_kernel_free(k);
+    assert_usable(ctx);
+}
+
 Test(api, kernel_queries_on_null)
 {
     cr_assert_eq(sr_kernel_nargs(NULL), 0);

@@ -6,7 +6,8 @@
  * is reproducible from its seed. A wrong backend result is reported and shrunk. Then every
  * case the fuzzer found, shrunk, runs again through every backend: FZ_REGRESSIONS lists them
  * as fuzz-diff prints them (X(name, formula, weight, reduction, axis, k, dtype, acc, nx, ny,
- * inputs, input seed, threads)).
+ * inputs, input seed, threads)). No formula the generator draws (wide ones included) plans onto
+ * the reference interpreter while a C compiler is present.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -17,6 +18,7 @@
 
 #include "core/core.h"
 #include "fuzz.h"
+#include "jit/cuda.h"
 
 /* The cases fuzz-diff found, shrunk; each was a bug fixed in the commit that added it (in the
  * library, or in the fuzzer's comparison where the comment says so). */
@@ -365,3 +367,84 @@ Test(fuzz, softmax_bound_is_the_best_corner)
         cr_assert(fz_case_run(&c, &o, NULL, why, sizeof why, NULL), "%s\n%s", f, why);             \
     }
 FZ_REGRESSIONS(FZ_REGRESS_TEST_)
+
+/* Kernel of case c on device dev (the simplifier on); NULL when it cannot be built (the test
+ * fails there, naming the case). */
+static sr_kernel *case_kernel(sr_ctx *ctx, const struct fz_case *c, sr_device dev)
+{
+    sr_expr *f = NULL, *w = NULL;
+    cr_assert_eq(sr_parse(ctx, c->formula, NULL, 0, &f), SR_OK, "%s: %s", c->formula,
+                 sr_ctx_error(ctx));
+    if (c->weight[0])
+        cr_assert_eq(sr_parse(ctx, c->weight, NULL, 0, &w), SR_OK, "%s: %s", c->weight,
+                     sr_ctx_error(ctx));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = c->red;
+    d.axis = c->axis;
+    d.k = c->k;
+    d.dtype = c->dtype;
+    d.acc = c->acc;
+    d.weight = w;
+    d.device = dev;
+    sr_kernel *k = NULL;
+    sr_status st = sr_kernel_new(ctx, f, &d, &k);
+    cr_assert_eq(st, SR_OK, "%s (weight %s, %s, axis %d): %s", c->formula, c->weight,
+                 sr_reduction_name(c->red), c->axis, sr_ctx_error(ctx));
+    return k;
+}
+
+/* Every formula the generator draws (wide F and weights among them) has generated code: the C
+ * emitter and the CUDA emitter take the formula as given, and the CPU device plans it onto
+ * generated code (direct, gemm-epilogue or fused), never the reference, when a compiler is
+ * there. Emission is cheap and runs for every case; the full planning (which compiles) runs
+ * for the cases in the emitter's loop mode, the ones that would have reached the reference. */
+Test(fuzz, generator_never_plans_on_reference, .timeout = 600)
+{
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    struct fz_case c0 = {.formula = "Var(0,1,0)*Var(1,1,1)", .red = SR_SUM, .axis = 1, .k = 1};
+    sr_kernel *k0 = case_kernel(ctx, &c0, SR_DEVICE_CPU);
+    if (k0->backend == &cpu_reference_backend) {
+        sr_kernel_free(k0);
+        sr_ctx_free(ctx);
+        cr_skip_test("no C compiler here: the reference backend is the CPU's by design");
+    }
+    sr_kernel_free(k0);
+    static const uint64_t seeds[] = {7, 5150, 20261123, 32333674410788ULL};
+    int wide = 0, planned = 0;
+    for (size_t si = 0; si < sizeof seeds / sizeof *seeds; si++)
+        for (uint64_t i = 0; i < 400; i++) {
+            struct fz_case c;
+            fz_case_draw(seeds[si], i, &c);
+            sr_kernel *k = case_kernel(ctx, &c, SR_DEVICE_REFERENCE);
+            wide += k->out_dim > 16;
+            struct expr_buf b = {0};
+            struct jit_plan plan = {0};
+            sr_status st = jit_emit_c(k, JIT_ACC_BLOCK, &b, &plan);
+            cr_assert_eq(st, SR_OK, "seed %llu case %llu: C emitter status %d for %s",
+                         (unsigned long long)seeds[si], (unsigned long long)i, st, c.formula);
+            free(b.data);
+            b = (struct expr_buf){0};
+            struct cuda_plan cp;
+            st = jit_emit_cuda(k, JIT_ACC_BLOCK, &b, &cp);
+            bool kred = sr_reductions[c.red].uses_k && (int64_t)k->k * k->fdim > 256;
+            cr_assert(st == SR_OK || (kred && st == SR_ENOTSUP),
+                      "seed %llu case %llu: CUDA emitter status %d for %s",
+                      (unsigned long long)seeds[si], (unsigned long long)i, st, c.formula);
+            free(b.data);
+            sr_kernel_free(k);
+            if (!plan.loops || planned >= 40)
+                continue;
+            planned++;
+            k = case_kernel(ctx, &c, SR_DEVICE_CPU);
+            cr_assert(k->backend != &cpu_reference_backend && !k->fallback_why,
+                      "seed %llu case %llu planned on %s (%s): %s", (unsigned long long)seeds[si],
+                      (unsigned long long)i, k->backend->name,
+                      k->fallback_why ? k->fallback_why : "", c.formula);
+            sr_kernel_free(k);
+        }
+    /* The generator does draw what this is about. */
+    cr_expect_gt(wide, 40, "only %d wide cases drawn", wide);
+    cr_expect_gt(planned, 10, "only %d cases in loop mode", planned);
+    sr_ctx_free(ctx);
+}

@@ -262,6 +262,40 @@ Test(nvrtc, every_reduction_both_axes_both_dtypes)
     sr_ctx_free(ctx);
 }
 
+/* Wide formulas (the emitters' loop mode, docs/wide.md): F of 65 components with a wide array
+ * node in the pair loop under every reduction, F and a weight of 1100 components, a TensorDot
+ * of more than 1024 terms; both axes and dtypes in turn. */
+Test(nvrtc, wide_formulas_compile)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    const char *al[] = {"x=Vi(3)",    "y=Vj(3)",    "g=Pm(1)", "u=Vi(65)",
+                        "v=Vj(65)",   "M=Vi(130)",  "z=Vj(2)", "U=Vi(1100)",
+                        "V=Vj(1100)", "A=Vi(1600)", "B=Vj(40)"};
+    sr_expr *f65, *sca, *w65, *f1100, *w1100, *td;
+    cr_assert_eq(sr_parse(ctx, "Exp(-SqDist(x,y)*g)*v + Cos(u-v) + MatVecMult(M,z)", al, 11, &f65),
+                 SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "-SqDist(x,y)*g", al, 11, &sca), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "Cos(u-v)*v + MatVecMult(M,z)", al, 11, &w65), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "Exp(-SqDist(x,y)*g)*V + Cos(U-V)", al, 11, &f1100), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "Cos(U-V)*V", al, 11, &w1100), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_parse(ctx, "TensorDot(A,B,[40,40],[40],[1],[0])*g", al, 11, &td), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    for (int red = 0; red < SR_REDUCTION_COUNT; red++) {
+        bool ssmw = red == SR_SUMSOFTMAXWEIGHT;
+        compile_kernel(ctx, ssmw ? sca : f65, ssmw ? w65 : NULL, (sr_reduction)red, red % 2,
+                       (sr_dtype)(red / 2 % 2), NULL);
+    }
+    compile_kernel(ctx, f1100, NULL, SR_SUM, 1, SR_F32, NULL);
+    compile_kernel(ctx, f1100, NULL, SR_MAX_ARGMAX, 0, SR_F64, NULL);
+    compile_kernel(ctx, sca, w1100, SR_SUMSOFTMAXWEIGHT, 0, SR_F32, NULL);
+    compile_kernel(ctx, td, NULL, SR_LOGSUMEXP, 1, SR_F64, NULL);
+    sr_ctx_free(ctx);
+}
+
 /* The gradient kernels of sr_kernel_grad and the tangent kernels of sr_kernel_jvp
  * (docs/gradients.md) are ordinary kernels: those of every reduction kind, with respect to a
  * Vi, a Vj and a parameter variable (the tangent kernel: along all four), compile. */

@@ -3,13 +3,13 @@
  * interpreter: wide outputs, Sum of F * B and SumSoftMaxWeight of F with weight B, F scalar.
  *
  * Widths 1, 2, 15, 16, 17, 63, 64, 65, 255 and 1100 (below the crossover the direct strategy
- * runs and must agree too; past 64 values per pair the direct strategy cannot take the formula,
- * which used to mean the reference); F by generated code per pair (a Gaussian, D = 3) and from a
+ * runs and must agree too); F by generated code per pair (a Gaussian, D = 3) and from a
  * tile of inner products (D = 64, attention); float32 and float64; both axes; sizes 0, 1, primes
  * and sizes that no tile divides; NaN and infinities in F's inputs and in B; block-sparse ranges;
  * a memory budget that shrinks the tiles, and one that nothing fits (SR_EBUDGET). Every case runs
  * twice, the second time with SYMRED_GEMM_KERNEL=blis (suite wide_blis), so both products' gemms
  * stay tested on an AVX-512 machine; explain must name the strategy where a gemm is available.
+ * Wide formulas that are no fused two-product: tests/test-wide-reductions.c.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -99,14 +99,6 @@ static void *fill(sr_dtype dt, int64_t n, double lo, double hi, uint64_t *s)
     return p;
 }
 
-static void poke(void *p, sr_dtype dt, int64_t at, double v)
-{
-    if (dt == SR_F64)
-        ((double *)p)[at] = v;
-    else
-        ((float *)p)[at] = (float)v;
-}
-
 /* Runs kernel kg (fused or direct, as planned) and the reference kr on the inputs of c, with
  * ranges when rg is not NULL, and compares every output. */
 static void compare(const struct wcase *c, sr_kernel *kg, sr_kernel *kr, const sr_ranges *rg)
@@ -119,13 +111,13 @@ static void compare(const struct wcase *c, sr_kernel *kg, sr_kernel *kr, const s
     void *x = fill(c->dt, c->nx * D, -amp, amp, &s), *y = fill(c->dt, c->ny * D, -amp, amp, &s);
     void *b = fill(c->dt, nb * c->R, 0.0, 1.0, &s);
     if (c->sp == NAN_F && c->nx > 2)
-        poke(x, c->dt, 2 * D, NAN);
+        tu_set(x, c->dt, 2 * D, NAN);
     if (c->sp == INF_F && c->ny > 3)
-        poke(y, c->dt, 3 * D + 1, INFINITY);
+        tu_set(y, c->dt, 3 * D + 1, INFINITY);
     if (c->sp == NAN_B && nb > 1)
-        poke(b, c->dt, 1 * c->R + c->R / 2, NAN);
+        tu_set(b, c->dt, 1 * c->R + c->R / 2, NAN);
     if (c->sp == INF_B && nb > 2)
-        poke(b, c->dt, 2 * c->R, -INFINITY);
+        tu_set(b, c->dt, 2 * c->R, -INFINITY);
     double g64 = D == 3 ? 2.0 : 0.5;
     float g32 = (float)g64;
     const void *args[4] = {x, y, b, c->dt == SR_F64 ? (const void *)&g64 : (const void *)&g32};
@@ -320,18 +312,37 @@ Test(wide, budget_too_small)
     run_case(&c);
 }
 
-/* A wide formula that is no fused two-product and too wide for the direct strategy runs on the
- * reference interpreter, and explain says why. */
-Test(wide, reference_says_why)
+/* A wide formula that is no fused two-product runs generated code (the direct strategy's loop
+ * mode, not the reference interpreter), says so in explain, and agrees with the reference. */
+Test(wide, not_fused_runs_generated_code)
 {
     sr_expr *x = sr_vi(ctx, 0, 3), *y = sr_vj(ctx, 1, 3), *b = sr_vj(ctx, 2, 100);
     sr_expr *f = sr_add(ctx, sr_mul(ctx, b, sr_exp(ctx, sr_neg(ctx, sr_sqdist(ctx, x, y)))), b);
     sr_kernel_desc d = sr_kernel_desc_default();
-    sr_kernel *k;
+    sr_kernel *k, *kr;
     cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
     const char *ex = sr_kernel_explain(k);
-    cr_assert(strstr(ex, "backend: reference") &&
-                  strstr(ex, "why this backend: formula too large for the direct strategy"),
+    cr_assert(strstr(ex, "backend: cpu-jit") && strstr(ex, "loop mode") &&
+                  !strstr(ex, "why this backend"),
               "%s", ex);
+    d.device = SR_DEVICE_REFERENCE;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kr), SR_OK, "%s", sr_ctx_error(ctx));
+    uint64_t s = 5;
+    const int64_t nx = 37, ny = 131;
+    void *xa = fill(SR_F32, nx * 3, -1, 1, &s), *ya = fill(SR_F32, ny * 3, -1, 1, &s),
+         *ba = fill(SR_F32, ny * 100, 0, 1, &s);
+    const void *args[3] = {xa, ya, ba};
+    float *o1 = calloc(nx * 100, 4), *o2 = calloc(nx * 100, 4);
+    cr_assert_eq(sr_kernel_run(k, nx, ny, args, o1), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run(kr, nx, ny, args, o2), SR_OK, "%s", sr_ctx_error(ctx));
+    for (int64_t t = 0; t < nx * 100; t++)
+        cr_assert(tu_close(o1[t], o2[t], 3e-5, 3e-8), "[%lld]: %.9g, reference %.9g", (long long)t,
+                  o1[t], o2[t]);
+    free(xa);
+    free(ya);
+    free(ba);
+    free(o1);
+    free(o2);
     sr_kernel_free(k);
+    sr_kernel_free(kr);
 }

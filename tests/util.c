@@ -46,3 +46,16 @@ bool tu_blis_usable(void)
     void *h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
     return h != NULL && !getenv("BLIS_ARCH_TYPE");
 }
+
+double tu_get(const void *buf, sr_dtype dtype, int64_t at)
+{
+    return dtype == SR_F64 ? ((const double *)buf)[at] : ((const float *)buf)[at];
+}
+
+void tu_set(void *buf, sr_dtype dtype, int64_t at, double v)
+{
+    if (dtype == SR_F64)
+        ((double *)buf)[at] = v;
+    else
+        ((float *)buf)[at] = (float)v;
+}

@@ -13,6 +13,9 @@ uint64_t tu_rand(uint64_t *state);
 double tu_uniform(uint64_t *state, double lo, double hi);
 /* Fills n values (float or double by dtype) uniformly in [lo, hi). */
 void tu_fill(void *buf, sr_dtype dtype, int64_t n, double lo, double hi, uint64_t *state);
+/* Element at of an array of dtype (float or double): read as a double, or set to v. */
+double tu_get(const void *buf, sr_dtype dtype, int64_t at);
+void tu_set(void *buf, sr_dtype dtype, int64_t at, double v);
 /* |a - b| <= atol + rtol*|b|, with NaN == NaN and equal infinities equal. */
 int tu_close(double a, double b, double rtol, double atol);
 /* Whether BLIS can be loaded for the gemm strategies (and BLIS_ARCH_TYPE does not force a

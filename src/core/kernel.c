@@ -255,6 +255,18 @@ void sr_kernel_free(sr_kernel *k)
 int sr_kernel_nargs(const sr_kernel *k) { return k ? k->nargs : 0; }
 int sr_kernel_out_dim(const sr_kernel *k) { return k ? k->out_dim : 0; }
 
+sr_status sr_kernel_var(const sr_kernel *k, int index, sr_cat *cat, int *dim)
+{
+    if (!k || index < 0 || index >= k->nargs)
+        return SR_EINVAL;
+    const struct expr_var *v = &k->vars[index];
+    if (cat)
+        *cat = v->dim ? v->cat : SR_CAT_I;
+    if (dim)
+        *dim = v->dim;
+    return SR_OK;
+}
+
 const char *sr_kernel_explain(const sr_kernel *k)
 {
     if (!k)

@@ -122,14 +122,11 @@ static sr_status jit_prepare(sr_kernel *k)
     if (st != SR_OK) {
         free(src.data);
         free(jk);
-        k->io_native = false;
-        if (st == SR_ENOTSUP)
-            return fall_back(k,
-                             "formula too large for the direct strategy (more than 1024 "
-                             "scalar statements or 64 values of F and weight per pair) and "
-                             "not a fused two-product (docs/wide.md)",
-                             NULL);
-        return sr__error(ctx, st, "CPU JIT: cannot emit the kernel source");
+        if (st == SR_ENOMEM)
+            return sr__error(ctx, st, "CPU JIT: out of memory emitting the kernel source");
+        /* Every formula has generated code (wide ones in loop mode): anything else is a bug. */
+        return sr__error(ctx, SR_EINTERNAL, "CPU JIT: cannot emit the kernel source (status %d)",
+                         (int)st);
     }
     if (ctx->mem_limit > 0 && jk->plan.workspace_bytes > ctx->mem_limit) {
         free(src.data);
@@ -288,7 +285,7 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
         return;
     const struct jit_plan *p = &jk->plan;
     expr_buf_printf(b,
-                    "strategy: direct (generated C, omp simd over the reduced index)\n"
+                    "strategy: direct (generated C, %s)\n"
                     "tiles: %d reduced indices x %d output rows; %d tile columns (hoisted "
                     "reduced-index terms), %d buffered values per index\n"
                     "hoisted: %d output-row nodes, %d reduced-index nodes; %d pair nodes\n"
@@ -301,6 +298,9 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "compiler: %s %s\n"
                     "module: %s, cache %s, %.1f ms\n"
                     "eval_block: generated (sr_block, the same tiles, rows over OpenMP threads)\n",
+                    p->loops ? "loop mode: a plain loop over the reduced index, loops over wide "
+                               "values and large contractions, F through the tile buffer"
+                             : "omp simd over the reduced index",
                     p->tile_j, p->rows_per_block, p->columns, p->fbuf, p->hoisted_outer,
                     p->hoisted_inner, p->pair_nodes, p->rows_per_pass, p->row_regs, p->shared_regs,
                     JIT_VREGS, (long long)p->state_bytes, (long long)p->workspace_bytes,

@@ -20,13 +20,20 @@ struct emitter {
     int outer_dep, inner_dep;
     const sr_expr **order;
     size_t n;
-    enum place *place;        /* by position in order */
-    int *col;                 /* inner frontier: first column in the tile, else -1 */
-    bool *in_loop;            /* needed inside the simd loop */
-    uint32_t *pos_of;         /* node id -> position + 1 (0: not in the DAG) */
-    enum place scope;         /* where the code being emitted runs */
-    sr_status fail;           /* set by ref() and friends */
-    const sr_expr *gemm;      /* gemm-epilogue: this inner product is read from the tile sr_gt */
+    enum place *place; /* by position in order */
+    int *col;          /* inner frontier: first column in the tile, else -1 */
+    bool *in_loop;     /* needed inside the simd loop */
+    uint32_t *pos_of;  /* node id -> position + 1 (0: not in the DAG) */
+    enum place scope;  /* where the code being emitted runs */
+    sr_status fail;    /* set by ref() and friends */
+    /* Loop mode: the formula is too wide or too large to unroll into the vectorised pair loop
+     * (F and the weight more than JIT_MAX_OUT values per pair, more than JIT_MAX_SCALARS
+     * scalar statements, or a pair node held in an array). The pair loop is then a plain loop,
+     * pair nodes may be arrays, and F's values reach the reduction through the tile buffer in
+     * loops over their components. */
+    bool loops;
+    bool pair_arrays;    /* loop mode with pair nodes held in arrays (else only wide or large) */
+    const sr_expr *gemm; /* gemm-epilogue: this inner product is read from the tile sr_gt */
     const char *const *spell; /* [OP_COUNT] other targets' templates (CUDA), NULL = C's */
     char **strs;              /* expression strings, freed at the end */
     size_t nstr, capstr;
@@ -38,6 +45,13 @@ struct emitter {
 #define JIT_BIG 16
 /* Sums over a big node's components in the pair loop are unrolled up to this many terms. */
 #define JIT_PAIR_UNROLL 64
+
+/* Values of F and the weight per pair that the vectorised pair loop keeps in registers;
+ * beyond, the emitter switches to loop mode. */
+#define JIT_MAX_OUT 64
+/* TensorDot (and MatVecMult/VecMatMult) with more terms than this are loops over the output and
+ * the contracted components instead of one statement per term. */
+#define JIT_UNROLL_TERMS 1024
 
 /* Appends generated text to the emitter's buffer. */
 #define P(...) expr_buf_printf(E->b, __VA_ARGS__)
@@ -60,6 +74,9 @@ const char *jit_ref_c(struct emitter *E, const sr_expr *e, int c);
 const char *jit_nm(const sr_expr *e, int c, char *buf);
 /* Whether a big node of e's op is inlined where used rather than computed into an array. */
 bool jit_lazy_op(const sr_expr *e);
+/* The terms a contraction node (TensorDot, MatVecMult, VecMatMult) has: it is unrolled up to
+ * JIT_UNROLL_TERMS of them, loops beyond. 0 for the other ops. */
+int64_t jit_unrolled_terms(const sr_expr *e);
 /* Emits the definition of node e (its components) with the op's spelling. */
 void jit_emit_node(struct emitter *E, const sr_expr *e);
 

@@ -40,6 +40,13 @@ static const char *const cuda_spell[OP_COUNT] = {
 /* Static shared memory we allow ourselves (every device has 48 KiB per block). */
 #define CUDA_SHARED_MAX (40 << 10)
 
+/* Component c's index as text, in buf (16 bytes). */
+static const char *cidx(int c, char *buf)
+{
+    snprintf(buf, 16, "%d", c);
+    return buf;
+}
+
 static void prelude(struct expr_buf *b, bool f32, const char *acc_t)
 {
     const char *t = f32 ? "float" : "double";
@@ -89,10 +96,11 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
     if (st != SR_OK)
         return st;
 
-    /* Tile: one reduced index per thread when the columns fit in shared memory. */
+    /* Tile: one reduced index per thread when the columns fit in shared memory; fewer for wide
+     * columns, down to one. */
     int BS = 128, TJ = 128;
     int ncol = nd.ncol;
-    while (TJ > 8 && (int64_t)TJ * ncol * ts > CUDA_SHARED_MAX)
+    while (TJ > 1 && (int64_t)TJ * ncol * ts > CUDA_SHARED_MAX)
         TJ /= 2;
     if ((int64_t)TJ * ncol * ts > CUDA_SHARED_MAX) {
         jit_nodes_free(&nd);
@@ -165,51 +173,68 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
       "      if (!sr_active) continue;\n",
       nd.inner.data ? nd.inner.data : "");
     const char *pair = nd.pair.data ? nd.pair.data : "";
+    char num[16], pnum[24]; /* component c's index and partial sum, unrolled */
     if (red == SR_SUM) {
-        P("      sr_acc ");
-        for (int c = 0; c < D; c++)
-            P("%ssr_p%d = 0", c ? ", " : "", c);
-        P(";\n      for (int jj = 0; jj < nj; jj++) {\n%s", pair);
-        for (int c = 0; c < D; c++)
-            P("        sr_p%d += (sr_acc)(%s);\n", c, nd.f[c]);
-        P("      }\n");
-        for (int c = 0; c < D; c++) {
+        /* A wide F (nd.floop) sums into an array, in loops over its components. */
+        if (nd.floop)
+            P("      sr_acc sr_p[SR_D];\n"
+              "      for (int sr_c = 0; sr_c < SR_D; sr_c++) sr_p[sr_c] = 0;\n"
+              "      for (int jj = 0; jj < nj; jj++) {\n%s"
+              "        for (int sr_c = 0; sr_c < SR_D; sr_c++) sr_p[sr_c] += (sr_acc)(%s);\n"
+              "      }\n"
+              "      for (int sr_c = 0; sr_c < SR_D; sr_c++)\n",
+              pair, nd.floop);
+        else {
+            P("      sr_acc ");
+            for (int c = 0; c < D; c++)
+                P("%ssr_p%d = 0", c ? ", " : "", c);
+            P(";\n      for (int jj = 0; jj < nj; jj++) {\n%s", pair);
+            for (int c = 0; c < D; c++)
+                P("        sr_p%d += (sr_acc)(%s);\n", c, nd.f[c]);
+            P("      }\n");
+        }
+        for (int c = 0; c < (nd.floop ? 1 : D); c++) {
+            const char *ci = nd.floop ? "sr_c" : cidx(c, num);
+            snprintf(pnum, sizeof pnum, "sr_p%d", c);
+            const char *p = nd.floop ? "sr_p[sr_c]" : pnum;
             if (acc == JIT_ACC_KAHAN)
                 /* no compensation once the sum is infinite: inf - inf would make it NaN */
-                P("      { sr_acc y = sr_p%d - st.c[%d]; sr_acc t = st.s[%d] + y; st.c[%d] = t - t "
-                  "== 0 ? (t - st.s[%d]) - y : 0; st.s[%d] = t; }\n",
-                  c, c, c, c, c, c);
+                P("      { sr_acc y = %s - st.c[%s]; sr_acc t = st.s[%s] + y; st.c[%s] = t - t "
+                  "== 0 ? (t - st.s[%s]) - y : 0; st.s[%s] = t; }\n",
+                  p, ci, ci, ci, ci, ci);
             else
-                P("      st.s[%d] += sr_p%d;\n", c, c);
+                P("      st.s[%s] += %s;\n", ci, p);
         }
     } else {
         P("      for (int jj = 0; jj < nj; jj++) {\n%s", pair);
         P("        const long long sr_r = rt + jj;\n        (void)sr_r;\n");
-        for (int c = 0; c < D; c++) {
-            P("        {\n        const sr_t sr_v = %s;\n", nd.f[c]);
+        /* A wide F (nd.floop): one loop over its components, c the loop index sr_c. */
+        if (nd.floop)
+            P("        for (int sr_c = 0; sr_c < SR_D; sr_c++)\n");
+        for (int c = 0; c < (nd.floop ? 1 : D); c++) {
+            const char *ci = nd.floop ? "sr_c" : cidx(c, num);
+            P("        {\n        const sr_t sr_v = %s;\n", nd.floop ? nd.floop : nd.f[c]);
             switch (red) {
             case SR_MIN:
             case SR_MAX:
-                P("        if (st.m[%d] == st.m[%d] && (sr_v %s st.m[%d] || sr_v != sr_v)) "
-                  "st.m[%d] = "
-                  "sr_v;\n",
-                  c, c, cmp, c, c);
+                P("        if (st.m[%s] == st.m[%s] && (sr_v %s st.m[%s] || sr_v != sr_v)) "
+                  "st.m[%s] = sr_v;\n",
+                  ci, ci, cmp, ci, ci);
                 break;
             case SR_ARGMIN:
             case SR_ARGMAX:
             case SR_MIN_ARGMIN:
             case SR_MAX_ARGMAX:
-                P("        if (st.i[%d] < 0 || (st.m[%d] == st.m[%d] && (sr_v %s st.m[%d] || sr_v "
-                  "!= "
-                  "sr_v))) { st.m[%d] = sr_v; st.i[%d] = sr_r; }\n",
-                  c, c, c, cmp, c, c, c);
+                P("        if (st.i[%s] < 0 || (st.m[%s] == st.m[%s] && (sr_v %s st.m[%s] || sr_v "
+                  "!= sr_v))) { st.m[%s] = sr_v; st.i[%s] = sr_r; }\n",
+                  ci, ci, ci, cmp, ci, ci, ci);
                 break;
             case SR_KMIN:
             case SR_ARGKMIN:
             case SR_KMIN_ARGKMIN:
                 /* The new index is the largest so far: put it last and bubble it up while it
                  * sorts before its neighbour; sorted neighbours never swap. */
-                P("        sr_t *M = st.m[%d]; long long *I = st.i[%d];\n"
+                P("        sr_t *M = st.m[%s]; long long *I = st.i[%s];\n"
                   "        if (SR_KLT(sr_v, M[SR_K - 1], I[SR_K - 1])) {\n"
                   "          M[SR_K - 1] = sr_v; I[SR_K - 1] = sr_r;\n"
                   "#pragma unroll\n"
@@ -219,21 +244,26 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
                   "              const long long ti = I[p]; I[p] = I[p - 1]; I[p - 1] = ti;\n"
                   "            }\n"
                   "        }\n",
-                  c, c);
+                  ci, ci);
                 break;
             case SR_LOGSUMEXP:
                 /* The common case (a value at most the finite running maximum) costs one exp;
                  * everything else takes the general rule. */
-                P("        const sr_t m = st.m[%d];\n"
-                  "        if (sr_v <= m && m > -SR_INF && m < SR_INF) st.s[%d] += "
+                P("        const sr_t m = st.m[%s];\n"
+                  "        if (sr_v <= m && m > -SR_INF && m < SR_INF) st.s[%s] += "
                   "(sr_acc)exp%s(sr_v - m);\n"
-                  "        else lse_fold(&st.m[%d], &st.s[%d], sr_v, (sr_acc)1);\n",
-                  c, c, fs, c, c);
+                  "        else lse_fold(&st.m[%s], &st.s[%s], sr_v, (sr_acc)1);\n",
+                  ci, ci, fs, ci, ci);
                 break;
             default: /* SumSoftMaxWeight: D == 1 */
                 P("        sr_acc sr_g[SR_DG];\n");
-                for (int g = 0; g < DG; g++)
-                    P("        sr_g[%d] = (sr_acc)(%s);\n", g, nd.w[g]);
+                if (nd.wloop)
+                    P("        for (int sr_c = 0; sr_c < SR_DG; sr_c++) sr_g[sr_c] = "
+                      "(sr_acc)(%s);\n",
+                      nd.wloop);
+                else
+                    for (int g = 0; g < DG; g++)
+                        P("        sr_g[%d] = (sr_acc)(%s);\n", g, nd.w[g]);
                 /* NaN or +inf anywhere makes the result NaN (semantics.md); -inf has weight 0,
                  * and 0 times an infinite weight is NaN, as in the formula. */
                 P("        if (sr_v != sr_v || sr_v == SR_INF) st.s = (sr_acc)SR_NAN;\n"

@@ -205,12 +205,14 @@ const char *jit_ref(struct emitter *E, const sr_expr *e, const char *idx)
     if (e->dim == 1)
         idx = "0";
     if (!big(e)) {
-        if (!is_num(idx)) {
-            /* A small node's components have names, not indices: the caller unrolls. */
-            E->fail = SR_ENOTSUP;
-            return "0";
-        }
-        return jit_sfmt(E, "v%u_%s", (unsigned)e->id, idx);
+        if (is_num(idx))
+            return jit_sfmt(E, "v%u_%s", (unsigned)e->id, idx);
+        /* A small node's components have names, not indices: inside a loop over a big node
+         * made of small ones (a Concat of small parts, a wide F), a selection among them. */
+        const char *x = jit_sfmt(E, "v%u_%d", (unsigned)e->id, e->dim - 1);
+        for (int c = e->dim - 1; c-- > 0;)
+            x = jit_sfmt(E, "((%s) == %d ? v%u_%d : %s)", idx, c, (unsigned)e->id, c, x);
+        return x;
     }
     size_t p = pos(E, e);
     if (E->col[p] >= 0 && (E->scope == PL_PAIR || (e->op != OP_VAR && !jit_lazy_op(e))))
@@ -551,8 +553,7 @@ static void e_minmax(struct emitter *E, const sr_expr *e)
         P("%s_m;\n", n);
 }
 
-/* Component idx of ExtractT: the operand's component idx - start inside the window, else 0. A
- * symbolic idx (a loop over a big output) selects among a small operand's named components. */
+/* Component idx of ExtractT: the operand's component idx - start inside the window, else 0. */
 static const char *extractt_expr(struct emitter *E, const sr_expr *e, const char *idx)
 {
     const sr_expr *a = e->child[0];
@@ -562,13 +563,8 @@ static const char *extractt_expr(struct emitter *E, const sr_expr *e, const char
         long long c = atoll(idx) - s;
         return c >= 0 && c < a->dim ? jit_ref_c(E, a, (int)c) : zero;
     }
-    if (big(a))
-        return jit_sfmt(E, "((%s) >= %lld && (%s) < %lld ? %s : %s)", idx, s, idx, s + a->dim,
-                        jit_ref(E, a, jit_sfmt(E, "((%s) - %lld)", idx, s)), zero);
-    const char *x = zero;
-    for (int c = a->dim; c-- > 0;)
-        x = jit_sfmt(E, "((%s) == %lld ? %s : %s)", idx, s + c, jit_ref_c(E, a, c), x);
-    return x;
+    return jit_sfmt(E, "((%s) >= %lld && (%s) < %lld ? %s : %s)", idx, s, idx, s + a->dim,
+                    jit_ref(E, a, jit_sfmt(E, "((%s) - %lld)", idx, s)), zero);
 }
 
 static const char *slice_expr(struct emitter *E, const sr_expr *e, const char *idx)
@@ -620,12 +616,107 @@ static void e_onehot(struct emitter *E, const sr_expr *e)
     }
 }
 
+int64_t jit_unrolled_terms(const sr_expr *e)
+{
+    if (e->op == OP_TENSORDOT)
+        return (int64_t)e->dim * expr_tdot_of(e)->ncont;
+    if (e->op == OP_MATVECMULT)
+        return (int64_t)e->dim * e->child[1]->dim;
+    if (e->op == OP_VECMATMULT)
+        return (int64_t)e->dim * e->child[0]->dim;
+    return 0;
+}
+
+/* A contraction out[o] = sum over c of a[ia(o, c)] * b[ib(o, c)], both indices linear in the
+ * row-major multi-indices of o (axes osize) and c (axes csize): ia = o's axis indices times oa
+ * plus c's times ca (ib likewise with ob and cb). */
+struct contraction {
+    int no, nc;
+    const int64_t *osize, *oa, *ob, *csize, *ca, *cb;
+};
+
+/* The C expression of the offset that the index var (over the axes size[0..n), row-major)
+ * moves an operand by: its axis indices times stride. */
+static const char *lin_index(struct emitter *E, const char *var, int n, const int64_t *size,
+                             const int64_t *stride)
+{
+    const char *x = "0";
+    int64_t div = 1;
+    for (int p = n; p-- > 0;) {
+        if (stride[p] != 0) {
+            const char *q = div == 1 ? var : jit_sfmt(E, "(%s / %lld)", var, (long long)div);
+            if (p > 0)
+                q = jit_sfmt(E, "(%s %% %lld)", q, (long long)size[p]);
+            x = jit_sfmt(E, "%s + %s * %lld", x, q, (long long)stride[p]);
+        }
+        div *= size[p];
+    }
+    return x;
+}
+
+/* Component idx (an expression) of the contraction operand x; a small operand of more than one
+ * component was copied into the local array name, its components being named scalars. */
+static const char *operand(struct emitter *E, const sr_expr *x, const char *name, const char *idx)
+{
+    if (big(x) || x->dim == 1)
+        return jit_ref(E, x, jit_sfmt(E, "(%s)", idx));
+    return jit_sfmt(E, "%s[%s]", name, idx);
+}
+
+/* Emits e (a TensorDot, MatVecMult or VecMatMult of more than JIT_UNROLL_TERMS terms) as loops
+ * over the output components and the contracted ones, the terms summed in increasing order of
+ * the contracted index as the reference sums them. */
+static void contract_loops(struct emitter *E, const sr_expr *e, const struct contraction *t,
+                           int64_t ncont)
+{
+    char n[32];
+    jit_nm(e, 0, n);
+    const char *nm[2];
+    for (int s = 0; s < 2; s++) {
+        const sr_expr *x = e->child[s];
+        nm[s] = jit_sfmt(E, "%s_x%d", n, s);
+        if (big(x) || x->dim == 1)
+            continue;
+        P("        const %s %s[%d] = {", T(E), nm[s], x->dim);
+        for (int c = 0; c < x->dim; c++)
+            P("%s%s", c ? ", " : "", jit_ref_c(E, x, c));
+        P("};\n");
+    }
+    if (!big(e))
+        P("        %s %s_t[%d];\n", T(E), n, e->dim);
+    const char *ia = lin_index(E, "td_c", t->nc, t->csize, t->ca),
+               *ib = lin_index(E, "td_c", t->nc, t->csize, t->cb);
+    P("        for (int td_o = 0; td_o < %d; td_o++) {\n", e->dim);
+    P("          const int td_a = %s, td_b = %s;\n", lin_index(E, "td_o", t->no, t->osize, t->oa),
+      lin_index(E, "td_o", t->no, t->osize, t->ob));
+    P("          %s td_s = 0;\n", T(E));
+    P("          for (int td_c = 0; td_c < %lld; td_c++) td_s += %s * %s;\n", (long long)ncont,
+      operand(E, e->child[0], nm[0], jit_sfmt(E, "td_a + %s", ia)),
+      operand(E, e->child[1], nm[1], jit_sfmt(E, "td_b + %s", ib)));
+    P("          %s = td_s;\n        }\n",
+      big(e) ? dst(E, e, "td_o") : jit_sfmt(E, "%s_t[td_o]", n));
+    if (big(e))
+        return;
+    for (int c = 0; c < e->dim; c++) {
+        def(E, e, c);
+        P("%s_t[%d];\n", n, c);
+    }
+}
+
 static void e_matvec(struct emitter *E, const sr_expr *e)
 {
     char n[32];
     bool mv = e->op == OP_MATVECMULT;
     const sr_expr *A = mv ? e->child[0] : e->child[1], *v = mv ? e->child[1] : e->child[0];
     int rows = mv ? e->dim : v->dim, cols = mv ? v->dim : e->dim;
+    if (jit_unrolled_terms(e) > JIT_UNROLL_TERMS) {
+        /* MatVecMult: out[o] = sum_q A[o cols + q] v[q]; VecMatMult: sum_q v[q] A[q cols + o]. */
+        const int64_t os = e->dim, cs = mv ? cols : rows, one = 1, zero = 0, w = cols;
+        struct contraction t = {1,   1,    &os,           mv ? &w : &zero, mv ? &zero : &one,
+                                &cs, &one, mv ? &one : &w};
+        contract_loops(E, e, &t, cs);
+        return;
+    }
     for (int o = 0; o < e->dim; o++) {
         jit_nm(e, o, n);
         P("        %s %s_s = 0;\n", T(E), n);
@@ -651,12 +742,18 @@ static void e_tensor(struct emitter *E, const sr_expr *e)
         }
 }
 
-/* Every output component unrolled: its terms in increasing order of the contracted index, as
- * the reference sums them. */
+/* Up to JIT_UNROLL_TERMS terms, every output component unrolled: its terms in increasing order
+ * of the contracted index, as the reference sums them; loops beyond. */
 static void e_tensordot(struct emitter *E, const sr_expr *e)
 {
     char n[32];
     const struct expr_tdot *t = expr_tdot_of(e);
+    if (jit_unrolled_terms(e) > JIT_UNROLL_TERMS) {
+        struct contraction c = {t->nout,      t->key.nc, t->osize,     t->ostride_a,
+                                t->ostride_b, t->csize,  t->cstride_a, t->cstride_b};
+        contract_loops(E, e, &c, t->ncont);
+        return;
+    }
     for (int o = 0; o < e->dim; o++) {
         jit_nm(e, o, n);
         P("        %s %s_s = 0;\n", T(E), n);

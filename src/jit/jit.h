@@ -66,6 +66,7 @@ struct jit_plan {
     int64_t state_bytes;
     int64_t workspace_bytes; /* per thread: the tile and a block of row states */
     int hoisted_outer, hoisted_inner, pair_nodes;
+    bool loops; /* loop mode (emit-c.h): plain pair loop, wide values in loops */
     /* Inputs, zero by default. ws_limit: the per-thread workspace to shrink the tiles under
      * (0 = none). gemm: the inner-product node that the gemm-epilogue strategy (src/cpu/gemm.c)
      * computes with a tile gemm (symred's AVX-512 one or BLIS); the generated code reads it from
@@ -82,8 +83,9 @@ struct jit_plan {
     int gemm_arg, gemm_ld, gemm_rows;
 };
 
-/* Emits the C source of kernel k with accumulation mode acc into b. SR_ENOTSUP when the
- * formula is too large for the direct strategy (the caller falls back), SR_ENOMEM. */
+/* Emits the C source of kernel k with accumulation mode acc into b: any formula, any width
+ * (wide or large ones in loop mode, see emit-c.h). SR_ENOMEM; SR_ENOTSUP or SR_EINTERNAL only
+ * for an emitter bug. */
 sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
                      struct jit_plan *plan);
 
@@ -96,11 +98,15 @@ struct jit_nodes {
     struct expr_buf inner;   /* one reduced index's nodes (r, jj), stored into tb */
     struct expr_buf pair;    /* the pair's nodes (jj), the tile's columns loaded first */
     char **f, **w;           /* NULL-terminated: F's and the weight's components in pair scope */
+    /* F's (the weight's) component sr_c, an int the caller's loop defines, where F (the weight)
+     * is big (more than JIT_BIG components, emit-c.h); else NULL. */
+    char *floop, *wloop;
+    bool loops; /* pair nodes may be arrays (loop mode of emit-c.h) */
     int ncol, nuniform, nouter, ninner, npair;
 };
 
 /* Fills out for kernel k. spell[op] (OP_COUNT entries, NULL = the C spelling) overrides the
- * elementwise templates. SR_ENOTSUP when the formula is too large, SR_ENOMEM. */
+ * elementwise templates. SR_ENOMEM. */
 sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell,
                          struct jit_nodes *out);
 void jit_nodes_free(struct jit_nodes *n);

@@ -241,6 +241,7 @@ def _declare(lib):
         "sr_kernel_free": (None, [c_void_p]),
         "sr_kernel_nargs": (c_int, [c_void_p]),
         "sr_kernel_out_dim": (c_int, [c_void_p]),
+        "sr_kernel_var": (c_int, [c_void_p, c_int, P(c_int), P(c_int)]),
         "sr_kernel_run_ex": (c_int, [c_void_p, P(RunDesc)]),
         "sr_kernel_run_device": (c_int, [c_void_p, P(RunDesc), ctypes.c_uint64, c_int]),
         "sr_kernel_run_ranges": (c_int, [c_void_p, P(RunDesc), P(Ranges)]),
@@ -302,3 +303,17 @@ def check(status, ctx, what=None):
     """Raises the exception for status unless it is SR_OK."""
     if status != SR_OK:
         raise make_error(status, ctx, what)
+
+
+def kernel_vars(ptr):
+    """{index: (cat, dim)} of the variables a kernel reads (sr_kernel_var): gradient kernels'
+    come from sr_grad, so the bindings do not know them otherwise. An index missing from the
+    result is unused."""
+    out = {}
+    cat, dim = ctypes.c_int(), ctypes.c_int()
+    for v in range(lib.sr_kernel_nargs(ptr)):
+        check(lib.sr_kernel_var(ptr, v, ctypes.byref(cat), ctypes.byref(dim)), None,
+              "sr_kernel_var")
+        if dim.value:
+            out[v] = (cat.value, dim.value)
+    return out

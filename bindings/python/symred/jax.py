@@ -33,7 +33,6 @@ module does, and raises ImportError without it.
 
 import ctypes
 import os
-import re
 import weakref
 from pathlib import Path
 
@@ -63,8 +62,6 @@ _WITH_INDICES = _INDEX_ONLY + ("Min_ArgMin", "Max_ArgMax", "KMin_ArgKMin")
 # Min, Max and KMin gradients need the selected indices: the forward runs the reduction that
 # returns both, and Genred hands back the values only.
 _WITH_ARG = {"Min": "Min_ArgMin", "Max": "Max_ArgMax", "KMin": "KMin_ArgKMin"}
-_ARG_RE = re.compile(r"\[(\d+)\] (?:(Vi|Vj|Pm)\((\d+)\)|unused)")
-_CATS = {"Vi": SR_CAT_I, "Vj": SR_CAT_J, "Pm": SR_CAT_PARAM}
 _TARGET = "symred_reduce"
 
 # ---- the FFI library --------------------------------------------------------------------
@@ -138,18 +135,6 @@ def keepers_alive():
 # ---- kernels ----------------------------------------------------------------------------
 
 
-def _kernel_vars(ptr):
-    """{index: (cat, dim)} of the variables a kernel reads, from its explain text (the
-    gradient kernels' come from sr_grad, so the bindings do not know them otherwise)."""
-    text = lib.sr_kernel_explain(ptr).decode(errors="replace")
-    line = next((ln for ln in text.splitlines() if ln.startswith("arguments:")), None)
-    if line is None:
-        raise _lib.SymredRuntimeError("symred.jax: the kernel's explain text has no "
-                                      "'arguments:' line; the library and bindings disagree")
-    return {int(m.group(1)): (_CATS[m.group(2)], int(m.group(3)))
-            for m in _ARG_RE.finditer(line) if m.group(2)}
-
-
 class _Kernel:
     """A compiled sr_kernel and what the FFI calls and their derivatives need of it; its
     gradient kernels are created on demand in the same context. ``make`` rebuilds the same
@@ -163,7 +148,7 @@ class _Kernel:
         self.jvp_mask = None  # for a tangent kernel: the variables of the parent it derives
         self.nargs = lib.sr_kernel_nargs(ptr)
         self.out_dim = lib.sr_kernel_out_dim(ptr)
-        self.vars = _kernel_vars(ptr)
+        self.vars = _lib.kernel_vars(ptr)
         self._derived = {}
 
     def _new_derived(self, key, make):

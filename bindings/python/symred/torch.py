@@ -26,7 +26,6 @@ their vmap rule runs the vmapped dimension as batch dimensions, in one launch
 
 import ctypes
 import os
-import re
 import sys
 import threading
 
@@ -65,25 +64,10 @@ if _genred._ml_dtypes is not None:
 _SELECTING = ("Min", "Max", "Min_ArgMin", "Max_ArgMax", "KMin", "KMin_ArgKMin")
 _INDEX_ONLY = ("ArgMin", "ArgMax", "ArgKMin")
 _WITH_INDICES = _INDEX_ONLY + ("Min_ArgMin", "Max_ArgMax", "KMin_ArgKMin")
-_ARG_RE = re.compile(r"\[(\d+)\] (?:(Vi|Vj|Pm)\((\d+)\)|unused)")
-_CATS = {"Vi": _lib.SR_CAT_I, "Vj": _lib.SR_CAT_J, "Pm": SR_CAT_PARAM}
 
 # A Min, Max or KMin gradient needs the selected indices: the forward runs the reduction
 # that returns both, and Genred hands back the values only.
 _WITH_ARG = {"Min": "Min_ArgMin", "Max": "Max_ArgMax", "KMin": "KMin_ArgKMin"}
-
-
-def _kernel_vars(ptr):
-    """{index: (cat, dim)} of the variables a kernel reads, from its explain text: the only
-    place the C API states them (the gradient kernels' come from sr_grad, so the bindings
-    cannot know them otherwise). An index missing from the result is unused."""
-    text = lib.sr_kernel_explain(ptr).decode(errors="replace")
-    line = next((ln for ln in text.splitlines() if ln.startswith("arguments:")), None)
-    if line is None:
-        raise _lib.SymredRuntimeError("symred.torch: the kernel's explain text has no "
-                                      "'arguments:' line; the library and bindings disagree")
-    return {int(m.group(1)): (_CATS[m.group(2)], int(m.group(3)))
-            for m in _ARG_RE.finditer(line) if m.group(2)}
 
 
 class _Kernel:
@@ -104,7 +88,7 @@ class _Kernel:
         self.derived = derived
         self.nargs = lib.sr_kernel_nargs(ptr)
         self.out_dim = lib.sr_kernel_out_dim(ptr)
-        self.vars = _kernel_vars(ptr)
+        self.vars = _lib.kernel_vars(ptr)
         self._derived = {}
 
     def _new_derived(self, key, make):
