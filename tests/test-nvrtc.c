@@ -180,6 +180,30 @@ static const char *const small_terms[] = {"Sum(x+y)",
                                           " [2,0,1]))",
                                           NULL,
                                           NULL};
+/* The complex ops on interleaved (re, im) pairs: u, v of 2 complex numbers, c a complex scalar. */
+static const char *const complex_aliases[] = {"u=Vi(4)", "v=Vj(4)", "c=Pm(2)", "p=Pm(1)",
+                                              "x=Vi(3)"};
+static const char *const complex_terms[] = {"ComplexAdd(u, v)",
+                                            "ComplexSubtract(u, v)",
+                                            "ComplexMult(u, v)",
+                                            "ComplexDivide(u, v)",
+                                            "ComplexScal(c, v)",
+                                            "ComplexRealScal(p, u)",
+                                            "Conj(u-v)",
+                                            "ComplexExp(u-v)",
+                                            NULL,
+                                            "ComplexExp1j(x)",
+                                            "ComplexReal(ComplexMult(u, v))",
+                                            "ComplexImag(ComplexMult(u, v))",
+                                            "ComplexAbs(u-v)",
+                                            "ComplexSquareAbs(u-v)",
+                                            "ComplexAngle(u-v)",
+                                            "Real2Complex(x)",
+                                            "Imag2Complex(x)",
+                                            "ComplexSum(ComplexMult(u, v))",
+                                            "ComplexSumT(ComplexSum(u-v), 6)",
+                                            NULL,
+                                            NULL};
 static const char *const big_aliases[] = {"x=Vi(20)", "y=Vj(20)", "p=Pm(1)", "W=Pm(400)"};
 static const char *const big_terms[] = {"Sum(Exp(x-y)*Sqrt(x*y)+Pow(x, 2)-Round(y, 1))",
                                         "(Normalize(x)|Normalize(y))",
@@ -220,10 +244,10 @@ Test(nvrtc, every_op_compiles_for_sm80_and_sm90)
     sr_ctx *ctx;
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
     bool seen[OP_COUNT] = {false};
-    for (int big = 0; big < 2; big++) {
-        const char *const *al = big ? big_aliases : small_aliases;
-        int nal = big ? 4 : 5;
-        const char *const *terms = big ? big_terms : small_terms;
+    for (int set = 0; set < 3; set++) {
+        const char *const *al = set == 2 ? complex_aliases : set ? big_aliases : small_aliases;
+        int nal = set == 1 ? 4 : 5;
+        const char *const *terms = set == 2 ? complex_terms : set ? big_terms : small_terms;
         for (int pos = 0; terms[pos];) {
             char *text = batch(terms, &pos);
             sr_expr *f;
