@@ -1,10 +1,10 @@
 #!/usr/bin/python3
-"""Backward over forward of the Gaussian mat-vec through symred.torch (issue 11's benchmark).
+"""Backward over forward of the Gaussian mat-vec through symred.torch.
 
 out_i = sum_j exp(-g |x_i - y_j|^2) b_j, D = 3, float32, N = M = 40000 by default; the
 backward is the gradient with respect to x (one gradient kernel, a Sum over j). Both passes
 run in this process on the same data; the figure is the ratio of their median times
-(target: at most 2.5 in the issue, 1.3 in DESIGN.md). pykeops.torch is put beside when it
+(the goal: at most 1.3). pykeops.torch is put beside when it
 imports (never required; not installed by deps.sh; e.g. a venv with --system-site-packages
 and `pip install pykeops`), with the ratios symred/pykeops of each pass. With
 SYMRED_BENCH_RECORD set, the figures are appended to that file as data (bench/record.py).
