@@ -110,6 +110,43 @@ Test(cache, second_creation_hits_disk)
     free(e2);
 }
 
+/* One module loaded by several contexts: each later context's descriptor finds the loaded
+ * object by the file's identity, and the loader keeps /proc/self/fd/N as one more name of it.
+ * Once those contexts are freed their numbers are reused, and another kernel's entry opened
+ * under such a number must load its own code, not the object that name once found. */
+Test(cache, reused_descriptor_names_load_their_own_module)
+{
+    enum { SHARERS = 8 };
+    const char *other = "Exp(-SqDist(x, y) * g * g)";
+    free(build_and_check(formula, 0.5)); /* both entries on disk */
+    sr_ctx *c;
+    sr_expr *f;
+    sr_kernel *k;
+    cr_assert_eq(new_kernel_in(other, &c, &f, &k), SR_OK, "%s", sr_ctx_error(c));
+    sr_kernel_free(k);
+    sr_ctx_free(c);
+    sr_ctx *keep, *share[SHARERS];
+    sr_kernel *kk, *ks[SHARERS];
+    cr_assert_eq(new_kernel_in(formula, &keep, &f, &kk), SR_OK, "%s", sr_ctx_error(keep));
+    for (int i = 0; i < SHARERS; i++)
+        cr_assert_eq(new_kernel_in(formula, &share[i], &f, &ks[i]), SR_OK);
+    for (int i = 0; i < SHARERS; i++) {
+        sr_kernel_free(ks[i]);
+        sr_ctx_free(share[i]);
+    }
+    cr_assert_eq(new_kernel_in(other, &c, &f, &k), SR_OK, "%s", sr_ctx_error(c));
+    float x[2] = {0, 0}, y[6] = {0, 0, 1, 0, 0, 2}, g = 0.5f, out[1];
+    const void *args[] = {x, y, &g};
+    cr_assert_eq(sr_kernel_run(k, 1, 3, args, out), SR_OK, "%s", sr_ctx_error(c));
+    double expect = 1.0 + exp(-0.25) + exp(-1.0);
+    cr_expect(tu_close(out[0], expect, 1e-5, 0),
+              "got %.8g, expected %.8g (the other module's code?)", out[0], expect);
+    sr_kernel_free(k);
+    sr_ctx_free(c);
+    sr_kernel_free(kk);
+    sr_ctx_free(keep);
+}
+
 Test(cache, same_context_hits_memory)
 {
     sr_ctx *ctx;

@@ -382,15 +382,23 @@ sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *er
     return adopt(h, path, m, err, errcap);
 }
 
+/* Whether path (a name a loaded object was opened under) refers to the file open as fd. */
+static bool same_file(int fd, const char *path)
+{
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size_t errcap)
 {
     (void)ctx;
-    /* The dynamic loader finds an already loaded object by its name before it looks at the
-     * file, so /proc/self/fd/N must not name another loaded object. Each loaded module keeps
-     * its descriptor open, so live modules never share N; a name that is loaded all the same
-     * belongs to an object that dlclose could not unload, and the file is then loaded under
-     * another number (a dup). An object found by the file's identity (the same file loaded by
-     * another context under its own number) is the right one. */
+    /* The dynamic loader finds an already loaded object by any name it was ever opened under
+     * before it looks at the file, so /proc/self/fd/N may name another loaded object: one that
+     * dlclose could not unload, or one that another context's descriptor N found by the file's
+     * identity (the loader then adds N to its names) after that descriptor was closed. An
+     * object found so is the right one only if its own name still refers to this file;
+     * otherwise the file is loaded under another number (a dup). */
     enum { TRIES = 8 };
     int spare[TRIES], nspare = 0;
     char name[64];
@@ -403,7 +411,8 @@ sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size
             h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
             break;
         }
-        if (dlinfo(old, RTLD_DI_LINKMAP, &lm) != 0 || !lm || strcmp(lm->l_name, name) != 0) {
+        if (dlinfo(old, RTLD_DI_LINKMAP, &lm) == 0 && lm && strcmp(lm->l_name, name) != 0 &&
+            same_file(fd, lm->l_name)) {
             h = old;
             break;
         }
