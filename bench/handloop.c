@@ -22,14 +22,13 @@ void bench_hand_gauss(int64_t n, int64_t m, const float *x, const float *y, cons
 void bench_hand_gauss_f64(int64_t n, int64_t m, const double *x, const double *y, const double *b,
                           double g, double *out);
 void bench_hand_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out);
-void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k,
-                        int64_t *out);
+void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out);
 
 /* The mat-vec in the scalar type T with the exponential EXP, as one writes it by hand. */
 #define HAND_GAUSS(name, T, EXP)                                                                   \
     void name(int64_t n, int64_t m, const T *x, const T *y, const T *b, T g, T *out)               \
     {                                                                                              \
-        _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < n; i++)              \
+        _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < n; i++)               \
         {                                                                                          \
             const T x0 = x[3 * i], x1 = x[3 * i + 1], x2 = x[3 * i + 2];                           \
             T s = 0;                                                                               \
