@@ -257,6 +257,27 @@ double cpu_avx512_expsum_f32(const float *F, float *P, int64_t n, float m);
 void cpu_avx512_describe(int f64, int64_t K, char *buf, size_t size);
 int64_t cpu_avx512_kc_max(int f64);
 
+/* ---- symred's AVX2 + FMA strip products (gemm-avx2.c), used by the fused strategy -----------
+ * float32 only; call only when cpu_avx2_usable() (the CPU has AVX2 and FMA). A strip is h >= 0
+ * rows of a row-major A (row stride lda), done CPU_AVX2_MR rows at a time by the micro-kernel.
+ * No allocation, single-threaded. */
+#define CPU_AVX2_MR 6
+bool cpu_avx2_usable(void);
+/* Packs B (n x K, row stride ldb) as B^T in panels of 16 columns (zero-padded), into
+ * cpu_avx2_pack_bt_bytes(n, K) bytes at Bp, 32-byte aligned. */
+int64_t cpu_avx2_pack_bt_bytes(int64_t n, int64_t K);
+void cpu_avx2_pack_bt(int64_t n, int64_t K, const float *B, int64_t ldb, float *Bp);
+/* C (h x n, row stride ldc) = A (h x K) B^T, B packed by cpu_avx2_pack_bt. Writes the columns
+ * up to n rounded up to 16: ldc must be at least that. */
+void cpu_avx2_strip_abt(int64_t h, int64_t K, const float *A, int64_t lda, const float *Bp,
+                        int64_t n, float *C, int64_t ldc);
+/* Packs V (K x n, row stride ldv) in panels of 16 columns (zero-padded), into
+ * cpu_avx2_pack_bt_bytes(n, K) bytes at Vp, 32-byte aligned. */
+void cpu_avx2_pack_v(int64_t K, int64_t n, const float *V, int64_t ldv, float *Vp);
+/* C (h x n, row stride ldc) += A (h x K) V, V packed by cpu_avx2_pack_v. */
+void cpu_avx2_strip_av(int64_t h, int64_t K, const float *A, int64_t lda, const float *Vp,
+                       int64_t n, float *C, int64_t ldc);
+
 /* ---- the gemm-epilogue strategy of the CPU JIT (src/cpu/gemm.c) ---- */
 
 /* Plans kernel k for the gemm-epilogue strategy: when F depends on the pair only through one
@@ -289,8 +310,9 @@ void cpu_blis_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *A, int6
 
 /* The tile gemm that SYMRED_GEMM_KERNEL (auto|avx512|blis, read from ctx) picks on this
  * machine: 0 symred's AVX-512 one, 1 BLIS, -1 none or SYMRED_GEMM=off (the direct strategy
- * only). SR_EINVAL for a malformed variable. */
-sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern);
+ * only); *forced (may be NULL): whether the variable asked for BLIS by name. SR_EINVAL for a
+ * malformed variable. */
+sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis);
 
 /* ---- the fused two-product strategy of the CPU JIT (src/cpu/fused.c) ---- */
 

@@ -59,7 +59,13 @@
  * the dense K @ B, against 1.1x for R = 256. */
 #define FUSED_COLS 256
 
-enum { KERN_AVX512, KERN_BLIS };
+/* The products' gemm: symred's AVX-512 one on whole tiles, BLIS on whole tiles, or symred's AVX2
+ * strip products (gemm-avx2.c) on strips of FUSED_STRIP rows of the tile. */
+enum { KERN_AVX512, KERN_BLIS, KERN_AVX2 };
+
+/* Output rows per strip with the AVX2 products: two micro-kernel strips, so that a strip's
+ * inner products and F (2 x 12 x 256 float32) stay in L1 beside its rows of Q and of the output. */
+#define FUSED_STRIP (2 * CPU_AVX2_MR)
 
 /* F as a product of at most this many factors, each of which depends on the pair through at
  * most one inner product of two variables that a gemm computes (attention's gradient:
@@ -314,12 +320,16 @@ static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, i
         if (fk->kern == KERN_AVX512)
             b += al64(cpu_avx512_pack_a_bytes(ti, fc->dim, f64)) +
                  al64(cpu_avx512_pack_b_bytes(tj, fc->dim, f64));
+        else if (fk->kern == KERN_AVX2)
+            b += al64(cpu_avx2_pack_bt_bytes(tj, fc->dim));
     }
     if (fk->rc < fk->R)
         b += al64((int64_t)ti * ld_pass(fk) * es) + al64((int64_t)tj * ld_pass(fk) * es);
     if (fk->kern == KERN_AVX512) {
         b += al64(cpu_avx512_pack_a_bytes(ti, tj, f64)) +
              al64(cpu_avx512_pack_b_bytes(fk->rc, tj, f64));
+    } else if (fk->kern == KERN_AVX2) {
+        b += al64(cpu_avx2_pack_bt_bytes(fk->rc, tj));
     } else {
         /* BLIS packs into its own buffers: both operands of the larger product, an estimate. */
         int64_t kk = tj > D ? tj : D, nn = fk->rc > tj ? fk->rc : tj;
@@ -374,7 +384,8 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
         return SR_ENOTSUP;
     /* The products: symred's AVX-512 gemm where the CPU has it, else BLIS (SYMRED_GEMM_KERNEL). */
     int kern;
-    sr_status st = cpu_gemm_kernel(ctx, &kern);
+    bool forced_blis;
+    sr_status st = cpu_gemm_kernel(ctx, &kern, &forced_blis);
     if (st != SR_OK)
         return st;
     if (kern < 0)
@@ -412,6 +423,10 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
     bool gemm_factor = false;
     for (int q = 0; q < fk->nfac; q++)
         gemm_factor |= fk->fac[q].gemm != 0;
+    /* Without AVX-512F, float32 with a factor of F from a gemm (attention and its gradients):
+     * the AVX2 strip products, unless SYMRED_GEMM_KERNEL=blis asks for BLIS. */
+    if (kern == KERN_BLIS && !forced_blis && gemm_factor && k->dtype == SR_F32 && cpu_avx2_usable())
+        fk->kern = KERN_AVX2;
     if ((gemm_form && !gemm_factor) || !(fk->why = fused_choose(k, fk))) {
         free(fk);
         return SR_ENOTSUP;
@@ -537,11 +552,15 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
         if (fk->kern == KERN_AVX512) {
             TAKE(w->Qp[q], cpu_avx512_pack_a_bytes(ti, fc->dim, f64));
             TAKE(w->Kp[q], cpu_avx512_pack_b_bytes(tj, fc->dim, f64));
+        } else if (fk->kern == KERN_AVX2) {
+            TAKE(w->Kp[q], cpu_avx2_pack_bt_bytes(tj, fc->dim));
         }
     }
     if (fk->kern == KERN_AVX512) {
         TAKE(w->Ap, cpu_avx512_pack_a_bytes(ti, tj, f64));
         TAKE(w->Bp, cpu_avx512_pack_b_bytes(fk->rc, tj, f64));
+    } else if (fk->kern == KERN_AVX2) {
+        TAKE(w->Bp, cpu_avx2_pack_bt_bytes(fk->rc, tj));
     }
 #undef TAKE
     for (int v = 0; v < k->nargs; v++)
@@ -586,6 +605,16 @@ static inline __attribute__((always_inline)) double expsum_body(float *F, int64_
     return sum;
 }
 
+/* The row maximum as an OpenMP simd max-reduction. gcc vectorises it; clang cannot (the
+ * comparison's NaN order forbids its reordering) and, asked to, fails the build under -Werror
+ * (-Wpass-failed), so clang gets the plain loop. */
+#define SIMD_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define SIMD_MAX(v)
+#else
+#define SIMD_MAX(v) SIMD_PRAGMA(omp simd reduction(max : v))
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__)
 /* expsum_body with AVX2 and FMA, eight values at a time; the tail by expsum_body. */
 __attribute__((target("avx2,fma"))) static double expsum_avx2(float *F, int64_t n, float m)
@@ -624,7 +653,43 @@ __attribute__((target("avx2,fma"))) static double expsum_avx2(float *F, int64_t 
         t += lanes[l];
     return t;
 }
+
+/* The largest value of F[c], c < n, at least lo; a NaN never wins (as tm = F > tm ? F : tm): the
+ * maximum instruction returns its second operand when either is NaN. */
+__attribute__((target("avx2,fma"))) static float rowmax_avx2(const float *F, int64_t n, float lo)
+{
+    __m256 m0 = _mm256_set1_ps(lo), m1 = m0, m2 = m0, m3 = m0;
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(F + c), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(F + c + 8), m1);
+        m2 = _mm256_max_ps(_mm256_loadu_ps(F + c + 16), m2);
+        m3 = _mm256_max_ps(_mm256_loadu_ps(F + c + 24), m3);
+    }
+    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    float lanes[8], tm = lo;
+    _mm256_storeu_ps(lanes, m0);
+    for (int l = 0; l < 8; l++)
+        tm = lanes[l] > tm ? lanes[l] : tm;
+    for (; c < n; c++)
+        tm = F[c] > tm ? F[c] : tm;
+    return tm;
+}
 #endif
+
+/* The largest value of F[c], c < n, and -inf; a NaN never wins. */
+static float rowmax_f32(const float *F, int64_t n)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx2"))
+        return rowmax_avx2(F, n, -INFINITY);
+#endif
+    float tm = -INFINITY;
+    SIMD_MAX(tm)
+    for (int64_t c = 0; c < n; c++)
+        tm = F[c] > tm ? F[c] : tm;
+    return tm;
+}
 
 static double expsum_f32(float *F, int64_t n, float m)
 {
@@ -635,58 +700,46 @@ static double expsum_f32(float *F, int64_t n, float m)
     return expsum_body(F, n, m);
 }
 
-/* The row maximum as an OpenMP simd max-reduction. gcc vectorises it; clang cannot (the
- * comparison's NaN order forbids its reordering) and, asked to, fails the build under -Werror
- * (-Wpass-failed), so clang gets the plain loop. */
-#define SIMD_PRAGMA(x) _Pragma(#x)
-#if defined(__clang__)
-#define SIMD_MAX(v)
-#else
-#define SIMD_MAX(v) SIMD_PRAGMA(omp simd reduction(max : v))
-#endif
-
-/* The online softmax of rows [0, no) of the tile (row stride nj): the running maximum, the
- * rescaling of the row's output (cols values, row stride ldo) and sum, and the tile replaced by
- * exp(F - m). */
+/* The online softmax of rows [0, no) of the tile (row stride nj), rows [s0, s0 + no) of the block:
+ * the running maximum, the rescaling of the row's output (cols values, row stride ldo) and sum, and
+ * the tile replaced by exp(F - m). */
 static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, struct fused_ws *w,
-                         char *out, int64_t ldo, int64_t no, int64_t nj, int cols)
+                         int64_t s0, char *out, int64_t ldo, int64_t no, int64_t nj, int cols)
 {
+    double *wm = w->m + s0, *wsum = w->s + s0;
     for (int64_t o = 0; o < no; o++) {
         if (k->dtype == SR_F64) {
             double *F = (double *)w->F + o * nj, tm = -INFINITY;
             SIMD_MAX(tm)
             for (int64_t c = 0; c < nj; c++)
                 tm = F[c] > tm ? F[c] : tm; /* NaN passes: it reaches the sums through exp */
-            double mn = tm > w->m[o] ? tm : w->m[o];
-            if (mn > w->m[o] && w->m[o] > -INFINITY) {
-                double sa = exp(w->m[o] - mn);
+            double mn = tm > wm[o] ? tm : wm[o];
+            if (mn > wm[o] && wm[o] > -INFINITY) {
+                double sa = exp(wm[o] - mn);
                 double *orow = (double *)out + o * ldo;
                 for (int c = 0; c < cols; c++)
                     orow[c] *= sa;
-                w->s[o] *= sa;
+                wsum[o] *= sa;
             }
-            w->m[o] = mn;
+            wm[o] = mn;
             double ts = 0;
             for (int64_t c = 0; c < nj; c++) {
                 F[c] = F[c] == -INFINITY ? 0 : exp(F[c] - mn);
                 ts += F[c];
             }
-            w->s[o] += ts;
+            wsum[o] += ts;
         } else {
-            float *F = (float *)w->F + o * nj, tm = -INFINITY;
-            SIMD_MAX(tm) /* a NaN never wins, as in the loop above */
-            for (int64_t c = 0; c < nj; c++)
-                tm = F[c] > tm ? F[c] : tm;
-            float mo = (float)w->m[o], mn = tm > mo ? tm : mo;
+            float *F = (float *)w->F + o * nj, tm = rowmax_f32(F, nj);
+            float mo = (float)wm[o], mn = tm > mo ? tm : mo;
             if (mn > mo && mo > -INFINITY) {
                 float sa = expf(mo - mn);
                 float *orow = (float *)out + o * ldo;
                 for (int c = 0; c < cols; c++)
                     orow[c] *= sa;
-                w->s[o] *= sa;
+                wsum[o] *= sa;
             }
-            w->m[o] = mn;
-            w->s[o] += fk->kern == KERN_AVX512 ? cpu_avx512_expsum_f32(F, F, nj, mn)
+            wm[o] = mn;
+            wsum[o] += fk->kern == KERN_AVX512 ? cpu_avx512_expsum_f32(F, F, nj, mn)
                                                : expsum_f32(F, nj, mn);
         }
     }
@@ -709,8 +762,11 @@ static int factor_tiles(const sr_kernel *k, const struct fused_kernel *fk, const
             /* G (no x nj, row stride tj) = Q Kt^T, Kt stored nj x D row-major. */
             if (fk->kern == KERN_AVX512)
                 cpu_avx512_gemm(f64, no, nj, D, w->Qp[q], Kt, w->Kp[q], w->G[q], fk->tj);
-            else
+            else if (fk->kern == KERN_BLIS)
                 cpu_blis_gemm(f64, no, nj, D, Q, D, 1, Kt, 1, D, 0, w->G[q], fk->tj);
+            else /* Kt packed in w->Kp[q] for the tile (fold_cols) */
+                cpu_avx2_strip_abt(no, D, (const float *)Q, D, (const float *)w->Kp[q], nj,
+                                   (float *)w->G[q], fk->tj);
         }
         w->args[k->nargs] = w->G[q];
         if (fc->m->block(o0, o1, rt, rt + nj, w->args, q ? w->F2 : w->F, nj, 1))
@@ -735,9 +791,10 @@ static int factor_tiles(const sr_kernel *k, const struct fused_kernel *fk, const
     return 0;
 }
 
-/* w->s[o] += the sum of row o of the tile of F (row stride nj), o < no. */
-static void row_sums(int f64, struct fused_ws *w, int64_t no, int64_t nj)
+/* wsum[o] += the sum of row o of the tile of F (row stride nj), o < no. */
+static void row_sums(int f64, struct fused_ws *w, int64_t s0, int64_t no, int64_t nj)
 {
+    double *wsum = w->s + s0;
     for (int64_t o = 0; o < no; o++) {
         double t = 0;
         if (f64) {
@@ -753,7 +810,7 @@ static void row_sums(int f64, struct fused_ws *w, int64_t no, int64_t nj)
                 tf += F[c];
             t = tf;
         }
-        w->s[o] += t;
+        wsum[o] += t;
     }
 }
 
@@ -800,7 +857,8 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
         w->s[o] = 0;
     }
     const char *V = (const char *)r->args[fk->bvar] + c0 * es;
-    const bool avx = fk->kern == KERN_AVX512;
+    const bool avx = fk->kern == KERN_AVX512, strips = fk->kern == KERN_AVX2;
+    const int64_t sh = strips ? FUSED_STRIP : no;
     for (int q = 0; q < fk->nfac; q++)
         if (fk->fac[q].gemm && avx)
             cpu_avx512_pack_a(f64, no, fk->fac[q].dim,
@@ -811,24 +869,39 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
             const int64_t nj = r1 - rt < fk->tj ? r1 - rt : fk->tj;
             const char *Vt = V + rt * R * es;
             int64_t ldv = R;
-            if (w->Vb) { /* the tile of B's pass columns, at stride ld_pass */
+            if (w->Vb && !strips) { /* the tile of B's pass columns, at stride ld_pass */
                 for (int64_t j = 0; j < nj; j++)
                     memcpy(w->Vb + j * ld_pass(fk) * es, Vt + j * R * es, (size_t)(cols * es));
                 Vt = w->Vb;
                 ldv = ld_pass(fk);
             }
-            if (factor_tiles(k, fk, r, w, o0, o1, rt, nj))
-                return 1;
-            if (fk->avar >= 0)
-                row_sums(f64, w, no, nj);
-            if (ssmw)
-                softmax_tile(k, fk, w, out, ldo, no, nj, cols);
-            /* out (no x cols, row stride ldo) += F (no x nj) Vt (nj x cols, row stride ldv). */
-            if (avx) {
-                cpu_avx512_pack_a(f64, no, nj, w->F, w->Ap);
-                cpu_avx512_gemm_kn(f64, no, cols, nj, w->Ap, Vt, ldv, w->Bp, out, ldo, 1);
-            } else {
-                cpu_blis_gemm(f64, no, cols, nj, w->F, nj, 1, Vt, ldv, 1, 1, out, ldo);
+            if (strips) /* the tile of B, read by every strip */
+                cpu_avx2_pack_v(nj, cols, (const float *)Vt, ldv, (float *)w->Bp);
+            for (int f = 0; f < fk->nfac && strips; f++)
+                if (fk->fac[f].gemm)
+                    cpu_avx2_pack_bt(nj, fk->fac[f].dim,
+                                     (const float *)r->args[fk->fac[f].vb] + rt * fk->fac[f].dim,
+                                     fk->fac[f].dim, (float *)w->Kp[f]);
+            /* The tile's rows in strips (whole with the AVX-512 gemm and BLIS). */
+            for (int64_t s0 = 0; s0 < no; s0 += sh) {
+                const int64_t h = no - s0 < sh ? no - s0 : sh;
+                char *os = out + s0 * ldo * es;
+                if (factor_tiles(k, fk, r, w, o0 + s0, o0 + s0 + h, rt, nj))
+                    return 1;
+                if (fk->avar >= 0)
+                    row_sums(f64, w, s0, h, nj);
+                if (ssmw)
+                    softmax_tile(k, fk, w, s0, os, ldo, h, nj, cols);
+                /* os (h x cols, row stride ldo) += F (h x nj) Vt (nj x cols, row stride ldv). */
+                if (avx) {
+                    cpu_avx512_pack_a(f64, h, nj, w->F, w->Ap);
+                    cpu_avx512_gemm_kn(f64, h, cols, nj, w->Ap, Vt, ldv, w->Bp, os, ldo, 1);
+                } else if (!strips) {
+                    cpu_blis_gemm(f64, h, cols, nj, w->F, nj, 1, Vt, ldv, 1, 1, os, ldo);
+                } else {
+                    cpu_avx2_strip_av(h, nj, (const float *)w->F, nj, (const float *)w->Bp, cols,
+                                      (float *)os, ldo);
+                }
             }
         }
     if (ssmw)

@@ -271,10 +271,12 @@ static sr_status gemm_mode(sr_ctx *ctx, int *mode)
     return sr__env_choice(ctx, gemm_mode_var(), gemm_modes, 3, 0, mode);
 }
 
-sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern)
+sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis)
 {
-    int asked, mode;
+    int asked = 0, mode;
     sr_status st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
+    if (forced_blis)
+        *forced_blis = asked == 2;
     if (st == SR_OK)
         st = gemm_mode(ctx, &mode);
     if (st == SR_OK)
