@@ -8,7 +8,9 @@
  * and sizes that no tile divides; NaN and infinities in F's inputs and in B; block-sparse ranges;
  * a memory budget that shrinks the tiles, and one that nothing fits (SR_EBUDGET). Every case runs
  * twice, the second time with SYMRED_GEMM_KERNEL=blis (suite wide_blis), so both products' gemms
- * stay tested on an AVX-512 machine; explain must name the strategy where a gemm is available.
+ * stay tested on an AVX-512 machine; explain must name the strategy where a gemm is available,
+ * and the AVX2 strip products (src/cpu/gemm-avx2.c) where they run: float32 with F from inner
+ * products on a CPU with AVX2 and FMA but not AVX-512F, unless SYMRED_GEMM_KERNEL=blis.
  * Wide formulas that are no fused two-product: tests/test-wide-reductions.c.
  */
 #define _GNU_SOURCE
@@ -24,7 +26,7 @@
 #include "util.h"
 
 static sr_ctx *ctx;
-static bool have_gemm;
+static bool have_gemm, force_blis;
 
 static void setup(void)
 {
@@ -33,6 +35,7 @@ static void setup(void)
     unsetenv("SYMRED_MEM_LIMIT");
     unsetenv("SYMRED_NUM_THREADS");
     have_gemm = cpu_avx512_usable() || tu_blis_usable();
+    force_blis = false;
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
 }
 static void setup_blis(void)
@@ -41,6 +44,7 @@ static void setup_blis(void)
     setup();
     setenv("SYMRED_GEMM_KERNEL", "blis", 1);
     have_gemm = tu_blis_usable();
+    force_blis = true;
 }
 static void teardown(void)
 {
@@ -178,6 +182,12 @@ static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
     cr_assert(strstr(ex, "backend: cpu-jit"), "expected the CPU JIT:\n%s", ex);
     if (fused)
         cr_assert(strstr(ex, "workspace") && strstr(ex, "tiles: "), "%s", ex);
+    /* float32 with F from inner products, without AVX-512F: the AVX2 strip products unless
+     * SYMRED_GEMM_KERNEL=blis. */
+    bool strips = fused && c->dt == SR_F32 && (c->form == SSMW || c->form == DOTEXP) &&
+                  !force_blis && !cpu_avx512_usable() && cpu_avx2_usable();
+    cr_assert_eq(strstr(ex, "AVX2 strip products") != NULL, strips,
+                 "expected %s the AVX2 strip products:\n%s", strips ? "" : "no", ex);
 }
 
 static void run_case(const struct wcase *c)
@@ -248,6 +258,14 @@ CASE(ssmw_nan_f, SSMW, 16, 1, 37, 257, SR_F32, NAN_F)
 CASE(ssmw_inf_f, SSMW, 16, 1, 37, 257, SR_F32, INF_F)
 CASE(ssmw_nan_b, SSMW, 64, 1, 37, 257, SR_F32, NAN_B)
 CASE(ssmw3_inf_b, SSMW3, 64, 1, 37, 257, SR_F64, INF_B)
+/* Attention around the AVX2 strip products' shapes: strips of 6 and 12 rows and their remainders,
+ * B narrower than, as wide as and past one 16-column panel, reduced tiles of 256 and a prime rest;
+ * infinities in B. */
+CASE(ssmw_r1_strip_rest, SSMW, 1, 1, 13, 17, SR_F32, NONE)
+CASE(ssmw_r16_six_rows, SSMW, 16, 1, 6, 256, SR_F32, NONE)
+CASE(ssmw_r17_twelve_rows, SSMW, 17, 1, 12, 513, SR_F32, NONE)
+CASE(ssmw_r33_axis0, SSMW, 33, 0, 257, 25, SR_F32, NONE)
+CASE(ssmw_inf_b, SSMW, 31, 1, 37, 257, SR_F32, INF_B)
 
 /* Block-sparse ranges: two row blocks over different intervals, rows outside every block. */
 static void ranges_case(const struct wcase *c)

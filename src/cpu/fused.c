@@ -1024,6 +1024,11 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
         char d[160];
         cpu_avx512_describe(k->dtype == SR_F64, fk->tj, d, sizeof d);
         snprintf(desc, sizeof desc, "symred's AVX-512 gemm, %s", d);
+    } else if (fk->kern == KERN_AVX2) {
+        snprintf(desc, sizeof desc,
+                 "symred's AVX2 strip products, micro-kernel %dx16, strips of %d rows, the tile of "
+                 "B packed once per tile",
+                 CPU_AVX2_MR, FUSED_STRIP);
     } else {
         snprintf(desc, sizeof desc, "BLIS, sub-configuration %s, one thread per call",
                  cpu_blis_arch()[0] ? cpu_blis_arch() : "?");
@@ -1055,7 +1060,8 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
                             "%s\n",
                             fc->va, fc->vb, d);
         } else if (fc->gemm) {
-            expr_buf_printf(b, "  inner products: arguments [%d] and [%d], BLIS\n", fc->va, fc->vb);
+            expr_buf_printf(b, "  inner products: arguments [%d] and [%d], %s\n", fc->va, fc->vb,
+                            fk->kern == KERN_AVX2 ? "symred's AVX2 strip products" : "BLIS");
         }
     }
     expr_buf_printf(b, "  B: argument [%d], %d wide; tile of F times tile of B by the gemm (%s)\n",
