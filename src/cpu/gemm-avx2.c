@@ -22,8 +22,6 @@
  */
 #include "cpu.h"
 
-#include <string.h>
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_AVX2_KERNEL 1
 #include <immintrin.h>
@@ -61,18 +59,6 @@ void cpu_avx2_pack_bt(int64_t n, int64_t K, const float *B, int64_t ldb, float *
     }
 }
 
-void cpu_avx2_pack_v(int64_t K, int64_t n, const float *V, int64_t ldv, float *Vp)
-{
-    for (int64_t p = 0; p < n; p += NR, Vp += K * NR) {
-        int cols = n - p < NR ? (int)(n - p) : NR;
-        for (int64_t k = 0; k < K; k++) {
-            memcpy(Vp + k * NR, V + k * ldv + p, (size_t)cols * sizeof(float));
-            for (int c = cols; c < NR; c++)
-                Vp[k * NR + c] = 0;
-        }
-    }
-}
-
 #if HAVE_AVX2_KERNEL
 /* The rows of a strip of h rows (h <= MR) at X (row stride ld): the missing ones read row 0. */
 static void strip_rows(int h, const float *X, int64_t ld, const float **rows)
@@ -93,6 +79,17 @@ AVX2 static __m256i lane_mask(int64_t n, int64_t c0)
 struct acc {
     __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
 };
+
+AVX2 void cpu_avx2_pack_v(int64_t K, int64_t n, const float *V, int64_t ldv, float *Vp)
+{
+    for (int64_t p = 0; p < n; p += NR, Vp += K * NR) {
+        const __m256i m0 = lane_mask(n, p), m1 = lane_mask(n, p + 8);
+        for (int64_t k = 0; k < K; k++) {
+            _mm256_store_ps(Vp + k * NR, _mm256_maskload_ps(V + k * ldv + p, m0));
+            _mm256_store_ps(Vp + k * NR + 8, _mm256_maskload_ps(V + k * ldv + p + 8, m1));
+        }
+    }
+}
 
 /* One k step: C += (a[r][k])_r (b0 b1), 12 FMAs. Spelt out row by row so that the block stays
  * in registers (gcc keeps an array of vectors indexed in a loop on the stack). */
@@ -194,6 +191,10 @@ AVX2 void cpu_avx2_strip_av(int64_t h, int64_t K, const float *A, int64_t lda, c
                      ldc);
 }
 #else
+void cpu_avx2_pack_v(int64_t K, int64_t n, const float *V, int64_t ldv, float *Vp)
+{
+    (void)K, (void)n, (void)V, (void)ldv, (void)Vp;
+}
 void cpu_avx2_strip_abt(int64_t h, int64_t K, const float *A, int64_t lda, const float *Bp,
                         int64_t n, float *C, int64_t ldc)
 {
