@@ -297,18 +297,32 @@ Test(wide, ranges_ssmw)
 }
 
 /* A budget the fused strategy's default tiles exceed: smaller tiles, the same results. */
-Test(wide, budget_shrinks_tiles)
+static void budget_case(const struct wcase *c, int64_t bytes)
 {
-    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 200 << 10), SR_OK);
-    struct wcase c = {GAUSS, 64, 1, 229, 1031, SR_F32, NONE};
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, bytes), SR_OK);
     sr_kernel *kg, *kr;
-    kernels(&c, &kg, &kr);
+    kernels(c, &kg, &kr);
     const char *ex = sr_kernel_explain(kg);
     if (have_gemm)
         cr_assert(!strstr(ex, "tiles: 448 output rows x 256 reduced"), "%s", ex);
-    compare(&c, kg, kr, NULL);
+    compare(c, kg, kr, NULL);
     sr_kernel_free(kg);
     sr_kernel_free(kr);
+}
+
+Test(wide, budget_shrinks_tiles)
+{
+    struct wcase c = {GAUSS, 64, 1, 229, 1031, SR_F32, NONE};
+    budget_case(&c, 200 << 10);
+}
+
+/* Attention (the AVX2 strip products where they run) under budgets that cut the tiles to 112 x 256
+ * and to 14 x 128 (one strip of 12 rows and a rest of 2). */
+Test(wide, budget_shrinks_attention_tiles)
+{
+    struct wcase c = {SSMW, 33, 1, 229, 1031, SR_F32, NONE};
+    budget_case(&c, 400 << 10);
+    budget_case(&c, 120 << 10);
 }
 
 /* A budget nothing fits: SR_EBUDGET with a message, never a crash, the context still usable. */
