@@ -110,40 +110,52 @@ AVX2 static inline __attribute__((always_inline)) void step(struct acc *t, const
 }
 #undef ROW
 
-/* The block as rows of two vectors, to load and store it row by row. */
-AVX2 static void acc_get(const struct acc *t, __m256 (*c)[2])
+/* Rows [0, h) of the block from and to C (row stride ldc), columns under the masks m0, m1 (the
+ * store unmasked when not masked), each row spelt out as in step. */
+#define LOAD_ROW(r, x0, x1)                                                                        \
+    if (h > r) {                                                                                   \
+        t->x0 = _mm256_maskload_ps(C + r * ldc, m0);                                               \
+        t->x1 = _mm256_maskload_ps(C + r * ldc + 8, m1);                                           \
+    }
+#define STORE_ROW(r, x0, x1)                                                                       \
+    if (h > r && masked) {                                                                         \
+        _mm256_maskstore_ps(C + r * ldc, m0, t->x0);                                               \
+        _mm256_maskstore_ps(C + r * ldc + 8, m1, t->x1);                                           \
+    } else if (h > r) {                                                                            \
+        _mm256_storeu_ps(C + r * ldc, t->x0);                                                      \
+        _mm256_storeu_ps(C + r * ldc + 8, t->x1);                                                  \
+    }
+AVX2 static inline __attribute__((always_inline)) void
+block_load(struct acc *t, int h, const float *C, int64_t ldc, __m256i m0, __m256i m1)
 {
-    c[0][0] = t->c00, c[0][1] = t->c01, c[1][0] = t->c10, c[1][1] = t->c11;
-    c[2][0] = t->c20, c[2][1] = t->c21, c[3][0] = t->c30, c[3][1] = t->c31;
-    c[4][0] = t->c40, c[4][1] = t->c41, c[5][0] = t->c50, c[5][1] = t->c51;
+    const __m256 z = _mm256_setzero_ps();
+    *t = (struct acc){z, z, z, z, z, z, z, z, z, z, z, z};
+    LOAD_ROW(0, c00, c01)
+    LOAD_ROW(1, c10, c11)
+    LOAD_ROW(2, c20, c21)
+    LOAD_ROW(3, c30, c31)
+    LOAD_ROW(4, c40, c41)
+    LOAD_ROW(5, c50, c51)
 }
 
-AVX2 static void acc_set(struct acc *t, __m256 (*c)[2])
-{
-    t->c00 = c[0][0], t->c01 = c[0][1], t->c10 = c[1][0], t->c11 = c[1][1];
-    t->c20 = c[2][0], t->c21 = c[2][1], t->c30 = c[3][0], t->c31 = c[3][1];
-    t->c40 = c[4][0], t->c41 = c[4][1], t->c50 = c[5][0], t->c51 = c[5][1];
-}
+AVX2 static inline __attribute__((always_inline)) void
+block_store(const struct acc *t, int h, float *C, int64_t ldc, __m256i m0, __m256i m1,
+            bool masked){STORE_ROW(0, c00, c01) STORE_ROW(1, c10, c11) STORE_ROW(2, c20, c21)
+                             STORE_ROW(3, c30, c31) STORE_ROW(4, c40, c41) STORE_ROW(5, c50, c51)}
+#undef LOAD_ROW
+#undef STORE_ROW
 
 AVX2 static void abt_panel(int h, int64_t K, const float *A, int64_t lda, const float *Bp, float *C,
                            int64_t ldc)
 {
     const float *a[MR];
     strip_rows(h, A, lda, a);
-    {
-        struct acc t;
-        __m256 c[MR][2];
-        for (int r = 0; r < MR; r++)
-            c[r][0] = c[r][1] = _mm256_setzero_ps();
-        acc_set(&t, c);
-        for (int64_t k = 0; k < K; k++)
-            step(&t, a, k, _mm256_load_ps(Bp + k * NR), _mm256_load_ps(Bp + k * NR + 8));
-        acc_get(&t, c);
-        for (int r = 0; r < h; r++) {
-            _mm256_storeu_ps(C + r * ldc, c[r][0]);
-            _mm256_storeu_ps(C + r * ldc + 8, c[r][1]);
-        }
-    }
+    const __m256i ones = _mm256_set1_epi32(-1);
+    struct acc t;
+    block_load(&t, 0, C, ldc, ones, ones);
+    for (int64_t k = 0; k < K; k++)
+        step(&t, a, k, _mm256_load_ps(Bp + k * NR), _mm256_load_ps(Bp + k * NR + 8));
+    block_store(&t, h, C, ldc, ones, ones, false);
 }
 
 /* Panel by panel, the strip's micro-strips one after the other, so that a panel is read from L2
@@ -164,22 +176,10 @@ AVX2 static void av_panel(int h, int64_t K, const float *A, int64_t lda, const f
     strip_rows(h, A, lda, a);
     const __m256i m0 = lane_mask(n, p), m1 = lane_mask(n, p + 8);
     struct acc t;
-    __m256 c[MR][2];
-    for (int r = 0; r < MR; r++) {
-        c[r][0] = c[r][1] = _mm256_setzero_ps();
-        if (r < h) {
-            c[r][0] = _mm256_maskload_ps(C + r * ldc + p, m0);
-            c[r][1] = _mm256_maskload_ps(C + r * ldc + p + 8, m1);
-        }
-    }
-    acc_set(&t, c);
+    block_load(&t, h, C + p, ldc, m0, m1);
     for (int64_t k = 0; k < K; k++)
         step(&t, a, k, _mm256_load_ps(Vp + k * NR), _mm256_load_ps(Vp + k * NR + 8));
-    acc_get(&t, c);
-    for (int r = 0; r < h; r++) {
-        _mm256_maskstore_ps(C + r * ldc + p, m0, c[r][0]);
-        _mm256_maskstore_ps(C + r * ldc + p + 8, m1, c[r][1]);
-    }
+    block_store(&t, h, C + p, ldc, m0, m1, true);
 }
 
 AVX2 void cpu_avx2_strip_av(int64_t h, int64_t K, const float *A, int64_t lda, const float *Vp,
