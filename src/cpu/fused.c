@@ -294,6 +294,13 @@ static const char *fused_choose(const sr_kernel *k, const struct fused_kernel *f
 
 static int64_t al64(int64_t v) { return (v + 63) / 64 * 64; }
 
+/* The rows of the tiles of F and of inner products for blocks of ti rows: one strip with the AVX2
+ * products, which form them strip by strip. */
+static int64_t tile_rows(const struct fused_kernel *fk, int64_t ti)
+{
+    return fk->kern == KERN_AVX2 && ti > FUSED_STRIP ? FUSED_STRIP : ti;
+}
+
 /* The row stride of a pass's output block and tile of B when B takes several passes: the pass's
  * columns and 16 more. Rows of a power-of-two stride (R = 1024: 4 KiB) all fall into the same
  * cache sets; R = 1024 ran at 2.9x K @ B in place, where R = 256 ran at 1.1x. */
@@ -306,17 +313,18 @@ static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, i
 {
     int f64 = k->dtype == SR_F64;
     int64_t es = f64 ? 8 : 4, D = 0;
-    int64_t b = al64((int64_t)ti * tj * es) + al64((int64_t)ti * 16) +
+    const int64_t tr = tile_rows(fk, ti);
+    int64_t b = al64(tr * tj * es) + al64((int64_t)ti * 16) +
                 al64(((int64_t)k->nargs + 2) * (int64_t)sizeof(void *)) + 64;
     if (fk->nfac > 1)
-        b += al64((int64_t)ti * tj * es);
+        b += al64(tr * tj * es);
     for (int q = 0; q < fk->nfac; q++) {
         const struct fused_factor *fc = &fk->fac[q];
         b += fc->plan.workspace_bytes;
         if (!fc->gemm)
             continue;
         D = fc->dim > D ? fc->dim : D;
-        b += al64((int64_t)ti * tj * es);
+        b += al64(tr * tj * es);
         if (fk->kern == KERN_AVX512)
             b += al64(cpu_avx512_pack_a_bytes(ti, fc->dim, f64)) +
                  al64(cpu_avx512_pack_b_bytes(tj, fc->dim, f64));
@@ -435,10 +443,12 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
      * block of BLIS's zen3 sgemm, one of ours). Measured under load on this 2-core AVX2 VM with
      * BLIS (docs/wide.md): the Gaussian with R = 256 ran at 1.3-1.6x K @ B with tj = 512 and
      * 1.0-1.1x with 448 x 256; BLIS's small shapes (112 rows, K = 64) ran at 16 GFLOP/s where
-     * 448 rows reached 21-26. */
+     * 448 rows reached 21-26. The AVX2 strip products take 512 reduced indices (their tiles of F
+     * are one strip: 2 x 12 x 512 float32): attention N = M = 4096 ran 0-8 % faster than with
+     * 256 (alternating in one process, median of 7-9, load 9-10). */
     int64_t lim = ctx->mem_limit;
     fk->ti = 448;
-    fk->tj = 256;
+    fk->tj = fk->kern == KERN_AVX2 ? 512 : 256;
     if (kern == KERN_AVX512 && fk->tj > cpu_avx512_kc_max(k->dtype == SR_F64))
         fk->tj = (int)cpu_avx512_kc_max(k->dtype == SR_F64); /* one K block per tile */
     struct expr_buf src[FUSED_MAX_FACTORS] = {{0}};
@@ -453,8 +463,11 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
         if (st != SR_OK)
             break;
         int ti = fk->ti, tj = fk->tj;
+        /* Rows first, then reduced indices; the reduced indices first for the AVX2 strip
+         * products, whose tiles of F are one strip whatever ti, their tiles of K and B tj long. */
+        const bool rows_first = fk->kern != KERN_AVX2;
         while (lim > 0 && thread_bytes(k, fk, ti, tj) > lim && (ti > 14 || tj > 16)) {
-            if (ti > 14)
+            if ((rows_first || tj <= 16) && ti > 14)
                 ti = ti / 28 * 14 > 14 ? ti / 28 * 14 : 14;
             else
                 tj /= 2;
@@ -534,7 +547,8 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
         dst = (void *)p;                                                                           \
         p += al64(bytes);                                                                          \
     } while (0)
-    TAKE(w->F, ti * tj * es);
+    const int64_t tr = tile_rows(fk, ti);
+    TAKE(w->F, tr * tj * es);
     TAKE(w->m, ti * 8);
     TAKE(w->s, ti * 8);
     TAKE(w->args, ((int64_t)k->nargs + 2) * (int64_t)sizeof(void *));
@@ -543,12 +557,12 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
         TAKE(w->Vb, tj * ld_pass(fk) * es);
     }
     if (fk->nfac > 1)
-        TAKE(w->F2, ti * tj * es);
+        TAKE(w->F2, tr * tj * es);
     for (int q = 0; q < fk->nfac; q++) {
         const struct fused_factor *fc = &fk->fac[q];
         if (!fc->gemm)
             continue;
-        TAKE(w->G[q], ti * tj * es);
+        TAKE(w->G[q], tr * tj * es);
         if (fk->kern == KERN_AVX512) {
             TAKE(w->Qp[q], cpu_avx512_pack_a_bytes(ti, fc->dim, f64));
             TAKE(w->Kp[q], cpu_avx512_pack_b_bytes(tj, fc->dim, f64));
