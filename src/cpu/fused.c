@@ -296,6 +296,18 @@ static const char *fused_choose(const sr_kernel *k, const struct fused_kernel *f
 
 static int64_t al64(int64_t v) { return (v + 63) / 64 * 64; }
 
+/* The reduced indices per tile of the AVX2 strip products: 512, fewer when a panelled tile of K
+ * (tj x D) or of B (tj x rc) would pass 128 KiB (float32), so that both stay in L2 while every
+ * strip reads them; a multiple of 16, at least 16. */
+static int strip_tj(const struct fused_kernel *fk)
+{
+    int w = (fk->rc + 15) / 16 * 16;
+    for (int q = 0; q < fk->nfac; q++)
+        w = fk->fac[q].gemm && fk->fac[q].dim > w ? fk->fac[q].dim : w;
+    int tj = (32768 / w) / 16 * 16;
+    return tj > 512 ? 512 : tj < 16 ? 16 : tj;
+}
+
 /* The rows of the tiles of F and of inner products for blocks of ti rows: one strip with the AVX2
  * products, which form them strip by strip. */
 static int64_t tile_rows(const struct fused_kernel *fk, int64_t ti)
@@ -450,7 +462,7 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
      * 256 (alternating in one process, median of 7-9, load 9-10). */
     int64_t lim = ctx->mem_limit;
     fk->ti = 448;
-    fk->tj = fk->kern == KERN_AVX2 ? 512 : 256;
+    fk->tj = fk->kern == KERN_AVX2 ? strip_tj(fk) : 256;
     if (kern == KERN_AVX512 && fk->tj > cpu_avx512_kc_max(k->dtype == SR_F64))
         fk->tj = (int)cpu_avx512_kc_max(k->dtype == SR_F64); /* one K block per tile */
     struct expr_buf src[FUSED_MAX_FACTORS] = {{0}};
