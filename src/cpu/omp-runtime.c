@@ -122,6 +122,7 @@ static sr_status jit_prepare(sr_kernel *k)
     if (st != SR_OK) {
         free(src.data);
         free(jk);
+        k->io_native = false;
         if (st == SR_ENOMEM)
             return sr__error(ctx, st, "CPU JIT: out of memory emitting the kernel source");
         /* Every formula has generated code (wide ones in loop mode): anything else is a bug. */
