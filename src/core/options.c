@@ -18,6 +18,11 @@ enum opt_kind { OPT_INT, OPT_CHOICE, OPT_BYTES, OPT_STRING, OPT_CACHE_DIR };
 static const char *const on_off[] = {"0", "1"};
 static const char *const devices[] = {"auto", "cpu", "cuda", "reference"}; /* sr_device order */
 static const char *const accs[] = {"block", "kahan", "f64"};               /* sr_acc - 1 */
+_Static_assert(SR_DEVICE_AUTO == 0 && SR_DEVICE_CPU == 1 && SR_DEVICE_CUDA == 2 &&
+                   SR_DEVICE_REFERENCE == 3,
+               "devices[] spells sr_device in enum order");
+_Static_assert(SR_ACC_BLOCK == 1 && SR_ACC_KAHAN == 2 && SR_ACC_F64 == 3,
+               "accs[] spells sr_acc - 1");
 static const char *const gemm_modes[] = {"auto", "on", "off"};
 static const char *const gemm_kernels[] = {"auto", "avx512", "blis"};
 static const char *const refine_modes[] = {"on", "off"};
