@@ -117,8 +117,12 @@ typedef struct sr_kernel sr_kernel; /* a compiled reduction; immutable */
 
 /* ---- Context ------------------------------------------------------------------------------ */
 
-/* Creates a context. Options are read from the environment (SYMRED_LOG, ...) at creation.
- * Returns SR_EINVAL if out is NULL, SR_ENOMEM on allocation failure (then *out is NULL). */
+/* Creates a context. Its options are read from the environment (SYMRED_LOG, SYMRED_DEVICE,
+ * SYMRED_GEMM, ...: docs/environment.md) here, once: a variable set or changed afterwards does
+ * not affect this context (sr_ctx_set_option does), only contexts created later. A malformed
+ * value does not fail this call: every sr_kernel_new of the context then fails with SR_EINVAL
+ * naming the variable and its value. Returns SR_EINVAL if out is NULL, SR_ENOMEM on allocation
+ * failure (then *out is NULL). */
 SR_API sr_status sr_ctx_new(sr_ctx **out);
 
 /* Frees the context and every expression built in it. Kernels created from it must have been
@@ -141,6 +145,18 @@ SR_API const char *sr_ctx_error(const sr_ctx *ctx);
  * with SR_EBUDGET and the number of bytes it needs when even the smallest plan does not fit.
  * Returns SR_EINVAL for a NULL ctx or a negative value. Not thread-safe with other calls on ctx. */
 SR_API sr_status sr_ctx_set_mem_limit(sr_ctx *ctx, int64_t bytes);
+
+/* Sets one option of the context as the environment variable of that name would have at
+ * sr_ctx_new: sr_ctx_set_option(ctx, "SYMRED_GEMM", "off"), ("SYMRED_DEVICE", "reference"),
+ * ("SYMRED_MEM_LIMIT", "64MB"), ... with the variables and values of docs/environment.md that
+ * sr_ctx_new reads. value NULL or "" gives the option its default (as an unset variable).
+ * Kernels created afterwards follow it; kernels already created keep the options they were
+ * planned with. Setting an option whose environment value was malformed clears that error.
+ * Returns SR_EINVAL, with a message naming the option and the value, for a NULL ctx or name,
+ * an unknown name, a variable read once per process (SYMRED_BLIS_LIB, SYMRED_NVRTC,
+ * SYMRED_LIBCUDA, SYMRED_CUDA_DEVICE) or a malformed value (the option then has its default).
+ * Not thread-safe with other calls on ctx. */
+SR_API sr_status sr_ctx_set_option(sr_ctx *ctx, const char *name, const char *value);
 /* The context's memory budget in bytes; 0 = unlimited (also for a NULL ctx). */
 SR_API int64_t sr_ctx_mem_limit(const sr_ctx *ctx);
 

@@ -190,9 +190,9 @@ Test(threads, jit_kernel_shared)
 Test(threads, gemm_kernel_shared)
 {
     open_fixture(32);
-    setenv("SYMRED_GEMM", "on", 1);
+    sr_ctx_set_option(ctx, "SYMRED_GEMM", "on");
     sr_kernel *k = kernel(ctx, "Exp((x|y) * g) * b", 32, SR_SUM, SR_DEVICE_CPU);
-    unsetenv("SYMRED_GEMM");
+    sr_ctx_set_option(ctx, "SYMRED_GEMM", NULL);
     if (k->backend != &cpu_gemm_backend) {
         sr_kernel_free(k);
         cr_skip_test("no gemm for the gemm-epilogue path (no AVX-512F and no BLIS)");

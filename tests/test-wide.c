@@ -37,9 +37,8 @@ static void setup(void)
 }
 static void setup_blis(void)
 {
-    setenv("SYMRED_GEMM_KERNEL", "blis", 1);
     setup();
-    setenv("SYMRED_GEMM_KERNEL", "blis", 1);
+    sr_ctx_set_option(ctx, "SYMRED_GEMM_KERNEL", "blis");
     have_gemm = tu_blis_usable();
 }
 static void teardown(void)

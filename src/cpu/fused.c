@@ -493,6 +493,48 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
     return prepare_form(k, k, acc, false);
 }
 
+/* Why prepare_form certainly declines k in the form km (the rules it applies before its cost
+ * model, and the part of fused_choose that does not need the factors' plans); NULL when it may
+ * plan it. *R: the width of B. */
+static const char *offer_form(const sr_kernel *k, const sr_kernel *km, int acc, int *R)
+{
+    struct fused_form fm = {NULL, -1, -1, 1, 0};
+    if (!fused_match(km, &fm))
+        return "F is not a Sum of F * B or a SumSoftMaxWeight with a scalar F";
+    *R = k->vars[fm.bvar].dim;
+    int kern;
+    if (cpu_gemm_kernel(k->ctx, &kern) != SR_OK || kern < 0)
+        return "no tile gemm (SYMRED_GEMM=off, or no AVX-512F and no BLIS)";
+    if (k->dtype == SR_F32 && acc != JIT_ACC_BLOCK)
+        return "Kahan and float64 accumulation of float32 run on the direct strategy";
+    int DG = k->weight ? k->weight->dim : 0;
+    int min = k->red == SR_SUM ? FUSED_MIN_WIDTH_SUM : FUSED_MIN_WIDTH_SSMW;
+    if (k->fdim + DG <= 64 && *R < min && fm.avar < 0)
+        return k->red == SR_SUM ? "B is narrower than 4 values: the direct strategy is cheaper"
+                                : "the softmax weight is narrower than the width from which the "
+                                  "product beats the direct strategy";
+    return NULL;
+}
+
+void cpu_fused_offer(const sr_kernel *k, int acc, struct sr_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->strategy = "fused two-product";
+    int R = 0;
+    sr_kernel kx;
+    const sr_kernel *km = cpu_gemm_form(k, &kx);
+    const char *why = offer_form(k, k, acc, &R);
+    if (why && km != k)
+        why = offer_form(k, km, acc, &R);
+    p->feasible = why == NULL;
+    snprintf(p->why, sizeof p->why, "%s",
+             why ? why
+                 : "a tile of F times the tile of B by the gemm (its cost model decides "
+                   "when it is realised)");
+    p->flops = k->simp.cost.flops_pair;
+    p->gemm_flops = 2.0 * R;
+}
+
 /* ---- run ----------------------------------------------------------------------------------- */
 
 struct fused_ws {

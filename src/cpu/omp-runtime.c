@@ -78,6 +78,7 @@ static sr_status fall_back(sr_kernel *k, const char *why, const char *detail)
         jc->logged_fallback = true;
     }
     k->backend = &cpu_reference_backend;
+    k->nplans = 0; /* the JIT's candidates do not apply to the interpreter */
     k->fallback_why = why;
     return k->backend->prepare ? k->backend->prepare(k) : SR_OK;
 }
@@ -85,6 +86,21 @@ static sr_status fall_back(sr_kernel *k, const char *why, const char *detail)
 _Static_assert(SR_ACC_BLOCK - 1 == JIT_ACC_BLOCK && SR_ACC_KAHAN - 1 == JIT_ACC_KAHAN &&
                    SR_ACC_F64 - 1 == JIT_ACC_F64,
                "sr_acc and enum jit_acc out of step");
+
+int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
+{
+    cpu_fused_offer(k, acc, &out[CPU_PLAN_FUSED]);
+    cpu_gemm_offer(k, &out[CPU_PLAN_GEMM]);
+    struct sr_plan *d = &out[CPU_PLAN_DIRECT];
+    memset(d, 0, sizeof *d);
+    d->strategy = "direct";
+    d->feasible = true; /* every formula has generated code */
+    d->flops = k->simp.cost.flops_pair;
+    snprintf(d->why, sizeof d->why, "F evaluated per pair in registers (tiles set by the emitter)");
+    for (int i = 0; i < CPU_PLAN_COUNT; i++)
+        out[i].id = i;
+    return CPU_PLAN_COUNT;
+}
 
 static sr_status jit_prepare(sr_kernel *k)
 {
@@ -100,15 +116,23 @@ static sr_status jit_prepare(sr_kernel *k)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     /* the kernel's own choice wins over SYMRED_ACC (sr_acc is enum jit_acc plus one) */
     jk->acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
-    /* Wide outputs go to the fused two-product strategy (src/cpu/fused.c), high-dimensional
-     * inner products to the gemm-epilogue when the planner says so (src/cpu/gemm.c); SR_ENOTSUP
-     * means the next strategy, the direct one last. */
-    sr_status sg = cpu_fused_prepare(k, jk->acc);
-    if (sg == SR_ENOTSUP)
-        sg = cpu_gemm_prepare(k, jk->acc);
-    if (sg != SR_ENOTSUP) {
-        free(jk);
-        return sg;
+    /* Plan: the candidates (nothing compiled yet), chosen by core; then realise the choice.
+     * Wide outputs go to the fused two-product strategy (src/cpu/fused.c), high-dimensional
+     * inner products to the gemm-epilogue (src/cpu/gemm.c), the rest to the direct strategy;
+     * a strategy whose realisation declines (SR_ENOTSUP) hands over to the next one. */
+    k->nplans = cpu_plans(k, jk->acc, k->plans);
+    for (const struct sr_plan *p = sr__plan_choose(k); p && p->id != CPU_PLAN_DIRECT;) {
+        sr_status sg =
+            p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, jk->acc) : cpu_gemm_prepare(k, jk->acc);
+        if (sg != SR_ENOTSUP) {
+            free(jk);
+            return sg;
+        }
+        p = sr__plan_reject(k, p->id == CPU_PLAN_FUSED
+                                   ? "declined when realised: its cost model prefers the next "
+                                     "strategy here, or the memory budget is too small for it"
+                                   : "declined when realised: the memory budget is too small "
+                                     "for it");
     }
     /* One thread's workspace must fit in the memory budget; the emitter shrinks the tiles. */
     jk->plan.ws_limit = ctx->mem_limit;
@@ -314,7 +338,6 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                         "arrays: %s, read and written by the generated code (no float32 "
                         "copies)\n",
                         sr__dtype_name(k->io));
-    cpu_gemm_explain_direct(k, b);
     if (jk->info.path[0])
         expr_buf_printf(b, "path: %s\n", jk->info.path);
 }

@@ -157,12 +157,8 @@ struct jit_module {
     int refs;
 };
 
-/* Per-context JIT state (jit_ctx_of): options read from the environment once, and the
- * in-memory module cache. Only the thread that owns the context touches it. */
-/* Seconds a compiler run may take unless SYMRED_COMPILE_TIMEOUT says otherwise: generous, as a
- * cold kernel compiles in well under a second, so only a hung compiler reaches it. */
-#define JIT_COMPILE_TIMEOUT 120
-
+/* Per-context JIT state (jit_ctx_of): the context's compiler options as the last kernel saw
+ * them, and the in-memory module cache. Only the thread that owns the context touches it. */
 struct jit_ctx {
     char cc[512];         /* SYMRED_CC, default "cc" */
     int acc;              /* SYMRED_ACC */
@@ -183,9 +179,8 @@ static inline struct jit_ctx *jit_ctx_of(const sr_ctx *ctx)
 }
 void jit_ctx_free(void *state);
 
-/* The jit state of ctx, created on first use. Fails with SR_ENOMEM, or SR_EINVAL (message
- * naming the variable) when SYMRED_ACC, SYMRED_NUM_THREADS, SYMRED_JIT_KEEP or
- * SYMRED_COMPILE_TIMEOUT is malformed. */
+/* The jit state of ctx, created on first use, its compiler, accumulation, keep-source and
+ * timeout taken from the context's options (struct sr_options). Fails with SR_ENOMEM. */
 sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out);
 
 /* How a module was obtained, for explain. */
@@ -228,7 +223,7 @@ uint64_t jit_hash(uint64_t h, const void *data, size_t len);
  * the entry at path when it is a whole regular file stored under key (malloc'd, with a NUL
  * after its *size bytes; NULL when missing, corrupt or foreign), and appending the trailer
  * naming key to a new file. */
-sr_status jit_cache_dir(char *dir, size_t cap, char *why, size_t whycap);
+sr_status jit_cache_dir(const sr_ctx *ctx, char *dir, size_t cap, char *why, size_t whycap);
 char *jit_cache_read(const char *path, const char *key, size_t *size);
 sr_status jit_cache_seal(const char *path, const char *key);
 
