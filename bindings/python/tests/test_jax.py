@@ -336,9 +336,11 @@ def test_batch_dimensions_with_a_batched_parameter_are_one_call():
                  jax.grad(lambda gb: (jax.vmap(dense)(xb, gb) ** 2).sum())(gb), 1e-10)
 
 
-def test_sgpr_bound_through_symred_matches_dense():
+@pytest.mark.parametrize("form", ["symred", "midpoint"])
+def test_sgpr_bound_through_symred_matches_dense(form):
     """bench/exla/sgpr_jax.py: the collapsed SGPR bound with K_uf K_fu and K_uf y from
-    symred.jax equals the one with K_uf materialised, value and gradient."""
+    symred.jax (the M-wide Sum over the points, or the Gaussian sum at the M^2 midpoints)
+    equals the one with K_uf materialised in jax.numpy, value and gradient."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "exla"))
     import sgpr_jax
 
@@ -347,10 +349,11 @@ def test_sgpr_bound_through_symred_matches_dense():
     y = jnp.asarray(np.sin(6 * X[:, 0]) + 0.1 * rng.standard_normal(300))
     Z = X[:12]
     theta = jnp.log(jnp.asarray([0.3, 1.2, 0.1]))
-    vs, gs = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.terms_symred)
+    vs, gs = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.TERMS[form])
     vd, gd = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.terms_dense)
     assert_close(vs, vd, 1e-9)
     assert_close(gs, gd, 1e-7)
+    assert bool(jnp.all(jnp.abs(gd) > 1e-3))  # every hyperparameter moves the bound here
 
 
 def test_hessian_forward_over_reverse_and_reverse_over_reverse():
