@@ -288,10 +288,27 @@ static const char *fused_choose(const sr_kernel *k, const struct fused_kernel *f
 
 static int64_t al64(int64_t v) { return (v + 63) / 64 * 64; }
 
-/* The row stride of a pass's output block and tile of B when B takes several passes: the pass's
+/* The columns of B that BLIS's product takes in a pass of `cols`: a multiple of 4. BLIS (0.9,
+ * zen3 sub-configuration, AVX2) computes a product F Vt of 10, 11 or 14 columns by a slower
+ * path than one of 12 or 16: for GPyTorch's 11 (K @ [y, 10 probes], d = 3), the product took
+ * 0.8 of the time that forming the tile of F takes, and 0.45 with Vt padded by zero columns to
+ * 12. */
+static int pad_cols(const struct fused_kernel *fk, int cols)
+{
+    return fk->kern == KERN_BLIS ? (cols + 3) / 4 * 4 : cols;
+}
+
+/* Whether each pass's output block and tile of B go through buffers (Cb, Vb): when B takes
+ * several passes, or when BLIS's product pads the columns. */
+static bool buffered(const struct fused_kernel *fk)
+{
+    return fk->rc < fk->R || pad_cols(fk, fk->rc) != fk->rc;
+}
+
+/* The row stride of a pass's output block and tile of B in their buffers: the pass's padded
  * columns and 16 more. Rows of a power-of-two stride (R = 1024: 4 KiB) all fall into the same
  * cache sets; R = 1024 ran at 2.9x K @ B in place, where R = 256 ran at 1.1x. */
-static int64_t ld_pass(const struct fused_kernel *fk) { return fk->rc + 16; }
+static int64_t ld_pass(const struct fused_kernel *fk) { return pad_cols(fk, fk->rc) + 16; }
 
 /* One thread's workspace for tiles ti x tj: the tile of F and its packed copy, the packed block
  * of B, the row states (maximum and sum), the modules' own tiles, the tile of each further
@@ -315,7 +332,7 @@ static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, i
             b += al64(cpu_avx512_pack_a_bytes(ti, fc->dim, f64)) +
                  al64(cpu_avx512_pack_b_bytes(tj, fc->dim, f64));
     }
-    if (fk->rc < fk->R)
+    if (buffered(fk))
         b += al64((int64_t)ti * ld_pass(fk) * es) + al64((int64_t)tj * ld_pass(fk) * es);
     if (fk->kern == KERN_AVX512) {
         b += al64(cpu_avx512_pack_a_bytes(ti, tj, f64)) +
@@ -565,9 +582,10 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
     TAKE(w->m, ti * 8);
     TAKE(w->s, ti * 8);
     TAKE(w->args, ((int64_t)k->nargs + 2) * (int64_t)sizeof(void *));
-    if (fk->rc < fk->R) {
+    if (buffered(fk)) {
         TAKE(w->Cb, ti * ld_pass(fk) * es);
         TAKE(w->Vb, tj * ld_pass(fk) * es);
+        memset(w->Vb, 0, (size_t)(tj * ld_pass(fk) * es)); /* the padding columns: zeros */
     }
     if (fk->nfac > 1)
         TAKE(w->F2, ti * tj * es);
@@ -836,8 +854,10 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
     /* The pass's block of the output: in place, or in Cb with a stride of no power of two. */
     char *out = w->Cb ? w->Cb : dst;
     const int64_t ldo = w->Cb ? ld_pass(fk) : R;
+    /* The product's columns: in the buffers, padded for BLIS (zeros in Vb's padding). */
+    const int pcols = w->Cb ? pad_cols(fk, cols) : cols;
     for (int64_t o = 0; o < no; o++) {
-        memset(out + o * ldo * es, 0, (size_t)(cols * es));
+        memset(out + o * ldo * es, 0, (size_t)(pcols * es));
         w->m[o] = -INFINITY;
         w->s[o] = 0;
     }
@@ -870,7 +890,7 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                 cpu_avx512_pack_a(f64, no, nj, w->F, w->Ap);
                 cpu_avx512_gemm_kn(f64, no, cols, nj, w->Ap, Vt, ldv, w->Bp, out, ldo, 1);
             } else {
-                cpu_blis_gemm(f64, no, cols, nj, w->F, nj, 1, Vt, ldv, 1, 1, out, ldo);
+                cpu_blis_gemm(f64, no, pcols, nj, w->F, nj, 1, Vt, ldv, 1, 1, out, ldo);
             }
         }
     if (ssmw)
@@ -1029,6 +1049,9 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
     }
     expr_buf_printf(b, "  B: argument [%d], %d wide; tile of F times tile of B by the gemm (%s)\n",
                     fk->bvar, fk->R, desc);
+    if (pad_cols(fk, fk->rc) != fk->rc)
+        expr_buf_printf(b, "  tile of B padded with zero columns to %d for BLIS's product\n",
+                        pad_cols(fk, fk->rc));
     if (k->red == SR_SUMSOFTMAXWEIGHT)
         expr_buf_printf(b, "  online softmax: running row maximum, rescaled output rows, "
                            "divided by the row sums at the end\n");
