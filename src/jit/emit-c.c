@@ -1006,7 +1006,8 @@ sr_status jit_emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr_bu
         }
     }
     P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
-    emit_block(E, bodytxt, ncol, RB, E->gemm ? plan->gemm_arg : 0);
+    if (!plan || !plan->no_block)
+        emit_block(E, bodytxt, ncol, RB, E->gemm ? plan->gemm_arg : 0);
     free(body.data);
     P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
       "*state_)\n{\n    const int64_t iv[2] = {r0, r1};\n"

@@ -76,11 +76,14 @@ struct jit_plan {
      * into the states as they are, so one block of states runs through all the tiles of a row block
      * without a merge per tile. tile_j_max: the tile need not be wider than this (the
      * smallest power of two from 16 that holds it): the gemm path ranks a few pairs per row
-     * with sr_block, where a wide tile only spreads their transposed columns over L2. */
+     * with sr_block, where a wide tile only spreads their transposed columns over L2. no_block:
+     * leave sr_block out (the direct strategy compiles it on the first sr_kernel_eval_block
+     * only, which keeps the pair loop's second copy out of the cold compile). */
     int64_t ws_limit;
     int tile_j_max;
     const sr_expr *gemm;
     int gemm_arg, gemm_ld, gemm_rows;
+    bool no_block;
 };
 
 /* Emits the C source of kernel k with accumulation mode acc into b: any formula, any width
@@ -158,7 +161,9 @@ struct jit_module {
 };
 
 /* Per-context JIT state (jit_ctx_of): options read from the environment once, and the
- * in-memory module cache. Only the thread that owns the context touches it. */
+ * in-memory module cache. The options are set when it is created; the module list, the
+ * counters and no_compiler change under lock only (jit_module_get, jit_module_release), as
+ * sr_kernel_eval_block builds a direct kernel's block module on first use from any thread. */
 /* Seconds a compiler run may take unless SYMRED_COMPILE_TIMEOUT says otherwise: generous, as a
  * cold kernel compiles in well under a second, so only a hung compiler reaches it. */
 #define JIT_COMPILE_TIMEOUT 120
@@ -168,11 +173,15 @@ struct jit_ctx {
     int acc;              /* SYMRED_ACC */
     int keep_source;      /* SYMRED_JIT_KEEP=1: keep the generated source next to the cache */
     int compile_timeout;  /* SYMRED_COMPILE_TIMEOUT, seconds a compiler run may take */
-    bool no_compiler;     /* the compiler could not be started: use the reference */
+    bool no_compiler;     /* the compiler could not be started: use the reference (lock) */
     bool logged_fallback; /* said so once */
     struct jit_module *modules;
     unsigned long mem_hits, disk_hits, compiles;
+    pthread_mutex_t lock;
 };
+
+/* Whether jc's compiler could not be started (read under its lock). */
+bool jit_no_compiler(struct jit_ctx *jc);
 
 /* The jit state of ctx, or NULL before the first jit_ctx_get. It hangs off the context in the
  * JIT backend's state slot (the CUDA backend shares it), and cpu_jit_backend's ctx_free,
