@@ -219,8 +219,10 @@ void jit_module_release(sr_ctx *ctx, struct jit_module *m);
  * group is killed), SR_EIO. */
 sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
                       const char *so_path, char *err, size_t errcap);
-/* The compiler flags, for keys and explain. */
+/* The compiler flags, and the libraries that follow the source; jit_cflags_text has both, for
+ * keys and explain. */
 extern const char *const jit_cflags[];
+extern const char *const jit_libs[];
 const char *jit_cflags_text(void);
 
 /* Identity of compiler cc (its --version output, hashed) in *id, computed once per process
