@@ -661,12 +661,12 @@ SR_API int64_t sr_kernel_workspace_bytes(const sr_kernel *kernel);
  * direct strategy computes them with generated code (the same tiles and vectorised loop as its
  * reduction, in the kernel's dtype), in a module of its own that the kernel's first
  * sr_kernel_eval_block compiles (or finds in the caches): the kernel's cold creation does not pay
- * for it, its first block does, later blocks need no compile or cache lookup; other kernels (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the
- * reference interpreter (float64, rounded to the dtype); sr_kernel_explain says
- * "eval_block: generated" for the first kind. This is the building block of
- * split-and-accumulate algorithms (e.g. the K_uf K_fu product of sparse GPs,
- * examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's own
- * workspace is one thread's kernel workspace (the JIT's tile) or a few values per formula node,
+ * for it, its first block does, later blocks need no compile or cache lookup; other kernels
+ * (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the reference interpreter
+ * (float64, rounded to the dtype); sr_kernel_explain says "eval_block: generated" for the first
+ * kind. This is the building block of split-and-accumulate algorithms (e.g. the K_uf K_fu product
+ * of sparse GPs, examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's
+ * own workspace is one thread's kernel workspace (the JIT's tile) or a few values per formula node,
  * per thread. Errors: SR_EINVAL (NULL or missing arrays, a block outside the matrix, negative
  * sizes), SR_EOVERFLOW (ni * nj * dim(F) too large), SR_EBUDGET, SR_ENOMEM, and on the first
  * call those of a compile (SR_ECOMPILE, SR_EIO). Thread-safe like sr_kernel_run. */
