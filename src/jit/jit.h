@@ -33,6 +33,8 @@
  *        dim(F)); nonzero when out of memory. sr_kernel_eval_block's generated path, and the
  *        fused two-product's tile of F (src/cpu/fused.c). In a gemm-epilogue module it reads the
  *        inner products from the tile args[gemm_arg] of rows [o0, o1) x [r0, r1), as sr_part_iv.
+ *        Absent from a module emitted with jit_plan.no_block (a direct kernel's own module: its
+ *        eval_block module, the same source with sr_block, is built on first use).
  * "o" is the output axis (i for axis 1, j for axis 0) and "r" the reduced one. The generated
  * code has no OpenMP runtime dependency (only `omp simd`, -fopenmp-simd); threads are the
  * library's business (omp-runtime.c).
