@@ -674,17 +674,18 @@ SR_API int64_t sr_kernel_workspace_bytes(const sr_kernel *kernel);
  * reduction and axis, the values are F's (a reduction rewrite of the simplifier does not
  * change them) and agree with the reference interpreter's within the tolerances of
  * docs/semantics.md ("Comparing backends", one term per output): a kernel on the CPU JIT's
- * direct strategy computes them with code generated into its own module (the same tiles and
- * vectorised loop as its reduction, in the kernel's dtype; no compile or cache lookup at call
- * time); other kernels (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the
- * reference interpreter (float64, rounded to the dtype); sr_kernel_explain says
- * "eval_block: generated" for the first kind. This is the building block of
- * split-and-accumulate algorithms (e.g. the K_uf K_fu product of sparse GPs,
- * examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's own
- * workspace is one thread's kernel workspace (the JIT's tile) or a few values per formula node,
+ * direct strategy computes them with generated code (the same tiles and vectorised loop as its
+ * reduction, in the kernel's dtype), in a module of its own that the kernel's first
+ * sr_kernel_eval_block compiles (or finds in the caches): the kernel's cold creation does not pay
+ * for it, its first block does, later blocks need no compile or cache lookup; other kernels
+ * (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the reference interpreter
+ * (float64, rounded to the dtype); sr_kernel_explain says "eval_block: generated" for the first
+ * kind. This is the building block of split-and-accumulate algorithms (e.g. the K_uf K_fu product
+ * of sparse GPs, examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's
+ * own workspace is one thread's kernel workspace (the JIT's tile) or a few values per formula node,
  * per thread. Errors: SR_EINVAL (NULL or missing arrays, a block outside the matrix, negative
- * sizes), SR_EOVERFLOW (ni * nj * dim(F) too large), SR_EBUDGET, SR_ENOMEM. Thread-safe like
- * sr_kernel_run. */
+ * sizes), SR_EOVERFLOW (ni * nj * dim(F) too large), SR_EBUDGET, SR_ENOMEM, and on the first
+ * call those of a compile (SR_ECOMPILE, SR_EIO). Thread-safe like sr_kernel_run. */
 SR_API sr_status sr_kernel_eval_block(const sr_kernel *kernel, int64_t nx, int64_t ny,
                                       const void *const *args, int64_t i0, int64_t ni, int64_t j0,
                                       int64_t nj, void *out);

@@ -314,10 +314,17 @@ extern const struct sr_backend_i cpu_fused_backend;
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 
-/* The loaded module of k when k is a direct-strategy kernel of the CPU JIT (its sr_block, the
- * block entry point, is jit_module.block, src/jit/jit.h), with the per-thread workspace of its
- * tiles in *per_thread; NULL for every other kernel. (omp-runtime.c) */
+/* In *out, when k is a direct-strategy kernel of the CPU JIT, the module with its sr_block (the
+ * block entry point, jit_module.block, src/jit/jit.h): the kernel's own module lacks it, so the
+ * first call emits and compiles (or finds in the caches) the module with it, under a lock of the
+ * kernel's; the per-thread workspace of its tiles goes to *per_thread. *out is NULL for every
+ * other kernel (SR_OK), and on failure (the status, the message in the context). May run from
+ * many threads at once. (omp-runtime.c) */
 struct jit_module;
-const struct jit_module *cpu_jit_module(const struct sr_kernel *k, int64_t *per_thread);
+/* The loaded module of k when k is a direct-strategy kernel of the CPU JIT, else NULL: the one
+ * its reductions run, without sr_block. (omp-runtime.c) */
+const struct jit_module *cpu_jit_module(const struct sr_kernel *k);
+sr_status cpu_jit_block_module(const struct sr_kernel *k, const struct jit_module **out,
+                               int64_t *per_thread);
 
 #endif /* SYMRED_CPU_H */

@@ -20,11 +20,16 @@
 #include <omp.h>
 #endif
 
+/* A direct-strategy kernel. Its module m has no sr_block: the block module bm (the same source
+ * with sr_block) is built on the first sr_kernel_eval_block, under block_lock, as the kernel
+ * may be used from many threads at once. */
 struct jit_kernel {
     struct jit_module *m;
     struct jit_plan plan;
     struct jit_load_info info;
     int acc;
+    pthread_mutex_t block_lock;
+    struct jit_module *bm;
 };
 
 /* Fewer output rows than this many per thread: split the reduced range instead. */
@@ -58,13 +63,42 @@ static int64_t jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threa
     return total;
 }
 
-const struct jit_module *cpu_jit_module(const sr_kernel *k, int64_t *per_thread)
+const struct jit_module *cpu_jit_module(const sr_kernel *k)
 {
     if (k->backend != &cpu_jit_backend || !k->backend_data)
         return NULL;
     const struct jit_kernel *jk = k->backend_data;
-    *per_thread = jk->plan.workspace_bytes;
     return jk->m;
+}
+
+sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out,
+                               int64_t *per_thread)
+{
+    *out = NULL;
+    if (k->backend != &cpu_jit_backend || !k->backend_data)
+        return SR_OK;
+    struct jit_kernel *jk = k->backend_data;
+    *per_thread = jk->plan.workspace_bytes;
+    sr_status st = SR_OK;
+    pthread_mutex_lock(&jk->block_lock);
+    if (!jk->bm) {
+        struct jit_plan plan = jk->plan;
+        plan.no_block = false;
+        struct expr_buf src = {0};
+        struct jit_load_info info;
+        st = jit_emit_c(k, (enum jit_acc)jk->acc, &src, &plan);
+        if (st == SR_OK && src.oom)
+            st = SR_ENOMEM;
+        if (st == SR_OK)
+            st = jit_module_get(k->ctx, src.data, src.len, &jk->bm, &info);
+        else
+            st =
+                sr__error(k->ctx, st, "CPU JIT: cannot emit the block module (status %d)", (int)st);
+        free(src.data);
+    }
+    *out = jk->bm;
+    pthread_mutex_unlock(&jk->block_lock);
+    return st;
 }
 
 /* Runs k on the reference interpreter; why (a static string) goes to explain, detail (NULL:
@@ -109,7 +143,7 @@ static sr_status jit_prepare(sr_kernel *k)
     sr_status st0 = jit_ctx_get(ctx, &jc);
     if (st0 != SR_OK)
         return st0;
-    if (jc->no_compiler)
+    if (jit_no_compiler(jc))
         return fall_back(k, "no C compiler", NULL);
     struct jit_kernel *jk = calloc(1, sizeof *jk);
     if (!jk)
@@ -136,6 +170,8 @@ static sr_status jit_prepare(sr_kernel *k)
     }
     /* One thread's workspace must fit in the memory budget; the emitter shrinks the tiles. */
     jk->plan.ws_limit = ctx->mem_limit;
+    /* sr_block waits for the first sr_kernel_eval_block (cpu_jit_block_module). */
+    jk->plan.no_block = true;
     /* The direct strategy's generated code reads and writes float16 and bfloat16 arrays itself
      * (no float32 copies); every failure below leaves the kernel to core's copies again. */
     k->io_native = k->io != k->dtype;
@@ -179,6 +215,12 @@ static sr_status jit_prepare(sr_kernel *k)
         k->io_native = false;
         return st;
     }
+    if (pthread_mutex_init(&jk->block_lock, NULL) != 0) {
+        jit_module_release(ctx, jk->m);
+        free(jk);
+        k->io_native = false;
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    }
     k->backend_data = jk;
     return SR_OK;
 }
@@ -189,6 +231,8 @@ static void jit_release(sr_kernel *k)
     if (!jk)
         return;
     jit_module_release(k->ctx, jk->m);
+    jit_module_release(k->ctx, jk->bm);
+    pthread_mutex_destroy(&jk->block_lock);
     free(jk);
     k->backend_data = NULL;
 }
@@ -322,7 +366,8 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "accumulation: %s\n"
                     "compiler: %s %s\n"
                     "module: %s, cache %s, %.1f ms\n"
-                    "eval_block: generated (sr_block, the same tiles, rows over OpenMP threads)\n",
+                    "eval_block: generated (sr_block, the same tiles, rows over OpenMP threads; "
+                    "its module is compiled on the first call)\n",
                     p->loops ? "loop mode: a plain loop over the reduced index, loops over wide "
                                "values and large contractions, F through the tile buffer"
                              : "omp simd over the reduced index",

@@ -61,19 +61,31 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
         jc = calloc(1, sizeof *jc);
         if (!jc)
             return sr__error(ctx, SR_ENOMEM, "out of memory");
+        if (pthread_mutex_init(&jc->lock, NULL) != 0) {
+            free(jc);
+            return sr__error(ctx, SR_ENOMEM, "out of memory");
+        }
         ctx->backend_state[SR_BACKEND_JIT] = jc;
     }
     /* The context's options as they are now (sr_ctx_set_option may have changed them since the
-     * last kernel); the environment was read once, by sr_ctx_new. */
+     * last kernel); the environment was read once, by sr_ctx_new. Under the lock: the first
+     * sr_kernel_eval_block of a direct kernel builds its block module from any thread. */
     const char *cc = ctx->opt.cc[0] ? ctx->opt.cc : "cc";
+    pthread_mutex_lock(&jc->lock);
     if (strcmp(jc->cc, cc) != 0) {
         snprintf(jc->cc, sizeof jc->cc, "%s", cc);
         jc->no_compiler = false; /* another compiler: try it */
         jc->logged_fallback = false;
     }
-    jc->acc = ctx->opt.acc;
-    jc->keep_source = ctx->opt.jit_keep;
-    jc->compile_timeout = ctx->opt.compile_timeout;
+    /* Written only when changed (by the owning thread, sr_ctx_set_option): the owner reads
+     * them without the lock. */
+    if (jc->acc != ctx->opt.acc)
+        jc->acc = ctx->opt.acc;
+    if (jc->keep_source != ctx->opt.jit_keep)
+        jc->keep_source = ctx->opt.jit_keep;
+    if (jc->compile_timeout != ctx->opt.compile_timeout)
+        jc->compile_timeout = ctx->opt.compile_timeout;
+    pthread_mutex_unlock(&jc->lock);
     *out = jc;
     return SR_OK;
 }
@@ -91,7 +103,16 @@ void jit_ctx_free(void *state)
             close(m->fd);
         free(m);
     }
+    pthread_mutex_destroy(&jc->lock);
     free(jc);
+}
+
+bool jit_no_compiler(struct jit_ctx *jc)
+{
+    pthread_mutex_lock(&jc->lock);
+    bool no = jc->no_compiler;
+    pthread_mutex_unlock(&jc->lock);
+    return no;
 }
 
 /* CPU feature flags (for -march=native), hashed once per process. */
@@ -470,14 +491,9 @@ static struct jit_module *new_module(const char *key)
     return m;
 }
 
-sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_module **out,
-                         struct jit_load_info *info)
+static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, size_t len,
+                            struct jit_module **out, struct jit_load_info *info)
 {
-    struct jit_ctx *jc;
-    memset(info, 0, sizeof *info);
-    sr_status st0 = jit_ctx_get(ctx, &jc);
-    if (st0 != SR_OK)
-        return st0;
     uint64_t ccid;
     char iderr[1024];
     sr_status idst = jit_compiler_id(jc->cc, jc->compile_timeout, &ccid, iderr, sizeof iderr);
@@ -615,12 +631,30 @@ fail:
     return st;
 }
 
+sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_module **out,
+                         struct jit_load_info *info)
+{
+    struct jit_ctx *jc;
+    memset(info, 0, sizeof *info);
+    sr_status st = jit_ctx_get(ctx, &jc);
+    if (st != SR_OK)
+        return st;
+    pthread_mutex_lock(&jc->lock);
+    st = module_get(ctx, jc, src, len, out, info);
+    pthread_mutex_unlock(&jc->lock);
+    return st;
+}
+
 void jit_module_release(sr_ctx *ctx, struct jit_module *m)
 {
-    (void)ctx;
+    struct jit_ctx *jc = jit_ctx_of(ctx);
+    if (!m || !jc)
+        return;
     /* Modules stay loaded until the context goes: that is the in-memory cache. */
-    if (m && m->refs > 0)
+    pthread_mutex_lock(&jc->lock);
+    if (m->refs > 0)
         m->refs--;
+    pthread_mutex_unlock(&jc->lock);
 }
 
 /* The same directory, checks and trailer, for the CUDA backend's images (cuda-runtime.c). */

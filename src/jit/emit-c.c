@@ -147,7 +147,15 @@ static void emit_exp(struct emitter *E)
 static void prelude(struct emitter *E, const char *A)
 {
     const char *t = T(E), *f = E->fs;
-    P("#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
+    /* What the code takes from the C library, declared here, not included: parsing stdint.h,
+     * stdlib.h and string.h is a measurable part of a cold compile (about 8 ms of cc1 on the
+     * dev VM). The types are the compiler's own (gcc and clang predefine them). */
+    P("typedef __INT64_TYPE__ int64_t;\ntypedef __UINT64_TYPE__ uint64_t;\n"
+      "typedef __UINT32_TYPE__ uint32_t;\ntypedef __UINT16_TYPE__ uint16_t;\n"
+      "typedef __SIZE_TYPE__ size_t;\n#define NULL ((void *)0)\n"
+      "extern void *malloc(size_t);\nextern void *calloc(size_t, size_t);\n"
+      "extern void free(void *);\n#define memcpy __builtin_memcpy\n"
+      "#define memset __builtin_memset\n\n");
     /* The target's spellings for the shared state code (emit-state.c). */
     P("#define SR_FN static inline\n#define SR_UNROLL\n\n");
     P("typedef %s sr_t;\ntypedef %s sr_acc;\n\n", t, A);
@@ -1007,7 +1015,8 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
         }
     }
     P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
-    emit_block(E, bodytxt, ncol, RB, E->gemm ? plan->gemm_arg : 0);
+    if (!plan || !plan->no_block)
+        emit_block(E, bodytxt, ncol, RB, E->gemm ? plan->gemm_arg : 0);
     free(body.data);
     P("int sr_part(int64_t o0, int64_t o1, int64_t r0, int64_t r1, const void *const *args, void "
       "*state_)\n{\n    const int64_t iv[2] = {r0, r1};\n"
