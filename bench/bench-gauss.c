@@ -13,7 +13,11 @@
  * relative difference of the results (the index sets for ArgKMin); the cold first-call latency
  * of the float32 mat-vec (sr_kernel_new with an empty SYMRED_CACHE_DIR: emit + compile + load,
  * then the first run); and the warm kernel creation time (a new context, the same kernel, from
- * the disk cache). The temporary cache directory is removed at the end.
+ * the disk cache). Then the cold sr_kernel_new of each float32 job (mat-vec, LogSumExp, ArgKMin)
+ * over COLD_ROUNDS rounds, each in an empty cache directory of its own, alternating with the
+ * yardstick: the system compiler building a shared object of one empty function with -O3
+ * -march=native (what any compile costs on this machine: the compiler's processes starting, the
+ * assembler, the linker); medians. The temporary cache directories are removed at the end.
  */
 #define _GNU_SOURCE
 #include "symred.h"
@@ -22,11 +26,15 @@
 #include "record.h"
 
 #include <math.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 void bench_hand_gauss(int64_t n, int64_t m, const float *x, const float *y, const float *b, float g,
                       float *out);
@@ -80,6 +88,90 @@ static sr_kernel *make(sr_ctx **ctx, double *seconds)
     }
     *seconds = bench_now() - t0;
     return k;
+}
+
+enum { COLD_ROUNDS = 5, NCOLD = 3 };
+
+/* Seconds the system compiler (SYMRED_CC, else cc) takes to build a shared object of one empty
+ * function from src into so, with -O3 -march=native; < 0 when it fails. */
+static double empty_compile(const char *src, const char *so)
+{
+    const char *cc = getenv("SYMRED_CC");
+    char *argv[] = {(char *)(cc && *cc ? cc : "cc"),
+                    "-O3",
+                    "-march=native",
+                    "-fPIC",
+                    "-shared",
+                    "-o",
+                    (char *)so,
+                    (char *)src,
+                    NULL};
+    double t0 = bench_now();
+    pid_t pid;
+    int ws;
+    if (posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ) != 0 ||
+        waitpid(pid, &ws, 0) != pid || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        return -1;
+    return bench_now() - t0;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* Cold sr_kernel_new of the float32 jobs, each round in fresh cache directories under dir,
+ * alternating with empty_compile: medians in cold_ms[NCOLD] and *empty_ms. */
+static void cold_rounds(const char *dir, double cold_ms[NCOLD], double *empty_ms)
+{
+    static const char *const forms[NCOLD] = {"Exp(-SqDist(x,y)*g)*b", "-SqDist(x,y)*g",
+                                             "SqDist(x,y)"};
+    static const sr_reduction reds[NCOLD] = {SR_SUM, SR_LOGSUMEXP, SR_ARGKMIN};
+    double t[NCOLD][COLD_ROUNDS], e[COLD_ROUNDS];
+    char src[300], so[300];
+    snprintf(src, sizeof src, "%s/empty.c", dir);
+    snprintf(so, sizeof so, "%s/empty.so", dir);
+    FILE *f = fopen(src, "w");
+    if (!f || fputs("void sr_empty(void) {}\n", f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", src);
+        exit(1);
+    }
+    for (int r = 0; r < COLD_ROUNDS; r++) {
+        for (int q = 0; q < NCOLD; q++) {
+            char sub[300];
+            snprintf(sub, sizeof sub, "%s/cold-%d-%d", dir, r, q);
+            setenv("SYMRED_CACHE_DIR", sub, 1);
+            sr_ctx *c;
+            sr_expr *fx;
+            sr_kernel *k;
+            sr_kernel_desc d = sr_kernel_desc_default();
+            d.reduction = reds[q];
+            d.k = q == 2 ? KNN : 1;
+            if (sr_ctx_new(&c) != SR_OK ||
+                sr_parse(c, forms[q], aliases, q == 2 ? 2 : 4, &fx) != SR_OK) {
+                fprintf(stderr, "setup failed\n");
+                exit(1);
+            }
+            double t0 = bench_now();
+            if (sr_kernel_new(c, fx, &d, &k) != SR_OK) {
+                fprintf(stderr, "cold %s: %s\n", forms[q], sr_ctx_error(c));
+                exit(1);
+            }
+            t[q][r] = (bench_now() - t0) * 1e3;
+            sr_kernel_free(k);
+            sr_ctx_free(c);
+        }
+        e[r] = empty_compile(src, so) * 1e3;
+        if (e[r] < 0) {
+            fprintf(stderr, "the empty compile failed\n");
+            exit(1);
+        }
+    }
+    setenv("SYMRED_CACHE_DIR", dir, 1);
+    for (int q = 0; q < NCOLD; q++)
+        cold_ms[q] = median(t[q], COLD_ROUNDS);
+    *empty_ms = median(e, COLD_ROUNDS);
 }
 
 int main(int argc, char **argv)
@@ -211,14 +303,23 @@ int main(int argc, char **argv)
            t_cold_new * 1e3, t_first_run * 1e3);
     printf("warm kernel creation (new context, disk cache%s): %.2f ms\n",
            disk_hit ? " hit" : ": NOT a hit", t_warm_new * 1e3);
+    double cold_ms[NCOLD], empty_ms;
+    cold_rounds(dir, cold_ms, &empty_ms);
+    printf("cold sr_kernel_new, median of %d rounds (empty cache each): gauss-f32 %.1f ms, "
+           "lse-f32 %.1f ms, argkmin-f32 %.1f ms; yardstick: cc -O3 -march=native -shared of an "
+           "empty function %.1f ms (gauss-f32 = %.2fx it)\n",
+           COLD_ROUNDS, cold_ms[0], cold_ms[1], cold_ms[2], empty_ms, cold_ms[0] / empty_ms);
 
     bench_record_row(
         &rec,
         "\"N\": %lld, \"reps\": %d, \"symred_gpairs\": %.3f, \"hand_gpairs\": %.3f, "
         "\"symred_over_hand\": %.3f, \"f64_over_hand\": %.3f, \"lse_over_hand\": %.3f, "
-        "\"argkmin_over_hand\": %.3f, \"cold_ms\": %.1f, \"warm_ms\": %.2f",
+        "\"argkmin_over_hand\": %.3f, \"cold_ms\": %.1f, \"warm_ms\": %.2f, "
+        "\"cold_median_ms\": %.1f, \"cold_lse_ms\": %.1f, \"cold_argkmin_ms\": %.1f, "
+        "\"empty_compile_ms\": %.1f",
         (long long)n, reps, pairs / best_sr[0] * 1e-9, pairs / best_hand[0] * 1e-9, med[0], med[1],
-        med[2], med[3], t_cold_new * 1e3, t_warm_new * 1e3);
+        med[2], med[3], t_cold_new * 1e3, t_warm_new * 1e3, cold_ms[0], cold_ms[1], cold_ms[2],
+        empty_ms);
     bench_record_close(&rec);
     sr_kernel_free(k);
     for (int q = 0; q < NJOB; q++)

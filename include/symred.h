@@ -117,8 +117,12 @@ typedef struct sr_kernel sr_kernel; /* a compiled reduction; immutable */
 
 /* ---- Context ------------------------------------------------------------------------------ */
 
-/* Creates a context. Options are read from the environment (SYMRED_LOG, ...) at creation.
- * Returns SR_EINVAL if out is NULL, SR_ENOMEM on allocation failure (then *out is NULL). */
+/* Creates a context. Its options are read from the environment (SYMRED_LOG, SYMRED_DEVICE,
+ * SYMRED_GEMM, ...: docs/environment.md) here, once: a variable set or changed afterwards does
+ * not affect this context (sr_ctx_set_option does), only contexts created later. A malformed
+ * value does not fail this call: every sr_kernel_new of the context then fails with SR_EINVAL
+ * naming the variable and its value. Returns SR_EINVAL if out is NULL, SR_ENOMEM on allocation
+ * failure (then *out is NULL). */
 SR_API sr_status sr_ctx_new(sr_ctx **out);
 
 /* Frees the context and every expression built in it. Kernels created from it must have been
@@ -141,6 +145,18 @@ SR_API const char *sr_ctx_error(const sr_ctx *ctx);
  * with SR_EBUDGET and the number of bytes it needs when even the smallest plan does not fit.
  * Returns SR_EINVAL for a NULL ctx or a negative value. Not thread-safe with other calls on ctx. */
 SR_API sr_status sr_ctx_set_mem_limit(sr_ctx *ctx, int64_t bytes);
+
+/* Sets one option of the context as the environment variable of that name would have at
+ * sr_ctx_new: sr_ctx_set_option(ctx, "SYMRED_GEMM", "off"), ("SYMRED_DEVICE", "reference"),
+ * ("SYMRED_MEM_LIMIT", "64MB"), ... with the variables and values of docs/environment.md that
+ * sr_ctx_new reads. value NULL or "" gives the option its default (as an unset variable).
+ * Kernels created afterwards follow it; kernels already created keep the options they were
+ * planned with. Setting an option whose environment value was malformed clears that error.
+ * Returns SR_EINVAL, with a message naming the option and the value, for a NULL ctx or name,
+ * an unknown name, a variable read once per process (SYMRED_BLIS_LIB, SYMRED_NVRTC,
+ * SYMRED_LIBCUDA, SYMRED_CUDA_DEVICE) or a malformed value (the option then has its default).
+ * Not thread-safe with other calls on ctx. */
+SR_API sr_status sr_ctx_set_option(sr_ctx *ctx, const char *name, const char *value);
 /* The context's memory budget in bytes; 0 = unlimited (also for a NULL ctx). */
 SR_API int64_t sr_ctx_mem_limit(const sr_ctx *ctx);
 
@@ -658,17 +674,18 @@ SR_API int64_t sr_kernel_workspace_bytes(const sr_kernel *kernel);
  * reduction and axis, the values are F's (a reduction rewrite of the simplifier does not
  * change them) and agree with the reference interpreter's within the tolerances of
  * docs/semantics.md ("Comparing backends", one term per output): a kernel on the CPU JIT's
- * direct strategy computes them with code generated into its own module (the same tiles and
- * vectorised loop as its reduction, in the kernel's dtype; no compile or cache lookup at call
- * time); other kernels (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the
- * reference interpreter (float64, rounded to the dtype); sr_kernel_explain says
- * "eval_block: generated" for the first kind. This is the building block of
- * split-and-accumulate algorithms (e.g. the K_uf K_fu product of sparse GPs,
- * examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's own
- * workspace is one thread's kernel workspace (the JIT's tile) or a few values per formula node,
+ * direct strategy computes them with generated code (the same tiles and vectorised loop as its
+ * reduction, in the kernel's dtype), in a module of its own that the kernel's first
+ * sr_kernel_eval_block compiles (or finds in the caches): the kernel's cold creation does not pay
+ * for it, its first block does, later blocks need no compile or cache lookup; other kernels
+ * (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the reference interpreter
+ * (float64, rounded to the dtype); sr_kernel_explain says "eval_block: generated" for the first
+ * kind. This is the building block of split-and-accumulate algorithms (e.g. the K_uf K_fu product
+ * of sparse GPs, examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's
+ * own workspace is one thread's kernel workspace (the JIT's tile) or a few values per formula node,
  * per thread. Errors: SR_EINVAL (NULL or missing arrays, a block outside the matrix, negative
- * sizes), SR_EOVERFLOW (ni * nj * dim(F) too large), SR_EBUDGET, SR_ENOMEM. Thread-safe like
- * sr_kernel_run. */
+ * sizes), SR_EOVERFLOW (ni * nj * dim(F) too large), SR_EBUDGET, SR_ENOMEM, and on the first
+ * call those of a compile (SR_ECOMPILE, SR_EIO). Thread-safe like sr_kernel_run. */
 SR_API sr_status sr_kernel_eval_block(const sr_kernel *kernel, int64_t nx, int64_t ny,
                                       const void *const *args, int64_t i0, int64_t ni, int64_t j0,
                                       int64_t nj, void *out);

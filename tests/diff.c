@@ -241,7 +241,7 @@ const char *diff_op_group_formula(int grp, const char *const **aliases)
 void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt)
 {
     /* The backend must see every op as written, so the simplifier is off here. */
-    setenv("SYMRED_SIMPLIFY", "0", 1);
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", "0");
     sr_expr *f = grp < DIFF_OP_GROUPS - 1 ? diff_parse(ctx, op_groups[grp], op_aliases, 4)
                                           : diff_parse(ctx, big_group, big_aliases, 4);
     for (int axis = 1; axis >= 0; axis--) {
@@ -269,7 +269,7 @@ void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt)
         sr_kernel_free(kb);
         sr_kernel_free(kr);
     }
-    unsetenv("SYMRED_SIMPLIFY");
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", NULL);
 }
 
 /* ---- every reduction, both axes, both dtypes, many sizes ---------------------------------- */

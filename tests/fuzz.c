@@ -683,13 +683,6 @@ struct built {
     sr_kernel_desc d;
 };
 
-static void set_env(const char *name, const char *value)
-{
-    if (value)
-        setenv(name, value, 1);
-    else
-        unsetenv(name);
-}
 
 /* A kernel of f (and weight w) with the case's reduction, under the given simplifier and BLIS
  * settings; NULL with the message in msg on failure. */
@@ -697,8 +690,8 @@ static sr_kernel *kernel_of(struct built *b, const sr_expr *f, const sr_expr *w,
                             sr_device dev, bool simplify, const char *blis, sr_status *st,
                             char *msg, size_t cap)
 {
-    set_env("SYMRED_SIMPLIFY", simplify ? "1" : "0");
-    set_env("SYMRED_GEMM", blis);
+    sr_ctx_set_option(b->ctx, "SYMRED_SIMPLIFY", simplify ? "1" : "0");
+    sr_ctx_set_option(b->ctx, "SYMRED_GEMM", blis);
     sr_kernel_desc d = b->d;
     d.reduction = red;
     d.device = dev;
@@ -709,8 +702,8 @@ static sr_kernel *kernel_of(struct built *b, const sr_expr *f, const sr_expr *w,
     *st = sr_kernel_new(b->ctx, f, &d, &k);
     if (*st != SR_OK && msg)
         snprintf(msg, cap, "%s", sr_ctx_error(b->ctx));
-    set_env("SYMRED_SIMPLIFY", NULL);
-    set_env("SYMRED_GEMM", NULL);
+    sr_ctx_set_option(b->ctx, "SYMRED_SIMPLIFY", NULL);
+    sr_ctx_set_option(b->ctx, "SYMRED_GEMM", NULL);
     return k;
 }
 
@@ -1758,15 +1751,14 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         *failed_variant = -1;
     char threads[16];
     snprintf(threads, sizeof threads, "%d", c->threads);
-    set_env("SYMRED_NUM_THREADS", c->threads > 0 ? threads : NULL);
     struct built b;
     memset(&b, 0, sizeof b);
     sr_status st = sr_ctx_new(&b.ctx);
-    set_env("SYMRED_NUM_THREADS", NULL);
     if (st != SR_OK) {
         snprintf(why, cap, "sr_ctx_new failed");
         return false;
     }
+    sr_ctx_set_option(b.ctx, "SYMRED_NUM_THREADS", c->threads > 0 ? threads : NULL);
     bool ok = true;
     sr_kernel *kr = NULL;
     struct oracle o;

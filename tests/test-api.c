@@ -429,12 +429,20 @@ Test(api, kernel_new_cuda_without_gpu)
 Test(api, kernel_new_bad_symred_device_env)
 {
     cr_assert_eq(setenv("SYMRED_DEVICE", "tpu", 1), 0);
-    sr_expr *f = sr_sqnorm2(ctx, sr_vi(ctx, 0, 3));
-    sr_kernel *k = NULL;
-    assert_status(new_kernel(f, sr_kernel_desc_default(), &k), SR_EINVAL);
-    assert_msg_has(ctx, "SYMRED_DEVICE");
-    cr_assert_null(k);
+    sr_ctx *c;
+    cr_assert_eq(sr_ctx_new(&c), SR_OK);
     unsetenv("SYMRED_DEVICE");
+    sr_expr *f = sr_sqnorm2(c, sr_vi(c, 0, 3));
+    sr_kernel *k = NULL;
+    sr_kernel_desc d = sr_kernel_desc_default();
+    assert_status(sr_kernel_new(c, f, &d, &k), SR_EINVAL);
+    assert_msg_has(c, "SYMRED_DEVICE");
+    assert_msg_has(c, "tpu");
+    cr_assert_null(k);
+    sr_ctx_free(c);
+    /* The same value given to the setter is refused at once, the context staying usable. */
+    assert_status(sr_ctx_set_option(ctx, "SYMRED_DEVICE", "tpu"), SR_EINVAL);
+    assert_msg_has(ctx, "SYMRED_DEVICE");
     assert_usable(ctx);
 }
 

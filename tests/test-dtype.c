@@ -412,14 +412,14 @@ Test(dtype, gemm_epilogue_and_fused_strategies)
                 hargs[v] = a[v].h;
             widen_all(dt, a, 3, w, fargs);
             if (cases[c].gemm_env)
-                setenv("SYMRED_GEMM", cases[c].gemm_env, 1);
+                sr_ctx_set_option(ctx, "SYMRED_GEMM", cases[c].gemm_env);
             sr_kernel_desc d = sr_kernel_desc_default();
             sr_expr *f = diff_parse(ctx, cases[c].f, gal, 3);
             d.dtype = dt;
             sr_kernel *kh = diff_kernel(ctx, f, d, SR_DEVICE_CPU);
             d.dtype = SR_F32;
             sr_kernel *kf = diff_kernel(ctx, f, d, SR_DEVICE_CPU);
-            unsetenv("SYMRED_GEMM");
+            sr_ctx_set_option(ctx, "SYMRED_GEMM", NULL);
             const char *ex = sr_kernel_explain(kh);
             if (have_gemm) {
                 cr_assert(strstr(ex, cases[c].strategy), "%s: expected %s:\n%s", diff_dtype_tag(dt),

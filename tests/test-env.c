@@ -14,8 +14,9 @@
 #include "symred.h"
 #include "util.h"
 
-static const char *const vars[] = {"SYMRED_LOG",    "SYMRED_ACC",      "SYMRED_NUM_THREADS",
-                                   "SYMRED_DEVICE", "SYMRED_SIMPLIFY", "SYMRED_JIT_KEEP"};
+static const char *const vars[] = {"SYMRED_LOG",      "SYMRED_ACC",      "SYMRED_NUM_THREADS",
+                                   "SYMRED_DEVICE",   "SYMRED_SIMPLIFY", "SYMRED_JIT_KEEP",
+                                   "SYMRED_MEM_LIMIT"};
 
 static void clear_env(void)
 {
@@ -134,4 +135,82 @@ Test(env, accumulation_modes_match_reference)
     sr_ctx_free(ctx);
     free(x);
     free(y);
+}
+
+/* A Sum of SqDist in ctx; its explain text copied into ex. */
+static sr_status explain_of(sr_ctx *ctx, char *ex, size_t cap)
+{
+    sr_expr *f = sr_sum(ctx, sr_square(ctx, sr_sub(ctx, sr_vi(ctx, 0, 2), sr_vj(ctx, 1, 2))));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.device = SR_DEVICE_REFERENCE;
+    sr_kernel *k = NULL;
+    sr_status st = sr_kernel_new(ctx, f, &d, &k);
+    snprintf(ex, cap, "%s", st == SR_OK ? sr_kernel_explain(k) : sr_ctx_error(ctx));
+    sr_kernel_free(k);
+    return st;
+}
+
+/* The environment is read when a context is created: a variable set afterwards, well-formed or
+ * not, changes nothing in that context; a context created afterwards sees it. */
+Test(env, read_once_at_context_creation)
+{
+    sr_ctx *before, *after;
+    char ex[8192];
+    cr_assert_eq(sr_ctx_new(&before), SR_OK);
+    setenv("SYMRED_SIMPLIFY", "0", 1);
+    cr_assert_eq(explain_of(before, ex, sizeof ex), SR_OK, "%s", ex);
+    cr_assert(strstr(ex, "simplifier: off") == NULL, "set after creation, yet applied:\n%s", ex);
+    cr_assert_eq(sr_ctx_new(&after), SR_OK);
+    cr_assert_eq(explain_of(after, ex, sizeof ex), SR_OK, "%s", ex);
+    cr_assert(strstr(ex, "simplifier: off"), "a new context ignores SYMRED_SIMPLIFY=0:\n%s", ex);
+    sr_ctx_free(after);
+    /* A malformed value set after creation does not fail the context that was created before. */
+    setenv("SYMRED_DEVICE", "gpu", 1);
+    cr_assert_eq(explain_of(before, ex, sizeof ex), SR_OK, "%s", ex);
+    cr_assert_eq(sr_ctx_new(&after), SR_OK);
+    cr_assert_eq(explain_of(after, ex, sizeof ex), SR_EINVAL, "%s", ex);
+    cr_assert(strstr(ex, "SYMRED_DEVICE=gpu"), "%s", ex);
+    /* Setting that option fixes the context that read the malformed value. */
+    cr_assert_eq(sr_ctx_set_option(after, "SYMRED_DEVICE", "cpu"), SR_OK, "%s",
+                 sr_ctx_error(after));
+    cr_assert_eq(explain_of(after, ex, sizeof ex), SR_OK, "%s", ex);
+    sr_ctx_free(after);
+    sr_ctx_free(before);
+}
+
+/* sr_ctx_set_option: the variables' names and values; NULL restores the default; unknown names,
+ * per-process variables and malformed values are SR_EINVAL naming them. */
+Test(env, set_option)
+{
+    sr_ctx *ctx;
+    char ex[8192];
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", "0"), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(explain_of(ctx, ex, sizeof ex), SR_OK, "%s", ex);
+    cr_assert(strstr(ex, "simplifier: off"), "%s", ex);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", NULL), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(explain_of(ctx, ex, sizeof ex), SR_OK, "%s", ex);
+    cr_assert(strstr(ex, "simplifier: off") == NULL, "%s", ex);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_MEM_LIMIT", "2KiB"), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    cr_assert_eq(sr_ctx_mem_limit(ctx), 2048);
+    static const struct {
+        const char *name, *value, *want;
+    } bad[] = {
+        {"SYMRED_SIMPLIFY", "false", "SYMRED_SIMPLIFY=false"},
+        {"SYMRED_NUM_THREADS", "0", "SYMRED_NUM_THREADS=0"},
+        {"SYMRED_MEM_LIMIT", "lots", "SYMRED_MEM_LIMIT=lots"},
+        {"SYMRED_COLOUR", "blue", "no option named SYMRED_COLOUR"},
+        {"SYMRED_CUDA_DEVICE", "1", "once per process"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(sr_ctx_set_option(ctx, bad[i].name, bad[i].value), SR_EINVAL, "%s=%s",
+                     bad[i].name, bad[i].value);
+        cr_assert(strstr(sr_ctx_error(ctx), bad[i].want), "%s", sr_ctx_error(ctx));
+    }
+    cr_assert_eq(sr_ctx_set_option(ctx, NULL, "1"), SR_EINVAL);
+    cr_assert_eq(sr_ctx_set_option(NULL, "SYMRED_LOG", "1"), SR_EINVAL);
+    /* The context stays usable. */
+    cr_assert_eq(explain_of(ctx, ex, sizeof ex), SR_OK, "%s", ex);
+    sr_ctx_free(ctx);
 }

@@ -24,7 +24,6 @@ static sr_ctx *ctx;
 static void setup(void) { cr_assert_eq(sr_ctx_new(&ctx), SR_OK); }
 static void teardown(void)
 {
-    unsetenv("SYMRED_SIMPLIFY");
     sr_ctx_free(ctx);
 }
 TestSuite(eval_block, .init = setup, .fini = teardown);
@@ -83,7 +82,8 @@ static void compare_blocks(sr_kernel *kj, sr_kernel *kr, const char *what)
     cr_assert(strstr(sr_kernel_explain(kj), "eval_block: generated"), "%s: %s", what,
               sr_kernel_explain(kj));
     int64_t ws;
-    const struct jit_module *m = cpu_jit_module(kj, &ws);
+    const struct jit_module *m;
+    cr_assert_eq(cpu_jit_block_module(kj, &m, &ws), SR_OK, "%s: %s", what, sr_ctx_error(kj->ctx));
     cr_assert(m && m->block, "%s: no generated block", what);
     const sr_dtype dt = kj->dtype;
     const double rtol = dt == SR_F64 ? 1e-9 : 1e-4, atol = dt == SR_F64 ? 1e-9 : 1e-4;
@@ -169,7 +169,7 @@ static void formula_case(const char *text, const char *const *aliases, int nalia
  * the emitter as written. */
 static void op_group(int grp)
 {
-    setenv("SYMRED_SIMPLIFY", "0", 1);
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", "0");
     const char *const *aliases;
     const char *text = diff_op_group_formula(grp, &aliases);
     char what[32];
@@ -244,8 +244,11 @@ Test(eval_block, gemm_epilogue_reference_path)
         sr_kernel_free(k);
         cr_skip_test("no gemm for the gemm-epilogue path (no AVX-512F and no BLIS)");
     }
+    cr_assert_null(cpu_jit_module(k));
+    const struct jit_module *m;
     int64_t ws;
-    cr_assert_null(cpu_jit_module(k, &ws));
+    cr_assert_eq(cpu_jit_block_module(k, &m, &ws), SR_OK);
+    cr_assert_null(m);
     sr_kernel *kr = make(f, SR_F64, 1, SR_SUM, SR_DEVICE_REFERENCE);
     enum { NX = 11, NY = 17 };
     double x[NX * 32], y[NY * 32], b[NY], g = 0.05, got[6 * 9], want[6 * 9];
@@ -261,4 +264,50 @@ Test(eval_block, gemm_epilogue_reference_path)
         cr_assert_eq(got[q], want[q], "%d: %.17g vs %.17g", q, got[q], want[q]);
     sr_kernel_free(k);
     sr_kernel_free(kr);
+}
+
+/* A direct kernel's module has no sr_block: the first eval_block obtains the module with it
+ * (one compile, disk or memory hit), later ones reuse it; the reductions keep the first module. */
+Test(eval_block, block_module_on_first_call)
+{
+    sr_expr *f = diff_parse(ctx, "Exp(-SqDist(x,y)*g)*b", aliases, 6);
+    sr_kernel *k = make(f, SR_F32, 1, SR_SUM, SR_DEVICE_CPU);
+    cr_assert_str_eq(k->backend->name, "cpu-jit");
+    const struct jit_module *m0 = cpu_jit_module(k);
+    cr_assert(m0 && !m0->block, "the kernel's module has an sr_block");
+    const struct jit_ctx *jc = jit_ctx_of(ctx);
+    const unsigned long gets0 = jc->compiles + jc->disk_hits + jc->mem_hits;
+    enum { NX = 9, NY = 13 };
+    float x[NX * 3], y[NY * 3], b[NY], g = 0.4f, got[NX * NY], again[NX * NY], red[NX];
+    uint64_t s = 7;
+    tu_fill(x, SR_F32, NX * 3, -1, 1, &s);
+    tu_fill(y, SR_F32, NY * 3, -1, 1, &s);
+    tu_fill(b, SR_F32, NY, -1, 1, &s);
+    const void *args[] = {x, y, &g, NULL, NULL, b};
+    cr_assert_eq(sr_kernel_eval_block(k, NX, NY, args, 0, NX, 0, NY, got), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    cr_assert_eq(jc->compiles + jc->disk_hits + jc->mem_hits, gets0 + 1);
+    cr_assert_eq(sr_kernel_eval_block(k, NX, NY, args, 0, NX, 0, NY, again), SR_OK);
+    cr_assert_eq(jc->compiles + jc->disk_hits + jc->mem_hits, gets0 + 1);
+    cr_assert(memcmp(got, again, sizeof got) == 0);
+    const struct jit_module *m;
+    int64_t ws;
+    cr_assert_eq(cpu_jit_block_module(k, &m, &ws), SR_OK);
+    cr_assert(m && m->block && m != m0);
+    cr_assert_eq(cpu_jit_module(k), m0);
+    cr_assert_eq(sr_kernel_run(k, NX, NY, args, red), SR_OK);
+    for (int i = 0; i < NX; i++) {
+        double want = 0;
+        for (int j = 0; j < NY; j++) {
+            double d2 = 0;
+            for (int c = 0; c < 3; c++)
+                d2 += ((double)x[i * 3 + c] - y[j * 3 + c]) * ((double)x[i * 3 + c] - y[j * 3 + c]);
+            double f_ij = exp(-d2 * g) * b[j];
+            cr_assert(tu_close(got[i * NY + j], f_ij, 1e-5, 1e-6), "(%d, %d): %g, F = %g", i, j,
+                      got[i * NY + j], f_ij);
+            want += f_ij;
+        }
+        cr_assert(tu_close(red[i], want, 1e-5, 1e-6), "row %d: %g, want %g", i, red[i], want);
+    }
+    sr_kernel_free(k);
 }

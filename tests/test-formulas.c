@@ -56,7 +56,7 @@ static double closed(const char *name, const double *x, const double *y, double 
 
 static void check_named(const char *name, bool simplify)
 {
-    setenv("SYMRED_SIMPLIFY", "0", 1);
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", "0");
     sr_expr *x = sr_vi(ctx, 0, D), *y = sr_vj(ctx, 1, D), *g = sr_pm(ctx, 2, 1);
     bool poly = !strcmp(name, "polynomial");
     sr_expr *f = sr_formula(ctx, name, x, y, poly ? sr_intcst(ctx, 3) : g);

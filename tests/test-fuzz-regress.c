@@ -129,7 +129,17 @@
       "Pow(((Var(0,24,0)|Var(1,24,1))/"                                                            \
       "TensorDot(Var(2,2,1),Var(3,6,0),[1,2],[2,3],[1],[0],[1,0])),-1)",                           \
       "", SR_KMIN_ARGKMIN, 1, 3, SR_F64, SR_ACC_DEFAULT, 131, 131, "GEUU", 0x1493017dda1d529dULL,  \
-      1)
+      1)                                                                                           \
+    /* a wide Pow is one loop, not three statements per component (gcc ran past its two-minute     \
+     * limit on them) */                                                                           \
+    X(wide_pow_loop, "(Exp(Var(0,1100,0))*Pow(Var(0,1100,0),-2))", "", SR_ARGMAX, 0, 1, SR_F64,    \
+      SR_ACC_BLOCK, 17, 1, "G", 0xbdaf4caabe5d0fa1ULL, 0)                                          \
+    /* compact emission: big lazy nodes inlined into each of 1100 terms made 380 KB of C that gcc  \
+     * did not compile within its limit; past 64 KB they are computed into arrays */               \
+    X(compact_source,                                                                              \
+      "TensorProd(Var(3,2,1),Less(MatVecMult((ComplexExp1j(ComplexReal(Var(1,550,0)))+"            \
+      "ComplexAbs((Var(2,1100,1)*Var(2,1100,1)))),Var(0,1,0)),RatCst(1,5)))",                      \
+      "", SR_ARGMAX, 1, 1, SR_F16, SR_ACC_DEFAULT, 3, 13, "GEPU", 0x7922a69128c291b3ULL, 0)
 
 static struct fz_opts quiet_opts(void)
 {
@@ -410,7 +420,9 @@ Test(fuzz, generator_never_plans_on_reference, .timeout = 600)
         cr_skip_test("no C compiler here: the reference backend is the CPU's by design");
     }
     sr_kernel_free(k0);
-    static const uint64_t seeds[] = {7, 5150, 20261123, 32333674410788ULL};
+    static const uint64_t seeds[] = {7, 5150, 20261123, 32333674410788ULL, 229361605088541ULL};
+    enum { MAX_SOURCE = 96 << 10 };
+    size_t longest = 0;
     int wide = 0, planned = 0;
     for (size_t si = 0; si < sizeof seeds / sizeof *seeds; si++)
         for (uint64_t i = 0; i < 400; i++) {
@@ -423,6 +435,12 @@ Test(fuzz, generator_never_plans_on_reference, .timeout = 600)
             sr_status st = jit_emit_c(k, JIT_ACC_BLOCK, &b, &plan);
             cr_assert_eq(st, SR_OK, "seed %llu case %llu: C emitter status %d for %s",
                          (unsigned long long)seeds[si], (unsigned long long)i, st, c.formula);
+            /* Wide nodes are loops, not thousands of statements the C compiler would take
+             * minutes over. */
+            cr_assert_lt(b.len, MAX_SOURCE, "seed %llu case %llu: %zu bytes of C for %s",
+                         (unsigned long long)seeds[si], (unsigned long long)i, b.len, c.formula);
+            if (b.len > longest)
+                longest = b.len;
             free(b.data);
             b = (struct expr_buf){0};
             struct cuda_plan cp;
@@ -431,6 +449,10 @@ Test(fuzz, generator_never_plans_on_reference, .timeout = 600)
             cr_assert(st == SR_OK || (kred && st == SR_ENOTSUP),
                       "seed %llu case %llu: CUDA emitter status %d for %s",
                       (unsigned long long)seeds[si], (unsigned long long)i, st, c.formula);
+            cr_assert_lt(b.len, MAX_SOURCE, "seed %llu case %llu: %zu bytes of CUDA for %s",
+                         (unsigned long long)seeds[si], (unsigned long long)i, b.len, c.formula);
+            if (b.len > longest)
+                longest = b.len;
             free(b.data);
             sr_kernel_free(k);
             if (!plan.loops || planned >= 40)
@@ -446,5 +468,6 @@ Test(fuzz, generator_never_plans_on_reference, .timeout = 600)
     /* The generator does draw what this is about. */
     cr_expect_gt(wide, 40, "only %d wide cases drawn", wide);
     cr_expect_gt(planned, 10, "only %d cases in loop mode", planned);
+    cr_log_info("longest generated source: %zu bytes", longest);
     sr_ctx_free(ctx);
 }

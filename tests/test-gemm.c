@@ -44,10 +44,21 @@ static void setup(void)
     have_blis = h != NULL && !getenv("BLIS_ARCH_TYPE");
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
 }
+/* A new context for the suite, reading the environment as it is now. */
+static void renew_ctx(void)
+{
+    sr_ctx_free(ctx);
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+}
+/* Sets an option of the suite's context (the environment was read when it was created). */
+static void set_opt(const char *name, const char *value)
+{
+    cr_assert_eq(sr_ctx_set_option(ctx, name, value), SR_OK, "%s", sr_ctx_error(ctx));
+}
 static void setup_blis(void)
 {
     setup();
-    setenv("SYMRED_GEMM_KERNEL", "blis", 1);
+    set_opt("SYMRED_GEMM_KERNEL", "blis");
     force_blis = true;
 }
 static void teardown(void)
@@ -229,14 +240,14 @@ CASE(at_threshold_gemm, LSE_DOT, SR_LOGSUMEXP, 24, 1, 1, 131, 1031, SR_F32, true
 
 Test(gemm, forced_on_below_threshold)
 {
-    setenv("SYMRED_GEMM", "on", 1);
+    set_opt("SYMRED_GEMM", "on");
     struct gcase c = {LSE_DOT, SR_LOGSUMEXP, 7, 1, 1, 61, 1031, SR_F32, true};
     run_case(&c);
 }
 
 Test(gemm, blis_off_direct)
 {
-    setenv("SYMRED_BLIS", "off", 1);
+    set_opt("SYMRED_BLIS", "off");
     struct gcase c = {KNN, SR_ARGKMIN, 100, 10, 1, 61, 1031, SR_F32, false};
     run_case(&c);
     struct gcase c2 = {SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 100, 1, 1, 61, 1031, SR_F32, false};
@@ -247,11 +258,14 @@ Test(gemm, blis_off_direct)
 Test(gemm, gemm_off_direct_and_older_name)
 {
     setenv("SYMRED_GEMM", "off", 1);
+    renew_ctx();
     struct gcase c = {KNN, SR_ARGKMIN, 100, 10, 1, 61, 1031, SR_F32, false};
     run_case(&c);
     setenv("SYMRED_BLIS", "on", 1);
+    renew_ctx();
     run_case(&c);
     unsetenv("SYMRED_GEMM");
+    renew_ctx();
     struct gcase on = {LSE_DOT, SR_LOGSUMEXP, 7, 1, 1, 61, 1031, SR_F32, true};
     run_case(&on);
 }
@@ -263,12 +277,18 @@ Test(gemm, gemm_malformed)
     for (int t = 0; t < 2; t++) {
         unsetenv("SYMRED_GEMM");
         setenv(names[t], "sometimes", 1);
-        sr_expr *f = sr_scalprod(ctx, sr_vi(ctx, 0, 64), sr_vj(ctx, 1, 64));
+        sr_ctx *c;
+        cr_assert_eq(sr_ctx_new(&c), SR_OK);
+        unsetenv(names[t]);
+        sr_expr *f = sr_scalprod(c, sr_vi(c, 0, 64), sr_vj(c, 1, 64));
         sr_kernel_desc d = sr_kernel_desc_default();
         sr_kernel *k;
-        cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_EINVAL);
+        cr_assert_eq(sr_kernel_new(c, f, &d, &k), SR_EINVAL);
         char want[64];
         snprintf(want, sizeof want, "%s=sometimes", names[t]);
+        cr_assert(strstr(sr_ctx_error(c), want), "%s", sr_ctx_error(c));
+        sr_ctx_free(c);
+        cr_assert_eq(sr_ctx_set_option(ctx, names[t], "sometimes"), SR_EINVAL);
         cr_assert(strstr(sr_ctx_error(ctx), want), "%s", sr_ctx_error(ctx));
     }
 }
@@ -383,7 +403,7 @@ Test(gemm, selection_near_ties_exact)
     int wrong_unranked = 0;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1)
-            setenv("SYMRED_GEMM_REFINE", "off", 1);
+            set_opt("SYMRED_GEMM_REFINE", "off");
         sr_kernel *k = knn_kernel(SR_ARGKMIN, K, 1, SR_F32, D);
         const char *ex = sr_kernel_explain(k);
         cr_assert(strstr(ex, "strategy: gemm-epilogue"), "%s", ex);
@@ -400,7 +420,7 @@ Test(gemm, selection_near_ties_exact)
         }
         sr_kernel_free(k);
     }
-    unsetenv("SYMRED_GEMM_REFINE");
+    set_opt("SYMRED_GEMM_REFINE", NULL);
     cr_assert_gt(wrong_unranked, 0, "the expansion alone ordered every near tie: no test");
     free(x);
     free(y);
@@ -435,8 +455,8 @@ Test(gemm, selection_equals_direct)
         const struct sr_reduction_info *ri = &sr_reductions[cases[c].red];
         for (int pass = 0; pass < 2; pass++) {
             if (pass == 1) {
-                setenv("SYMRED_BLIS", "off", 1);
-                setenv("SYMRED_SIMPLIFY", "0", 1);
+                set_opt("SYMRED_BLIS", "off");
+                set_opt("SYMRED_SIMPLIFY", "0");
             }
             sr_kernel *k = knn_kernel(cases[c].red, cases[c].K, cases[c].axis, dt, D);
             const char *ex = sr_kernel_explain(k);
@@ -454,9 +474,9 @@ Test(gemm, selection_equals_direct)
             cr_assert_eq(sr_kernel_run_ex(k, &r), SR_OK, "%s", sr_ctx_error(ctx));
             sr_kernel_free(k);
         }
-        unsetenv("SYMRED_BLIS");
-        unsetenv("SYMRED_GEMM");
-        unsetenv("SYMRED_SIMPLIFY");
+        set_opt("SYMRED_BLIS", NULL);
+        set_opt("SYMRED_GEMM", NULL);
+        set_opt("SYMRED_SIMPLIFY", NULL);
         cr_assert(memcmp(v[0], v[1], (size_t)n * es) == 0, "case %zu: values differ", c);
         for (int64_t t = 0; t < n; t++)
             cr_assert_eq(ix[0][t], ix[1][t], "case %zu [%lld]: index %lld, direct %lld", c,
@@ -512,11 +532,15 @@ Test(gemm, avx512_without_blis)
 Test(gemm, kernel_malformed)
 {
     setenv("SYMRED_GEMM_KERNEL", "fast", 1);
-    sr_expr *f = sr_scalprod(ctx, sr_vi(ctx, 0, 64), sr_vj(ctx, 1, 64));
+    sr_ctx *c;
+    cr_assert_eq(sr_ctx_new(&c), SR_OK);
+    unsetenv("SYMRED_GEMM_KERNEL");
+    sr_expr *f = sr_scalprod(c, sr_vi(c, 0, 64), sr_vj(c, 1, 64));
     sr_kernel_desc d = sr_kernel_desc_default();
     sr_kernel *k;
-    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_EINVAL);
-    cr_assert(strstr(sr_ctx_error(ctx), "SYMRED_GEMM_KERNEL"), "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_new(c, f, &d, &k), SR_EINVAL);
+    cr_assert(strstr(sr_ctx_error(c), "SYMRED_GEMM_KERNEL"), "%s", sr_ctx_error(c));
+    sr_ctx_free(c);
 }
 
 /* The AVX-512 gemm against a plain loop, C = A B^T, on grid values (exact sums): m, n, K around

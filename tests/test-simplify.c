@@ -128,13 +128,13 @@ static int eval_pairs(sr_expr *f, const struct data *d, bool simplified, double 
 {
     if (simplified)
         f = simp(f);
-    setenv("SYMRED_SIMPLIFY", "0", 1);
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", "0");
     sr_kernel_desc desc = sr_kernel_desc_default();
     desc.dtype = SR_F64;
     desc.device = SR_DEVICE_REFERENCE;
     sr_kernel *k;
     cr_assert_eq(sr_kernel_new(ctx, f, &desc, &k), SR_OK, "%s", sr_ctx_error(ctx));
-    unsetenv("SYMRED_SIMPLIFY");
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", NULL);
     int dim = sr_kernel_out_dim(k), nargs = sr_kernel_nargs(k);
     cr_assert(NI * NJ * dim <= cap);
     double row[64];
@@ -712,7 +712,7 @@ Test(simplify, sqdist_gemm_preserves_values)
     for (int t = 0; t < M * D; t++)
         yv[t] = tu_uniform(&rng, -0.2, 0.2);
     memcpy(yv, xv, D * sizeof *xv); /* a zero distance: the ReLU keeps Sqrt away from NaN */
-    setenv("SYMRED_SIMPLIFY", "0", 1);
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", "0");
     for (size_t c = 0; c < sizeof fs / sizeof *fs; c++) {
         for (int on = 0; on < 2; on++) {
             sr_expr *f = on ? simp(fs[c]) : fs[c];
@@ -767,7 +767,7 @@ Test(simplify, explain_shows_passes_rules_and_cost)
 
 Test(simplify, switch_off_leaves_formula_unchanged)
 {
-    setenv("SYMRED_SIMPLIFY", "0", 1);
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", "0");
     sr_expr *f = sr_sum(ctx, sr_square(ctx, sr_sub(ctx, X, Y)));
     sr_kernel *k = kernel(f, SR_SUM);
     cr_assert_eq(k->f, f, "the kernel runs %s", pr(k->f));
@@ -775,7 +775,7 @@ Test(simplify, switch_off_leaves_formula_unchanged)
     cr_assert_null(k->simp.outer);
     cr_assert(strstr(sr_kernel_explain(k), "simplifier: off"), "%s", sr_kernel_explain(k));
     sr_kernel_free(k);
-    unsetenv("SYMRED_SIMPLIFY");
+    sr_ctx_set_option(ctx, "SYMRED_SIMPLIFY", NULL);
     k = kernel(f, SR_SUM);
     cr_assert_eq(k->f, sr_sqdist(ctx, Y, X), "the kernel runs %s", pr(k->f));
     cr_assert_eq(k->simp.f_user, f);

@@ -190,9 +190,9 @@ Test(threads, jit_kernel_shared)
 Test(threads, gemm_kernel_shared)
 {
     open_fixture(32);
-    setenv("SYMRED_GEMM", "on", 1);
+    sr_ctx_set_option(ctx, "SYMRED_GEMM", "on");
     sr_kernel *k = kernel(ctx, "Exp((x|y) * g) * b", 32, SR_SUM, SR_DEVICE_CPU);
-    unsetenv("SYMRED_GEMM");
+    sr_ctx_set_option(ctx, "SYMRED_GEMM", NULL);
     if (k->backend != &cpu_gemm_backend) {
         sr_kernel_free(k);
         cr_skip_test("no gemm for the gemm-epilogue path (no AVX-512F and no BLIS)");
@@ -228,20 +228,28 @@ static void *block_run(void *p)
     return NULL;
 }
 
-static void block_shared(const sr_kernel *k, const void *const *args)
+/* meanwhile (NULL: none) runs on this thread while the others compute; without it the block is
+ * computed alone first, with it afterwards (the threads then make the kernel's first calls). */
+static void block_shared(const sr_kernel *k, const void *const *args, void (*meanwhile)(void))
 {
     size_t n = (size_t)BNI * BNJ * (size_t)k->fdim;
     double *alone = calloc(n, sizeof *alone);
-    cr_assert_eq(sr_kernel_eval_block(k, NX, NY, args, BI0, BNI, BJ0, BNJ, alone), SR_OK, "%s",
-                 sr_ctx_error(k->ctx));
+    if (!meanwhile)
+        cr_assert_eq(sr_kernel_eval_block(k, NX, NY, args, BI0, BNI, BJ0, BNJ, alone), SR_OK, "%s",
+                     sr_ctx_error(k->ctx));
     struct block_job jobs[NTHREADS];
     pthread_t th[NTHREADS];
     for (int t = 0; t < NTHREADS; t++) {
         jobs[t] = (struct block_job){k, args, calloc(n, sizeof(double)), SR_OK};
         cr_assert_eq(pthread_create(&th[t], NULL, block_run, &jobs[t]), 0);
     }
+    if (meanwhile)
+        meanwhile();
     for (int t = 0; t < NTHREADS; t++)
         pthread_join(th[t], NULL);
+    if (meanwhile)
+        cr_assert_eq(sr_kernel_eval_block(k, NX, NY, args, BI0, BNI, BJ0, BNJ, alone), SR_OK, "%s",
+                     sr_ctx_error(k->ctx));
     for (int t = 0; t < NTHREADS; t++) {
         cr_expect_eq(jobs[t].st, SR_OK, "thread %d", t);
         cr_expect(memcmp(jobs[t].out, alone, n * sizeof *alone) == 0,
@@ -258,13 +266,34 @@ Test(threads, eval_block_shared)
     const char *f = "Concat(Exp(-SqDist(x, y) * g) * b, x - y)";
     sr_kernel *k = kernel(ctx, f, 3, SR_SUM, SR_DEVICE_CPU);
     cr_assert_str_eq(k->backend->name, "cpu-jit");
-    block_shared(k, D.args);
+    block_shared(k, D.args, NULL);
     sr_kernel_free(k);
     k = kernel(ctx, f, 3, SR_KMIN, SR_DEVICE_CPU);
-    block_shared(k, D.args);
+    block_shared(k, D.args, NULL);
     sr_kernel_free(k);
     k = kernel(ctx, f, 3, SR_SUM, SR_DEVICE_REFERENCE);
-    block_shared(k, D.args);
+    block_shared(k, D.args, NULL);
+    sr_kernel_free(k);
+}
+
+/* Kernels made on the context's own thread (its module cache) while others use it. */
+static void make_other_kernels(void)
+{
+    sr_kernel *k2 = kernel(ctx, "Exp(-SqDist(x, y) * g) * b + x", 3, SR_SUM, SR_DEVICE_CPU);
+    sr_kernel *k3 = kernel(ctx, "Exp(-SqDist(x, y) * g) * b - x", 3, SR_MAX, SR_DEVICE_CPU);
+    sr_kernel_free(k2);
+    sr_kernel_free(k3);
+}
+
+/* The first sr_kernel_eval_block of a direct JIT kernel builds its block module: from
+ * NTHREADS threads at once, while the context's own thread creates other kernels (both use the
+ * context's module cache); every thread gets the block computed alone afterwards. */
+Test(threads, eval_block_first_call_shared)
+{
+    open_fixture(3);
+    sr_kernel *k = kernel(ctx, "Exp(-SqDist(x, y) * g) * b - x", 3, SR_SUM, SR_DEVICE_CPU);
+    cr_assert_str_eq(k->backend->name, "cpu-jit");
+    block_shared(k, D.args, make_other_kernels);
     sr_kernel_free(k);
 }
 

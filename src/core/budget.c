@@ -65,28 +65,6 @@ sr_status sr__parse_bytes(const char *s, int64_t *out)
     return SR_EINVAL;
 }
 
-void sr__mem_limit_init(sr_ctx *ctx)
-{
-    ctx->mem_limit = 0;
-    const char *s = getenv("SYMRED_MEM_LIMIT");
-    if (!s || !*s)
-        return;
-    int64_t v;
-    sr_status st = sr__parse_bytes(s, &v);
-    if (st == SR_OK) {
-        ctx->mem_limit = v;
-        return;
-    }
-    /* Keep the first malformed variable's message: that is the one the user sees. */
-    if (ctx->env_status == SR_OK) {
-        ctx->env_status = SR_EINVAL;
-        snprintf(ctx->env_msg, sizeof ctx->env_msg,
-                 "SYMRED_MEM_LIMIT=%.100s: %s; expected a byte count such as 67108864, 64MB, "
-                 "512KiB, 1GB or 2GiB (0 = unlimited)",
-                 s, st == SR_EOVERFLOW ? "too large" : "not a byte count");
-    }
-}
-
 sr_status sr_ctx_set_mem_limit(sr_ctx *ctx, int64_t bytes)
 {
     if (!ctx)

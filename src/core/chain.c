@@ -129,12 +129,11 @@ sr_status sr_chain_kernel(sr_chain *c, const sr_expr *f, int64_t nx, int64_t ny,
         cf.args[v] = args[v];
     /* Flops per pair of f as the simplifier will run it. */
     sr_expr *fs = (sr_expr *)f;
-    bool simplify;
-    if (simp_enabled(ctx, &simplify) != SR_OK) {
+    if (ctx->env_status != SR_OK) {
         free(cf.args);
-        return SR_EINVAL;
+        return sr__error(ctx, ctx->env_status, "%s", ctx->env_msg);
     }
-    if (simplify)
+    if (ctx->opt.simplify)
         simp_expr(ctx, (sr_expr *)f, NULL, &fs, NULL);
     struct sr_cost cost;
     const sr_expr *roots[1] = {fs};

@@ -39,6 +39,28 @@ enum sr_backend_id {
         SR_BACKEND_COUNT
 };
 
+/*
+ * The options of a context other than the three that struct sr_ctx holds itself (log_level,
+ * num_threads, mem_limit): read from the SYMRED_* environment once, by sr_ctx_new, and changed
+ * afterwards only by sr_ctx_set_option (options.c). Nothing after sr_ctx_new reads a SYMRED_*
+ * variable that a context owns: planning, compiling and running read these fields.
+ */
+struct sr_options {
+    int device;           /* SYMRED_DEVICE: the sr_device of SR_DEVICE_AUTO kernels */
+    int simplify;         /* SYMRED_SIMPLIFY: 0 or 1 */
+    int acc;              /* SYMRED_ACC: 0 block, 1 kahan, 2 f64 (sr_acc - 1) */
+    int jit_keep;         /* SYMRED_JIT_KEEP: 0 or 1 */
+    int compile_timeout;  /* SYMRED_COMPILE_TIMEOUT, seconds */
+    int gemm;             /* SYMRED_GEMM (or SYMRED_BLIS): 0 auto, 1 on, 2 off */
+    const char *gemm_var; /* the name gemm was read from, for messages and explain */
+    int gemm_kernel;      /* SYMRED_GEMM_KERNEL: 0 auto, 1 avx512, 2 blis */
+    int gemm_refine;      /* SYMRED_GEMM_REFINE: 0 on, 1 off */
+    char cc[512];         /* SYMRED_CC, default "cc" */
+    /* SYMRED_CACHE_DIR, else $XDG_CACHE_HOME/symred, else $HOME/.cache/symred, as resolved
+     * when read; "off" disables the disk cache, "" means there is no cache directory. */
+    char cache_dir[2048];
+};
+
 struct sr_ctx {
     /* The IR's state: the node store and the error sink (the last failure, which
      * sr_ctx_error() hands out as a thread-local copy, and the pending builder failure). It
@@ -46,13 +68,16 @@ struct sr_ctx {
     struct expr_ctx ir;
     int log_level; /* SYMRED_LOG */
     /* A malformed SYMRED_* variable seen by sr_ctx_new: every sr_kernel_new of the context
-     * fails with it, naming the variable, rather than silently using a default. */
+     * fails with it, naming the variable, rather than silently using a default, until
+     * sr_ctx_set_option sets that variable's option (env_var names it). */
     sr_status env_status;
+    const char *env_var;
     char env_msg[256];
     /* The memory budget for kernel workspaces, in bytes (SYMRED_MEM_LIMIT or
      * sr_ctx_set_mem_limit); 0 = unlimited. See src/core/budget.c. */
     int64_t mem_limit;
     int num_threads; /* SYMRED_NUM_THREADS; 0 = as many as OpenMP offers */
+    struct sr_options opt;
     /* Each registered backend's per-context state, indexed by enum sr_backend_id: created by
      * the backend on use, freed by its ctx_free in sr_ctx_free. */
     void *backend_state[SR_BACKEND_COUNT];
@@ -64,11 +89,9 @@ _Static_assert(offsetof(struct sr_ctx, ir) == 0, "expr_ctx() needs the IR state 
  * sr__builder_error also marks it as a builder failure (see struct expr_errors, pending). */
 #define sr__error         expr_error
 #define sr__builder_error expr_builder_error
-/* Environment options. Unset or empty gives dflt; a malformed value records an SR_EINVAL
- * naming the variable, the value and what was expected, and returns it (then *out = dflt). */
-sr_status sr__env_int(sr_ctx *ctx, const char *name, long lo, long hi, long dflt, long *out);
-sr_status sr__env_choice(sr_ctx *ctx, const char *name, const char *const *choices, int n, int dflt,
-                         int *out);
+/* Reads every option of ctx from the environment (options.c; sr_ctx_new calls it once): unset or
+ * empty variables give the defaults; the first malformed one is recorded in ctx->env_status. */
+void sr__options_read(sr_ctx *ctx);
 /* Parses a byte count: digits with an optional unit B, KB, MB, GB, TB (powers of 1000) or KiB,
  * MiB, GiB, TiB (powers of 1024), case-insensitive, spaces allowed before the unit. SR_EINVAL on
  * anything else (nothing recorded), SR_EOVERFLOW past INT64_MAX. (budget.c) */
@@ -81,9 +104,6 @@ int sr__threads(const sr_ctx *ctx, int64_t per_thread);
  * with rows to read (SR_EINVAL); the message names the argument. Shared by every entry point
  * that takes a kernel's arrays (kernel.c, eval-block.c). */
 sr_status sr__check_arrays(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args);
-/* Reads SYMRED_MEM_LIMIT into ctx->mem_limit at context creation; a malformed value is recorded
- * like the other SYMRED_* errors (ctx->env_status). */
-void sr__mem_limit_init(sr_ctx *ctx);
 /* Fails with SR_EBUDGET (and the bytes needed) when kernel k's workspace exceeds the budget;
  * kernel.c calls it after the backend's prepare. */
 sr_status sr__budget_check(struct sr_kernel *k);
@@ -203,7 +223,7 @@ void sr__backends_ctx_free(sr_ctx *ctx);
  * hoisted terms to save work, and stay correct if they ignore them.
  */
 struct sr_simp_info {
-    bool enabled; /* SYMRED_SIMPLIFY is not 0 */
+    bool enabled; /* the context's SYMRED_SIMPLIFY option is not 0 */
     const sr_expr *f_user, *weight_user;
     /* The reduction rewrite (src/core/simp-kernel.c), all NULL when there is none: the
      * reduction of F equals post evaluated once per output row, where post reads the output
@@ -228,6 +248,26 @@ struct sr_simp_info {
     char *log_gemm;
     bool gemm_form; /* k->f and k->weight are f_gemm and weight_gemm */
 };
+
+/*
+ * One candidate plan of a kernel: what a backend offers before anything is compiled (offering
+ * has no side effect on the kernel or the context). The backend lists its strategies in its
+ * order of preference; core chooses among them in one place (sr__plan_choose, plan.c), the
+ * backend realises the chosen one, and explain lists them all with their estimated costs.
+ */
+struct sr_plan {
+    const char *strategy; /* "fused two-product", "gemm-epilogue", "direct", ... */
+    int id;               /* the backend's number for the strategy */
+    bool feasible;        /* false: why says why it was rejected */
+    bool chosen;
+    int ti, tj;        /* tile: output rows x reduced indices; 0 = set when realised */
+    int64_t workspace; /* bytes per thread known before realising (a lower bound); 0 = not */
+    /* The estimated cost per (i, j) pair: flops of generated code, and flops done by the tile
+     * product (the gemm micro-kernel, several times faster per flop). */
+    double flops, gemm_flops;
+    char why[200]; /* why chosen or rejected */
+};
+#define SR_MAX_PLANS 4
 
 struct sr_kernel {
     sr_ctx *ctx;
@@ -254,13 +294,22 @@ struct sr_kernel {
     const char *fallback_why;
     char *explain;
     struct sr_simp_info simp;
+    struct sr_plan plans[SR_MAX_PLANS]; /* the backend's candidates (plan.c) */
+    int nplans;
 };
 
-/* ---- the simplifier's kernel hooks (simp-kernel.c, post.c) ---- */
+/* ---- planning (plan.c) ---- */
 
-/* Whether SYMRED_SIMPLIFY (0 or 1, default 1) allows the simplifier; SR_EINVAL, naming the
- * variable, for any other value (then *on is true). */
-sr_status simp_enabled(sr_ctx *ctx, bool *on);
+/* Chooses k's plan among k->plans: the first feasible candidate in the backend's order of
+ * preference, the strategies' own rules (the measured crossovers) having decided feasibility.
+ * Marks it chosen and returns it; NULL when none is feasible. */
+const struct sr_plan *sr__plan_choose(sr_kernel *k);
+/* Rejects the chosen plan (its realisation declined, for why) and chooses again. */
+const struct sr_plan *sr__plan_reject(sr_kernel *k, const char *why);
+/* Appends the candidates, chosen first, with their costs, tiles, workspace and reasons. */
+void sr__plan_explain(const sr_kernel *k, struct expr_buf *b);
+
+/* ---- the simplifier's kernel hooks (simp-kernel.c, post.c) ---- */
 
 /* Kernel hooks, called by kernel.c: simp_kernel replaces k->f and k->weight by their simplified
  * forms and fills k->simp; release frees what it allocated; explain appends its text. */

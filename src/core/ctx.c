@@ -1,7 +1,6 @@
 /* ctx.c — contexts, status strings, error messages. */
 #include "core.h"
 
-#include <errno.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -23,41 +22,6 @@ const char *sr_status_str(int status)
     return "unknown status";
 }
 
-sr_status sr__env_int(sr_ctx *ctx, const char *name, long lo, long hi, long dflt, long *out)
-{
-    *out = dflt;
-    const char *s = getenv(name);
-    if (!s || !*s)
-        return SR_OK;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return sr__error(ctx, SR_EINVAL, "%s=%.100s: expected an integer in [%ld, %ld]", name, s,
-                         lo, hi);
-    *out = v;
-    return SR_OK;
-}
-
-sr_status sr__env_choice(sr_ctx *ctx, const char *name, const char *const *choices, int n, int dflt,
-                         int *out)
-{
-    *out = dflt;
-    const char *s = getenv(name);
-    if (!s || !*s)
-        return SR_OK;
-    for (int i = 0; i < n; i++)
-        if (strcmp(s, choices[i]) == 0) {
-            *out = i;
-            return SR_OK;
-        }
-    char list[200] = "";
-    for (int i = 0; i < n; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                 choices[i]);
-    return sr__error(ctx, SR_EINVAL, "%s=%.100s: expected one of %s", name, s, list);
-}
-
 sr_status sr_ctx_new(sr_ctx **out)
 {
     if (!out)
@@ -70,20 +34,7 @@ sr_status sr_ctx_new(sr_ctx **out)
         free(ctx);
         return SR_ENOMEM;
     }
-    long level;
-    if (sr__env_int(ctx, "SYMRED_LOG", 0, 3, 0, &level) != SR_OK) {
-        ctx->env_status = SR_EINVAL;
-        sr__error_get(ctx, ctx->env_msg, sizeof ctx->env_msg);
-    }
-    ctx->log_level = (int)level;
-    long nt;
-    if (sr__env_int(ctx, "SYMRED_NUM_THREADS", 1, 100000, 0, &nt) != SR_OK &&
-        ctx->env_status == SR_OK) {
-        ctx->env_status = SR_EINVAL;
-        sr__error_get(ctx, ctx->env_msg, sizeof ctx->env_msg);
-    }
-    ctx->num_threads = (int)nt;
-    sr__mem_limit_init(ctx);
+    sr__options_read(ctx);
     *out = ctx;
     return SR_OK;
 }

@@ -108,15 +108,8 @@ static sr_status desc_check(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc 
 static const struct sr_backend_i *pick_backend(sr_ctx *ctx, sr_device dev, sr_status *st)
 {
     *st = SR_OK;
-    if (dev == SR_DEVICE_AUTO) {
-        /* the env spelling of each sr_device, in enum order */
-        static const char *const names[] = {"auto", "cpu", "cuda", "reference"};
-        int choice;
-        *st = sr__env_choice(ctx, "SYMRED_DEVICE", names, 4, SR_DEVICE_AUTO, &choice);
-        if (*st != SR_OK)
-            return NULL;
-        dev = (sr_device)choice;
-    }
+    if (dev == SR_DEVICE_AUTO)
+        dev = (sr_device)ctx->opt.device; /* SYMRED_DEVICE */
     /* CUDA: its prepare fails with SR_ENODEV, naming what it looked for, without a GPU. AUTO
      * stays on the CPU (docs/gpu.md: choosing by problem size is not implemented yet), where the
      * JIT falls back to the reference (saying so once at SYMRED_LOG >= 1) when no C compiler can
@@ -165,6 +158,7 @@ static void build_explain(sr_kernel *k)
         expr_buf_printf(&b, "why this backend: %s\n", k->fallback_why);
     if (k->backend->explain)
         k->backend->explain(k, &b);
+    sr__plan_explain(k, &b);
     sr__budget_explain(k, &b);
     k->explain = b.oom ? NULL : b.data;
     if (b.oom)

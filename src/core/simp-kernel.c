@@ -8,15 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-sr_status simp_enabled(sr_ctx *ctx, bool *on)
-{
-    static const char *const on_off[] = {"0", "1"};
-    int v;
-    sr_status st = sr__env_choice(ctx, "SYMRED_SIMPLIFY", on_off, 2, 1, &v);
-    *on = v == 1;
-    return st;
-}
-
 /* ---- reduction rewrites: what moves out of the reduction ---- */
 
 /* Terms of a product (factors) or of a signed sum, collected from the top of F. */
@@ -367,9 +358,7 @@ sr_status simp_kernel(sr_kernel *k)
 {
     k->simp.f_user = k->f;
     k->simp.weight_user = k->weight;
-    sr_status st0 = simp_enabled(k->ctx, &k->simp.enabled);
-    if (st0 != SR_OK)
-        return st0;
+    k->simp.enabled = k->ctx->opt.simplify != 0;
     if (k->simp.enabled) {
         /* The expansions that serve a gemm are left out here: a strategy that takes them asks
          * for the second form (sr__simp_take_gemm_form). */

@@ -286,9 +286,10 @@ void cpu_avx2_strip_av(int64_t h, int64_t K, const float *A, int64_t lda, const 
  * k->backend is cpu_gemm_backend; SR_ENOTSUP: not applicable (use the direct strategy); other
  * errors (SR_EBUDGET, SR_ECOMPILE) are final. */
 sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
-/* For a direct-strategy kernel whose F has a single inner product: why gemm-epilogue was not
- * chosen, appended to explain (nothing otherwise). */
-void cpu_gemm_explain_direct(const struct sr_kernel *k, struct expr_buf *b);
+/* The gemm-epilogue's candidate plan for k (side-effect free): feasible exactly when
+ * cpu_gemm_prepare's rules (SYMRED_GEMM, the crossover, the epilogue's cost, a tile gemm
+ * available) let it plan k; its cost, tiles and why. */
+void cpu_gemm_offer(const struct sr_kernel *k, struct sr_plan *p);
 extern const struct sr_backend_i cpu_gemm_backend;
 /* The inner product of an output-axis variable (argument *va) and a reduced-axis variable (*vb)
  * through which F and the weight of k depend on the pair, if there is exactly one; NULL
@@ -321,14 +322,31 @@ sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis);
  * wide enough that the product beats the direct strategy (or too wide for it). On SR_OK
  * k->backend is cpu_fused_backend; SR_ENOTSUP: not applicable; other errors are final. */
 sr_status cpu_fused_prepare(struct sr_kernel *k, int acc);
+/* The fused two-product's candidate plan for k (side-effect free): infeasible when its
+ * prepare certainly declines (F is not of its form, no tile gemm, a float32 accumulation other
+ * than block); a feasible offer may still be declined by its cost model or the memory budget
+ * when realised (cpu_fused_prepare returns SR_ENOTSUP). */
+void cpu_fused_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
+
+/* The CPU JIT's strategies, in its order of preference, and its candidate plans for k
+ * (omp-runtime.c): out[CPU_PLAN_...], returns how many. */
+enum cpu_plan_id { CPU_PLAN_FUSED, CPU_PLAN_GEMM, CPU_PLAN_DIRECT, CPU_PLAN_COUNT };
+int cpu_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 extern const struct sr_backend_i cpu_fused_backend;
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 
-/* The loaded module of k when k is a direct-strategy kernel of the CPU JIT (its sr_block, the
- * block entry point, is jit_module.block, src/jit/jit.h), with the per-thread workspace of its
- * tiles in *per_thread; NULL for every other kernel. (omp-runtime.c) */
+/* In *out, when k is a direct-strategy kernel of the CPU JIT, the module with its sr_block (the
+ * block entry point, jit_module.block, src/jit/jit.h): the kernel's own module lacks it, so the
+ * first call emits and compiles (or finds in the caches) the module with it, under a lock of the
+ * kernel's; the per-thread workspace of its tiles goes to *per_thread. *out is NULL for every
+ * other kernel (SR_OK), and on failure (the status, the message in the context). May run from
+ * many threads at once. (omp-runtime.c) */
 struct jit_module;
-const struct jit_module *cpu_jit_module(const struct sr_kernel *k, int64_t *per_thread);
+/* The loaded module of k when k is a direct-strategy kernel of the CPU JIT, else NULL: the one
+ * its reductions run, without sr_block. (omp-runtime.c) */
+const struct jit_module *cpu_jit_module(const struct sr_kernel *k);
+sr_status cpu_jit_block_module(const struct sr_kernel *k, const struct jit_module **out,
+                               int64_t *per_thread);
 
 #endif /* SYMRED_CPU_H */

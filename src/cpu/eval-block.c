@@ -4,8 +4,10 @@
  * Two paths. A kernel on the CPU JIT's direct strategy has a block entry point in its own
  * generated module (sr_block, emitted with the kernel's sr_part by src/jit/emit-c.c: the same
  * placement, tiles and omp simd pair loop, storing F instead of reducing it), so the block costs
- * what the pair loop costs and no compile, cache lookup or lock at call time. The block's output
- * rows (and, when there are few of them, its reduced range too) are cut into pieces run over
+ * what the pair loop costs. That module is compiled on the first call, not with the kernel (a
+ * reduction never needs it, and it would double the pair loops of the kernel's cold compile);
+ * later calls find it under a lock of the kernel's, without a compile or cache lookup. The block's
+ * output rows (and, when there are few of them, its reduced range too) are cut into pieces run over
  * OpenMP threads.
  *
  * Every other kernel (the reference backend, gemm-epilogue, CUDA, a JIT that fell back, and a
@@ -128,13 +130,15 @@ static sr_status block_jit(const sr_kernel *k, jit_block_fn fn, int64_t per_thre
     return SR_OK;
 }
 
-/* A checked, non-empty block in the kernel's computing dtype. */
+/* A checked, non-empty block in the kernel's computing dtype (io_native: in its arrays' dtype). */
 static sr_status eval_block(const sr_kernel *k, const void *const *args, int64_t i0, int64_t ni,
                             int64_t j0, int64_t nj, void *out)
 {
     sr_status st;
     int64_t jit_ws = 0;
-    const struct jit_module *m = cpu_jit_module(k, &jit_ws);
+    const struct jit_module *m;
+    if ((st = cpu_jit_block_module(k, &m, &jit_ws)) != SR_OK)
+        return st;
     if (m && m->block)
         return block_jit(k, m->block, jit_ws, m->rows_per_block, args, i0, ni, j0, nj, out);
 
@@ -214,9 +218,8 @@ sr_status sr_kernel_eval_block(const sr_kernel *k, int64_t nx, int64_t ny, const
     sr_status st = block_check(k, nx, ny, args, i0, ni, j0, nj, out);
     if (st != SR_OK || ni == 0 || nj == 0)
         return st;
-    int64_t ws;
-    const struct jit_module *m = k->io_native ? cpu_jit_module(k, &ws) : NULL;
-    if (k->io == k->dtype || (m && m->block)) /* the generated block reads the 16-bit arrays */
+    /* the generated block reads the 16-bit arrays (io_native: a direct JIT kernel) */
+    if (k->io == k->dtype || k->io_native)
         return eval_block(k, args, i0, ni, j0, nj, out);
     /* float16 / bfloat16: the float32 block from widened copies, rounded into out */
     struct sr_io_copy c;

@@ -315,10 +315,27 @@ static int64_t tile_rows(const struct fused_kernel *fk, int64_t ti)
     return fk->kern == KERN_AVX2 && ti > FUSED_STRIP ? FUSED_STRIP : ti;
 }
 
-/* The row stride of a pass's output block and tile of B when B takes several passes: the pass's
+/* The columns of B that BLIS's product takes in a pass of `cols`: a multiple of 4. BLIS (0.9,
+ * zen3 sub-configuration, AVX2) computes a product F Vt of 10, 11 or 14 columns by a slower
+ * path than one of 12 or 16: for GPyTorch's 11 (K @ [y, 10 probes], d = 3), the product took
+ * 0.8 of the time that forming the tile of F takes, and 0.45 with Vt padded by zero columns to
+ * 12. */
+static int pad_cols(const struct fused_kernel *fk, int cols)
+{
+    return fk->kern == KERN_BLIS ? (cols + 3) / 4 * 4 : cols;
+}
+
+/* Whether each pass's output block and tile of B go through buffers (Cb, Vb): when B takes
+ * several passes, or when BLIS's product pads the columns. */
+static bool buffered(const struct fused_kernel *fk)
+{
+    return fk->rc < fk->R || pad_cols(fk, fk->rc) != fk->rc;
+}
+
+/* The row stride of a pass's output block and tile of B in their buffers: the pass's padded
  * columns and 16 more. Rows of a power-of-two stride (R = 1024: 4 KiB) all fall into the same
  * cache sets; R = 1024 ran at 2.9x K @ B in place, where R = 256 ran at 1.1x. */
-static int64_t ld_pass(const struct fused_kernel *fk) { return fk->rc + 16; }
+static int64_t ld_pass(const struct fused_kernel *fk) { return pad_cols(fk, fk->rc) + 16; }
 
 /* One thread's workspace for tiles ti x tj: the tile of F and its packed copy, the packed block
  * of B, the row states (maximum and sum), the modules' own tiles, the tile of each further
@@ -345,7 +362,7 @@ static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, i
         else if (fk->kern == KERN_AVX2)
             b += al64(cpu_avx2_pack_bt_bytes(tj, fc->dim));
     }
-    if (fk->rc < fk->R)
+    if (buffered(fk))
         b += al64((int64_t)ti * ld_pass(fk) * es) + al64((int64_t)tj * ld_pass(fk) * es);
     if (fk->kern == KERN_AVX512) {
         b += al64(cpu_avx512_pack_a_bytes(ti, tj, f64)) +
@@ -535,6 +552,48 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
     return prepare_form(k, k, acc, false);
 }
 
+/* Why prepare_form certainly declines k in the form km (the rules it applies before its cost
+ * model, and the part of fused_choose that does not need the factors' plans); NULL when it may
+ * plan it. *R: the width of B. */
+static const char *offer_form(const sr_kernel *k, const sr_kernel *km, int acc, int *R)
+{
+    struct fused_form fm = {NULL, -1, -1, 1, 0};
+    if (!fused_match(km, &fm))
+        return "F is not a Sum of F * B or a SumSoftMaxWeight with a scalar F";
+    *R = k->vars[fm.bvar].dim;
+    int kern;
+    if (cpu_gemm_kernel(k->ctx, &kern, NULL) != SR_OK || kern < 0)
+        return "no tile gemm (SYMRED_GEMM=off, or no AVX-512F and no BLIS)";
+    if (k->dtype == SR_F32 && acc != JIT_ACC_BLOCK)
+        return "Kahan and float64 accumulation of float32 run on the direct strategy";
+    int DG = k->weight ? k->weight->dim : 0;
+    int min = k->red == SR_SUM ? FUSED_MIN_WIDTH_SUM : FUSED_MIN_WIDTH_SSMW;
+    if (k->fdim + DG <= 64 && *R < min && fm.avar < 0)
+        return k->red == SR_SUM ? "B is narrower than 4 values: the direct strategy is cheaper"
+                                : "the softmax weight is narrower than the width from which the "
+                                  "product beats the direct strategy";
+    return NULL;
+}
+
+void cpu_fused_offer(const sr_kernel *k, int acc, struct sr_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->strategy = "fused two-product";
+    int R = 0;
+    sr_kernel kx;
+    const sr_kernel *km = cpu_gemm_form(k, &kx);
+    const char *why = offer_form(k, k, acc, &R);
+    if (why && km != k)
+        why = offer_form(k, km, acc, &R);
+    p->feasible = why == NULL;
+    snprintf(p->why, sizeof p->why, "%s",
+             why ? why
+                 : "a tile of F times the tile of B by the gemm (its cost model decides "
+                   "when it is realised)");
+    p->flops = k->simp.cost.flops_pair;
+    p->gemm_flops = 2.0 * R;
+}
+
 /* ---- run ----------------------------------------------------------------------------------- */
 
 struct fused_ws {
@@ -566,9 +625,10 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
     TAKE(w->m, ti * 8);
     TAKE(w->s, ti * 8);
     TAKE(w->args, ((int64_t)k->nargs + 2) * (int64_t)sizeof(void *));
-    if (fk->rc < fk->R) {
+    if (buffered(fk)) {
         TAKE(w->Cb, ti * ld_pass(fk) * es);
         TAKE(w->Vb, tj * ld_pass(fk) * es);
+        memset(w->Vb, 0, (size_t)(tj * ld_pass(fk) * es)); /* the padding columns: zeros */
     }
     if (fk->nfac > 1)
         TAKE(w->F2, tr * tj * es);
@@ -879,8 +939,10 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
     /* The pass's block of the output: in place, or in Cb with a stride of no power of two. */
     char *out = w->Cb ? w->Cb : dst;
     const int64_t ldo = w->Cb ? ld_pass(fk) : R;
+    /* The product's columns: in the buffers, padded for BLIS (zeros in Vb's padding). */
+    const int pcols = w->Cb ? pad_cols(fk, cols) : cols;
     for (int64_t o = 0; o < no; o++) {
-        memset(out + o * ldo * es, 0, (size_t)(cols * es));
+        memset(out + o * ldo * es, 0, (size_t)(pcols * es));
         w->m[o] = -INFINITY;
         w->s[o] = 0;
     }
@@ -925,7 +987,7 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                     cpu_avx512_pack_a(f64, h, nj, w->F, w->Ap);
                     cpu_avx512_gemm_kn(f64, h, cols, nj, w->Ap, Vt, ldv, w->Bp, os, ldo, 1);
                 } else if (!strips) {
-                    cpu_blis_gemm(f64, h, cols, nj, w->F, nj, 1, Vt, ldv, 1, 1, os, ldo);
+                    cpu_blis_gemm(f64, h, pcols, nj, w->F, nj, 1, Vt, ldv, 1, 1, os, ldo);
                 } else {
                     cpu_avx2_strip_av(h, nj, (const float *)w->F, nj, (const float *)w->Bp, cols,
                                       (float *)os, ldo);
@@ -1094,6 +1156,9 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
     }
     expr_buf_printf(b, "  B: argument [%d], %d wide; tile of F times tile of B by the gemm (%s)\n",
                     fk->bvar, fk->R, desc);
+    if (pad_cols(fk, fk->rc) != fk->rc)
+        expr_buf_printf(b, "  tile of B padded with zero columns to %d for BLIS's product\n",
+                        pad_cols(fk, fk->rc));
     if (k->red == SR_SUMSOFTMAXWEIGHT)
         expr_buf_printf(b, "  online softmax: running row maximum, rescaled output rows, "
                            "divided by the row sums at the end\n");

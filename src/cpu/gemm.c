@@ -168,7 +168,6 @@ struct gemm_kernel {
 };
 
 enum { KERN_AVX512, KERN_BLIS };
-static const char *const kern_modes[] = {"auto", "avx512", "blis"};
 
 /* *epi counts the epilogue's work (cpu.h). */
 const sr_expr *cpu_gemm_find_node(const sr_kernel *k, int *va, int *vb, double *epi)
@@ -253,37 +252,21 @@ static int choose_kernel(int asked)
     return blis_ready(&why) ? KERN_BLIS : -1;
 }
 
-static const char *const gemm_modes[] = {"auto", "on", "off"};
-
-/* The name of the variable that sets the gemm path's mode: SYMRED_GEMM, or the older name
- * SYMRED_BLIS (kept working, documented as deprecated) when only that one is set. */
-static const char *gemm_mode_var(void)
+/* The tile of inner products before the memory budget shrinks it (the measurements are at
+ * cpu_gemm_prepare's use). */
+static void gemm_tiles(sr_dtype dtype, int *ti, int *tj)
 {
-    const char *s = getenv("SYMRED_GEMM");
-    if (!(s && *s) && getenv("SYMRED_BLIS") && *getenv("SYMRED_BLIS"))
-        return "SYMRED_BLIS";
-    return "SYMRED_GEMM";
-}
-
-/* *mode: 0 auto, 1 on, 2 off, from SYMRED_GEMM (or SYMRED_BLIS); SR_EINVAL on a bad value. */
-static sr_status gemm_mode(sr_ctx *ctx, int *mode)
-{
-    return sr__env_choice(ctx, gemm_mode_var(), gemm_modes, 3, 0, mode);
+    *ti = dtype == SR_F64 ? 256 : 1024;
+    *tj = dtype == SR_F64 ? 1024 : 512;
 }
 
 sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis)
 {
-    int asked = 0, mode;
-    sr_status st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
+    *kern = ctx->opt.gemm == 2 ? -1 : choose_kernel(ctx->opt.gemm_kernel);
     if (forced_blis)
-        *forced_blis = asked == 2;
-    if (st == SR_OK)
-        st = gemm_mode(ctx, &mode);
-    if (st == SR_OK)
-        *kern = mode == 2 ? -1 : choose_kernel(asked);
-    return st;
+        *forced_blis = ctx->opt.gemm_kernel == 2;
+    return SR_OK;
 }
-static const char *const refine_modes[] = {"on", "off"};
 
 /* The selections whose candidates are ranked again: the K-min family of a scalar F, which
  * orders NaN last, as the candidates list does. Min and ArgMin propagate a NaN (the first one
@@ -368,14 +351,9 @@ const sr_kernel *cpu_gemm_form(const sr_kernel *k, sr_kernel *kx)
 sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
 {
     sr_ctx *ctx = k->ctx;
-    int mode, asked, refine;
-    sr_status st = gemm_mode(ctx, &mode);
-    if (st == SR_OK)
-        st = sr__env_choice(ctx, "SYMRED_GEMM_KERNEL", kern_modes, 3, 0, &asked);
-    if (st == SR_OK)
-        st = sr__env_choice(ctx, "SYMRED_GEMM_REFINE", refine_modes, 2, 0, &refine);
-    if (st != SR_OK)
-        return st;
+    /* The context's SYMRED_GEMM, SYMRED_GEMM_KERNEL and SYMRED_GEMM_REFINE options. */
+    int mode = ctx->opt.gemm, asked = ctx->opt.gemm_kernel, refine = ctx->opt.gemm_refine;
+    sr_status st;
     int va = -1, vb = -1;
     double epi = 0;
     /* The formula with SqDist expanded into norms and an inner product, when the simplifier
@@ -409,7 +387,8 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     /* A selection: the gemm pass keeps kc candidates per row (kernel kk), ranked again. */
     sr_kernel kk = *cpu_gemm_form(k, &kx);
     if (refinable(k) && refine == 0) {
-        if ((st = refine_prepare(k, g, lim)) != SR_OK) {
+        st = refine_prepare(k, g, lim);
+        if (st != SR_OK) {
             gemm_free(ctx, g);
             return st;
         }
@@ -429,8 +408,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
      * packing of the reduced-side panel; the epilogue reads the tile once, so it need not stay
      * in L2. (Before the states were kept across tiles, 1152 x 60 000 favoured 512x1024 over
      * 256x512, 576x512, 288x1024 and 144x2048; float64 keeps that shape.) */
-    g->ti = k->dtype == SR_F64 ? 256 : 1024;
-    g->tj = k->dtype == SR_F64 ? 1024 : 512;
+    gemm_tiles(k->dtype, &g->ti, &g->tj);
     for (;;) {
         struct expr_buf src = {0};
         memset(&g->plan, 0, sizeof g->plan);
@@ -849,7 +827,7 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
     const struct gemm_kernel *g = k->backend_data;
     char why[128];
     if (g->mode == 1)
-        snprintf(why, sizeof why, "%s=on", gemm_mode_var());
+        snprintf(why, sizeof why, "%s=on", k->ctx->opt.gemm_var);
     else
         snprintf(why, sizeof why,
                  "at least %d, the measured crossover above which it beats the direct strategy",
@@ -915,34 +893,48 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .post_rewrite = */ false,
 };
 
-void cpu_gemm_explain_direct(const sr_kernel *k, struct expr_buf *b)
+void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)
 {
+    memset(p, 0, sizeof *p);
+    p->strategy = "gemm-epilogue";
     sr_kernel kx;
-    int va, vb, mode = 0;
-    double epi;
+    int va, vb;
+    double epi = 0;
     const sr_expr *S = cpu_gemm_find_node(cpu_gemm_form(k, &kx), &va, &vb, &epi);
-    if (!S)
-        return; /* no single inner product: nothing to say */
-    const char *var = gemm_mode_var(), *env = getenv(var), *kern = getenv("SYMRED_GEMM_KERNEL"),
-               *why = NULL;
-    if (env && strcmp(env, "off") == 0)
-        mode = 2;
+    if (!S) {
+        snprintf(p->why, sizeof p->why,
+                 "F does not depend on the pair through one inner product of an output-axis and "
+                 "a reduced-axis variable");
+        return;
+    }
+    /* The same rules, in the same order, as cpu_gemm_prepare's. */
+    int dim = S->child[0]->dim, mode = k->ctx->opt.gemm;
+    const char *why = NULL;
+    p->gemm_flops = 2.0 * dim;
+    p->flops = epi;
+    gemm_tiles(k->dtype, &p->ti, &p->tj);
+    p->workspace = (int64_t)p->ti * p->tj * (int64_t)sr_dtype_size(k->dtype);
     if (mode == 2)
-        expr_buf_printf(b, "gemm-epilogue: not used (%s=off)\n", var);
-    else if (S->child[0]->dim < GEMM_MIN_DIM)
-        expr_buf_printf(b,
-                        "gemm-epilogue: not used: the inner product has dimension %d, below the "
-                        "measured crossover %d\n",
-                        S->child[0]->dim, GEMM_MIN_DIM);
-    else if (epi > S->child[0]->dim)
-        expr_buf_printf(b,
-                        "gemm-epilogue: not used: the rest of F costs %.0f flops per pair, more "
-                        "than the inner product's dimension %d\n",
-                        epi, S->child[0]->dim);
-    else if (choose_kernel(kern && strcmp(kern, "blis") == 0 ? 2 : 0) < 0 && !blis_ready(&why))
-        expr_buf_printf(b, "gemm-epilogue: not used: %s%s\n",
-                        cpu_avx512_usable() ? "SYMRED_GEMM_KERNEL=blis and " : "no AVX-512F and ",
-                        why);
-    else
-        expr_buf_printf(b, "gemm-epilogue: not used (the memory budget is too small for it)\n");
+        snprintf(p->why, sizeof p->why, "%s=off", k->ctx->opt.gemm_var);
+    else if (mode == 0 && dim < GEMM_MIN_DIM)
+        snprintf(p->why, sizeof p->why,
+                 "the inner product has dimension %d, below the measured crossover %d", dim,
+                 GEMM_MIN_DIM);
+    else if (mode == 0 && epi > dim)
+        snprintf(p->why, sizeof p->why,
+                 "the rest of F costs %.0f flops per pair, more than the inner product's "
+                 "dimension %d",
+                 epi, dim);
+    else if (choose_kernel(k->ctx->opt.gemm_kernel) < 0 && !blis_ready(&why))
+        snprintf(p->why, sizeof p->why, "%s%.160s",
+                 cpu_avx512_usable() ? "SYMRED_GEMM_KERNEL=blis and " : "no AVX-512F and ", why);
+    else if (mode == 1) {
+        p->feasible = true;
+        snprintf(p->why, sizeof p->why, "%s=on", k->ctx->opt.gemm_var);
+    } else {
+        p->feasible = true;
+        snprintf(p->why, sizeof p->why,
+                 "an inner product of dimension %d, at least the measured crossover %d", dim,
+                 GEMM_MIN_DIM);
+    }
 }

@@ -20,11 +20,16 @@
 #include <omp.h>
 #endif
 
+/* A direct-strategy kernel. Its module m has no sr_block: the block module bm (the same source
+ * with sr_block) is built on the first sr_kernel_eval_block, under block_lock, as the kernel
+ * may be used from many threads at once. */
 struct jit_kernel {
     struct jit_module *m;
     struct jit_plan plan;
     struct jit_load_info info;
     int acc;
+    pthread_mutex_t block_lock;
+    struct jit_module *bm;
 };
 
 /* Fewer output rows than this many per thread: split the reduced range instead. */
@@ -58,13 +63,42 @@ static int64_t jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threa
     return total;
 }
 
-const struct jit_module *cpu_jit_module(const sr_kernel *k, int64_t *per_thread)
+const struct jit_module *cpu_jit_module(const sr_kernel *k)
 {
     if (k->backend != &cpu_jit_backend || !k->backend_data)
         return NULL;
     const struct jit_kernel *jk = k->backend_data;
-    *per_thread = jk->plan.workspace_bytes;
     return jk->m;
+}
+
+sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out,
+                               int64_t *per_thread)
+{
+    *out = NULL;
+    if (k->backend != &cpu_jit_backend || !k->backend_data)
+        return SR_OK;
+    struct jit_kernel *jk = k->backend_data;
+    *per_thread = jk->plan.workspace_bytes;
+    sr_status st = SR_OK;
+    pthread_mutex_lock(&jk->block_lock);
+    if (!jk->bm) {
+        struct jit_plan plan = jk->plan;
+        plan.no_block = false;
+        struct expr_buf src = {0};
+        struct jit_load_info info;
+        st = jit_emit_c(k, (enum jit_acc)jk->acc, &src, &plan);
+        if (st == SR_OK && src.oom)
+            st = SR_ENOMEM;
+        if (st == SR_OK)
+            st = jit_module_get(k->ctx, src.data, src.len, &jk->bm, &info);
+        else
+            st =
+                sr__error(k->ctx, st, "CPU JIT: cannot emit the block module (status %d)", (int)st);
+        free(src.data);
+    }
+    *out = jk->bm;
+    pthread_mutex_unlock(&jk->block_lock);
+    return st;
 }
 
 /* Runs k on the reference interpreter; why (a static string) goes to explain, detail (NULL:
@@ -78,6 +112,7 @@ static sr_status fall_back(sr_kernel *k, const char *why, const char *detail)
         jc->logged_fallback = true;
     }
     k->backend = &cpu_reference_backend;
+    k->nplans = 0; /* the JIT's candidates do not apply to the interpreter */
     k->fallback_why = why;
     return k->backend->prepare ? k->backend->prepare(k) : SR_OK;
 }
@@ -86,6 +121,21 @@ _Static_assert(SR_ACC_BLOCK - 1 == JIT_ACC_BLOCK && SR_ACC_KAHAN - 1 == JIT_ACC_
                    SR_ACC_F64 - 1 == JIT_ACC_F64,
                "sr_acc and enum jit_acc out of step");
 
+int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
+{
+    cpu_fused_offer(k, acc, &out[CPU_PLAN_FUSED]);
+    cpu_gemm_offer(k, &out[CPU_PLAN_GEMM]);
+    struct sr_plan *d = &out[CPU_PLAN_DIRECT];
+    memset(d, 0, sizeof *d);
+    d->strategy = "direct";
+    d->feasible = true; /* every formula has generated code */
+    d->flops = k->simp.cost.flops_pair;
+    snprintf(d->why, sizeof d->why, "F evaluated per pair in registers (tiles set by the emitter)");
+    for (int i = 0; i < CPU_PLAN_COUNT; i++)
+        out[i].id = i;
+    return CPU_PLAN_COUNT;
+}
+
 static sr_status jit_prepare(sr_kernel *k)
 {
     sr_ctx *ctx = k->ctx;
@@ -93,25 +143,35 @@ static sr_status jit_prepare(sr_kernel *k)
     sr_status st0 = jit_ctx_get(ctx, &jc);
     if (st0 != SR_OK)
         return st0;
-    if (jc->no_compiler)
+    if (jit_no_compiler(jc))
         return fall_back(k, "no C compiler", NULL);
     struct jit_kernel *jk = calloc(1, sizeof *jk);
     if (!jk)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     /* the kernel's own choice wins over SYMRED_ACC (sr_acc is enum jit_acc plus one) */
     jk->acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
-    /* Wide outputs go to the fused two-product strategy (src/cpu/fused.c), high-dimensional
-     * inner products to the gemm-epilogue when the planner says so (src/cpu/gemm.c); SR_ENOTSUP
-     * means the next strategy, the direct one last. */
-    sr_status sg = cpu_fused_prepare(k, jk->acc);
-    if (sg == SR_ENOTSUP)
-        sg = cpu_gemm_prepare(k, jk->acc);
-    if (sg != SR_ENOTSUP) {
-        free(jk);
-        return sg;
+    /* Plan: the candidates (nothing compiled yet), chosen by core; then realise the choice.
+     * Wide outputs go to the fused two-product strategy (src/cpu/fused.c), high-dimensional
+     * inner products to the gemm-epilogue (src/cpu/gemm.c), the rest to the direct strategy;
+     * a strategy whose realisation declines (SR_ENOTSUP) hands over to the next one. */
+    k->nplans = cpu_plans(k, jk->acc, k->plans);
+    for (const struct sr_plan *p = sr__plan_choose(k); p && p->id != CPU_PLAN_DIRECT;) {
+        sr_status sg =
+            p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, jk->acc) : cpu_gemm_prepare(k, jk->acc);
+        if (sg != SR_ENOTSUP) {
+            free(jk);
+            return sg;
+        }
+        p = sr__plan_reject(k, p->id == CPU_PLAN_FUSED
+                                   ? "declined when realised: its cost model prefers the next "
+                                     "strategy here, or the memory budget is too small for it"
+                                   : "declined when realised: the memory budget is too small "
+                                     "for it");
     }
     /* One thread's workspace must fit in the memory budget; the emitter shrinks the tiles. */
     jk->plan.ws_limit = ctx->mem_limit;
+    /* sr_block waits for the first sr_kernel_eval_block (cpu_jit_block_module). */
+    jk->plan.no_block = true;
     /* The direct strategy's generated code reads and writes float16 and bfloat16 arrays itself
      * (no float32 copies); every failure below leaves the kernel to core's copies again. */
     k->io_native = k->io != k->dtype;
@@ -122,6 +182,7 @@ static sr_status jit_prepare(sr_kernel *k)
     if (st != SR_OK) {
         free(src.data);
         free(jk);
+        k->io_native = false;
         if (st == SR_ENOMEM)
             return sr__error(ctx, st, "CPU JIT: out of memory emitting the kernel source");
         /* Every formula has generated code (wide ones in loop mode): anything else is a bug. */
@@ -154,6 +215,12 @@ static sr_status jit_prepare(sr_kernel *k)
         k->io_native = false;
         return st;
     }
+    if (pthread_mutex_init(&jk->block_lock, NULL) != 0) {
+        jit_module_release(ctx, jk->m);
+        free(jk);
+        k->io_native = false;
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    }
     k->backend_data = jk;
     return SR_OK;
 }
@@ -164,6 +231,8 @@ static void jit_release(sr_kernel *k)
     if (!jk)
         return;
     jit_module_release(k->ctx, jk->m);
+    jit_module_release(k->ctx, jk->bm);
+    pthread_mutex_destroy(&jk->block_lock);
     free(jk);
     k->backend_data = NULL;
 }
@@ -297,7 +366,8 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "accumulation: %s\n"
                     "compiler: %s %s\n"
                     "module: %s, cache %s, %.1f ms\n"
-                    "eval_block: generated (sr_block, the same tiles, rows over OpenMP threads)\n",
+                    "eval_block: generated (sr_block, the same tiles, rows over OpenMP threads; "
+                    "its module is compiled on the first call)\n",
                     p->loops ? "loop mode: a plain loop over the reduced index, loops over wide "
                                "values and large contractions, F through the tile buffer"
                              : "omp simd over the reduced index",
@@ -313,7 +383,6 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                         "arrays: %s, read and written by the generated code (no float32 "
                         "copies)\n",
                         sr__dtype_name(k->io));
-    cpu_gemm_explain_direct(k, b);
     if (jk->info.path[0])
         expr_buf_printf(b, "path: %s\n", jk->info.path);
 }

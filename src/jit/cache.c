@@ -56,28 +56,36 @@ static void jlog(sr_ctx *ctx, int level, const char *fmt, ...)
 
 sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
 {
-    *out = jit_ctx_of(ctx);
-    if (*out)
-        return SR_OK;
-    /* Options are read once per context; a malformed one fails every kernel of the context
-     * until it is fixed, rather than silently meaning the default. */
-    static const char *const keep_values[] = {"0", "1"};
-    int acc, keep;
-    long timeout;
-    if (sr__env_choice(ctx, "SYMRED_ACC", jit_acc_names, 3, JIT_ACC_BLOCK, &acc) != SR_OK ||
-        sr__env_choice(ctx, "SYMRED_JIT_KEEP", keep_values, 2, 0, &keep) != SR_OK ||
-        sr__env_int(ctx, "SYMRED_COMPILE_TIMEOUT", 1, 86400, JIT_COMPILE_TIMEOUT, &timeout) !=
-            SR_OK)
-        return SR_EINVAL;
-    struct jit_ctx *jc = calloc(1, sizeof *jc);
-    if (!jc)
-        return sr__error(ctx, SR_ENOMEM, "out of memory");
-    const char *cc = getenv("SYMRED_CC");
-    snprintf(jc->cc, sizeof jc->cc, "%s", cc && *cc ? cc : "cc");
-    jc->acc = acc;
-    jc->keep_source = keep;
-    jc->compile_timeout = (int)timeout;
-    ctx->backend_state[SR_BACKEND_JIT] = jc;
+    struct jit_ctx *jc = jit_ctx_of(ctx);
+    if (!jc) {
+        jc = calloc(1, sizeof *jc);
+        if (!jc)
+            return sr__error(ctx, SR_ENOMEM, "out of memory");
+        if (pthread_mutex_init(&jc->lock, NULL) != 0) {
+            free(jc);
+            return sr__error(ctx, SR_ENOMEM, "out of memory");
+        }
+        ctx->backend_state[SR_BACKEND_JIT] = jc;
+    }
+    /* The context's options as they are now (sr_ctx_set_option may have changed them since the
+     * last kernel); the environment was read once, by sr_ctx_new. Under the lock: the first
+     * sr_kernel_eval_block of a direct kernel builds its block module from any thread. */
+    const char *cc = ctx->opt.cc[0] ? ctx->opt.cc : "cc";
+    pthread_mutex_lock(&jc->lock);
+    if (strcmp(jc->cc, cc) != 0) {
+        snprintf(jc->cc, sizeof jc->cc, "%s", cc);
+        jc->no_compiler = false; /* another compiler: try it */
+        jc->logged_fallback = false;
+    }
+    /* Written only when changed (by the owning thread, sr_ctx_set_option): the owner reads
+     * them without the lock. */
+    if (jc->acc != ctx->opt.acc)
+        jc->acc = ctx->opt.acc;
+    if (jc->keep_source != ctx->opt.jit_keep)
+        jc->keep_source = ctx->opt.jit_keep;
+    if (jc->compile_timeout != ctx->opt.compile_timeout)
+        jc->compile_timeout = ctx->opt.compile_timeout;
+    pthread_mutex_unlock(&jc->lock);
     *out = jc;
     return SR_OK;
 }
@@ -95,7 +103,16 @@ void jit_ctx_free(void *state)
             close(m->fd);
         free(m);
     }
+    pthread_mutex_destroy(&jc->lock);
     free(jc);
+}
+
+bool jit_no_compiler(struct jit_ctx *jc)
+{
+    pthread_mutex_lock(&jc->lock);
+    bool no = jc->no_compiler;
+    pthread_mutex_unlock(&jc->lock);
+    return no;
 }
 
 /* CPU feature flags (for -march=native), hashed once per process. */
@@ -197,24 +214,20 @@ static bool parents_safe(const char *dir, char *why, size_t whycap)
  * may write to. Returns the descriptor, or -1 with the reason in why; *refused is set when the
  * directory exists but is unsafe to load code from. Everything after this goes through the
  * descriptor, so nothing can be swapped between the check and the use. */
-static int cache_open(char *dir, size_t cap, char *why, size_t whycap, bool *refused)
+static int cache_open(const sr_ctx *ctx, char *dir, size_t cap, char *why, size_t whycap,
+                      bool *refused)
 {
     *refused = false;
-    const char *env = getenv("SYMRED_CACHE_DIR");
-    if (env && strcmp(env, "off") == 0) {
+    const char *conf = ctx->opt.cache_dir; /* SYMRED_CACHE_DIR or the default, resolved */
+    if (strcmp(conf, "off") == 0) {
         snprintf(why, whycap, "disabled (SYMRED_CACHE_DIR=off)");
         return -1;
     }
-    if (env && *env)
-        snprintf(dir, cap, "%s", env);
-    else if (getenv("XDG_CACHE_HOME") && getenv("XDG_CACHE_HOME")[0] == '/')
-        snprintf(dir, cap, "%s/symred", getenv("XDG_CACHE_HOME"));
-    else if (getenv("HOME") && getenv("HOME")[0])
-        snprintf(dir, cap, "%s/.cache/symred", getenv("HOME"));
-    else {
+    if (!*conf) {
         snprintf(why, whycap, "no cache directory (HOME unset)");
         return -1;
     }
+    snprintf(dir, cap, "%s", conf);
     if (mkdirs(dir) != 0) {
         snprintf(why, whycap, "cannot create %.400s: %s", dir, strerror(errno));
         return -1;
@@ -478,14 +491,9 @@ static struct jit_module *new_module(const char *key)
     return m;
 }
 
-sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_module **out,
-                         struct jit_load_info *info)
+static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, size_t len,
+                            struct jit_module **out, struct jit_load_info *info)
 {
-    struct jit_ctx *jc;
-    memset(info, 0, sizeof *info);
-    sr_status st0 = jit_ctx_get(ctx, &jc);
-    if (st0 != SR_OK)
-        return st0;
     uint64_t ccid;
     char iderr[1024];
     sr_status idst = jit_compiler_id(jc->cc, jc->compile_timeout, &ccid, iderr, sizeof iderr);
@@ -512,7 +520,7 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
     double t0 = now_ms();
     sr_status st;
     bool refused;
-    int dfd = cache_open(dir, sizeof dir, why, sizeof why, &refused);
+    int dfd = cache_open(ctx, dir, sizeof dir, why, sizeof why, &refused);
     if (dfd >= 0 && !proc_fd_works(dfd)) {
         close(dfd);
         dfd = -1;
@@ -623,19 +631,37 @@ fail:
     return st;
 }
 
+sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_module **out,
+                         struct jit_load_info *info)
+{
+    struct jit_ctx *jc;
+    memset(info, 0, sizeof *info);
+    sr_status st = jit_ctx_get(ctx, &jc);
+    if (st != SR_OK)
+        return st;
+    pthread_mutex_lock(&jc->lock);
+    st = module_get(ctx, jc, src, len, out, info);
+    pthread_mutex_unlock(&jc->lock);
+    return st;
+}
+
 void jit_module_release(sr_ctx *ctx, struct jit_module *m)
 {
-    (void)ctx;
+    struct jit_ctx *jc = jit_ctx_of(ctx);
+    if (!m || !jc)
+        return;
     /* Modules stay loaded until the context goes: that is the in-memory cache. */
-    if (m && m->refs > 0)
+    pthread_mutex_lock(&jc->lock);
+    if (m->refs > 0)
         m->refs--;
+    pthread_mutex_unlock(&jc->lock);
 }
 
 /* The same directory, checks and trailer, for the CUDA backend's images (cuda-runtime.c). */
-sr_status jit_cache_dir(char *dir, size_t cap, char *why, size_t whycap)
+sr_status jit_cache_dir(const sr_ctx *ctx, char *dir, size_t cap, char *why, size_t whycap)
 {
     bool refused;
-    int dfd = cache_open(dir, cap, why, whycap, &refused);
+    int dfd = cache_open(ctx, dir, cap, why, whycap, &refused);
     if (dfd < 0)
         return SR_EIO;
     close(dfd);

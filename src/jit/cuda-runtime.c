@@ -110,7 +110,7 @@ sr_status jit_cuda_image(sr_ctx *ctx, const char *src, const char *arch, struct 
     char dir[2048], path[2200];
     snprintf(info->key, sizeof info->key, "%016llx%016llx", (unsigned long long)h[0],
              (unsigned long long)h[1]);
-    bool cached = jit_cache_dir(dir, sizeof dir, info->cache, sizeof info->cache) == SR_OK;
+    bool cached = jit_cache_dir(ctx, dir, sizeof dir, info->cache, sizeof info->cache) == SR_OK;
     if (cached) {
         snprintf(path, sizeof path, "%s/%s.cuda", dir, info->key);
         if (access(path, F_OK) == 0) {

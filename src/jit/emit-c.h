@@ -32,8 +32,12 @@ struct emitter {
      * pair nodes may be arrays, and F's values reach the reduction through the tile buffer in
      * loops over their components. */
     bool loops;
-    bool pair_arrays;    /* loop mode with pair nodes held in arrays (else only wide or large) */
-    const sr_expr *gemm; /* gemm-epilogue: this inner product is read from the tile sr_gt */
+    bool pair_arrays; /* loop mode with pair nodes held in arrays (else only wide or large) */
+    /* Compact emission, for formulas whose source would be too long to compile quickly: big
+     * nodes are computed into arrays by loops instead of inlined where used, and contractions
+     * of more than JIT_COMPACT_TERMS terms are loops. */
+    bool compact;
+    const sr_expr *gemm;      /* gemm-epilogue: this inner product is read from the tile sr_gt */
     const char *const *spell; /* [OP_COUNT] other targets' templates (CUDA), NULL = C's */
     char **strs;              /* expression strings, freed at the end */
     size_t nstr, capstr;
@@ -52,6 +56,11 @@ struct emitter {
 /* TensorDot (and MatVecMult/VecMatMult) with more terms than this are loops over the output and
  * the contracted components instead of one statement per term. */
 #define JIT_UNROLL_TERMS 1024
+/* Compact emission's contraction limit, and the length of source beyond which the emitters
+ * switch to it (a C compiler's optimisation time grows faster than the code it is given: a
+ * 380 KB kernel took gcc more than two minutes). */
+#define JIT_COMPACT_TERMS  64
+#define JIT_COMPACT_SOURCE (64 << 10)
 
 /* Appends generated text to the emitter's buffer. */
 #define P(...) expr_buf_printf(E->b, __VA_ARGS__)
@@ -73,7 +82,9 @@ const char *jit_ref_c(struct emitter *E, const sr_expr *e, int c);
 /* The name of component c of the small node e, written into buf (32 bytes). */
 const char *jit_nm(const sr_expr *e, int c, char *buf);
 /* Whether a big node of e's op is inlined where used rather than computed into an array. */
-bool jit_lazy_op(const sr_expr *e);
+bool jit_lazy_op(const struct emitter *E, const sr_expr *e);
+/* The most terms of a contraction that the emitter unrolls (loops beyond). */
+int64_t jit_unroll_limit(const struct emitter *E);
 /* The terms a contraction node (TensorDot, MatVecMult, VecMatMult) has: it is unrolled up to
  * JIT_UNROLL_TERMS of them, loops beyond. 0 for the other ops. */
 int64_t jit_unrolled_terms(const sr_expr *e);

@@ -215,7 +215,7 @@ const char *jit_ref(struct emitter *E, const sr_expr *e, const char *idx)
         return x;
     }
     size_t p = pos(E, e);
-    if (E->col[p] >= 0 && (E->scope == PL_PAIR || (e->op != OP_VAR && !jit_lazy_op(e))))
+    if (E->col[p] >= 0 && (E->scope == PL_PAIR || (e->op != OP_VAR && !jit_lazy_op(E, e))))
         return jit_sfmt(E, "tb[(%d + %s) * SR_TJ + jj]", E->col[p], idx);
     if (e->op == OP_VAR) {
         int v = (int)e->iattr[0];
@@ -230,7 +230,7 @@ const char *jit_ref(struct emitter *E, const sr_expr *e, const char *idx)
     }
     /* Parenthesised: a lazy node's expression (a conditional, a quotient) is an operand of
      * whatever the caller writes around it (`a * b`). */
-    if (jit_lazy_op(e))
+    if (jit_lazy_op(E, e))
         return jit_sfmt(E, "(%s)", lazy_expr(E, e, idx));
     return jit_sfmt(E, "v%u[%s]", (unsigned)e->id, idx);
 }
@@ -269,6 +269,13 @@ static const char *dst(struct emitter *E, const sr_expr *e, const char *idx)
     if (E->scope == PL_INNER && E->col[p] >= 0)
         return jit_sfmt(E, "tb[(%d + %s) * SR_TJ + jj]", E->col[p], idx);
     return jit_sfmt(E, "v%u[%s]", (unsigned)e->id, idx);
+}
+
+/* A big node computed into its array (compact emission, or an op with no inlined form): one loop
+ * over its components. */
+static void big_loop(struct emitter *E, const sr_expr *e, const char *x)
+{
+    P("        for (int q_ = 0; q_ < %d; q_++) %s = %s;\n", e->dim, dst(E, e, "q_"), x);
 }
 
 /* Starts the definition of component c of e: a const scalar, or an element of e's array. */
@@ -331,6 +338,10 @@ static const char *ew_expr(struct emitter *E, const sr_expr *e, const char *tmpl
 
 static void ew(struct emitter *E, const sr_expr *e, const char *tmpl)
 {
+    if (big(e)) {
+        big_loop(E, e, ew_expr(E, e, tmpl, "q_"));
+        return;
+    }
     for (int c = 0; c < e->dim; c++) {
         const char *x = ew_expr(E, e, tmpl, jit_sfmt(E, "%d", c));
         def(E, e, c);
@@ -346,6 +357,10 @@ static const char *round_expr(struct emitter *E, const sr_expr *e, const char *i
 
 static void e_round(struct emitter *E, const sr_expr *e)
 {
+    if (big(e)) {
+        big_loop(E, e, round_expr(E, e, "q_"));
+        return;
+    }
     for (int c = 0; c < e->dim; c++) {
         const char *x = round_expr(E, e, jit_sfmt(E, "%d", c));
         def(E, e, c);
@@ -357,6 +372,18 @@ static void e_pow(struct emitter *E, const sr_expr *e)
 {
     char n[32];
     long long p = e->iattr[0], q = p < 0 ? -p : p;
+    if (big(e)) {
+        /* One loop over the components: unrolled, a wide Pow was thousands of statements in
+         * one basic block, which the C compiler took minutes to optimise. */
+        const char *a = jit_ref(E, e->child[0], "q_");
+        P("        for (int q_ = 0; q_ < %d; q_++) {\n            %s p_ = %s;\n", e->dim, T(E),
+          q == 0 ? "1" : a);
+        if (q > 1)
+            P("            for (int m_ = 1; m_ < %lld; m_++) p_ = p_ * %s;\n", q, a);
+        P("            %s = %sp_;\n        }\n", dst(E, e, "q_"),
+          p < 0 ? jit_sfmt(E, "(%s)1 / ", T(E)) : "");
+        return;
+    }
     for (int c = 0; c < e->dim; c++) {
         const char *a = jit_ref_c(E, e->child[0], c);
         jit_nm(e, c, n);
@@ -610,6 +637,10 @@ static void e_onehot(struct emitter *E, const sr_expr *e)
     char n[32];
     jit_nm(e, 0, n);
     P("        const %s %s_r = round%s(%s);\n", T(E), n, E->fs, jit_ref_c(E, e->child[0], 0));
+    if (big(e)) {
+        big_loop(E, e, jit_sfmt(E, "%s_r == (%s)q_ ? (%s)1 : (%s)0", n, T(E), T(E), T(E)));
+        return;
+    }
     for (int c = 0; c < e->dim; c++) {
         def(E, e, c);
         P("%s_r == (%s)%d ? (%s)1 : (%s)0;\n", n, T(E), c, T(E), T(E));
@@ -709,7 +740,7 @@ static void e_matvec(struct emitter *E, const sr_expr *e)
     bool mv = e->op == OP_MATVECMULT;
     const sr_expr *A = mv ? e->child[0] : e->child[1], *v = mv ? e->child[1] : e->child[0];
     int rows = mv ? e->dim : v->dim, cols = mv ? v->dim : e->dim;
-    if (jit_unrolled_terms(e) > JIT_UNROLL_TERMS) {
+    if (jit_unrolled_terms(e) > jit_unroll_limit(E)) {
         /* MatVecMult: out[o] = sum_q A[o cols + q] v[q]; VecMatMult: sum_q v[q] A[q cols + o]. */
         const int64_t os = e->dim, cs = mv ? cols : rows, one = 1, zero = 0, w = cols;
         struct contraction t = {1,   1,    &os,           mv ? &w : &zero, mv ? &zero : &one,
@@ -734,6 +765,12 @@ static void e_matvec(struct emitter *E, const sr_expr *e)
 static void e_tensor(struct emitter *E, const sr_expr *e)
 {
     const sr_expr *x = e->child[0], *y = e->child[1];
+    if (big(e)) {
+        const char *a = jit_ref(E, x, jit_sfmt(E, "q_ / %d", y->dim)),
+                   *b = jit_ref(E, y, jit_sfmt(E, "q_ %% %d", y->dim));
+        big_loop(E, e, jit_sfmt(E, "%s * %s", a, b));
+        return;
+    }
     for (int i = 0; i < x->dim; i++)
         for (int j = 0; j < y->dim; j++) {
             const char *a = jit_ref_c(E, x, i), *b = jit_ref_c(E, y, j);
@@ -748,7 +785,7 @@ static void e_tensordot(struct emitter *E, const sr_expr *e)
 {
     char n[32];
     const struct expr_tdot *t = expr_tdot_of(e);
-    if (jit_unrolled_terms(e) > JIT_UNROLL_TERMS) {
+    if (jit_unrolled_terms(e) > jit_unroll_limit(E)) {
         struct contraction c = {t->nout,      t->key.nc, t->osize,     t->ostride_a,
                                 t->ostride_b, t->csize,  t->cstride_a, t->cstride_b};
         contract_loops(E, e, &c, t->ncont);
@@ -942,6 +979,10 @@ static const char *complex_expr(struct emitter *E, const sr_expr *e, const char 
 
 static void e_complex(struct emitter *E, const sr_expr *e)
 {
+    if (big(e)) {
+        big_loop(E, e, complex_expr(E, e, "q_"));
+        return;
+    }
     for (int c = 0; c < e->dim; c++) {
         const char *x = complex_expr(E, e, jit_sfmt(E, "%d", c));
         def(E, e, c);
@@ -971,11 +1012,18 @@ static void e_csum(struct emitter *E, const sr_expr *e)
 }
 
 /* Big nodes of these ops are inlined where used instead of computed into an array. */
-bool jit_lazy_op(const sr_expr *e)
+bool jit_lazy_op(const struct emitter *E, const sr_expr *e)
 {
-    return c_ops[e->op].ew || e->op == OP_ROUND || e->op == OP_EXTRACT || e->op == OP_CONCAT ||
-           e->op == OP_SUMT || e->op == OP_ELEMT || e->op == OP_EXTRACTT ||
-           c_ops[e->op].fn == e_complex;
+    bool computed = c_ops[e->op].ew || e->op == OP_ROUND || c_ops[e->op].fn == e_complex;
+    if (computed)
+        return !(E->compact && big(e));
+    return e->op == OP_EXTRACT || e->op == OP_CONCAT || e->op == OP_SUMT || e->op == OP_ELEMT ||
+           e->op == OP_EXTRACTT;
+}
+
+int64_t jit_unroll_limit(const struct emitter *E)
+{
+    return E->compact ? JIT_COMPACT_TERMS : JIT_UNROLL_TERMS;
 }
 
 /* The elementwise template of op for the target: its override, else the C spelling. */

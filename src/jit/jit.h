@@ -33,6 +33,8 @@
  *        dim(F)); nonzero when out of memory. sr_kernel_eval_block's generated path, and the
  *        fused two-product's tile of F (src/cpu/fused.c). In a gemm-epilogue module it reads the
  *        inner products from the tile args[gemm_arg] of rows [o0, o1) x [r0, r1), as sr_part_iv.
+ *        Absent from a module emitted with jit_plan.no_block (a direct kernel's own module: its
+ *        eval_block module, the same source with sr_block, is built on first use).
  * "o" is the output axis (i for axis 1, j for axis 0) and "r" the reduced one. The generated
  * code has no OpenMP runtime dependency (only `omp simd`, -fopenmp-simd); threads are the
  * library's business (omp-runtime.c).
@@ -76,11 +78,14 @@ struct jit_plan {
      * into the states as they are, so one block of states runs through all the tiles of a row block
      * without a merge per tile. tile_j_max: the tile need not be wider than this (the
      * smallest power of two from 16 that holds it): the gemm path ranks a few pairs per row
-     * with sr_block, where a wide tile only spreads their transposed columns over L2. */
+     * with sr_block, where a wide tile only spreads their transposed columns over L2. no_block:
+     * leave sr_block out (the direct strategy compiles it on the first sr_kernel_eval_block
+     * only, which keeps the pair loop's second copy out of the cold compile). */
     int64_t ws_limit;
     int tile_j_max;
     const sr_expr *gemm;
     int gemm_arg, gemm_ld, gemm_rows;
+    bool no_block;
 };
 
 /* Emits the C source of kernel k with accumulation mode acc into b: any formula, any width
@@ -157,22 +162,24 @@ struct jit_module {
     int refs;
 };
 
-/* Per-context JIT state (jit_ctx_of): options read from the environment once, and the
- * in-memory module cache. Only the thread that owns the context touches it. */
-/* Seconds a compiler run may take unless SYMRED_COMPILE_TIMEOUT says otherwise: generous, as a
- * cold kernel compiles in well under a second, so only a hung compiler reaches it. */
-#define JIT_COMPILE_TIMEOUT 120
-
+/* Per-context JIT state (jit_ctx_of): the context's compiler options as the last kernel saw
+ * them, and the in-memory module cache. The options, the module list, the counters and
+ * no_compiler change under the lock only (jit_ctx_get, jit_module_get, jit_module_release), as
+ * sr_kernel_eval_block builds a direct kernel's block module on first use from any thread. */
 struct jit_ctx {
     char cc[512];         /* SYMRED_CC, default "cc" */
     int acc;              /* SYMRED_ACC */
     int keep_source;      /* SYMRED_JIT_KEEP=1: keep the generated source next to the cache */
     int compile_timeout;  /* SYMRED_COMPILE_TIMEOUT, seconds a compiler run may take */
-    bool no_compiler;     /* the compiler could not be started: use the reference */
+    bool no_compiler;     /* the compiler could not be started: use the reference (lock) */
     bool logged_fallback; /* said so once */
     struct jit_module *modules;
     unsigned long mem_hits, disk_hits, compiles;
+    pthread_mutex_t lock;
 };
+
+/* Whether jc's compiler could not be started (read under its lock). */
+bool jit_no_compiler(struct jit_ctx *jc);
 
 /* The jit state of ctx, or NULL before the first jit_ctx_get. It hangs off the context in the
  * JIT backend's state slot (the CUDA backend shares it), and cpu_jit_backend's ctx_free,
@@ -183,9 +190,8 @@ static inline struct jit_ctx *jit_ctx_of(const sr_ctx *ctx)
 }
 void jit_ctx_free(void *state);
 
-/* The jit state of ctx, created on first use. Fails with SR_ENOMEM, or SR_EINVAL (message
- * naming the variable) when SYMRED_ACC, SYMRED_NUM_THREADS, SYMRED_JIT_KEEP or
- * SYMRED_COMPILE_TIMEOUT is malformed. */
+/* The jit state of ctx, created on first use, its compiler, accumulation, keep-source and
+ * timeout taken from the context's options (struct sr_options). Fails with SR_ENOMEM. */
 sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out);
 
 /* How a module was obtained, for explain. */
@@ -210,8 +216,10 @@ void jit_module_release(sr_ctx *ctx, struct jit_module *m);
  * group is killed), SR_EIO. */
 sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
                       const char *so_path, char *err, size_t errcap);
-/* The compiler flags, for keys and explain. */
+/* The compiler flags, and the libraries that follow the source; jit_cflags_text has both, for
+ * keys and explain. */
 extern const char *const jit_cflags[];
+extern const char *const jit_libs[];
 const char *jit_cflags_text(void);
 
 /* Identity of compiler cc (its --version output, hashed) in *id, computed once per process
@@ -228,7 +236,7 @@ uint64_t jit_hash(uint64_t h, const void *data, size_t len);
  * the entry at path when it is a whole regular file stored under key (malloc'd, with a NUL
  * after its *size bytes; NULL when missing, corrupt or foreign), and appending the trailer
  * naming key to a new file. */
-sr_status jit_cache_dir(char *dir, size_t cap, char *why, size_t whycap);
+sr_status jit_cache_dir(const sr_ctx *ctx, char *dir, size_t cap, char *why, size_t whycap);
 char *jit_cache_read(const char *path, const char *key, size_t *size);
 sr_status jit_cache_seal(const char *path, const char *key);
 

@@ -82,6 +82,15 @@ def _genred(kind, dim, cols):
     return _st.Genred(f"({_FORMULAS[kind]}) * v", aliases, reduction_op="Sum", axis=1)
 
 
+@functools.lru_cache(maxsize=None)
+def _genred_grad(kind, dim, cols):
+    """The symred reduction sum_j d/dx_i <k(x_i, y_j) b_j, a_i> (a: Vi, b: Vj, ``cols`` wide):
+    the gradient of sum_ij <a_i, b_j> k(x_i, y_j) with respect to the x_i, one row each."""
+    aliases = [f"x = Vi({dim})", f"y = Vj({dim})", f"b = Vj({cols})", f"a = Vi({cols})"]
+    return _st.Genred(f"Grad(({_FORMULAS[kind]}) * b, x, a)", aliases, reduction_op="Sum",
+                      axis=1)
+
+
 class _SymbolicKernelMatrix:
     """K(x1, x2) without its entries: what the covariance function returns when symred runs.
     ``K @ v`` (v of shape (..., N, C) or (..., N)) is one symred reduction; the batch
@@ -123,6 +132,39 @@ def _covar_func(x1, x2, kind="rbf", lengthscale=None, **_):
     return _dense(kind, x1, x2, w)
 
 
+def _same(a, b):
+    """Whether tensors a and b are the same array (so K(a, b) is symmetric)."""
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape
+                      and a.stride() == b.stride() and a.dtype == b.dtype)
+
+
+class _SymredKernelOperator(KernelLinearOperator):
+    """KernelLinearOperator whose bilinear derivative (the gradient of sum_ij <L_i, R_j> K_ij
+    that GPyTorch's marginal likelihood asks for) is one symred reduction when the matrix is a
+    symmetric K(x, x) on symred: by symmetry of k, the gradient with respect to x_k of both
+    arguments together is sum_j d/dx_k k(x_k, x_j) <[L, R]_k, [R, L]_j>, so neither the
+    product K R that autograd would form first nor a second gradient kernel (for the column
+    argument) runs. Other cases (periodic's lengthscale, x1 != x2, small blocks): GPyTorch's."""
+
+    def _bilinear_derivative(self, left_vecs, right_vecs):
+        x1, x2 = self.x1, self.x2
+        kind = self.nontensor_params.get("kind", "rbf")
+        if (kind == "periodic" or len(self.representation()) != 2 or not _same(x1, x2)
+                or not _use_symred(x1, x2)):
+            return super()._bilinear_derivative(left_vecs, right_vecs)
+        if not x1.requires_grad:
+            return (None, None)
+        if left_vecs.dim() == 1:
+            left_vecs, right_vecs = left_vecs[:, None], right_vecs[:, None]
+        dtype = x1.dtype
+        a = torch.cat([left_vecs, right_vecs], -1).to(dtype).contiguous()
+        b = torch.cat([right_vecs, left_vecs], -1).to(dtype).contiguous()
+        x = x1.detach().contiguous()
+        with torch.no_grad():
+            g = _genred_grad(kind, x.shape[-1], a.shape[-1])(x, x, b, a)
+        return (g, None)
+
+
 class _SymredKernel(_Kernel):
     """What the three kernels share: contiguous inputs (as GPyTorch's KeOps kernels) and the
     KernelLinearOperator, or its diagonal."""
@@ -134,7 +176,7 @@ class _SymredKernel(_Kernel):
 
     @staticmethod
     def _operator(x1, x2, diag, kind, params):
-        res = KernelLinearOperator(x1, x2, covar_func=_covar_func, kind=kind, **params)
+        res = _SymredKernelOperator(x1, x2, covar_func=_covar_func, kind=kind, **params)
         return res.diagonal(dim1=-1, dim2=-2) if diag else res
 
 
@@ -146,8 +188,9 @@ class RBFKernel(_SymredKernel):
     has_lengthscale = True
 
     def forward(self, x1, x2, diag=False, **params):
-        return self._operator(x1.div(self.lengthscale), x2.div(self.lengthscale), diag, "rbf",
-                              params)
+        x1_ = x1.div(self.lengthscale)
+        x2_ = x1_ if x2 is x1 else x2.div(self.lengthscale)  # K(x, x) stays recognisable
+        return self._operator(x1_, x2_, diag, "rbf", params)
 
 
 class MaternKernel(_SymredKernel):
@@ -166,7 +209,7 @@ class MaternKernel(_SymredKernel):
     def forward(self, x1, x2, diag=False, **params):
         mean = x1.reshape(-1, x1.size(-1)).mean(0)[(None,) * (x1.dim() - 1)]
         x1_ = (x1 - mean).div(self.lengthscale)
-        x2_ = (x2 - mean).div(self.lengthscale)
+        x2_ = x1_ if x2 is x1 else (x2 - mean).div(self.lengthscale)
         return self._operator(x1_, x2_, diag, ("matern", self.nu), params)
 
 

@@ -23,6 +23,10 @@ parameter (``vmap`` over a bandwidth, say) becomes a variable of the output inde
 per row, in a kernel rebuilt from the Genred (still one call); only a parameter declared by
 ``Var()``, and batches on the GPU, run as a ``jax.lax.map`` loop.
 
+KernelSolve. (alpha I + K) a = b by conjugate gradients in JAX over the Genred's Sum
+(``jax.scipy.sparse.linalg.cg``): jit, implicit derivatives, and under vmap one call per
+iteration for all batches.
+
 Lifetime. A jitted function holds the kernels' addresses, and JAX may keep it compiled after
 the Genred that made it is gone: each Genred's context and kernels belong to a reference-counted
 keeper in the FFI library, held by the Genred and by every XLA executable that calls its
@@ -51,9 +55,11 @@ import numpy as np
 from . import _lib
 from . import genred as _genred
 from . import lazytensor as _lazy
+from . import solve as _solve
 from ._lib import SR_CAT_I, SR_CAT_J, SR_CAT_PARAM, SR_F32, SR_F64, KernelDesc, check, lib
 
-__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm", "keepers_alive", "xla_lib_path"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "Vi", "Vj", "Pm", "keepers_alive",
+           "xla_lib_path"]
 
 _SR_DTYPES = {np.dtype(np.float32): SR_F32, np.dtype(np.float64): SR_F64}
 _SELECTING = ("Min", "Max", "Min_ArgMin", "Max_ArgMax", "KMin", "KMin_ArgKMin")
@@ -573,6 +579,44 @@ class Genred(_genred.Genred):
         return self._shape_output(values, idx, nx if self.axis == 1 else ny)
 
 
+class KernelSolve(Genred, _solve.KernelSolve):
+    """``KernelSolve`` on jax arrays: the arguments of :class:`symred.KernelSolve` (a formula
+    ``F(x, y) * b`` linear in the variable ``varinvalias``, axis, dtype, accuracy options);
+    the call returns ``a`` with ``(alpha I + K) a = b`` for the symmetric K of F.
+
+    The solve is conjugate gradients in JAX (``jax.scipy.sparse.linalg.cg``, a
+    ``lax.custom_linear_solve``) whose operator is this Genred's Sum, one custom call per
+    iteration: it runs under ``jax.jit``; ``jax.grad``/``jax.jvp`` with respect to b and to
+    the kernel's arrays go through the implicit derivative (further solves), not through the
+    iterations; under ``jax.vmap`` every iteration's product runs all batches as one call
+    (the Genred's batching rule: symred's batch dimensions), the loop running until every
+    batch has converged. pykeops' tolerance: stop at |r|^2 < size(b) eps^2, or after
+    ``max_iter`` iterations (0: 10 size(b) + 10) without an error (a traced loop cannot
+    raise: check the residual where it matters). K must be symmetric (the caller passes the
+    same data for x and y); ``check_symmetry`` is accepted and not checked here."""
+
+    def __call__(self, *args, backend="auto", device_id=-1, alpha=1e-10, eps=1e-6,
+                 ranges=None, max_iter=0, check_symmetry=True):
+        self._solve_checks(args, ranges)
+        args = [jnp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+        _, _, nx, ny = self._prepare(args)
+        if nx != ny:
+            raise ValueError(f"KernelSolve: K must be square, but the i-variables have {nx} "
+                             f"rows and the j-variables {ny}")
+        b = args[self.varinvpos]
+        iters = _genred._int_arg("max_iter", max_iter, 0, _genred._INT32_MAX)
+
+        def matvec(a):
+            full = list(args)
+            full[self.varinvpos] = a
+            return alpha * a + Genred.__call__(self, *full, backend=backend,
+                                               device_id=device_id)
+
+        return jax.scipy.sparse.linalg.cg(
+            matvec, b, tol=0.0, atol=float(eps) * float(np.sqrt(b.size)),
+            maxiter=iters if iters > 0 else 10 * int(b.size) + 10)[0]
+
+
 # ---- LazyTensor -------------------------------------------------------------------------
 
 
@@ -584,7 +628,7 @@ class LazyTensor(_lazy.LazyTensor):
     _ARRAY_TYPE = jax.Array
     _ARRAY_NAME = "jax array"
     _GENRED = Genred
-    _KERNELSOLVE = None
+    _KERNELSOLVE = KernelSolve
 
     @staticmethod
     def _normalize_array(x):

@@ -9,6 +9,7 @@ so a loop that rebuilds the same expression reuses the same kernel).
 
 import itertools
 import math
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -35,9 +36,15 @@ _cache_lock = threading.Lock()
 _CACHE_SIZE = 128
 
 
+def _env_key():
+    """The SYMRED_* environment: a Genred's context reads it once, when the Genred is made, so
+    a cached Genred is reused only under the same environment."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("SYMRED_")))
+
+
 def _genred(cls, formula, aliases, red, axis, K, formula2, init_kwargs):
     key = (cls, formula, tuple(aliases), red, axis, K, formula2,
-           tuple(sorted(init_kwargs.items())))
+           tuple(sorted(init_kwargs.items())), _env_key())
     with _cache_lock:
         g = _cache.get(key)
         if g is not None:
@@ -813,7 +820,7 @@ class LazyTensor:
         src = self._join(b)
         (formula,), aliases, arrays, names = src._declare([f"({self.formula})*{b.formula}"])
         key = (self._KERNELSOLVE, formula, tuple(aliases), names[b.formula],
-               tuple(sorted(init_kwargs.items())))
+               tuple(sorted(init_kwargs.items())), _env_key())
         with _cache_lock:
             ks = _cache.get(key)
         if ks is None:

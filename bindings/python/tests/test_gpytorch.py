@@ -151,6 +151,35 @@ def test_batched_kernel_products_and_gradients(name, products):
         close(ks(x1, x1, diag=True), kd(x1, x1, diag=True), 1e-9)
 
 
+@pytest.mark.parametrize("name", ["rbf", "matern05", "matern25", "periodic"])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_bilinear_derivative(name, symmetric, products):
+    # The gradient of sum_ij <L_i, R_j> K_ij that the marginal likelihood's backward asks for:
+    # for K(x, x) one symred gradient reduction and no product K R (periodic, whose
+    # lengthscale is an argument of its own, and K(x, x') take GPyTorch's way), against
+    # autograd through GPyTorch's dense kernel, as the gradient of the raw lengthscale.
+    S, G, kw = KERNELS[name]
+    ks, kd = S(ard_num_dims=D, **kw).to(DT), G(ard_num_dims=D, **kw).to(DT)
+    kd.load_state_dict(ks.state_dict())
+    x = data()[0]
+    x2 = x if symmetric else x.clone()
+    gen = torch.Generator().manual_seed(3)
+    left, right = (torch.randn(N, 3, dtype=DT, generator=gen) for _ in range(2))
+    with gpytorch.settings.max_cholesky_size(0):
+        op = ks(x, x2).evaluate_kernel()
+        grads = op._bilinear_derivative(left, right)
+    args = [a for a in op.representation() if a.requires_grad]
+    got = torch.autograd.grad(args, ks.raw_lengthscale,
+                              [g if g is not None else torch.zeros_like(a)
+                               for a, g in zip(args, grads)])[0]
+    loss = (left * (kd(x, x2).to_dense() @ right)).sum()
+    want = torch.autograd.grad(loss, kd.raw_lengthscale)[0]
+    close(got, want, 1e-6)  # GPyTorch's dense distances: |x|^2 + |y|^2 - 2 <x, y>
+    fast = symmetric and name != "periodic"
+    assert (grads[1] is None) == fast
+    assert (products[0] == 0) == fast
+
+
 def test_small_blocks_stay_dense(products):
     # Below max_cholesky_size (GPyTorch's default 800) the matrix is dense, as with KeOps.
     k = sg.RBFKernel()

@@ -336,9 +336,11 @@ def test_batch_dimensions_with_a_batched_parameter_are_one_call():
                  jax.grad(lambda gb: (jax.vmap(dense)(xb, gb) ** 2).sum())(gb), 1e-10)
 
 
-def test_sgpr_bound_through_symred_matches_dense():
+@pytest.mark.parametrize("form", ["symred", "midpoint"])
+def test_sgpr_bound_through_symred_matches_dense(form):
     """bench/exla/sgpr_jax.py: the collapsed SGPR bound with K_uf K_fu and K_uf y from
-    symred.jax equals the one with K_uf materialised, value and gradient."""
+    symred.jax (the M-wide Sum over the points, or the Gaussian sum at the M^2 midpoints)
+    equals the one with K_uf materialised in jax.numpy, value and gradient."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "exla"))
     import sgpr_jax
 
@@ -347,10 +349,11 @@ def test_sgpr_bound_through_symred_matches_dense():
     y = jnp.asarray(np.sin(6 * X[:, 0]) + 0.1 * rng.standard_normal(300))
     Z = X[:12]
     theta = jnp.log(jnp.asarray([0.3, 1.2, 0.1]))
-    vs, gs = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.terms_symred)
+    vs, gs = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.TERMS[form])
     vd, gd = jax.value_and_grad(sgpr_jax.bound)(theta, X, y, Z, sgpr_jax.terms_dense)
     assert_close(vs, vd, 1e-9)
     assert_close(gs, gd, 1e-7)
+    assert bool(jnp.all(jnp.abs(gd) > 1e-3))  # every hyperparameter moves the bound here
 
 
 def test_hessian_forward_over_reverse_and_reverse_over_reverse():
@@ -482,3 +485,66 @@ def test_complex_is_refused():
         y * 1j
     with pytest.raises(TypeError, match="not supported by symred.jax"):
         y.exp1j()
+
+
+def solve_data(B=None, n=25, seed=3):
+    rng = np.random.default_rng(seed)
+    lead = () if B is None else (B,)
+    return (jnp.asarray(rng.random(lead + (n, 3))), jnp.asarray(rng.normal(size=lead + (n, 2))),
+            jnp.asarray([2.0]))
+
+
+def dense_solve(x, b, g, alpha):
+    K = dense_f(x, x, g)
+    return jnp.linalg.solve(alpha * jnp.eye(x.shape[0]) + K, b)
+
+
+SOLVE = ("Exp(-g * SqDist(x, y)) * b", ["x = Vi(3)", "y = Vj(3)", "b = Vj(2)", "g = Pm(1)"])
+
+
+def test_kernel_solve_matches_dense_under_jit_and_grad():
+    """KernelSolve: (alpha I + K) a = b by conjugate gradients on the Genred, against
+    jnp.linalg.solve; its gradient in b, x and g (implicit: further solves) against the dense
+    solve's; LazyTensor.solve."""
+    from symred.jax import KernelSolve
+    x, b, g = solve_data()
+    ks = KernelSolve(*SOLVE, "b", axis=1)
+
+    def solve(x, b, g):
+        return ks(x, x, b, g, alpha=0.5, eps=1e-13)
+
+    want = dense_solve(x, b, g, 0.5)
+    assert_close(solve(x, b, g), want, 1e-9)
+    assert_close(jax.jit(solve)(x, b, g), want, 1e-9)
+    loss = lambda fn: lambda x, b, g: (fn(x, b, g) ** 3).sum()  # noqa: E731
+    got = jax.grad(loss(solve), argnums=(0, 1, 2))(x, b, g)
+    ref = jax.grad(loss(lambda x, b, g: dense_solve(x, b, g, 0.5)), argnums=(0, 1, 2))(x, b, g)
+    assert_close(got, ref, 1e-7)
+    lt = (-Vi(x).sqdist(Vj(x)) * g[0]).exp()
+    assert_close(lt.solve(b, alpha=0.5, eps=1e-13), want, 1e-9)
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0), (None, 0), (0, None)])
+def test_kernel_solve_vmap_is_one_call_per_iteration(in_axes):
+    """KernelSolve under jax.vmap (over the data, the right-hand side or both): each batch
+    against its dense solve, and the lowered program has the custom calls and loops of the
+    unbatched solve (every product runs all batches as one call; no loop over batches)."""
+    from symred.jax import KernelSolve
+    B = 3
+    xs, bs, g = solve_data(B)
+    x1, b1, _ = solve_data()
+    args = [xs if in_axes[0] == 0 else x1, bs if in_axes[1] == 0 else b1]
+    ks = KernelSolve(*SOLVE, "b", axis=1)
+
+    def solve(x, b):
+        return ks(x, x, b, g, alpha=0.5, eps=1e-13)
+
+    got = jax.jit(jax.vmap(solve, in_axes))(*args)
+    want = jax.vmap(lambda x, b: dense_solve(x, b, g, 0.5), in_axes)(*args)
+    assert_close(got, want, 1e-9)
+    batched = jax.jit(jax.vmap(solve, in_axes)).lower(*args).as_text()
+    single = jax.jit(solve).lower(x1, b1).as_text()
+    assert batched.count("custom_call") == single.count("custom_call") >= 1
+    assert batched.count("while") == single.count("while")
+    # the products take the B batches laid end to end (symred's batch dimensions)
+    assert f"tensor<{B * 25}x3xf64>" in batched or in_axes[0] is None
