@@ -683,7 +683,6 @@ struct built {
     sr_kernel_desc d;
 };
 
-
 /* A kernel of f (and weight w) with the case's reduction, under the given simplifier and BLIS
  * settings; NULL with the message in msg on failure. */
 static sr_kernel *kernel_of(struct built *b, const sr_expr *f, const sr_expr *w, sr_reduction red,

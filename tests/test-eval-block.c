@@ -22,10 +22,7 @@
 
 static sr_ctx *ctx;
 static void setup(void) { cr_assert_eq(sr_ctx_new(&ctx), SR_OK); }
-static void teardown(void)
-{
-    sr_ctx_free(ctx);
-}
+static void teardown(void) { sr_ctx_free(ctx); }
 TestSuite(eval_block, .init = setup, .fini = teardown);
 
 /* A block: the matrix nx x ny and the block's rows [i0, i0 + ni) x columns [j0, j0 + nj). */
