@@ -139,7 +139,7 @@ int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
 static sr_status jit_prepare(sr_kernel *k)
 {
     sr_ctx *ctx = k->ctx;
-    struct jit_ctx *jc;
+    struct jit_ctx *jc = NULL;
     sr_status st0 = jit_ctx_get(ctx, &jc);
     if (st0 != SR_OK)
         return st0;

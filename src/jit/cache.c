@@ -56,6 +56,7 @@ static void jlog(sr_ctx *ctx, int level, const char *fmt, ...)
 
 sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
 {
+    *out = NULL;
     struct jit_ctx *jc = jit_ctx_of(ctx);
     if (!jc) {
         jc = calloc(1, sizeof *jc);
@@ -634,7 +635,7 @@ fail:
 sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_module **out,
                          struct jit_load_info *info)
 {
-    struct jit_ctx *jc;
+    struct jit_ctx *jc = NULL;
     memset(info, 0, sizeof *info);
     sr_status st = jit_ctx_get(ctx, &jc);
     if (st != SR_OK)

@@ -189,7 +189,7 @@ static sr_status cuda_prepare(sr_kernel *k)
     const struct nvrtc_api *nv;
     if (jit_nvrtc_get(&nv, &why) != SR_OK)
         return sr__error(ctx, SR_ENODEV, "device cuda: %s", why);
-    struct jit_ctx *jc;
+    struct jit_ctx *jc = NULL;
     sr_status st = jit_ctx_get(ctx, &jc);
     if (st != SR_OK)
         return st;
