@@ -229,6 +229,9 @@ def test_ctrl_c_during_a_hanging_compile(tmp_path):
         import os, signal, threading, time
         import numpy as np
         from symred import Genred
+        # Python leaves SIGINT ignored when it started so (a background job of a shell
+        # without job control): Ctrl-C must raise here whatever the caller's disposition.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         def interrupt():
             while not os.path.exists({str(pidfile)!r}):
                 time.sleep(0.01)
