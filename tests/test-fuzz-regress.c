@@ -403,6 +403,18 @@ static sr_kernel *case_kernel(sr_ctx *ctx, const struct fz_case *c, sr_device de
     return k;
 }
 
+/* A generated source is short enough to compile in seconds: wide nodes are loops, not
+ * thousands of statements the C compiler would take minutes over. Frees b's text. */
+static void source_bounded(struct expr_buf *b, const char *lang, uint64_t seed, uint64_t i,
+                           const char *formula, size_t *longest)
+{
+    cr_assert_lt(b->len, (size_t)96 << 10, "seed %llu case %llu: %zu bytes of %s for %s",
+                 (unsigned long long)seed, (unsigned long long)i, b->len, lang, formula);
+    if (b->len > *longest)
+        *longest = b->len;
+    free(b->data);
+}
+
 /* Every formula the generator draws (wide F and weights among them) has generated code: the C
  * emitter and the CUDA emitter take the formula as given, and the CPU device plans it onto
  * generated code (direct, gemm-epilogue or fused), never the reference, when a compiler is
@@ -421,7 +433,6 @@ Test(fuzz, generator_never_plans_on_reference, .timeout = 600)
     }
     sr_kernel_free(k0);
     static const uint64_t seeds[] = {7, 5150, 20261123, 32333674410788ULL, 229361605088541ULL};
-    enum { MAX_SOURCE = 96 << 10 };
     size_t longest = 0;
     int wide = 0, planned = 0;
     for (size_t si = 0; si < sizeof seeds / sizeof *seeds; si++)
@@ -435,13 +446,7 @@ Test(fuzz, generator_never_plans_on_reference, .timeout = 600)
             sr_status st = jit_emit_c(k, JIT_ACC_BLOCK, &b, &plan);
             cr_assert_eq(st, SR_OK, "seed %llu case %llu: C emitter status %d for %s",
                          (unsigned long long)seeds[si], (unsigned long long)i, st, c.formula);
-            /* Wide nodes are loops, not thousands of statements the C compiler would take
-             * minutes over. */
-            cr_assert_lt(b.len, MAX_SOURCE, "seed %llu case %llu: %zu bytes of C for %s",
-                         (unsigned long long)seeds[si], (unsigned long long)i, b.len, c.formula);
-            if (b.len > longest)
-                longest = b.len;
-            free(b.data);
+            source_bounded(&b, "C", seeds[si], i, c.formula, &longest);
             b = (struct expr_buf){0};
             struct cuda_plan cp;
             st = jit_emit_cuda(k, JIT_ACC_BLOCK, &b, &cp);
@@ -449,11 +454,7 @@ Test(fuzz, generator_never_plans_on_reference, .timeout = 600)
             cr_assert(st == SR_OK || (kred && st == SR_ENOTSUP),
                       "seed %llu case %llu: CUDA emitter status %d for %s",
                       (unsigned long long)seeds[si], (unsigned long long)i, st, c.formula);
-            cr_assert_lt(b.len, MAX_SOURCE, "seed %llu case %llu: %zu bytes of CUDA for %s",
-                         (unsigned long long)seeds[si], (unsigned long long)i, b.len, c.formula);
-            if (b.len > longest)
-                longest = b.len;
-            free(b.data);
+            source_bounded(&b, "CUDA", seeds[si], i, c.formula, &longest);
             sr_kernel_free(k);
             if (!plan.loops || planned >= 40)
                 continue;
