@@ -57,8 +57,8 @@ struct emitter {
  * the contracted components instead of one statement per term. */
 #define JIT_UNROLL_TERMS 1024
 /* Compact emission's contraction limit, and the length of source beyond which the emitters
- * switch to it (a C compiler's optimisation time grows faster than the code it is given: a
- * 380 KB kernel took gcc more than two minutes). */
+ * switch to it (a C compiler's optimisation time grows faster than the code it is given: gcc
+ * 12 needs minutes for a few hundred KB of unrolled kernel). */
 #define JIT_COMPACT_TERMS  64
 #define JIT_COMPACT_SOURCE (64 << 10)
 

@@ -373,8 +373,8 @@ static void e_pow(struct emitter *E, const sr_expr *e)
     char n[32];
     long long p = e->iattr[0], q = p < 0 ? -p : p;
     if (big(e)) {
-        /* One loop over the components: unrolled, a wide Pow was thousands of statements in
-         * one basic block, which the C compiler took minutes to optimise. */
+        /* One loop over the components: unrolled, a wide Pow is thousands of statements in
+         * one basic block, which a C compiler takes minutes to optimise. */
         const char *a = jit_ref(E, e->child[0], "q_");
         P("        for (int q_ = 0; q_ < %d; q_++) {\n            %s p_ = %s;\n", e->dim, T(E),
           q == 0 ? "1" : a);
