@@ -871,21 +871,24 @@ Test(red, accumulators_combine_like_one_pass)
                 v[t] = specials[tu_rand(&s) % 4];
         }
         /* Min / Max */
-        double mv, a1, a2;
-        int64_t mi, i1, i2;
-        cpu_min_init(&mv, &mi);
-        cpu_min_init(&a1, &i1);
-        cpu_min_init(&a2, &i2);
-        for (int t = 0; t < n; t++) {
-            cpu_min_push(&mv, &mi, v[t], t);
-            if (t < cut)
-                cpu_min_push(&a1, &i1, v[t], t);
-            else
-                cpu_min_push(&a2, &i2, v[t], t);
+        for (int o = -1; o <= 1; o += 2) {
+            const enum sr_red_order ord = o < 0 ? SR_RED_DESC : SR_RED_ASC;
+            double mv, a1, a2;
+            int64_t mi, i1, i2;
+            cpu_ext_init(ord, &mv, &mi);
+            cpu_ext_init(ord, &a1, &i1);
+            cpu_ext_init(ord, &a2, &i2);
+            for (int t = 0; t < n; t++) {
+                cpu_ext_push(ord, &mv, &mi, v[t], t);
+                if (t < cut)
+                    cpu_ext_push(ord, &a1, &i1, v[t], t);
+                else
+                    cpu_ext_push(ord, &a2, &i2, v[t], t);
+            }
+            cpu_ext_combine(ord, &a2, &i2, a1, i1); /* order of combination must not matter */
+            cr_assert(tu_close(a2, mv, 0, 0) && i2 == mi, "%s: %g@%lld vs %g@%lld",
+                      o < 0 ? "max" : "min", a2, (long long)i2, mv, (long long)mi);
         }
-        cpu_min_combine(&a2, &i2, a1, i1); /* order of combination must not matter */
-        cr_assert(tu_close(a2, mv, 0, 0) && i2 == mi, "min: %g@%lld vs %g@%lld", a2, (long long)i2,
-                  mv, (long long)mi);
         /* KMin */
         double kv[40], k1[40], k2[40];
         int64_t ki[40], j1[40], j2[40];
