@@ -96,8 +96,8 @@ static void kmin_merge(mpi_state *st, int64_t r, int c, const void *vals, const 
             bv = load(vals, (br * kb + b) * dim + c, dtype);
             bi = idx[(br * kb + b) * dim + c] + offset;
             if (!take_b)
-                take_b = sr_red_before(SR_RED_ASC, SR_RED_NAN_LAST, bv, bi, sv[a * dim + c],
-                                       si[a * dim + c]);
+                take_b = sr_red_before(SR_RED_ASC, sr_red_family_nan(SR_RED_FAM_KSEL), bv, bi,
+                                       sv[a * dim + c], si[a * dim + c]);
         }
         if (take_b) {
             st->tv[t] = bv;
@@ -159,7 +159,8 @@ void mpi_state_fold(mpi_state *st, int64_t r0, int64_t nr, const void *vals, con
                 double bv = load(vals, e, dtype);
                 int64_t bi = idx[e] + offset;
                 if (st->filled == 0 ||
-                    sr_red_before(st->rules->order, SR_RED_NAN_FIRST, bv, bi, v[c], ix[c])) {
+                    sr_red_before(st->rules->order, sr_red_family_nan(st->rules->family), bv, bi,
+                                  v[c], ix[c])) {
                     v[c] = bv;
                     ix[c] = bi;
                 }
@@ -194,12 +195,8 @@ void mpi_state_next_block(mpi_state *st, int kb)
 void mpi_state_write(const mpi_state *st, void *out, int64_t *out_idx, sr_dtype dtype)
 {
     int64_t len = st->n * st->k * st->dim;
-    const enum sr_red_empty empty = st->rules->empty;
     /* What the reduction writes when no block was folded. */
-    const double none = empty == SR_RED_EMPTY_ZERO                                       ? 0.0
-                        : empty == SR_RED_EMPTY_NEG_INF                                  ? -INFINITY
-                        : empty == SR_RED_EMPTY_ORDER && st->rules->order == SR_RED_DESC ? -INFINITY
-                                                                                         : INFINITY;
+    const double none = sr_red_empty_value(st->rules->empty, st->rules->order);
     for (int64_t e = 0; e < len; e++) {
         double v = st->val[e];
         if (st->rules->family == SR_RED_FAM_SSMW)

@@ -9,8 +9,9 @@
  * Readers: core (kernel.c builds sr_reductions from it), the emitters (emit-state.c spells each
  * family's state, init, merge and final for the C and CUDA kernels; emit-c.c and emit-cuda.c
  * fold values by family), the CPU rules (cpu.h, reference.c) and the MPI companion library
- * (mpi/combine.c), which sits above the public API: this header is plain macros and needs no
- * internal header, so mpi/ compiles it in too without seeing the rest of core.
+ * (mpi/combine.c), which sits above the public API: this header is macros and small inline
+ * functions and needs no other internal header, so mpi/ compiles it in too without seeing the
+ * rest of core.
  */
 #ifndef SYMRED_REDUCTIONS_H
 #define SYMRED_REDUCTIONS_H
@@ -118,6 +119,21 @@ enum sr_red_empty {
     SR_RED_EMPTY_NEG_INF, /* LogSumExp */
     SR_RED_EMPTY_NAN      /* SumSoftMaxWeight: 0 / 0 */
 };
+
+/* The value an empty reduction writes, for a reduction of order order. */
+static inline double sr_red_empty_value(enum sr_red_empty empty, enum sr_red_order order)
+{
+    switch (empty) {
+    case SR_RED_EMPTY_ZERO:
+        return 0.0;
+    case SR_RED_EMPTY_ORDER:
+        return order == SR_RED_DESC ? -INFINITY : INFINITY;
+    case SR_RED_EMPTY_NEG_INF:
+        return -INFINITY;
+    default:
+        return NAN;
+    }
+}
 
 /* X(reduction, family, order, empty result, writes values, writes indices, uses k, F scalar,
  * needs a weight, partial): one row per sr_reduction, in SR_REDUCTION_MAP's order. partial is the

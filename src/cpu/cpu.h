@@ -26,12 +26,12 @@
 static inline bool cpu_ext_before(enum sr_red_order order, double va, int64_t ia, double vb,
                                   int64_t ib)
 {
-    return sr_red_before(order, SR_RED_NAN_FIRST, va, ia, vb, ib);
+    return sr_red_before(order, sr_red_family_nan(SR_RED_FAM_ARGEXT), va, ia, vb, ib);
 }
 
 static inline bool cpu_kmin_before(double va, int64_t ia, double vb, int64_t ib)
 {
-    return sr_red_before(SR_RED_ASC, SR_RED_NAN_LAST, va, ia, vb, ib);
+    return sr_red_before(SR_RED_ASC, sr_red_family_nan(SR_RED_FAM_KSEL), va, ia, vb, ib);
 }
 
 /* ---- Sum ---------------------------------------------------------------------------------- */
@@ -46,7 +46,7 @@ static inline void cpu_sum_combine(double *acc, double other) { *acc += other; }
 
 static inline void cpu_ext_init(enum sr_red_order order, double *v, int64_t *i)
 {
-    *v = order == SR_RED_DESC ? -INFINITY : INFINITY;
+    *v = sr_red_empty_value(SR_RED_EMPTY_ORDER, order);
     *i = -1;
 }
 static inline void cpu_ext_push(enum sr_red_order order, double *v, int64_t *i, double x, int64_t j)
