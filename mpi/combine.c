@@ -11,35 +11,46 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const mpi_rules rule_table[SR_REDUCTION_COUNT] = {
+#define MPI_RULES_ROW_(red, fam, ord, emp, v, i, k, sf, w, part)                                   \
+    [SR_##red] = {SR_##part, SR_RED_FAM_##fam, SR_RED_##ord, SR_RED_EMPTY_##emp, v, i},
+    SR_REDUCTION_RULES(MPI_RULES_ROW_)
+#undef MPI_RULES_ROW_
+};
+
+const mpi_rules *mpi_rules_of(sr_reduction red) { return &rule_table[red]; }
+
 static double load(const void *a, int64_t i, sr_dtype dtype)
 {
     return dtype == SR_F64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
 }
 
-sr_status mpi_state_init(mpi_state *st, mpi_family family, int64_t n, int dim, int k)
+sr_status mpi_state_init(mpi_state *st, const mpi_rules *rules, int64_t n, int dim, int k)
 {
+    const enum sr_red_family family = rules->family;
     memset(st, 0, sizeof *st);
-    st->family = family;
+    st->rules = rules;
     st->n = n;
     st->dim = dim;
-    st->k = family == FAM_KMIN ? k : 1;
+    st->k = family == SR_RED_FAM_KSEL ? k : 1;
     size_t len = (size_t)n * (size_t)st->k * (size_t)dim;
-    int with_idx = family == FAM_MIN || family == FAM_MAX || family == FAM_KMIN;
+    int with_idx = mpi_family_indexed(family);
     st->val = calloc(len ? len : 1, sizeof *st->val);
     if (with_idx)
         st->idx = calloc(len ? len : 1, sizeof *st->idx);
-    if (family == FAM_SSMW) {
+    if (family == SR_RED_FAM_SSMW) {
         st->mx = malloc((n ? (size_t)n : 1) * sizeof *st->mx);
         st->wsum = calloc(n ? (size_t)n : 1, sizeof *st->wsum);
         for (int64_t r = 0; st->mx && r < n; r++)
             st->mx[r] = -INFINITY;
     }
-    if (family == FAM_KMIN) {
+    if (family == SR_RED_FAM_KSEL) {
         st->tv = malloc((size_t)st->k * sizeof *st->tv);
         st->ti = malloc((size_t)st->k * sizeof *st->ti);
     }
-    if (!st->val || (with_idx && !st->idx) || (family == FAM_SSMW && (!st->mx || !st->wsum)) ||
-        (family == FAM_KMIN && (!st->tv || !st->ti))) {
+    if (!st->val || (with_idx && !st->idx) ||
+        (family == SR_RED_FAM_SSMW && (!st->mx || !st->wsum)) ||
+        (family == SR_RED_FAM_KSEL && (!st->tv || !st->ti))) {
         mpi_state_free(st);
         return SR_ENOMEM;
     }
@@ -55,27 +66,6 @@ void mpi_state_free(mpi_state *st)
     free(st->tv);
     free(st->ti);
     memset(st, 0, sizeof *st);
-}
-
-/* Whether (v, i) comes before (w, j) for Min (sign 1) or Max (sign -1): the more extreme value,
- * a NaN before any number, the lower index among equals. */
-static int extreme_first(double v, int64_t i, double w, int64_t j, int sign)
-{
-    if (isnan(v) || isnan(w))
-        return isnan(v) && (!isnan(w) || i < j);
-    if (v != w)
-        return sign > 0 ? v < w : v > w;
-    return i < j;
-}
-
-/* Ascending order of the K-reductions: NaN after +inf, equal values by index. */
-static int kmin_first(double v, int64_t i, double w, int64_t j)
-{
-    if (isnan(v) || isnan(w))
-        return !isnan(v) || (isnan(w) && i < j);
-    if (v != w)
-        return v < w;
-    return i < j;
 }
 
 /* log(e^a + e^b), exact for infinities, NaN if either is. */
@@ -106,7 +96,8 @@ static void kmin_merge(mpi_state *st, int64_t r, int c, const void *vals, const 
             bv = load(vals, (br * kb + b) * dim + c, dtype);
             bi = idx[(br * kb + b) * dim + c] + offset;
             if (!take_b)
-                take_b = kmin_first(bv, bi, sv[a * dim + c], si[a * dim + c]);
+                take_b = sr_red_before(SR_RED_ASC, sr_red_family_nan(SR_RED_FAM_KSEL), bv, bi,
+                                       sv[a * dim + c], si[a * dim + c]);
         }
         if (take_b) {
             st->tv[t] = bv;
@@ -124,7 +115,7 @@ static void kmin_merge(mpi_state *st, int64_t r, int c, const void *vals, const 
     }
 }
 
-/* FAM_SSMW: folds a block whose softmax-weighted average is w (dim values) and whose
+/* SSMW: folds a block whose softmax-weighted average is w (dim values) and whose
  * LogSumExp of F is l into row r. */
 static void ssmw_fold(mpi_state *st, int64_t r, double l, const void *w, int64_t wr, sr_dtype dtype)
 {
@@ -159,31 +150,34 @@ void mpi_state_fold(mpi_state *st, int64_t r0, int64_t nr, const void *vals, con
         int64_t *ix = st->idx ? st->idx + (size_t)r * st->k * dim : NULL;
         for (int c = 0; c < dim; c++) {
             int64_t e = br * dim + c;
-            switch (st->family) {
-            case FAM_SUM:
+            switch (st->rules->family) {
+            case SR_RED_FAM_SUM:
                 v[c] += load(vals, e, dtype);
                 break;
-            case FAM_MIN:
-            case FAM_MAX: {
+            case SR_RED_FAM_EXT:
+            case SR_RED_FAM_ARGEXT: {
                 double bv = load(vals, e, dtype);
                 int64_t bi = idx[e] + offset;
                 if (st->filled == 0 ||
-                    extreme_first(bv, bi, v[c], ix[c], st->family == FAM_MIN ? 1 : -1)) {
+                    sr_red_before(st->rules->order, sr_red_family_nan(st->rules->family), bv, bi,
+                                  v[c], ix[c])) {
                     v[c] = bv;
                     ix[c] = bi;
                 }
                 break;
             }
-            case FAM_KMIN:
+            case SR_RED_FAM_KSEL:
                 kmin_merge(st, r, c, vals, idx, br, kb, offset, dtype);
                 break;
-            case FAM_LSE:
+            case SR_RED_FAM_LSE:
                 v[c] =
                     st->filled == 0 ? load(vals, e, dtype) : logaddexp(v[c], load(vals, e, dtype));
                 break;
-            case FAM_SSMW:
+            case SR_RED_FAM_SSMW:
                 if (c == 0)
                     ssmw_fold(st, r, load(lse, br, dtype), vals, br, dtype);
+                break;
+            default:
                 break;
             }
         }
@@ -192,7 +186,7 @@ void mpi_state_fold(mpi_state *st, int64_t r0, int64_t nr, const void *vals, con
 
 void mpi_state_next_block(mpi_state *st, int kb)
 {
-    if (st->family == FAM_KMIN)
+    if (st->rules->family == SR_RED_FAM_KSEL)
         st->filled = st->filled + kb < st->k ? st->filled + kb : st->k;
     else
         st->filled++;
@@ -201,14 +195,14 @@ void mpi_state_next_block(mpi_state *st, int kb)
 void mpi_state_write(const mpi_state *st, void *out, int64_t *out_idx, sr_dtype dtype)
 {
     int64_t len = st->n * st->k * st->dim;
+    /* What the reduction writes when no block was folded. */
+    const double none = sr_red_empty_value(st->rules->empty, st->rules->order);
     for (int64_t e = 0; e < len; e++) {
         double v = st->val[e];
-        if (st->family == FAM_SSMW)
+        if (st->rules->family == SR_RED_FAM_SSMW)
             v /= st->wsum[e / st->dim]; /* 0/0 = NaN when nothing was folded, as symred */
         else if (st->filled == 0)
-            v = st->family == FAM_SUM                            ? 0.0
-                : st->family == FAM_MAX || st->family == FAM_LSE ? -INFINITY
-                                                                 : INFINITY;
+            v = none;
         if (out && dtype == SR_F64)
             ((double *)out)[e] = v;
         else if (out)

@@ -10,41 +10,59 @@
 
 #include <symred.h>
 
+#include "../src/core/reductions.h"
+
 #include <stdint.h>
 
-/* How partial results combine. */
-typedef enum mpi_family {
-    FAM_SUM,  /* add */
-    FAM_MIN,  /* smallest value, lowest index on ties, the first NaN wins (docs/semantics.md) */
-    FAM_MAX,  /* largest value, likewise */
-    FAM_KMIN, /* merge of two ascending lists, NaN after +inf, ties by index */
-    FAM_LSE,  /* log(e^a + e^b) with the max shifted out */
-    FAM_SSMW  /* averages weighted by exp(LogSumExp of the block) */
-} mpi_family;
+/* The rules of one reduction, as its row of SR_REDUCTION_RULES (src/core/reductions.h, the
+ * table every backend reduces by; this library takes that header alone, not the rest of the
+ * core). Blocks are reduced by the partial reduction (Min's by Min_ArgMin, so that ties resolve
+ * to the lower index across blocks) and combine by the family's rule:
+ *   SUM     add
+ *   EXT, ARGEXT  the extreme of the order, the lowest index on ties, the first NaN wins
+ *   KSEL    merge of two ascending lists, NaN after +inf, ties by index
+ *   LSE     log(e^a + e^b) with the max shifted out
+ *   SSMW    averages weighted by exp(LogSumExp of the block) */
+typedef struct mpi_rules {
+    sr_reduction partial;
+    enum sr_red_family family;
+    enum sr_red_order order;
+    enum sr_red_empty empty;
+    int values, indices;
+} mpi_rules;
+
+/* The rules of reduction red (a valid sr_reduction). */
+const mpi_rules *mpi_rules_of(sr_reduction red);
+
+/* Whether blocks of this family carry indices (their partial reduction writes them). */
+static inline int mpi_family_indexed(enum sr_red_family f)
+{
+    return f == SR_RED_FAM_EXT || f == SR_RED_FAM_ARGEXT || f == SR_RED_FAM_KSEL;
+}
 
 typedef struct mpi_state {
-    mpi_family family;
+    const mpi_rules *rules;
     int64_t n;      /* result rows */
-    int dim;        /* components per list entry: dim(F), or dim(weight) for FAM_SSMW */
-    int k;          /* list length of FAM_KMIN, else 1 */
-    int64_t filled; /* FAM_KMIN: entries held per list; others: blocks folded in so far */
+    int dim;        /* components per list entry: dim(F), or dim(weight) for SSMW */
+    int k;          /* list length of KSEL, else 1 */
+    int64_t filled; /* KSEL: entries held per list; others: blocks folded in so far */
     double *val;    /* n * k * dim values */
-    int64_t *idx;   /* n * k * dim global indices (FAM_MIN, FAM_MAX, FAM_KMIN), else NULL */
-    double *mx;     /* FAM_SSMW: the running max of the blocks' LogSumExp, n values */
-    double *wsum;   /* FAM_SSMW: sum of exp(lse - mx) over the blocks, n values */
-    double *tv;     /* FAM_KMIN: merge scratch, k values */
-    int64_t *ti;    /* FAM_KMIN: merge scratch, k indices */
+    int64_t *idx;   /* n * k * dim global indices (mpi_family_indexed), else NULL */
+    double *mx;     /* SSMW: the running max of the blocks' LogSumExp, n values */
+    double *wsum;   /* SSMW: sum of exp(lse - mx) over the blocks, n values */
+    double *tv;     /* KSEL: merge scratch, k values */
+    int64_t *ti;    /* KSEL: merge scratch, k indices */
 } mpi_state;
 
 /* Allocates the state of n rows (the identity: nothing folded yet). SR_ENOMEM or SR_OK. */
-sr_status mpi_state_init(mpi_state *st, mpi_family family, int64_t n, int dim, int k);
+sr_status mpi_state_init(mpi_state *st, const mpi_rules *rules, int64_t n, int dim, int k);
 void mpi_state_free(mpi_state *st);
 
 /*
  * Folds rows [r0, r0 + nr) of one block's partial result into the state. vals/idx are the
  * kernel's outputs for those rows (nr * kb * dim entries of dtype / int64_t; idx NULL where the
  * family has none), idx relative to the block, whose first reduced row has global index offset.
- * kb is the block's list length (FAM_KMIN: min(k, block rows); else 1). lse is FAM_SSMW's
+ * kb is the block's list length (KSEL: min(k, block rows); else 1). lse is SSMW's
  * LogSumExp of F over the block (nr values of dtype), NULL otherwise. The caller folds all
  * rows of a block before calling mpi_state_next_block.
  */

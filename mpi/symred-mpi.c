@@ -7,7 +7,6 @@
 
 #include "combine.h"
 
-#include <assert.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,34 +49,6 @@ struct sr_mpi_kernel {
     int fdim;                 /* values per list entry of the inner kernel */
     double compute_s, wait_s; /* of the last run on this rank */
 };
-
-/* X(reduction, inner reduction, family, writes values, writes indices): the kernel each
- * reduction runs on a block, and how its results combine. */
-#define MPI_REDUCTION_MAP(X)                                                                       \
-    X(SUM, SUM, FAM_SUM, 1, 0)                                                                     \
-    X(MIN, MIN_ARGMIN, FAM_MIN, 1, 0)                                                              \
-    X(MAX, MAX_ARGMAX, FAM_MAX, 1, 0)                                                              \
-    X(ARGMIN, MIN_ARGMIN, FAM_MIN, 0, 1)                                                           \
-    X(ARGMAX, MAX_ARGMAX, FAM_MAX, 0, 1)                                                           \
-    X(MIN_ARGMIN, MIN_ARGMIN, FAM_MIN, 1, 1)                                                       \
-    X(MAX_ARGMAX, MAX_ARGMAX, FAM_MAX, 1, 1)                                                       \
-    X(KMIN, KMIN_ARGKMIN, FAM_KMIN, 1, 0)                                                          \
-    X(ARGKMIN, KMIN_ARGKMIN, FAM_KMIN, 0, 1)                                                       \
-    X(KMIN_ARGKMIN, KMIN_ARGKMIN, FAM_KMIN, 1, 1)                                                  \
-    X(LOGSUMEXP, LOGSUMEXP, FAM_LSE, 1, 0)                                                         \
-    X(SUMSOFTMAXWEIGHT, SUMSOFTMAXWEIGHT, FAM_SSMW, 1, 0)
-
-static const struct {
-    sr_reduction inner;
-    mpi_family family;
-    int values, indices;
-} reductions[] = {
-#define MPI_REDUCTION_ROW_(red, in, fam, v, i) [SR_##red] = {SR_##in, fam, v, i},
-    MPI_REDUCTION_MAP(MPI_REDUCTION_ROW_)
-#undef MPI_REDUCTION_ROW_
-};
-static_assert(sizeof reductions / sizeof *reductions == SR_REDUCTION_COUNT,
-              "every reduction has a row in MPI_REDUCTION_MAP");
 
 /* ---- messages and agreement ------------------------------------------------------------ */
 
@@ -279,11 +250,11 @@ static sr_status kernel_setup(sr_mpi_kernel *k)
     sr_kernel_free(k->main);
     k->main = NULL;
     k->inner = k->desc;
-    k->inner.reduction = reductions[k->desc.reduction].inner;
+    k->inner.reduction = mpi_rules_of(k->desc.reduction)->partial;
     st = sr_kernel_new(m->ctx, k->f, &k->inner, &k->main);
     if (st != SR_OK)
         return fail_sr(m, st, "sr_kernel_new (partial states)");
-    if (reductions[k->desc.reduction].family == FAM_SSMW) {
+    if (mpi_rules_of(k->desc.reduction)->family == SR_RED_FAM_SSMW) {
         sr_kernel_desc d = k->desc;
         d.reduction = SR_LOGSUMEXP;
         d.weight = NULL;
@@ -291,8 +262,9 @@ static sr_status kernel_setup(sr_mpi_kernel *k)
         if (st != SR_OK)
             return fail_sr(m, st, "sr_kernel_new (LogSumExp of the softmax)");
     }
-    mpi_family fam = reductions[k->desc.reduction].family;
-    k->fdim = fam == FAM_KMIN ? sr_kernel_out_dim(k->main) / k->desc.k : sr_kernel_out_dim(k->main);
+    const enum sr_red_family fam = mpi_rules_of(k->desc.reduction)->family;
+    k->fdim = fam == SR_RED_FAM_KSEL ? sr_kernel_out_dim(k->main) / k->desc.k
+                                     : sr_kernel_out_dim(k->main);
     k->vars = malloc((size_t)k->nargs * sizeof *k->vars);
     if (!k->vars)
         return fail(m, SR_ENOMEM, "out of memory");
@@ -364,7 +336,7 @@ int sr_mpi_kernel_nargs(const sr_mpi_kernel *k) { return k ? k->nargs : 0; }
 /* The kernel for a block with list length kb (the K-reductions), made once; local. */
 static sr_status short_kernel_get(sr_mpi_kernel *k, int kb, sr_kernel **out)
 {
-    if (kb >= k->desc.k || reductions[k->desc.reduction].family != FAM_KMIN) {
+    if (kb >= k->desc.k || mpi_rules_of(k->desc.reduction)->family != SR_RED_FAM_KSEL) {
         *out = k->main;
         return SR_OK;
     }
@@ -452,10 +424,10 @@ static sr_status run_check(sr_mpi_kernel *k, const sr_run_desc *run)
                         cat == SR_CAT_PARAM ? "a parameter, needed on rank 0" : "a variable");
     }
     int64_t n_own = k->desc.axis == 1 ? run->nx : run->ny;
-    if (n_own > 0 && reductions[k->desc.reduction].values && !run->out)
+    if (n_own > 0 && mpi_rules_of(k->desc.reduction)->values && !run->out)
         return fail(m, SR_EINVAL, "sr_mpi_kernel_run: %s writes values: out must not be NULL",
                     sr_reduction_name(k->desc.reduction));
-    if (n_own > 0 && reductions[k->desc.reduction].indices && !run->out_idx)
+    if (n_own > 0 && mpi_rules_of(k->desc.reduction)->indices && !run->out_idx)
         return fail(m, SR_EINVAL, "sr_mpi_kernel_run: %s writes indices: out_idx must not be NULL",
                     sr_reduction_name(k->desc.reduction));
     return SR_OK;
@@ -487,7 +459,7 @@ static sr_status run_counts(sr_mpi_kernel *k, const sr_run_desc *run, ring *r)
             r->max_count = r->counts[p];
     }
     const char *reduced = k->desc.axis == 1 ? "ny" : "nx";
-    if (reductions[k->desc.reduction].family == FAM_KMIN && k->desc.k > total)
+    if (mpi_rules_of(k->desc.reduction)->family == SR_RED_FAM_KSEL && k->desc.k > total)
         return fail(m, SR_EINVAL,
                     "sr_mpi_kernel_run: k = %d is more than the %lld rows reduced over (%s "
                     "summed over the ranks)",
@@ -505,7 +477,7 @@ static sr_status run_counts(sr_mpi_kernel *k, const sr_run_desc *run, ring *r)
 static sr_status run_alloc(sr_mpi_kernel *k, ring *r)
 {
     sr_mpi *m = k->m;
-    mpi_family fam = reductions[k->desc.reduction].family;
+    const enum sr_red_family fam = mpi_rules_of(k->desc.reduction)->family;
     r->ring_vars = malloc((size_t)(k->nargs ? k->nargs : 1) * sizeof *r->ring_vars);
     r->var_off = malloc((size_t)(k->nargs ? k->nargs : 1) * sizeof *r->var_off);
     r->params = calloc((size_t)(k->nargs ? k->nargs : 1), sizeof *r->params);
@@ -536,16 +508,17 @@ static sr_status run_alloc(sr_mpi_kernel *k, ring *r)
     r->tmp_val = malloc(tmp * r->esz);
     if (!r->tmp_val)
         return fail(m, SR_ENOMEM, "out of memory");
-    if ((fam == FAM_MIN || fam == FAM_MAX || fam == FAM_KMIN) &&
-        !(r->tmp_idx = malloc(tmp * sizeof *r->tmp_idx)))
+    if (mpi_family_indexed(fam) && !(r->tmp_idx = malloc(tmp * sizeof *r->tmp_idx)))
         return fail(m, SR_ENOMEM, "out of memory");
-    if (fam == FAM_SSMW && !(r->tmp_lse = malloc((size_t)(r->chunk ? r->chunk : 1) * r->esz)))
+    if (fam == SR_RED_FAM_SSMW &&
+        !(r->tmp_lse = malloc((size_t)(r->chunk ? r->chunk : 1) * r->esz)))
         return fail(m, SR_ENOMEM, "out of memory");
-    if (mpi_state_init(&r->state, fam, r->n_own, k->fdim, k->desc.k) != SR_OK)
+    if (mpi_state_init(&r->state, mpi_rules_of(k->desc.reduction), r->n_own, k->fdim, k->desc.k) !=
+        SR_OK)
         return fail(m, SR_ENOMEM, "out of memory for the partial results of %lld rows",
                     (long long)r->n_own);
     /* Blocks shorter than K need kernels of their own, made now, before the ring starts. */
-    for (int p = 0; fam == FAM_KMIN && p < m->size; p++) {
+    for (int p = 0; fam == SR_RED_FAM_KSEL && p < m->size; p++) {
         sr_kernel *unused;
         if (r->counts[p] > 0 && r->counts[p] < k->desc.k) {
             sr_status st = short_kernel_get(k, (int)r->counts[p], &unused);
@@ -578,9 +551,9 @@ static sr_status run_block(sr_mpi_kernel *k, const sr_run_desc *run, ring *r, in
                            MPI_Request *reqs, int nreqs)
 {
     sr_mpi *m = k->m;
-    mpi_family fam = reductions[k->desc.reduction].family;
+    const enum sr_red_family fam = mpi_rules_of(k->desc.reduction)->family;
     int64_t nb = r->counts[b];
-    int kb = fam == FAM_KMIN ? (int)(nb < k->desc.k ? nb : k->desc.k) : 1;
+    int kb = fam == SR_RED_FAM_KSEL ? (int)(nb < k->desc.k ? nb : k->desc.k) : 1;
     sr_kernel *kernel = k->main;
     sr_status st = short_kernel_get(k, kb, &kernel);
     const void **args = r->args;
@@ -689,8 +662,9 @@ sr_status sr_mpi_kernel_run(sr_mpi_kernel *k, const sr_run_desc *run)
     if (st == SR_OK)
         st = agree(m, run_ring(k, run, &r));
     if (st == SR_OK && r.n_own > 0)
-        mpi_state_write(&r.state, reductions[k->desc.reduction].values ? run->out : NULL,
-                        reductions[k->desc.reduction].indices ? run->out_idx : NULL, k->desc.dtype);
+        mpi_state_write(&r.state, mpi_rules_of(k->desc.reduction)->values ? run->out : NULL,
+                        mpi_rules_of(k->desc.reduction)->indices ? run->out_idx : NULL,
+                        k->desc.dtype);
     run_release(&r, k->nargs);
     return st;
 }

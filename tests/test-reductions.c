@@ -858,6 +858,42 @@ Test(red, concurrent_runs_agree)
 
 /* ---- the accumulator rules in cpu.h: a split reduction combines to the sequential result --- */
 
+/* The rows of the reduction table (src/core/reductions.h) agree with each other and with the
+ * public map: a partial reduction holds the whole state of its reduction (the selections'
+ * values and indices), in the same order, and is its own partial; only the selections have an
+ * order, and their empty result is the order's infinity. */
+Test(red, rule_table_rows_agree)
+{
+    for (int r = 0; r < SR_REDUCTION_COUNT; r++) {
+        const struct sr_reduction_info *ri = &sr_reductions[r], *pi = &sr_reductions[ri->partial];
+        const char *name = sr_reduction_name((sr_reduction)r);
+        const bool sel = ri->family == SR_RED_FAM_EXT || ri->family == SR_RED_FAM_ARGEXT ||
+                         ri->family == SR_RED_FAM_KSEL;
+        cr_assert_str_eq(ri->name, name);
+        cr_assert(ri->values || ri->indices, "%s writes nothing", name);
+        cr_assert_eq(pi->partial, ri->partial, "%s: the partial of its partial", name);
+        cr_assert_eq(pi->order, ri->order, "%s: partial in another order", name);
+        cr_assert_eq(pi->uses_k, ri->uses_k, "%s: partial uses k differently", name);
+        cr_assert_eq(pi->weight, ri->weight, "%s: partial takes the weight differently", name);
+        cr_assert_eq(ri->order != SR_RED_UNORDERED, sel, "%s: order %d", name, ri->order);
+        cr_assert_eq(ri->empty == SR_RED_EMPTY_ORDER, sel, "%s: empty %d", name, ri->empty);
+        cr_assert_eq(ri->uses_k, ri->family == SR_RED_FAM_KSEL, "%s: uses_k", name);
+        cr_assert(sel || !ri->indices, "%s: indices of an unordered reduction", name);
+        cr_assert(ri->family != SR_RED_FAM_ARGEXT || ri->indices, "%s: no indices", name);
+        if (sel)
+            cr_assert(pi->values && pi->indices, "%s: partial %s lacks values or indices", name,
+                      pi->name);
+        else
+            cr_assert_eq(ri->partial, (sr_reduction)r, "%s: partial %s", name, pi->name);
+    }
+    /* The rankings: NaN first for Min and Max, after +inf for the K-reductions, index ties. */
+    cr_assert(cpu_ext_before(SR_RED_ASC, NAN, 5, -INFINITY, 0));
+    cr_assert(cpu_ext_before(SR_RED_DESC, NAN, 5, INFINITY, 0));
+    cr_assert(!cpu_kmin_before(NAN, 0, INFINITY, 5));
+    cr_assert(cpu_ext_before(SR_RED_DESC, 2, 1, 1, 0) && !cpu_ext_before(SR_RED_ASC, 2, 1, 1, 0));
+    cr_assert(cpu_kmin_before(1, 3, 1, 4) && !cpu_kmin_before(1, 4, 1, 3));
+}
+
 Test(red, accumulators_combine_like_one_pass)
 {
     uint64_t s = 44;
@@ -871,21 +907,24 @@ Test(red, accumulators_combine_like_one_pass)
                 v[t] = specials[tu_rand(&s) % 4];
         }
         /* Min / Max */
-        double mv, a1, a2;
-        int64_t mi, i1, i2;
-        cpu_min_init(&mv, &mi);
-        cpu_min_init(&a1, &i1);
-        cpu_min_init(&a2, &i2);
-        for (int t = 0; t < n; t++) {
-            cpu_min_push(&mv, &mi, v[t], t);
-            if (t < cut)
-                cpu_min_push(&a1, &i1, v[t], t);
-            else
-                cpu_min_push(&a2, &i2, v[t], t);
+        for (int o = -1; o <= 1; o += 2) {
+            const enum sr_red_order ord = o < 0 ? SR_RED_DESC : SR_RED_ASC;
+            double mv, a1, a2;
+            int64_t mi, i1, i2;
+            cpu_ext_init(ord, &mv, &mi);
+            cpu_ext_init(ord, &a1, &i1);
+            cpu_ext_init(ord, &a2, &i2);
+            for (int t = 0; t < n; t++) {
+                cpu_ext_push(ord, &mv, &mi, v[t], t);
+                if (t < cut)
+                    cpu_ext_push(ord, &a1, &i1, v[t], t);
+                else
+                    cpu_ext_push(ord, &a2, &i2, v[t], t);
+            }
+            cpu_ext_combine(ord, &a2, &i2, a1, i1); /* order of combination must not matter */
+            cr_assert(tu_close(a2, mv, 0, 0) && i2 == mi, "%s: %g@%lld vs %g@%lld",
+                      o < 0 ? "max" : "min", a2, (long long)i2, mv, (long long)mi);
         }
-        cpu_min_combine(&a2, &i2, a1, i1); /* order of combination must not matter */
-        cr_assert(tu_close(a2, mv, 0, 0) && i2 == mi, "min: %g@%lld vs %g@%lld", a2, (long long)i2,
-                  mv, (long long)mi);
         /* KMin */
         double kv[40], k1[40], k2[40];
         int64_t ki[40], j1[40], j2[40];

@@ -11,6 +11,7 @@
 
 #include "symred.h"
 #include "../formulas/formulas.h"
+#include "reductions.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -114,14 +115,19 @@ void sr__budget_explain(const struct sr_kernel *k, struct expr_buf *b);
 /* Copies the current message of ctx (for callers that re-report it with context). */
 #define sr__error_get expr_error_get
 
-/* What each reduction needs and produces. Indexed by sr_reduction. */
+/* What each reduction needs and produces, and how it reduces: SR_REDUCTION_RULES
+ * (reductions.h) as a struct. Indexed by sr_reduction. */
 struct sr_reduction_info {
     const char *name;
-    bool values;   /* writes values of the dtype */
-    bool indices;  /* writes int64 indices */
-    bool uses_k;   /* KMin, ArgKMin, KMin_ArgKMin */
-    bool scalar_f; /* F must have dimension 1 (SumSoftMaxWeight) */
-    bool weight;   /* needs desc.weight */
+    enum sr_red_family family;
+    enum sr_red_order order; /* ascending (Min, K-reductions), descending (Max), or none */
+    enum sr_red_empty empty; /* what an empty reduction writes */
+    bool values;             /* writes values of the dtype */
+    bool indices;            /* writes int64 indices */
+    bool uses_k;             /* KMin, ArgKMin, KMin_ArgKMin */
+    bool scalar_f;           /* F must have dimension 1 (SumSoftMaxWeight) */
+    bool weight;             /* needs desc.weight */
+    sr_reduction partial;    /* whose outputs hold a block's whole partial state */
 };
 extern const struct sr_reduction_info sr_reductions[SR_REDUCTION_COUNT];
 

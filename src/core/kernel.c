@@ -6,21 +6,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* X(name, keops) -> {keops, values, indices, uses_k, scalar_f, weight} */
+/* The public spellings (SR_REDUCTION_MAP) and the rules (SR_REDUCTION_RULES), row by row. */
 const struct sr_reduction_info sr_reductions[SR_REDUCTION_COUNT] = {
-    [SR_SUM] = {"Sum", true, false, false, false, false},
-    [SR_MIN] = {"Min", true, false, false, false, false},
-    [SR_MAX] = {"Max", true, false, false, false, false},
-    [SR_ARGMIN] = {"ArgMin", false, true, false, false, false},
-    [SR_ARGMAX] = {"ArgMax", false, true, false, false, false},
-    [SR_MIN_ARGMIN] = {"Min_ArgMin", true, true, false, false, false},
-    [SR_MAX_ARGMAX] = {"Max_ArgMax", true, true, false, false, false},
-    [SR_KMIN] = {"KMin", true, false, true, false, false},
-    [SR_ARGKMIN] = {"ArgKMin", false, true, true, false, false},
-    [SR_KMIN_ARGKMIN] = {"KMin_ArgKMin", true, true, true, false, false},
-    [SR_LOGSUMEXP] = {"LogSumExp", true, false, false, false, false},
-    [SR_SUMSOFTMAXWEIGHT] = {"SumSoftMaxWeight", true, false, false, true, true},
+#define SR_REDUCTION_INFO_NAME_(red, keops) [SR_##red].name = keops,
+    SR_REDUCTION_MAP(SR_REDUCTION_INFO_NAME_)
+#undef SR_REDUCTION_INFO_NAME_
+#define SR_REDUCTION_INFO_(red, fam, ord, emp, v, i, k, sf, w, part)                               \
+    [SR_##red].family = SR_RED_FAM_##fam, [SR_##red].order = SR_RED_##ord,                         \
+    [SR_##red].empty = SR_RED_EMPTY_##emp, [SR_##red].values = v, [SR_##red].indices = i,          \
+    [SR_##red].uses_k = k, [SR_##red].scalar_f = sf, [SR_##red].weight = w,                        \
+    [SR_##red].partial = SR_##part,
+        SR_REDUCTION_RULES(SR_REDUCTION_INFO_)
+#undef SR_REDUCTION_INFO_
 };
+#define SR_REDUCTION_ROW_(...) +1
+_Static_assert(0 SR_REDUCTION_RULES(SR_REDUCTION_ROW_) == SR_REDUCTION_COUNT,
+               "every reduction has one row in SR_REDUCTION_RULES");
+#undef SR_REDUCTION_ROW_
 
 /* The table above and the public SR_REDUCTION_MAP must spell every reduction alike. */
 static const char *const reduction_spelling[] = {

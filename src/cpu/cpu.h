@@ -19,40 +19,19 @@
 #include <stdint.h>
 
 /* ---- orders ---------------------------------------------------------------------------------
- * Each "before" says whether (va, ia) ranks ahead of (vb, ib). Index ties go to the lower index
- * so that every backend picks the same element. */
+ * Each "before" says whether (va, ia) ranks ahead of (vb, ib) (sr_red_before, reductions.h).
+ * Min, Max and their arg-reductions: a NaN wins (NumPy min/argmin), then the more extreme
+ * value. KMin and ArgKMin: ascending with NaN after +inf (NumPy sort). */
 
-/* Min and ArgMin: a NaN wins (NumPy min/argmin), then the smaller value. */
-static inline bool cpu_min_before(double va, int64_t ia, double vb, int64_t ib)
+static inline bool cpu_ext_before(enum sr_red_order order, double va, int64_t ia, double vb,
+                                  int64_t ib)
 {
-    bool na = isnan(va), nb = isnan(vb);
-    if (na != nb)
-        return na;
-    if (!na && va != vb)
-        return va < vb;
-    return ia < ib;
+    return sr_red_before(order, sr_red_family_nan(SR_RED_FAM_ARGEXT), va, ia, vb, ib);
 }
 
-/* Max and ArgMax: a NaN wins, then the larger value. */
-static inline bool cpu_max_before(double va, int64_t ia, double vb, int64_t ib)
-{
-    bool na = isnan(va), nb = isnan(vb);
-    if (na != nb)
-        return na;
-    if (!na && va != vb)
-        return va > vb;
-    return ia < ib;
-}
-
-/* KMin and ArgKMin: ascending with NaN after +inf (NumPy sort). */
 static inline bool cpu_kmin_before(double va, int64_t ia, double vb, int64_t ib)
 {
-    bool na = isnan(va), nb = isnan(vb);
-    if (na != nb)
-        return nb;
-    if (!na && va != vb)
-        return va < vb;
-    return ia < ib;
+    return sr_red_before(SR_RED_ASC, sr_red_family_nan(SR_RED_FAM_KSEL), va, ia, vb, ib);
 }
 
 /* ---- Sum ---------------------------------------------------------------------------------- */
@@ -62,35 +41,23 @@ static inline void cpu_sum_push(double *acc, double x) { *acc += x; }
 static inline void cpu_sum_combine(double *acc, double other) { *acc += other; }
 
 /* ---- Min / Max with their index --------------------------------------------------------------
- * State (value, index); index -1 marks the empty state, whose value is the identity. */
+ * State (value, index) of a selection of order (SR_RED_ASC: Min, SR_RED_DESC: Max); index -1
+ * marks the empty state, whose value is the identity. */
 
-static inline void cpu_min_init(double *v, int64_t *i)
+static inline void cpu_ext_init(enum sr_red_order order, double *v, int64_t *i)
 {
-    *v = INFINITY;
+    *v = sr_red_empty_value(SR_RED_EMPTY_ORDER, order);
     *i = -1;
 }
-static inline void cpu_max_init(double *v, int64_t *i)
+static inline void cpu_ext_push(enum sr_red_order order, double *v, int64_t *i, double x, int64_t j)
 {
-    *v = -INFINITY;
-    *i = -1;
-}
-static inline void cpu_min_push(double *v, int64_t *i, double x, int64_t j)
-{
-    if (j >= 0 && (*i < 0 || cpu_min_before(x, j, *v, *i))) {
-        *v = x;
-        *i = j;
-    }
-}
-static inline void cpu_max_push(double *v, int64_t *i, double x, int64_t j)
-{
-    if (j >= 0 && (*i < 0 || cpu_max_before(x, j, *v, *i))) {
+    if (j >= 0 && (*i < 0 || cpu_ext_before(order, x, j, *v, *i))) {
         *v = x;
         *i = j;
     }
 }
 /* Combining is pushing the other state's element (an empty other has index -1: no-op). */
-#define cpu_min_combine cpu_min_push
-#define cpu_max_combine cpu_max_push
+#define cpu_ext_combine cpu_ext_push
 
 /* ---- KMin / ArgKMin -------------------------------------------------------------------------
  * State: the *n (<= K) best elements so far, sorted by cpu_kmin_before, in v[0..n) and

@@ -274,14 +274,7 @@ sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis)
  * K = 1 is). */
 static bool refinable(const sr_kernel *k)
 {
-    switch (k->red) {
-    case SR_KMIN:
-    case SR_ARGKMIN:
-    case SR_KMIN_ARGKMIN:
-        return k->fdim == 1 && !k->weight;
-    default:
-        return false;
-    }
+    return sr_reductions[k->red].family == SR_RED_FAM_KSEL && k->fdim == 1 && !k->weight;
 }
 
 /* Whether argument v is a variable of the reduced axis (gathered for the ranking). */
@@ -874,7 +867,8 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
     else if (g->no_refine)
         expr_buf_printf(b, "selection: from the tiles' values as computed, not ranked again (%s)\n",
                         g->no_refine);
-    else if (k->red == SR_MIN || k->red == SR_ARGMIN || k->red == SR_MIN_ARGMIN)
+    else if (sr_reductions[k->red].order == SR_RED_ASC &&
+             sr_reductions[k->red].family != SR_RED_FAM_KSEL)
         expr_buf_printf(b, "selection: from the tiles' values as computed, not ranked again (Min "
                            "and ArgMin propagate NaN, which a list of candidates cannot hold; "
                            "ArgKMin with K = 1 is ranked)\n");

@@ -191,30 +191,30 @@ static void ev_SUM(const sr_expr *e, double *out, const double *const *in)
 }
 
 /* The index of the first extreme component, or of the first NaN (NumPy argmin / argmax). */
-static int vec_argext(const double *a, int d, bool (*before)(double, int64_t, double, int64_t))
+static int vec_argext(const double *a, int d, enum sr_red_order order)
 {
     int best = 0;
     for (int k = 1; k < d; k++)
-        if (before(a[k], k, a[best], best))
+        if (cpu_ext_before(order, a[k], k, a[best], best))
             best = k;
     return best;
 }
 
 static void ev_MAX(const sr_expr *e, double *out, const double *const *in)
 {
-    out[0] = in[0][vec_argext(in[0], e->child[0]->dim, cpu_max_before)];
+    out[0] = in[0][vec_argext(in[0], e->child[0]->dim, SR_RED_DESC)];
 }
 static void ev_MIN(const sr_expr *e, double *out, const double *const *in)
 {
-    out[0] = in[0][vec_argext(in[0], e->child[0]->dim, cpu_min_before)];
+    out[0] = in[0][vec_argext(in[0], e->child[0]->dim, SR_RED_ASC)];
 }
 static void ev_ARGMAX(const sr_expr *e, double *out, const double *const *in)
 {
-    out[0] = (double)vec_argext(in[0], e->child[0]->dim, cpu_max_before);
+    out[0] = (double)vec_argext(in[0], e->child[0]->dim, SR_RED_DESC);
 }
 static void ev_ARGMIN(const sr_expr *e, double *out, const double *const *in)
 {
-    out[0] = (double)vec_argext(in[0], e->child[0]->dim, cpu_min_before);
+    out[0] = (double)vec_argext(in[0], e->child[0]->dim, SR_RED_ASC);
 }
 
 static void ev_ELEM(const sr_expr *e, double *out, const double *const *in)
@@ -598,7 +598,8 @@ static void ref_explain(const struct sr_kernel *k, struct expr_buf *b)
  * increasing order, finish into a row of doubles and indices that run() rounds and stores. */
 
 struct red_state {
-    int D, K, W; /* dim(F), K, dim(weight) */
+    int D, K, W;             /* dim(F), K, dim(weight) */
+    enum sr_red_order order; /* Min and Max: ascending or descending */
     double *v;   /* Sum, Min, Max: D; KMin: D*K; LogSumExp: D maxima; SSMW: W accumulators */
     int64_t *ix; /* Min, Max: D; KMin: D*K */
     double *s;   /* LogSumExp: D sums; SSMW: [0] = max, [1] = sum */
@@ -626,25 +627,15 @@ static void val_finish(const struct red_state *r, double *out, int64_t *out_idx)
     memcpy(out, r->v, (size_t)r->D * sizeof *out);
 }
 
-static void min_init(struct red_state *r)
+static void ext_init(struct red_state *r)
 {
     for (int c = 0; c < r->D; c++)
-        cpu_min_init(&r->v[c], &r->ix[c]);
+        cpu_ext_init(r->order, &r->v[c], &r->ix[c]);
 }
-static void min_push(struct red_state *r, const double *f, const double *w, int64_t j)
+static void ext_push(struct red_state *r, const double *f, const double *w, int64_t j)
 {
     for (int c = 0; c < r->D; c++)
-        cpu_min_push(&r->v[c], &r->ix[c], f[c], j);
-}
-static void max_init(struct red_state *r)
-{
-    for (int c = 0; c < r->D; c++)
-        cpu_max_init(&r->v[c], &r->ix[c]);
-}
-static void max_push(struct red_state *r, const double *f, const double *w, int64_t j)
-{
-    for (int c = 0; c < r->D; c++)
-        cpu_max_push(&r->v[c], &r->ix[c], f[c], j);
+        cpu_ext_push(r->order, &r->v[c], &r->ix[c], f[c], j);
 }
 static void ext_finish(const struct red_state *r, double *out, int64_t *out_idx)
 {
@@ -711,19 +702,14 @@ static void ssmw_finish(const struct red_state *r, double *out, int64_t *out_idx
     cpu_ssmw_finish(r->s[1], r->v, r->W, out);
 }
 
-static const struct red_ops red_ops[SR_REDUCTION_COUNT] = {
-    [SR_SUM] = {sum_init, sum_push, val_finish},
-    [SR_MIN] = {min_init, min_push, ext_finish},
-    [SR_MAX] = {max_init, max_push, ext_finish},
-    [SR_ARGMIN] = {min_init, min_push, ext_finish},
-    [SR_ARGMAX] = {max_init, max_push, ext_finish},
-    [SR_MIN_ARGMIN] = {min_init, min_push, ext_finish},
-    [SR_MAX_ARGMAX] = {max_init, max_push, ext_finish},
-    [SR_KMIN] = {kmin_init, kmin_push, kmin_finish},
-    [SR_ARGKMIN] = {kmin_init, kmin_push, kmin_finish},
-    [SR_KMIN_ARGKMIN] = {kmin_init, kmin_push, kmin_finish},
-    [SR_LOGSUMEXP] = {lse_init, lse_push, lse_finish},
-    [SR_SUMSOFTMAXWEIGHT] = {ssmw_init, ssmw_push, ssmw_finish},
+/* Indexed by the reduction's family (reductions.h); Min and Max differ by r->order only. */
+static const struct red_ops red_ops[SR_RED_FAM_COUNT] = {
+    [SR_RED_FAM_SUM] = {sum_init, sum_push, val_finish},
+    [SR_RED_FAM_EXT] = {ext_init, ext_push, ext_finish},
+    [SR_RED_FAM_ARGEXT] = {ext_init, ext_push, ext_finish},
+    [SR_RED_FAM_KSEL] = {kmin_init, kmin_push, kmin_finish},
+    [SR_RED_FAM_LSE] = {lse_init, lse_push, lse_finish},
+    [SR_RED_FAM_SSMW] = {ssmw_init, ssmw_push, ssmw_finish},
 };
 
 /* ---- run ---------------------------------------------------------------------------------- */
@@ -772,7 +758,7 @@ static sr_status ref_reduce(const struct sr_kernel *k, const sr_run_desc *run,
 {
     const struct ref_prog *p = k->backend_data;
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    const struct red_ops *ops = &red_ops[k->red];
+    const struct red_ops *ops = &red_ops[ri->family];
     int64_t nout = k->axis == 1 ? run->nx : run->ny;
     int64_t nred = k->axis == 1 ? run->ny : run->nx;
     size_t D = (size_t)k->fdim, K = (size_t)k->k, W = k->weight ? (size_t)k->weight->dim : 0;
@@ -795,6 +781,7 @@ static sr_status ref_reduce(const struct sr_kernel *k, const sr_run_desc *run,
         .D = (int)D,
         .K = (int)K,
         .W = (int)W,
+        .order = ri->order,
         .v = dbl + p->nslots,
         .s = dbl + p->nslots + (K * D > W ? K * D : W),
         .ix = idx,

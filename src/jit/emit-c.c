@@ -302,14 +302,13 @@ static int rows_per_pass(struct emitter *E, bool *need, int ncol, int *row_regs,
 /* Folds the fused Sum's partial sums <pfx><c> into the row state s. */
 static void sum_fold(struct emitter *E, enum jit_acc acc, const char *pfx)
 {
+    char c_[16], v_[48];
     for (int c = 0; c < E->k->fdim; c++) {
-        if (acc == JIT_ACC_KAHAN)
-            /* no compensation once the sum is infinite: inf - inf would make it NaN */
-            P("        { sr_acc y = %s%d - s->c[%d]; sr_acc t = s->s[%d] + y; s->c[%d] = t - t "
-              "== 0 ? (t - s->s[%d]) - y : 0; s->s[%d] = t; }\n",
-              pfx, c, c, c, c, c, c);
-        else
-            P("        s->s[%d] += %s%d;\n", c, pfx, c);
+        snprintf(c_, sizeof c_, "%d", c);
+        snprintf(v_, sizeof v_, "%s%d", pfx, c);
+        P("        ");
+        jit_emit_fold(E->k, acc, E->b, "s->", c_, v_, NULL);
+        P("\n");
     }
 }
 
@@ -661,7 +660,8 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
      * through the tile buffer as for the other reductions; SumSoftMaxWeight in loop mode keeps
      * a tile of sr_acc weights exp(F - max) after F and the weight (two rows of sr_t, so that
      * it is aligned and holds doubles when sr_t is float). */
-    bool fused_sum = red == SR_SUM && !E->loops;
+    const enum sr_red_family fam = sr_reductions[red].family;
+    bool fused_sum = fam == SR_RED_FAM_SUM && !E->loops;
     int rpp = 1, row_regs = 0, shared_regs = 0;
     if (!(need = calloc(E->n + 1, sizeof *need))) {
         st = SR_ENOMEM;
@@ -669,7 +669,7 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
     }
     if (fused_sum)
         rpp = rows_per_pass(E, need, ncol, &row_regs, &shared_regs);
-    int nfb = fused_sum ? 0 : D + DG + (E->loops && red == SR_SUMSOFTMAXWEIGHT ? 2 : 0);
+    int nfb = fused_sum ? 0 : D + DG + (E->loops && fam == SR_RED_FAM_SSMW ? 2 : 0);
     /* The split pair loop (loop mode without pair arrays, a wide F or weight): one vectorised
      * loop computes the pair nodes and keeps the small ones in scratch rows after the buffered
      * values; then per wide component a vectorised loop reloads them and stores the component.
@@ -730,8 +730,8 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
     P("const int64_t sr_state_bytes = (int64_t)sizeof(sr_state);\n");
     P("const int64_t sr_rows_per_block = %d;\n\n", RB);
 
-    /* Comparison helpers: "v is better than w" for the min/max families, NaN first. */
-    bool is_max = red == SR_MAX || red == SR_ARGMAX || red == SR_MAX_ARGMAX;
+    /* "v is better than w" for the min/max families, NaN first. */
+    const bool is_max = sr_reductions[red].order == SR_RED_DESC;
     const char *cmp = is_max ? ">" : "<";
 
     /* ---- merge and final over ranges of rows ---- */
@@ -882,26 +882,21 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
             P("        }\n");
         }
         /* Tile extreme with a NaN flag, vectorised: used by all the value-picking reductions. */
-        const char *tcmp =
-            (is_max || red == SR_LOGSUMEXP || red == SR_SUMSOFTMAXWEIGHT) ? ">" : "<";
+        const char *tcmp = (is_max || fam == SR_RED_FAM_LSE || fam == SR_RED_FAM_SSMW) ? ">" : "<";
         const char *tinit = *tcmp == '>' ? "-SR_INF" : "SR_INF";
         const char *rclause = *tcmp == '>' ? "max" : "min";
-        if (red == SR_SUM) {
+        if (fam == SR_RED_FAM_SUM) {
             /* Loop mode: each component's tile sum, folded into the state as the fused sum's. */
             P("        for (int c = 0; c < SR_D; c++) {\n"
               "          const sr_t *fv = fb + c * SR_TJ;\n"
               "          sr_acc p = 0;\n"
               "#pragma omp simd reduction(+:p)\n"
-              "          for (int jj = 0; jj < nj; jj++) p += (sr_acc)fv[jj];\n");
-            if (acc == JIT_ACC_KAHAN)
-                P("          { sr_acc y = p - s->c[c]; sr_acc t = s->s[c] + y; s->c[c] = t - t == "
-                  "0 "
-                  "? (t - s->s[c]) - y : 0; s->s[c] = t; }\n");
-            else
-                P("          s->s[c] += p;\n");
-            P("        }\n");
-        } else if (red != SR_KMIN && red != SR_ARGKMIN && red != SR_KMIN_ARGKMIN) {
-            int nc = red == SR_SUMSOFTMAXWEIGHT ? 1 : D;
+              "          for (int jj = 0; jj < nj; jj++) p += (sr_acc)fv[jj];\n"
+              "          ");
+            jit_emit_fold(k, acc, b, "s->", "c", "p", NULL);
+            P("\n        }\n");
+        } else if (fam != SR_RED_FAM_KSEL) {
+            int nc = fam == SR_RED_FAM_SSMW ? 1 : D;
             P("        for (int c = 0; c < %d; c++) {\n", nc);
             P("          const sr_t *fv = fb + c * SR_TJ;\n");
             P("          sr_t tm = %s; int tn = 0;\n", tinit);
@@ -910,18 +905,13 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
               ": tm; "
               "tn |= v != v; }\n",
               tcmp);
-            switch (red) {
-            case SR_MIN:
-            case SR_MAX:
-                P("          if (tn) tm = SR_NAN;\n"
-                  "          if (s->m[c] == s->m[c] && (tm %s s->m[c] || tm != tm)) s->m[c] = "
-                  "tm;\n",
-                  cmp);
+            switch (fam) {
+            case SR_RED_FAM_EXT:
+                P("          if (tn) tm = SR_NAN;\n          ");
+                jit_emit_fold(k, acc, b, "s->", "c", "tm", NULL);
+                P("\n");
                 break;
-            case SR_ARGMIN:
-            case SR_ARGMAX:
-            case SR_MIN_ARGMIN:
-            case SR_MAX_ARGMAX:
+            case SR_RED_FAM_ARGEXT:
                 /* Scan only a tile that can improve the state: the first extreme (or NaN). */
                 P("          sr_t m = s->m[c]; int64_t bi = s->i[c];\n"
                   "          if (bi < 0 || (m == m && (tn || tm %s m))) {\n"
@@ -934,7 +924,7 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
                   "          }\n",
                   cmp, cmp);
                 break;
-            case SR_LOGSUMEXP:
+            case SR_RED_FAM_LSE:
                 P("          if (tn) { s->m[c] = SR_NAN; continue; }\n"
                   "          if (tm == -SR_INF) continue;\n"
                   "          if (tm == SR_INF) { lse_fold(&s->m[c], &s->s[c], tm, 1); continue; }\n"
@@ -943,7 +933,7 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
                   "          for (int jj = 0; jj < nj; jj++) ts += (sr_acc)sr_exp(fv[jj] - tm);\n"
                   "          lse_fold(&s->m[c], &s->s[c], tm, ts);\n");
                 break;
-            default: /* SumSoftMaxWeight */
+            default: /* SR_RED_FAM_SSMW */
                 if (E->loops) {
                     /* The tile's weights exp(F - max) once, then one pass per component. */
                     P("          (void)tn;\n"

@@ -12,8 +12,8 @@
  *   - Sum accumulates each tile into a partial sum first (block summation; Kahan or a double
  *     accumulator on request), Min/Max/Arg keep the first extreme or the first NaN, KMin/ArgKMin
  *     keep a sorted list in registers (insertion by bubbling, ties keep the lower index),
- *     LogSumExp and SumSoftMaxWeight rescale online by the running maximum — each with the
- *     rules of docs/semantics.md, as the C kernels implement them;
+ *     LogSumExp and SumSoftMaxWeight rescale online by the running maximum — each family's
+ *     fold rule of emit-state.c (the rules of docs/semantics.md, shared with the C kernels);
  *   - split-j: blockIdx.y takes a chunk of the reduced indices and writes its row states to a
  *     workspace; sr_cuda_combine merges the chunks of each row in index order and finalises.
  *     The runtime uses it when there are too few rows to fill the GPU.
@@ -86,9 +86,8 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
     if (!f32 && acc == JIT_ACC_F64)
         acc = JIT_ACC_BLOCK; /* float64 kernels accumulate in float64 anyway */
     const char *A = (f32 && acc != JIT_ACC_F64) ? "float" : "double";
-    const char *fs = f32 ? "f" : "";
-    bool kred = red == SR_KMIN || red == SR_ARGKMIN || red == SR_KMIN_ARGKMIN;
-    if (kred && (int64_t)K * D > CUDA_MAX_KD)
+    const enum sr_red_family fam = sr_reductions[red].family;
+    if (fam == SR_RED_FAM_KSEL && (int64_t)K * D > CUDA_MAX_KD)
         return SR_ENOTSUP;
 
     struct jit_nodes nd;
@@ -122,8 +121,6 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
     P("struct sr_args { const void *p[%d]; };\n", k->nargs + 1);
 
     /* ---- state, init, fold helpers, per-row merge and final: shared with C ---- */
-    bool is_max = red == SR_MAX || red == SR_ARGMAX || red == SR_MAX_ARGMAX;
-    const char *cmp = is_max ? ">" : "<";
     st = jit_emit_state(k, acc, b);
     if (st != SR_OK) {
         jit_nodes_free(&nd);
@@ -174,7 +171,7 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
       nd.inner.data ? nd.inner.data : "");
     const char *pair = nd.pair.data ? nd.pair.data : "";
     char num[16], pnum[24]; /* component c's index and partial sum, unrolled */
-    if (red == SR_SUM) {
+    if (fam == SR_RED_FAM_SUM) {
         /* A wide F (nd.floop) sums into an array, in loops over its components. */
         if (nd.floop)
             P("      sr_acc sr_p[SR_D];\n"
@@ -196,14 +193,9 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
         for (int c = 0; c < (nd.floop ? 1 : D); c++) {
             const char *ci = nd.floop ? "sr_c" : cidx(c, num);
             snprintf(pnum, sizeof pnum, "sr_p%d", c);
-            const char *p = nd.floop ? "sr_p[sr_c]" : pnum;
-            if (acc == JIT_ACC_KAHAN)
-                /* no compensation once the sum is infinite: inf - inf would make it NaN */
-                P("      { sr_acc y = %s - st.c[%s]; sr_acc t = st.s[%s] + y; st.c[%s] = t - t "
-                  "== 0 ? (t - st.s[%s]) - y : 0; st.s[%s] = t; }\n",
-                  p, ci, ci, ci, ci, ci);
-            else
-                P("      st.s[%s] += %s;\n", ci, p);
+            P("      ");
+            jit_emit_fold(k, acc, b, "st.", ci, nd.floop ? "sr_p[sr_c]" : pnum, NULL);
+            P("\n");
         }
     } else {
         P("      for (int jj = 0; jj < nj; jj++) {\n%s", pair);
@@ -214,48 +206,7 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
         for (int c = 0; c < (nd.floop ? 1 : D); c++) {
             const char *ci = nd.floop ? "sr_c" : cidx(c, num);
             P("        {\n        const sr_t sr_v = %s;\n", nd.floop ? nd.floop : nd.f[c]);
-            switch (red) {
-            case SR_MIN:
-            case SR_MAX:
-                P("        if (st.m[%s] == st.m[%s] && (sr_v %s st.m[%s] || sr_v != sr_v)) "
-                  "st.m[%s] = sr_v;\n",
-                  ci, ci, cmp, ci, ci);
-                break;
-            case SR_ARGMIN:
-            case SR_ARGMAX:
-            case SR_MIN_ARGMIN:
-            case SR_MAX_ARGMAX:
-                P("        if (st.i[%s] < 0 || (st.m[%s] == st.m[%s] && (sr_v %s st.m[%s] || sr_v "
-                  "!= sr_v))) { st.m[%s] = sr_v; st.i[%s] = sr_r; }\n",
-                  ci, ci, ci, cmp, ci, ci, ci);
-                break;
-            case SR_KMIN:
-            case SR_ARGKMIN:
-            case SR_KMIN_ARGKMIN:
-                /* The new index is the largest so far: put it last and bubble it up while it
-                 * sorts before its neighbour; sorted neighbours never swap. */
-                P("        sr_t *M = st.m[%s]; long long *I = st.i[%s];\n"
-                  "        if (SR_KLT(sr_v, M[SR_K - 1], I[SR_K - 1])) {\n"
-                  "          M[SR_K - 1] = sr_v; I[SR_K - 1] = sr_r;\n"
-                  "#pragma unroll\n"
-                  "          for (int p = SR_K - 1; p > 0; p--)\n"
-                  "            if (SR_KLT(M[p], M[p - 1], I[p - 1])) {\n"
-                  "              const sr_t tm = M[p]; M[p] = M[p - 1]; M[p - 1] = tm;\n"
-                  "              const long long ti = I[p]; I[p] = I[p - 1]; I[p - 1] = ti;\n"
-                  "            }\n"
-                  "        }\n",
-                  ci, ci);
-                break;
-            case SR_LOGSUMEXP:
-                /* The common case (a value at most the finite running maximum) costs one exp;
-                 * everything else takes the general rule. */
-                P("        const sr_t m = st.m[%s];\n"
-                  "        if (sr_v <= m && m > -SR_INF && m < SR_INF) st.s[%s] += "
-                  "(sr_acc)exp%s(sr_v - m);\n"
-                  "        else lse_fold(&st.m[%s], &st.s[%s], sr_v, (sr_acc)1);\n",
-                  ci, ci, fs, ci, ci);
-                break;
-            default: /* SumSoftMaxWeight: D == 1 */
+            if (fam == SR_RED_FAM_SSMW) { /* D == 1; the weight's values for the fold */
                 P("        sr_acc sr_g[SR_DG];\n");
                 if (nd.wloop)
                     P("        for (int sr_c = 0; sr_c < SR_DG; sr_c++) sr_g[sr_c] = "
@@ -264,28 +215,10 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
                 else
                     for (int g = 0; g < DG; g++)
                         P("        sr_g[%d] = (sr_acc)(%s);\n", g, nd.w[g]);
-                /* NaN or +inf anywhere makes the result NaN (semantics.md); -inf has weight 0,
-                 * and 0 times an infinite weight is NaN, as in the formula. */
-                P("        if (sr_v != sr_v || sr_v == SR_INF) st.s = (sr_acc)SR_NAN;\n"
-                  "        else if (sr_v == -SR_INF) {\n"
-                  "#pragma unroll\n"
-                  "          for (int g = 0; g < SR_DG; g++) st.w[g] += (sr_acc)0 * sr_g[g];\n"
-                  "        } else if (sr_v > st.m) {\n"
-                  "          const sr_acc sc = st.m == -SR_INF ? (sr_acc)0 : (sr_acc)exp%s(st.m - "
-                  "sr_v);\n"
-                  "          st.s = st.s * sc + (sr_acc)1;\n"
-                  "#pragma unroll\n"
-                  "          for (int g = 0; g < SR_DG; g++) st.w[g] = st.w[g] * sc + sr_g[g];\n"
-                  "          st.m = sr_v;\n"
-                  "        } else {\n"
-                  "          const sr_acc e = (sr_acc)exp%s(sr_v - st.m);\n"
-                  "          st.s += e;\n"
-                  "#pragma unroll\n"
-                  "          for (int g = 0; g < SR_DG; g++) st.w[g] += e * sr_g[g];\n"
-                  "        }\n",
-                  fs, fs);
-                break;
             }
+            P("        ");
+            jit_emit_fold(k, acc, b, "st.", ci, "sr_v", "sr_r");
+            P("\n");
             P("        }\n");
         }
         P("      }\n");

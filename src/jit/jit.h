@@ -126,6 +126,13 @@ void jit_nodes_free(struct jit_nodes *n);
  * and the loop hint SR_UNROLL (empty, or an unroll pragma). SR_EINTERNAL for a reduction the
  * JIT does not know, SR_ENOMEM. */
 sr_status jit_emit_state(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b);
+/* Appends the family rule that folds value v (of reduced index r; the rule may ignore it) into
+ * component c of state (a prefix of the state's members: "s->", "st.") for kernel k with
+ * accumulation acc: one statement, no indent before or newline after its first line. Sum's
+ * folds a partial sum; SumSoftMaxWeight's reads the weight's values from sr_g[SR_DG].
+ * (emit-state.c) */
+void jit_emit_fold(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
+                   const char *state, const char *c, const char *v, const char *r);
 /* sizeof(sr_state) of kernel k with accumulation acc, on every target. */
 int64_t jit_state_bytes(const struct sr_kernel *k, enum jit_acc acc);
 
