@@ -443,13 +443,14 @@ static void fused_free(sr_ctx *ctx, struct fused_kernel *fk)
     free(fk);
 }
 
-/* The workspace limit of a module of one part of k (a factor of F, or B): a quarter of the
- * budget, in a plan otherwise zero. */
+/* The plan of a module of one part of k (a factor of F, or B), used only through its
+ * sr_block: the workspace limited to a quarter of the budget, otherwise zero. */
 static void part_plan(const sr_kernel *k, struct jit_plan *plan)
 {
     int64_t lim = k->ctx->mem_limit;
     memset(plan, 0, sizeof *plan);
     plan->ws_limit = lim > 0 ? lim / 4 : 0;
+    plan->block_only = true;
 }
 
 /* The source of f alone as a Sum of its values (k's variables and tiles otherwise), used
