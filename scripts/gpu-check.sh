@@ -9,7 +9,9 @@
 #   scripts/gpu-check.sh run [DIR]  on the GPU machine: uses .gpu-bundle/ when it is there, else
 #                                   builds (then Criterion must be installed); runs the NVRTC
 #                                   compile tests, the CUDA differential suite, the same suite
-#                                   under compute-sanitizer memcheck, the examples on the GPU and
+#                                   under compute-sanitizer memcheck, the examples on the GPU, the
+#                                   XLA FFI handlers of symred.jax on device buffers (test-xla-ffi,
+#                                   no JAX needed; built where jaxlib's headers were found) and
 #                                   the benchmarks. Logs go to DIR (default gpu-logs/, or $OUT
 #                                   when set), one file per step, and a summary line per step.
 #
@@ -21,6 +23,8 @@ mode=${1:-run}
 bundle=.gpu-bundle
 
 programs=(tests/test-cuda tests/test-nvrtc bench/bench-gpu gp-matvec knn)
+# Built only where jaxlib's FFI headers are found (the GPU machine has no JAX: it runs the bundle).
+optional_programs=(test-xla-ffi)
 
 do_bundle() {
     local jobs
@@ -33,6 +37,13 @@ do_bundle() {
     local p libs
     for p in "${programs[@]}"; do
         cp "build-gpu/$p" "$bundle/bin/" || return 1
+    done
+    for p in "${optional_programs[@]}"; do
+        if [ -e "build-gpu/$p" ]; then
+            cp "build-gpu/$p" "$bundle/bin/"
+        else
+            echo "gpu-check: build-gpu/$p not built (no jaxlib FFI headers): not bundled"
+        fi
     done
     cp build-gpu/libsymred.so* "$bundle/lib/"
     # Shared libraries the programs link, except the C library's own, which the GPU machine has
@@ -82,6 +93,9 @@ do_run() {
             { echo "gpu-check: build failed (build.log)"; return 1; }
         mkdir -p build-gpu/flat
         for p in "${programs[@]}"; do ln -sf "$PWD/build-gpu/$p" build-gpu/flat/; done
+        for p in "${optional_programs[@]}"; do
+            [ -e "build-gpu/$p" ] && ln -sf "$PWD/build-gpu/$p" build-gpu/flat/
+        done
         bin=build-gpu/flat
     fi
     # A cache of this run's own, so no kernel compiled elsewhere is reused.
@@ -94,6 +108,16 @@ do_run() {
     step cuda 240 "$bin/test-cuda" --jobs 1 --verbose
     step example-gp 60 "$bin/gp-matvec" --check --device cuda 20011 30011
     step example-knn 60 "$bin/knn" --check --device cuda 10007 2003 16 --k 10
+    # The CUDA handler of symred.jax on device buffers and a real stream, against the CPU
+    # handler. Where nvidia-smi lists a GPU, --require-gpu makes a GPU part that cannot open it a
+    # failure; elsewhere the harness skips that part and runs its host checks.
+    if [ -x "$bin/test-xla-ffi" ]; then
+        local need=()
+        nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && need=(--require-gpu)
+        step xla-ffi 120 "$bin/test-xla-ffi" "${need[@]}"
+    else
+        echo "==== gpu-check: xla-ffi skipped (test-xla-ffi not built: no jaxlib FFI headers)"
+    fi
     # shellcheck disable=SC2086
     [ "${GPU_CHECK_BENCH_ARGS:-}" = skip ] || step bench 200 "$bin/bench-gpu" --json "$logs/bench-gpu.json" ${GPU_CHECK_BENCH_ARGS:-}
     # PyTorch on the same card, through the Python binding (torch is on the GPU machines).

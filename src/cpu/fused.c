@@ -84,9 +84,21 @@ struct fused_factor {
     struct jit_load_info info;
 };
 
+/* A B that is a formula of the reduced side only (no variable of the output axis: k(x_j, U)
+ * for all inducing points U, a parameter): its tile, TJ x R, is evaluated into the workspace
+ * by generated code (the module of B alone, its sr_block on one output row) once per tile of
+ * reduced indices, before the products read it as they read a variable's. */
+struct fused_hoist {
+    const sr_expr *b; /* the formula, or NULL when B is a variable */
+    struct jit_module *m;
+    struct jit_plan plan;
+    struct jit_load_info info;
+};
+
 struct fused_kernel {
-    int kern;         /* the products' gemm */
-    int bvar;         /* the argument index of B */
+    int kern; /* the products' gemm */
+    int bvar; /* the argument index of B; -1 when B is a formula (hoist) */
+    struct fused_hoist hoist;
     int avar;         /* A (struct fused_form), or -1 */
     int bsign, asign; /* the signs of B's and A's terms */
     int R;            /* its width */
@@ -133,9 +145,30 @@ static int mul_factors(const sr_expr *e, const sr_expr **fac, int n, int nmax, i
  * output-index variable of B's width or none (avar < 0). */
 struct fused_form {
     const sr_expr *f; /* the scalar F */
-    int bvar, avar;   /* argument indices of B and A */
+    int bvar, avar;   /* argument indices of B and A; bvar -1 when B is the formula bf */
     int bsign, asign;
+    const sr_expr *bf;
 };
+
+/* Whether e is a formula of the reduced axis's variables (and parameters) only, not a variable
+ * itself: a B whose tile is evaluated once per tile of reduced indices (struct fused_hoist). */
+static bool reduced_formula(const sr_kernel *k, const sr_expr *e)
+{
+    unsigned out = k->axis == 1 ? DEP_I : DEP_J, red = k->axis == 1 ? DEP_J : DEP_I;
+    return e->op != OP_VAR && (e->deps & out) == 0 && (e->deps & red) != 0;
+}
+
+/* Whether e depends on the reduced axis and not on the output axis (a variable or a formula). */
+static bool reduced_side(const sr_kernel *k, const sr_expr *e)
+{
+    return reduced_var_arg(k, e) >= 0 || reduced_formula(k, e);
+}
+
+/* The width of B in m. */
+static int form_width(const sr_kernel *k, const struct fused_form *m)
+{
+    return m->bf ? m->bf->dim : k->vars[m->bvar].dim;
+}
 
 /* The output-axis variable argument that e is, or -1. */
 static int output_var_arg(const sr_kernel *k, const sr_expr *e)
@@ -153,8 +186,13 @@ static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct fused_for
     m->bsign = 1;
     m->avar = -1;
     m->asign = 0;
+    m->bf = NULL;
     if ((m->bvar = reduced_var_arg(k, e)) >= 0)
         return true;
+    if (reduced_formula(k, e)) {
+        m->bf = e;
+        return true;
+    }
     if (e->op != OP_SUB && e->op != OP_ADD)
         return false;
     for (int c = 0; c < 2; c++) {
@@ -172,28 +210,43 @@ static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct fused_for
 
 /* Whether k is a fused two-product: Sum of a product of scalars and one vector factor (B, or
  * A - B, ... as vector_factor) in any order and nesting, with negations (F * B, s k_j Exp(..)
- * (G|v), 2 g (b|G) (x - y) Exp(..)), or SumSoftMaxWeight of a scalar F with weight B. Sets m;
- * F is built as the product of the scalar factors. */
+ * (G|v), 2 g (b|G) (x - y) Exp(..)), or of several vector factors that all depend on the
+ * reduced side only (B is then their product, a formula), or SumSoftMaxWeight of a scalar F
+ * with weight B. Sets m; F is built as the product of the scalar factors. */
 static bool fused_match(const sr_kernel *k, struct fused_form *m)
 {
     if (k->red == SR_SUM && !k->weight) {
         const sr_expr *fac[FUSED_MAX_TERMS];
         int neg = 0, n = mul_factors(k->f, fac, 0, FUSED_MAX_TERMS, &neg), b = -1;
+        unsigned inb = 0; /* bit t: fac[t] is a factor of B */
         for (int t = 0; t < n; t++) {
             /* Scalar F (the formula of one value): B is its first reduced-axis variable. */
             if (fac[t]->dim == 1 && (b >= 0 || k->fdim > 1 || reduced_var_arg(k, fac[t]) < 0))
                 continue;
-            if (b >= 0 || fac[t]->dim != k->fdim || !vector_factor(k, fac[t], m))
-                return false; /* a vector that is not B, or two of them */
-            b = t;
+            if (fac[t]->dim != k->fdim)
+                return false; /* a vector that is not B */
+            if (b < 0) {
+                if (!vector_factor(k, fac[t], m))
+                    return false;
+                b = t;
+            } else if (m->avar >= 0 || !reduced_side(k, fac[b]) || !reduced_side(k, fac[t])) {
+                return false; /* two vectors, not both of the reduced side */
+            }
+            inb |= 1u << t;
         }
         if (n < 2 || b < 0)
             return false;
         sr_ctx *ctx = k->ctx;
-        sr_expr *F = NULL;
-        for (int t = 0; t < n; t++)
-            if (t != b && !(F = F ? sr_mul(ctx, F, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
+        sr_expr *F = NULL, *B = NULL;
+        for (int t = 0; t < n; t++) {
+            sr_expr **p = inb >> t & 1 ? &B : &F;
+            if (!(*p = *p ? sr_mul(ctx, *p, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
                 return false; /* out of memory: not fused */
+        }
+        if (B != fac[b]) { /* several vectors of the reduced side: B is their product */
+            m->bf = B;
+            m->bvar = -1;
+        }
         m->f = F && neg % 2 ? sr_neg(ctx, F) : F;
         return m->f != NULL;
     }
@@ -202,7 +255,8 @@ static bool fused_match(const sr_kernel *k, struct fused_form *m)
         m->avar = -1;
         m->bsign = 1;
         m->asign = 0;
-        return (m->bvar = reduced_var_arg(k, k->weight)) >= 0;
+        m->bf = reduced_formula(k, k->weight) ? k->weight : NULL;
+        return (m->bvar = reduced_var_arg(k, k->weight)) >= 0 || m->bf != NULL;
     }
     return false;
 }
@@ -349,6 +403,8 @@ static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, i
                 al64(((int64_t)k->nargs + 2) * (int64_t)sizeof(void *)) + 64;
     if (fk->nfac > 1)
         b += al64(tr * tj * es);
+    if (fk->hoist.b) /* B's tile and its module's own */
+        b += al64((int64_t)tj * fk->R * es) + fk->hoist.plan.workspace_bytes;
     for (int q = 0; q < fk->nfac; q++) {
         const struct fused_factor *fc = &fk->fac[q];
         b += fc->plan.workspace_bytes;
@@ -379,10 +435,40 @@ static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, i
 
 static void fused_free(sr_ctx *ctx, struct fused_kernel *fk)
 {
+    if (fk->hoist.m)
+        jit_module_release(ctx, fk->hoist.m);
     for (int q = 0; q < fk->nfac; q++)
         if (fk->fac[q].m)
             jit_module_release(ctx, fk->fac[q].m);
     free(fk);
+}
+
+/* The plan of a module of one part of k (a factor of F, or B), used only through its
+ * sr_block: the workspace limited to a quarter of the budget, otherwise zero. */
+static void part_plan(const sr_kernel *k, struct jit_plan *plan)
+{
+    int64_t lim = k->ctx->mem_limit;
+    memset(plan, 0, sizeof *plan);
+    plan->ws_limit = lim > 0 ? lim / 4 : 0;
+    plan->block_only = true;
+}
+
+/* The source of f alone as a Sum of its values (k's variables and tiles otherwise), used
+ * through its sr_block. */
+static sr_status emit_part(const sr_kernel *k, const sr_expr *f, struct jit_plan *plan,
+                           struct expr_buf *src)
+{
+    sr_kernel kf = *k;
+    kf.f = f;
+    kf.fdim = f->dim;
+    kf.out_dim = f->dim;
+    kf.weight = NULL;
+    kf.red = SR_SUM;
+    kf.k = 0;
+    sr_status st = jit_emit_c(&kf, JIT_ACC_BLOCK, src, plan);
+    if (st == SR_OK && src->oom)
+        st = SR_ENOMEM;
+    return st;
 }
 
 /* The source of factor q's module for tiles fk->ti x fk->tj: F's factor alone as a scalar Sum,
@@ -391,25 +477,29 @@ static sr_status emit_factor(const sr_kernel *k, struct fused_kernel *fk, int q,
                              struct expr_buf *src)
 {
     struct fused_factor *fc = &fk->fac[q];
-    sr_kernel kf = *k;
-    kf.f = fc->f;
-    kf.fdim = 1;
-    kf.out_dim = 1;
-    kf.weight = NULL;
-    kf.red = SR_SUM;
-    kf.k = 0;
-    int64_t lim = k->ctx->mem_limit;
-    memset(&fc->plan, 0, sizeof fc->plan);
-    fc->plan.ws_limit = lim > 0 ? lim / 4 : 0;
+    part_plan(k, &fc->plan);
     if (fc->gemm) {
         fc->plan.gemm = S;
         fc->plan.gemm_arg = k->nargs;
         fc->plan.gemm_ld = fk->tj;
         fc->plan.gemm_rows = fk->ti;
     }
-    sr_status st = jit_emit_c(&kf, JIT_ACC_BLOCK, src, &fc->plan);
-    if (st == SR_OK && src->oom)
-        st = SR_ENOMEM;
+    return emit_part(k, fc->f, &fc->plan, src);
+}
+
+/* The module of a formula B (fk->hoist.b): B alone as a Sum of its R values, used through its
+ * sr_block on one output row (B does not depend on it), written TJ x R, row stride R. */
+static sr_status hoist_module(const sr_kernel *k, struct fused_kernel *fk)
+{
+    struct fused_hoist *h = &fk->hoist;
+    struct expr_buf src = {0};
+    part_plan(k, &h->plan);
+    sr_status st = emit_part(k, h->b, &h->plan, &src);
+    if (st == SR_OK)
+        st = jit_module_get(k->ctx, src.data, src.len, &h->m, &h->info);
+    if (st == SR_OK && !h->m->block)
+        st = SR_ENOTSUP;
+    free(src.data);
     return st;
 }
 
@@ -418,7 +508,7 @@ static sr_status emit_factor(const sr_kernel *k, struct fused_kernel *fk, int q,
 static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool gemm_form)
 {
     sr_ctx *ctx = k->ctx;
-    struct fused_form fm = {NULL, -1, -1, 1, 0};
+    struct fused_form fm = {NULL, -1, -1, 1, 0, NULL};
     if (!fused_match(km, &fm))
         return SR_ENOTSUP;
     /* The products: symred's AVX-512 gemm where the CPU has it, else BLIS (SYMRED_GEMM_KERNEL). */
@@ -431,12 +521,13 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
         return SR_ENOTSUP;
     if (k->dtype == SR_F32 && acc != JIT_ACC_BLOCK)
         return SR_ENOTSUP; /* Kahan and float64 accumulation: the direct strategy */
-    int R = k->vars[fm.bvar].dim;
+    int R = form_width(k, &fm);
     struct fused_kernel *fk = calloc(1, sizeof *fk);
     if (!fk)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     fk->kern = kern;
     fk->bvar = fm.bvar;
+    fk->hoist.b = fm.bf;
     fk->avar = fm.avar;
     fk->bsign = fm.bsign;
     fk->asign = fm.asign;
@@ -483,6 +574,10 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
     if (kern == KERN_AVX512 && fk->tj > cpu_avx512_kc_max(k->dtype == SR_F64))
         fk->tj = (int)cpu_avx512_kc_max(k->dtype == SR_F64); /* one K block per tile */
     struct expr_buf src[FUSED_MAX_FACTORS] = {{0}};
+    if (fk->hoist.b && (st = hoist_module(k, fk)) != SR_OK) {
+        fused_free(ctx, fk);
+        return st == SR_ENOTSUP || st == SR_ENODEV ? SR_ENOTSUP : st;
+    }
     for (;;) {
         bool any_gemm = false;
         for (int q = 0; q < fk->nfac && st == SR_OK; q++) {
@@ -557,10 +652,10 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
  * plan it. *R: the width of B. */
 static const char *offer_form(const sr_kernel *k, const sr_kernel *km, int acc, int *R)
 {
-    struct fused_form fm = {NULL, -1, -1, 1, 0};
+    struct fused_form fm = {NULL, -1, -1, 1, 0, NULL};
     if (!fused_match(km, &fm))
         return "F is not a Sum of F * B or a SumSoftMaxWeight with a scalar F";
-    *R = k->vars[fm.bvar].dim;
+    *R = form_width(k, &fm);
     int kern;
     if (cpu_gemm_kernel(k->ctx, &kern, NULL) != SR_OK || kern < 0)
         return "no tile gemm (SYMRED_GEMM=off, or no AVX-512F and no BLIS)";
@@ -598,6 +693,7 @@ void cpu_fused_offer(const sr_kernel *k, int acc, struct sr_plan *p)
 
 struct fused_ws {
     char *F, *F2, *Ap, *Bp;
+    char *Bh; /* the tile of a formula B (fk->hoist) */
     char *G[FUSED_MAX_FACTORS], *Qp[FUSED_MAX_FACTORS], *Kp[FUSED_MAX_FACTORS];
     char *Cb, *Vb; /* passes over B's columns: the pass's output block and tile of B */
     double *m, *s; /* SumSoftMaxWeight: running maximum and sum per row */
@@ -632,6 +728,8 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
     }
     if (fk->nfac > 1)
         TAKE(w->F2, tr * tj * es);
+    if (fk->hoist.b)
+        TAKE(w->Bh, tj * fk->R * es);
     for (int q = 0; q < fk->nfac; q++) {
         const struct fused_factor *fc = &fk->fac[q];
         if (!fc->gemm)
@@ -946,7 +1044,7 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
         w->m[o] = -INFINITY;
         w->s[o] = 0;
     }
-    const char *V = (const char *)r->args[fk->bvar] + c0 * es;
+    const char *V = fk->hoist.b ? w->Bh + c0 * es : (const char *)r->args[fk->bvar] + c0 * es;
     const bool avx = fk->kern == KERN_AVX512, strips = fk->kern == KERN_AVX2;
     const int64_t sh = strips ? FUSED_STRIP : no;
     for (int q = 0; q < fk->nfac; q++)
@@ -957,7 +1055,10 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
     for (int64_t q = 0; q < niv; q++)
         for (int64_t rt = iv[2 * q], r1 = iv[2 * q + 1]; rt < r1; rt += fk->tj) {
             const int64_t nj = r1 - rt < fk->tj ? r1 - rt : fk->tj;
-            const char *Vt = V + rt * R * es;
+            /* A formula B: its tile, evaluated here, once for all the tile's rows. */
+            if (fk->hoist.b && fk->hoist.m->block(0, 1, rt, rt + nj, w->args, w->Bh, nj * R, R))
+                return 1;
+            const char *Vt = fk->hoist.b ? V : V + rt * R * es;
             int64_t ldv = R;
             if (w->Vb && !strips) { /* the tile of B's pass columns, at stride ld_pass */
                 for (int64_t j = 0; j < nj; j++)
@@ -1154,8 +1255,19 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
                             fk->kern == KERN_AVX2 ? "symred's AVX2 strip products" : "BLIS");
         }
     }
-    expr_buf_printf(b, "  B: argument [%d], %d wide; tile of F times tile of B by the gemm (%s)\n",
-                    fk->bvar, fk->R, desc);
+    if (fk->hoist.b) {
+        expr_buf_printf(b, "  B: hoisted, the reduced-side formula ");
+        expr_print_to(b, fk->hoist.b);
+        expr_buf_printf(b,
+                        ", %d wide, evaluated once per tile of reduced indices into the workspace "
+                        "by generated code (module %s, cache %s, %.1f ms)\n",
+                        fk->R, fk->hoist.info.origin, fk->hoist.info.cache,
+                        fk->hoist.info.compile_ms);
+        expr_buf_printf(b, "  ");
+    } else {
+        expr_buf_printf(b, "  B: argument [%d], %d wide; ", fk->bvar, fk->R);
+    }
+    expr_buf_printf(b, "tile of F times tile of B by the gemm (%s)\n", desc);
     if (pad_cols(fk, fk->rc) != fk->rc)
         expr_buf_printf(b, "  tile of B padded with zero columns to %d for BLIS's product\n",
                         pad_cols(fk, fk->rc));
@@ -1165,11 +1277,12 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
     expr_buf_printf(b,
                     "tiles: %d output rows x %d reduced indices, %d columns of B per pass\n"
                     "workspace %lld bytes per thread (tile of F and its packed copy, packed B, "
-                    "row states%s%s)\n"
+                    "row states%s%s%s)\n"
                     "threads: %d (OpenMP over blocks of output rows)\n"
                     "accumulation: %s\n",
                     fk->ti, fk->tj, fk->rc, (long long)fk->per_thread,
                     fk->nfac > 1 ? ", the second factor's tile" : "",
+                    fk->hoist.b ? ", the hoisted tile of B" : "",
                     any_gemm ? ", tile of inner products and the packed operands" : "",
                     sr__threads(k->ctx, fk->per_thread),
                     k->dtype == SR_F64 ? "float64" : "block (float32, one addition per tile)");

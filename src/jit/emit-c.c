@@ -755,6 +755,7 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
     /* ---- part: the tiled loops ---- */
     /* sr_part_iv folds a list of reduced intervals (block-sparse ranges); sr_part is its
      * one-interval case. */
+    const size_t part_at = E->b->len;
     P("int sr_part_iv(int64_t o0, int64_t o1, const int64_t *iv, int64_t niv, const void *const "
       "*args, void *state_)\n{\n    sr_state *st = state_;\n");
     emit_args(E);
@@ -1005,6 +1006,14 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
         }
     }
     P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
+    if (plan && plan->block_only && !E->b->oom) { /* sr_part_iv, written above, is cut */
+        E->b->len = part_at;
+        E->b->data[part_at] = '\0';
+        P("int sr_part_iv(int64_t o0, int64_t o1, const int64_t *iv, int64_t niv, const void "
+          "*const *args, void *state_)\n{\n"
+          "    (void)o0; (void)o1; (void)iv; (void)niv; (void)args; (void)state_;\n"
+          "    return 1;\n}\n\n");
+    }
     if (!plan || !plan->no_block)
         emit_block(E, bodytxt, ncol, RB, E->gemm ? plan->gemm_arg : 0);
     free(body.data);

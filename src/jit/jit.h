@@ -86,6 +86,10 @@ struct jit_plan {
     const sr_expr *gemm;
     int gemm_arg, gemm_ld, gemm_rows;
     bool no_block;
+    /* block_only: a module used only through its sr_block (the fused two-product's tiles of F
+     * and of B, src/cpu/fused.c): sr_part_iv is a stub that returns 1, which halves the source
+     * the compiler reads. */
+    bool block_only;
 };
 
 /* Emits the C source of kernel k with accumulation mode acc into b: any formula, any width

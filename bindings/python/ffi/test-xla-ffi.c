@@ -2,11 +2,15 @@
  * test-xla-ffi.c — the XLA FFI handlers of symred-xla.c called with call frames built here, as
  * XLA builds them (no JAX): the metadata query, a run against sr_kernel_run_ex, int32 indices,
  * and every decoding error, each answered through the API's error function with a message,
- * never a crash or a write outside a result. The CUDA handler, on a machine without a GPU (or
- * with a CPU kernel), must answer with an error too.
+ * never a crash or a write outside a result. The CUDA handler given a CPU kernel (and on a
+ * machine without a GPU) must answer with an error too. Where a CUDA device opens (libcuda
+ * loaded with dlopen, as libsymred does), the CUDA handler also runs SR_DEVICE_CUDA kernels on
+ * device buffers with a real stream from XLA_FFI_Stream_Get, matching the CPU handler, and
+ * fails cleanly on what the GPU does not support; elsewhere that part prints why it skipped.
  */
 #include "xla/ffi/api/c_api.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,9 +46,12 @@ static XLA_FFI_Error *error_create(XLA_FFI_Error_Create_Args *args)
     return (XLA_FFI_Error *)last_error;
 }
 
+/* XLA's stream: NULL without a GPU, the harness's own CUstream in the GPU part. */
+static void *xla_stream;
+
 static XLA_FFI_Error *stream_get(XLA_FFI_Stream_Get_Args *args)
 {
-    args->stream = NULL;
+    args->stream = xla_stream;
     return NULL;
 }
 
@@ -80,11 +87,12 @@ typedef struct frame {
     void *rets[2];
     XLA_FFI_Buffer ret_bufs[2];
     int64_t ret_dims[2][2];
-    XLA_FFI_AttrType attr_types[8];
-    XLA_FFI_ByteSpan names[8], *name_ptrs[8];
-    void *attrs[8];
-    XLA_FFI_Scalar scalars[8];
-    int64_t values[8];
+    XLA_FFI_AttrType attr_types[16];
+    XLA_FFI_ByteSpan names[16], *name_ptrs[16];
+    void *attrs[16];
+    XLA_FFI_Scalar scalars[16];
+    XLA_FFI_Array arrays[16];
+    int64_t values[16];
 } frame;
 
 static void frame_init(frame *f)
@@ -114,10 +122,10 @@ static void add_buffer(XLA_FFI_Buffer *b, int64_t *dims, XLA_FFI_DataType t, voi
     b->dims = dims;
 }
 
-static void add_arg(frame *f, void *data, int64_t rows, int64_t cols)
+static void add_arg_typed(frame *f, XLA_FFI_DataType t, void *data, int64_t rows, int64_t cols)
 {
     int64_t i = f->cf.args.size++;
-    add_buffer(&f->arg_bufs[i], f->arg_dims[i], XLA_FFI_DataType_F64, data, rows, cols);
+    add_buffer(&f->arg_bufs[i], f->arg_dims[i], t, data, rows, cols);
     f->arg_types[i] = XLA_FFI_ArgType_BUFFER;
     f->args[i] = &f->arg_bufs[i];
 }
@@ -141,27 +149,48 @@ static void add_attr(frame *f, const char *name, int64_t value)
     f->attrs[i] = &f->scalars[i];
 }
 
+/* An int64 array attribute (the ranges) over data, which must outlive the call. */
+static void add_array_attr(frame *f, const char *name, int64_t *data, size_t n)
+{
+    int64_t i = f->cf.attrs.size++;
+    f->names[i] = (XLA_FFI_ByteSpan){name, strlen(name)};
+    f->name_ptrs[i] = &f->names[i];
+    f->arrays[i] = (XLA_FFI_Array){XLA_FFI_DataType_S64, n, data};
+    f->attr_types[i] = XLA_FFI_AttrType_ARRAY;
+    f->attrs[i] = &f->arrays[i];
+}
+
 enum { NX = 5, NY = 4 };
 static double x[NX * 3], y[NY * 3], b[NY];
+
+/* A frame for kernel k of dtype t over the arrays x, y, b (host or device addresses: void *), its
+ * one result of type rt, rows x cols, at out. */
+static void gpu_frame(frame *f, sr_ctx *ctx, sr_kernel *k, XLA_FFI_DataType t, int64_t nx,
+                      int64_t ny, void *px, void *py, void *pb, XLA_FFI_DataType rt, void *out,
+                      int64_t cols)
+{
+    frame_init(f);
+    add_arg_typed(f, t, px, nx, 3);
+    add_arg_typed(f, t, py, ny, 3);
+    add_arg_typed(f, t, pb, ny, 1);
+    add_attr(f, "context", (int64_t)(uintptr_t)ctx);
+    add_attr(f, "kernel", (int64_t)(uintptr_t)k);
+    add_attr(f, "dtype", t == XLA_FFI_DataType_F32 ? SR_F32 : SR_F64);
+    add_attr(f, "nout", nx);
+    add_attr(f, "nx", nx);
+    add_attr(f, "ny", ny);
+    add_ret(f, rt, out, nx, cols);
+}
 
 /* A frame for kernel k on x, y, b with the attributes of a correct call, its one result of
  * type t in out (NX rows). */
 static void std_frame(frame *f, sr_ctx *ctx, sr_kernel *k, XLA_FFI_DataType t, void *out)
 {
-    frame_init(f);
-    add_arg(f, x, NX, 3);
-    add_arg(f, y, NY, 3);
-    add_arg(f, b, NY, 1);
-    add_attr(f, "context", (int64_t)(uintptr_t)ctx);
-    add_attr(f, "kernel", (int64_t)(uintptr_t)k);
-    add_attr(f, "dtype", SR_F64);
-    add_attr(f, "nout", NX);
-    add_attr(f, "nx", NX);
-    add_attr(f, "ny", NY);
-    add_ret(f, t, out, NX, 1);
+    gpu_frame(f, ctx, k, XLA_FFI_DataType_F64, NX, NY, x, y, b, t, out, 1);
 }
 
-static sr_kernel *kernel(sr_ctx *ctx, const char *formula, sr_reduction red)
+static sr_kernel *kernel_on(sr_ctx *ctx, const char *formula, sr_reduction red, int k,
+                            sr_dtype dtype, sr_device device)
 {
     const char *aliases[] = {"x = Vi(3)", "y = Vj(3)", "b = Vj(1)"};
     sr_expr *e = NULL;
@@ -169,10 +198,16 @@ static sr_kernel *kernel(sr_ctx *ctx, const char *formula, sr_reduction red)
         return NULL;
     sr_kernel_desc d = sr_kernel_desc_default();
     d.reduction = red;
-    d.dtype = SR_F64;
-    d.device = SR_DEVICE_REFERENCE;
-    sr_kernel *k = NULL;
-    return sr_kernel_new(ctx, e, &d, &k) == SR_OK ? k : NULL;
+    d.k = k;
+    d.dtype = dtype;
+    d.device = device;
+    sr_kernel *kern = NULL;
+    return sr_kernel_new(ctx, e, &d, &kern) == SR_OK ? kern : NULL;
+}
+
+static sr_kernel *kernel(sr_ctx *ctx, const char *formula, sr_reduction red)
+{
+    return kernel_on(ctx, formula, red, 0, SR_F64, SR_DEVICE_REFERENCE);
 }
 
 static void expect_error(XLA_FFI_Error *err, const char *needle)
@@ -182,8 +217,276 @@ static void expect_error(XLA_FFI_Error *err, const char *needle)
           err ? last_error : "");
 }
 
-int main(void)
+/* ---- the CUDA handler on a GPU ----------------------------------------------------------- */
+
+/* The driver API entry points the GPU part uses, loaded with dlopen as libsymred loads them
+ * ($SYMRED_LIBCUDA, else libcuda.so.1), so the harness builds and runs without CUDA. */
+typedef unsigned long long cu_ptr;
+typedef struct cuda {
+    int (*init)(unsigned flags);
+    int (*device_count)(int *n);
+    int (*device_get)(int *dev, int ordinal);
+    int (*primary_retain)(void **ctx, int dev);
+    int (*ctx_set_current)(void *ctx);
+    int (*stream_create)(void **stream, unsigned flags);
+    int (*stream_destroy)(void *stream);
+    int (*stream_sync)(void *stream);
+    int (*mem_alloc)(cu_ptr *p, size_t bytes);
+    int (*mem_free)(cu_ptr p);
+    int (*memcpy_htod_async)(cu_ptr dst, const void *src, size_t bytes, void *stream);
+    int (*memcpy_dtoh)(void *dst, cu_ptr src, size_t bytes);
+    int (*memset_d8)(cu_ptr dst, unsigned char value, size_t bytes);
+    void *stream;
+} cuda;
+
+/* Opens device $SYMRED_CUDA_DEVICE (default 0) as libsymred does, its primary context current
+ * and a stream of the harness's own (XLA's, for the handler); false with the reason in why. */
+static int cuda_open(cuda *cu, char *why, size_t whylen)
 {
+    memset(cu, 0, sizeof *cu);
+    const char *name = getenv("SYMRED_LIBCUDA");
+    void *h =
+        dlopen(name != NULL && name[0] != '\0' ? name : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        snprintf(why, whylen, "no CUDA driver library (%s)", dlerror());
+        return 0;
+    }
+    struct {
+        void **slot;
+        const char *name;
+    } syms[] = {
+        {(void **)&cu->init, "cuInit"},
+        {(void **)&cu->device_count, "cuDeviceGetCount"},
+        {(void **)&cu->device_get, "cuDeviceGet"},
+        {(void **)&cu->primary_retain, "cuDevicePrimaryCtxRetain"},
+        {(void **)&cu->ctx_set_current, "cuCtxSetCurrent"},
+        {(void **)&cu->stream_create, "cuStreamCreate"},
+        {(void **)&cu->stream_destroy, "cuStreamDestroy_v2"},
+        {(void **)&cu->stream_sync, "cuStreamSynchronize"},
+        {(void **)&cu->mem_alloc, "cuMemAlloc_v2"},
+        {(void **)&cu->mem_free, "cuMemFree_v2"},
+        {(void **)&cu->memcpy_htod_async, "cuMemcpyHtoDAsync_v2"},
+        {(void **)&cu->memcpy_dtoh, "cuMemcpyDtoH_v2"},
+        {(void **)&cu->memset_d8, "cuMemsetD8_v2"},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof *syms; i++) {
+        *syms[i].slot = dlsym(h, syms[i].name);
+        if (*syms[i].slot == NULL) {
+            snprintf(why, whylen, "the CUDA driver library has no %s", syms[i].name);
+            return 0;
+        }
+    }
+    const char *env = getenv("SYMRED_CUDA_DEVICE");
+    int ordinal = env != NULL && env[0] != '\0' ? atoi(env) : 0, n = 0, dev = 0, r;
+    void *ctx = NULL;
+    if ((r = cu->init(0)) != 0 || (r = cu->device_count(&n)) != 0 || n <= ordinal) {
+        snprintf(why, whylen, "no CUDA device (cuInit/cuDeviceGetCount: error %d, %d devices)", r,
+                 n);
+        return 0;
+    }
+    if ((r = cu->device_get(&dev, ordinal)) != 0 || (r = cu->primary_retain(&ctx, dev)) != 0 ||
+        (r = cu->ctx_set_current(ctx)) != 0 || (r = cu->stream_create(&cu->stream, 1)) != 0) {
+        snprintf(why, whylen, "opening CUDA device %d failed: error %d", ordinal, r);
+        return 0;
+    }
+    return 1;
+}
+
+/* One problem on the device: x (nx x 3), y (ny x 3), b (ny x 1) and a result of rows x cols
+ * elements of esize bytes, in device memory. */
+typedef struct gpu_case {
+    int64_t nx, ny;
+    cu_ptr x, y, b, out;
+    size_t out_bytes;
+} gpu_case;
+
+static int gpu_case_new(cuda *cu, gpu_case *g, const void *hx, const void *hy, const void *hb,
+                        size_t esize, size_t out_bytes)
+{
+    size_t bx = (size_t)g->nx * 3 * esize, by = (size_t)g->ny * 3 * esize,
+           bb = (size_t)g->ny * esize;
+    g->out_bytes = out_bytes;
+    /* The inputs are copied on XLA's stream and not waited for: the handler must wait. */
+    return cu->mem_alloc(&g->x, bx) == 0 && cu->mem_alloc(&g->y, by) == 0 &&
+           cu->mem_alloc(&g->b, bb) == 0 && cu->mem_alloc(&g->out, out_bytes) == 0 &&
+           cu->memset_d8(g->out, 0xAB, out_bytes) == 0 &&
+           cu->memcpy_htod_async(g->x, hx, bx, cu->stream) == 0 &&
+           cu->memcpy_htod_async(g->y, hy, by, cu->stream) == 0 &&
+           cu->memcpy_htod_async(g->b, hb, bb, cu->stream) == 0;
+}
+
+static void gpu_case_free(cuda *cu, gpu_case *g)
+{
+    cu->stream_sync(cu->stream);
+    cu->mem_free(g->x), cu->mem_free(g->y), cu->mem_free(g->b), cu->mem_free(g->out);
+}
+
+static double elem(const void *p, int f32, int64_t i)
+{
+    return f32 ? ((const float *)p)[i] : ((const double *)p)[i];
+}
+
+/* SqDist(x_i, y_j) + b_j in double, for comparing the rankings of two ArgKMins. */
+static double score(const void *hx, const void *hy, const void *hb, int f32, int64_t i, int64_t j)
+{
+    double s = elem(hb, f32, j);
+    for (int d = 0; d < 3; d++) {
+        double t = elem(hx, f32, i * 3 + d) - elem(hy, f32, j * 3 + d);
+        s += t * t;
+    }
+    return s;
+}
+
+/* The Gaussian mat-vec and the ArgKMin of one dtype and size on the GPU through the CUDA
+ * handler, against the CPU handler on the same data; then the GPU's error paths. */
+static void gpu_one(cuda *cu, sr_ctx *ctx, int f32, int64_t nx, int64_t ny)
+{
+    const char *dt = f32 ? "float32" : "float64";
+    sr_dtype sdt = f32 ? SR_F32 : SR_F64;
+    XLA_FFI_DataType t = f32 ? XLA_FFI_DataType_F32 : XLA_FFI_DataType_F64;
+    size_t es = f32 ? sizeof(float) : sizeof(double);
+    int kk = ny < 4 ? (int)ny : 4;
+    void *hx = malloc((size_t)nx * 3 * es), *hy = malloc((size_t)ny * 3 * es),
+         *hb = malloc((size_t)ny * es), *cpu_out = malloc((size_t)nx * (size_t)kk * 8),
+         *gpu_out = malloc((size_t)nx * (size_t)kk * 8);
+    CHECK(hx && hy && hb && cpu_out && gpu_out, "out of memory");
+    if (!(hx && hy && hb && cpu_out && gpu_out))
+        goto done;
+    for (int64_t i = 0; i < nx * 3; i++)
+        f32 ? (void)(((float *)hx)[i] = (float)sin(0.37 * i + 1.0))
+            : (void)(((double *)hx)[i] = sin(0.37 * i + 1.0));
+    for (int64_t i = 0; i < ny * 3; i++)
+        f32 ? (void)(((float *)hy)[i] = (float)cos(0.91 * i + 2.0))
+            : (void)(((double *)hy)[i] = cos(0.91 * i + 2.0));
+    for (int64_t i = 0; i < ny; i++)
+        f32 ? (void)(((float *)hb)[i] = (float)(0.01 * (double)(i % 17) - 0.05))
+            : (void)(((double *)hb)[i] = 0.01 * (double)(i % 17) - 0.05);
+
+    static const char *const formulas[] = {"Exp(-SqDist(x, y)) * b", "SqDist(x, y) + b"};
+    for (int which = 0; which < 2; which++) {
+        int argk = which == 1;
+        sr_reduction red = argk ? SR_ARGKMIN : SR_SUM;
+        int cols = argk ? kk : 1;
+        XLA_FFI_DataType rt = argk ? XLA_FFI_DataType_S64 : t;
+        size_t out_bytes = (size_t)nx * (size_t)cols * (argk ? sizeof(int64_t) : es);
+        sr_kernel *kc = kernel_on(ctx, formulas[which], red, kk, sdt, SR_DEVICE_CPU);
+        sr_kernel *kg = kernel_on(ctx, formulas[which], red, kk, sdt, SR_DEVICE_CUDA);
+        CHECK(kc != NULL && kg != NULL, "%s %s kernels: %s", dt, formulas[which],
+              sr_ctx_error(ctx));
+        if (kc == NULL || kg == NULL) {
+            sr_kernel_free(kc), sr_kernel_free(kg);
+            continue;
+        }
+        frame f;
+        gpu_frame(&f, ctx, kc, t, nx, ny, hx, hy, hb, rt, cpu_out, cols);
+        XLA_FFI_Error *err = symred_xla_cpu(&f.cf);
+        CHECK(err == NULL, "%s %s nx=%lld: CPU handler: %s", dt, formulas[which], (long long)nx,
+              last_error);
+        gpu_case g = {.nx = nx, .ny = ny};
+        int have = gpu_case_new(cu, &g, hx, hy, hb, es, out_bytes);
+        CHECK(have, "%s %s nx=%lld: device buffers", dt, formulas[which], (long long)nx);
+        if (!have) {
+            gpu_case_free(cu, &g);
+            sr_kernel_free(kc), sr_kernel_free(kg);
+            continue;
+        }
+        gpu_frame(&f, ctx, kg, t, nx, ny, (void *)(uintptr_t)g.x, (void *)(uintptr_t)g.y,
+                  (void *)(uintptr_t)g.b, rt, (void *)(uintptr_t)g.out, cols);
+        err = symred_xla_cuda(&f.cf);
+        CHECK(err == NULL, "%s %s nx=%lld: CUDA handler: %s", dt, formulas[which], (long long)nx,
+              last_error);
+        CHECK(cu->memcpy_dtoh(gpu_out, g.out, out_bytes) == 0, "copy back");
+        int bad = 0;
+        for (int64_t i = 0; i < nx && err == NULL && bad < 5; i++) {
+            if (!argk) {
+                double a = elem(gpu_out, f32, i), w = elem(cpu_out, f32, i);
+                double tol = (f32 ? 1e-5 : 1e-12) * (1.0 + fabs(w));
+                if (!(fabs(a - w) <= tol)) {
+                    bad++;
+                    CHECK(0, "%s Sum nx=%lld row %lld: GPU %.17g, CPU %.17g", dt, (long long)nx,
+                          (long long)i, a, w);
+                }
+                continue;
+            }
+            /* Indices: in range, and ranking the same scores (ties may order differently). */
+            for (int r = 0; r < cols; r++) {
+                int64_t gi = ((int64_t *)gpu_out)[i * cols + r];
+                int64_t ci = ((int64_t *)cpu_out)[i * cols + r];
+                int ok = gi >= 0 && gi < ny;
+                if (ok) {
+                    double sg = score(hx, hy, hb, f32, i, gi), sc = score(hx, hy, hb, f32, i, ci);
+                    ok = fabs(sg - sc) <= (f32 ? 1e-5 : 1e-12) * (1.0 + fabs(sc));
+                }
+                if (!ok) {
+                    bad++;
+                    CHECK(0, "%s ArgKMin nx=%lld row %lld rank %d: GPU %lld, CPU %lld", dt,
+                          (long long)nx, (long long)i, r, (long long)gi, (long long)ci);
+                }
+            }
+        }
+
+        /* The GPU's error paths: an error with its message, the device result untouched. */
+        CHECK(cu->memset_d8(g.out, 0xAB, out_bytes) == 0, "memset");
+        if (argk) {
+            gpu_frame(&f, ctx, kg, t, nx, ny, (void *)(uintptr_t)g.x, (void *)(uintptr_t)g.y,
+                      (void *)(uintptr_t)g.b, XLA_FFI_DataType_S32, (void *)(uintptr_t)g.out, cols);
+            expect_error(symred_xla_cuda(&f.cf), "indices on the GPU need int64");
+        }
+        int64_t ranges_i[2] = {0, nx}, slices[1] = {1}, red_j[2] = {0, ny}, ranges_j[2] = {0, ny},
+                red_i[2] = {0, nx};
+        gpu_frame(&f, ctx, kg, t, nx, ny, (void *)(uintptr_t)g.x, (void *)(uintptr_t)g.y,
+                  (void *)(uintptr_t)g.b, rt, (void *)(uintptr_t)g.out, cols);
+        add_array_attr(&f, "ranges_i", ranges_i, 2);
+        add_array_attr(&f, "slices_i", slices, 1);
+        add_array_attr(&f, "redranges_j", red_j, 2);
+        add_array_attr(&f, "ranges_j", ranges_j, 2);
+        add_array_attr(&f, "slices_j", slices, 1);
+        add_array_attr(&f, "redranges_i", red_i, 2);
+        expect_error(symred_xla_cuda(&f.cf), "block-sparse ranges");
+        gpu_frame(&f, ctx, kg, t, nx, ny, (void *)(uintptr_t)g.x, (void *)(uintptr_t)g.y,
+                  (void *)(uintptr_t)g.b, rt, (void *)(uintptr_t)g.out, cols);
+        f.values[4] = -1; /* nx < 0: the library's own message */
+        expect_error(symred_xla_cuda(&f.cf), "symred: ");
+        unsigned char *back = malloc(out_bytes);
+        CHECK(back != NULL && cu->memcpy_dtoh(back, g.out, out_bytes) == 0, "copy back");
+        for (size_t i = 0; back != NULL && i < out_bytes; i++)
+            if (back[i] != 0xAB) {
+                CHECK(0, "%s %s: a failed GPU call wrote byte %zu", dt, formulas[which], i);
+                break;
+            }
+        free(back);
+        gpu_case_free(cu, &g);
+        sr_kernel_free(kc), sr_kernel_free(kg);
+    }
+done:
+    free(hx), free(hy), free(hb), free(cpu_out), free(gpu_out);
+}
+
+/* The GPU part: skipped, with a message, where no CUDA device can be opened (a failure with
+ * --require-gpu, as scripts/gpu-check.sh runs it on the GPU machine). */
+static void gpu_checks(sr_ctx *ctx, int require_gpu)
+{
+    cuda cu;
+    char why[512];
+    if (!cuda_open(&cu, why, sizeof why)) {
+        printf("test-xla-ffi: GPU part skipped: %s\n", why);
+        CHECK(!require_gpu, "--require-gpu: %s", why);
+        return;
+    }
+    xla_stream = cu.stream;
+    int before = failures;
+    static const int64_t sizes[][2] = {{1, 1}, {1009, 997}};
+    for (int f32 = 0; f32 < 2; f32++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            gpu_one(&cu, ctx, f32, sizes[s][0], sizes[s][1]);
+    xla_stream = NULL;
+    cu.stream_destroy(cu.stream);
+    printf("test-xla-ffi: GPU part: %s\n", failures == before ? "passed" : "FAILED");
+}
+
+int main(int argc, char **argv)
+{
+    int require_gpu = argc > 1 && strcmp(argv[1], "--require-gpu") == 0;
     api.struct_size = XLA_FFI_Api_STRUCT_SIZE;
     api.XLA_FFI_Error_Create = error_create;
     api.XLA_FFI_Stream_Get = stream_get;
@@ -283,7 +586,9 @@ int main(void)
     f.values[4] = -1; /* nx < 0 */
     expect_error(symred_xla_cpu(&f.cf), "symred: ");
 
-    /* The CUDA handler: no GPU here, or a CPU kernel: an error either way. */
+    gpu_checks(ctx, require_gpu);
+
+    /* The CUDA handler with a CPU kernel on host pointers: an error, GPU or not. */
     std_frame(&f, ctx, sum, XLA_FFI_DataType_F64, got);
     err = symred_xla_cuda(&f.cf);
     CHECK(err != NULL, "the CUDA handler ran a CPU kernel on host pointers");
