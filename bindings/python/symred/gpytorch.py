@@ -172,7 +172,9 @@ class _SymredKernelOperator(KernelLinearOperator):
     symmetric K(x, x) on symred: by symmetry of k, the gradient with respect to x_k of both
     arguments together is sum_j d/dx_k k(x_k, x_j) <[L, R]_k, [R, L]_j>, so neither the
     product K R that autograd would form first nor a second gradient kernel (for the column
-    argument) runs. Other cases (periodic's lengthscale, x1 != x2, small blocks): GPyTorch's."""
+    argument) runs. For the kernels of _RADIAL_H that reduction is _genred_radial's (symmetric:
+    each tile of it formed once), else _genred_grad's. Other cases (periodic's lengthscale,
+    x1 != x2, small blocks): GPyTorch's."""
 
     def _bilinear_derivative(self, left_vecs, right_vecs):
         x1, x2 = self.x1, self.x2
