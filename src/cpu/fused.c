@@ -75,7 +75,9 @@ enum { KERN_AVX512, KERN_BLIS, KERN_AVX2 };
 #define FUSED_MAX_FACTORS 2
 
 /* Pairs of variables exchanged by the symmetry of F that the symmetric driver looks for, and the
- * side of its square tiles of F: one K block of BLIS's sgemm, as the fused tiles' tj. */
+ * side of its square tiles of F: one K block of BLIS's sgemm, as the fused tiles' tj. Measured
+ * for K(x, x) @ V (n = 20 000, d = 3, 11 columns, float32, BLIS, 2-vCPU AMD EPYC, alternating
+ * in separate processes, load 7): tiles of 128 took 1.09-1.23x the CPU time of 256. */
 #define FUSED_SYM_MAX 4
 #define FUSED_SYM_T   256
 
