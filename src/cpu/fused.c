@@ -642,9 +642,10 @@ void cpu_fused_sym_offer(const sr_kernel *k, int acc, struct sr_plan *p)
                  : "F(x, y) = F(y, x): when x and y are the same array at run time (n = m), each "
                    "off-diagonal tile of F is formed once for both triangles; else the fused "
                    "two-product");
-    /* Per unordered pair: F once, both products. */
-    p->flops *= 0.5;
-    p->gemm_flops = why ? p->gemm_flops : 2.0 * k->vars[fm.bvar].dim;
+    if (!why) { /* per ordered pair: F for one of the two, both products */
+        p->flops *= 0.5;
+        p->gemm_flops = 2.0 * k->vars[fm.bvar].dim;
+    }
 }
 
 sr_status cpu_fused_sym_prepare(sr_kernel *k, int acc)
