@@ -295,9 +295,23 @@ sr_status cpu_fused_prepare(struct sr_kernel *k, int acc);
  * when realised (cpu_fused_prepare returns SR_ENOTSUP). */
 void cpu_fused_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
 
+/* The symmetric variant of the fused two-product (fused.c): a Sum of F * B whose F(x, y) equals
+ * F(y, x) (simp_symmetric_pairs). Its offer is the fused one's, infeasible when F is not
+ * symmetric; its prepare realises the fused two-product and, when F's tile is formed per pair
+ * and BLIS is there for the transposed product, lets it run symmetric, else rejects the
+ * symmetric plan (the fused one is then the chosen one). */
+void cpu_fused_sym_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
+sr_status cpu_fused_sym_prepare(struct sr_kernel *k, int acc);
+/* Whether a run of k on nx x ny rows with these arguments takes the symmetric driver: k runs on
+ * the fused two-product with a symmetric F, every exchanged pair of arguments is the same
+ * array, nx = ny is more than one tile, and the per-thread accumulators fit in the memory
+ * budget (1 GiB without one). Otherwise the run is the fused two-product's. */
+bool cpu_fused_symmetric(const struct sr_kernel *k, int64_t nx, int64_t ny,
+                         const void *const *args);
+
 /* The CPU JIT's strategies, in its order of preference, and its candidate plans for k
  * (omp-runtime.c): out[CPU_PLAN_...], returns how many. */
-enum cpu_plan_id { CPU_PLAN_FUSED, CPU_PLAN_GEMM, CPU_PLAN_DIRECT, CPU_PLAN_COUNT };
+enum cpu_plan_id { CPU_PLAN_SYM, CPU_PLAN_FUSED, CPU_PLAN_GEMM, CPU_PLAN_DIRECT, CPU_PLAN_COUNT };
 int cpu_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 extern const struct sr_backend_i cpu_fused_backend;
 

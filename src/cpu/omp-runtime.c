@@ -123,6 +123,7 @@ _Static_assert(SR_ACC_BLOCK - 1 == JIT_ACC_BLOCK && SR_ACC_KAHAN - 1 == JIT_ACC_
 
 int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
 {
+    cpu_fused_sym_offer(k, acc, &out[CPU_PLAN_SYM]);
     cpu_fused_offer(k, acc, &out[CPU_PLAN_FUSED]);
     cpu_gemm_offer(k, &out[CPU_PLAN_GEMM]);
     struct sr_plan *d = &out[CPU_PLAN_DIRECT];
@@ -156,13 +157,14 @@ static sr_status jit_prepare(sr_kernel *k)
      * a strategy whose realisation declines (SR_ENOTSUP) hands over to the next one. */
     k->nplans = cpu_plans(k, jk->acc, k->plans);
     for (const struct sr_plan *p = sr__plan_choose(k); p && p->id != CPU_PLAN_DIRECT;) {
-        sr_status sg =
-            p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, jk->acc) : cpu_gemm_prepare(k, jk->acc);
+        sr_status sg = p->id == CPU_PLAN_SYM     ? cpu_fused_sym_prepare(k, jk->acc)
+                       : p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, jk->acc)
+                                                 : cpu_gemm_prepare(k, jk->acc);
         if (sg != SR_ENOTSUP) {
             free(jk);
             return sg;
         }
-        p = sr__plan_reject(k, p->id == CPU_PLAN_FUSED
+        p = sr__plan_reject(k, p->id != CPU_PLAN_GEMM
                                    ? "declined when realised: its cost model prefers the next "
                                      "strategy here, or the memory budget is too small for it"
                                    : "declined when realised: the memory budget is too small "

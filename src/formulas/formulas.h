@@ -87,6 +87,14 @@ extern const int simp_nrules;
 int simp_expr(sr_ctx *ctx, sr_expr *e, const struct simp_opts *o, sr_expr **out,
               struct expr_buf *log);
 
+/* Whether f(x_i, y_j) = f(y_i, x_j) for every value of its variables, with its i-variables
+ * paired with j-variables of the same dimension (symmetry.c): returns the number of pairs and
+ * writes the argument indices of pair p to vi[p] (i) and vj[p] (j), or -1 when f is not
+ * symmetric under any pairing, has more than max variables of one category, or memory ran out.
+ * Structural (the canonical forms of f and of f with each pair exchanged are the same node), so
+ * a symmetry the simplifier cannot see is reported as none. Parameters are left in place. */
+int simp_symmetric_pairs(sr_ctx *ctx, const sr_expr *f, int *vi, int *vj, int max);
+
 /* ---- facts about nodes (rules.c) ---- */
 
 /* Structural total order, the same in every process: constants first, then by structural

@@ -91,6 +91,34 @@ def _genred_grad(kind, dim, cols):
                       axis=1)
 
 
+# h(x, y) with grad_x k(x, y) = -h(x, y) (x - y), for the kernels where h is smooth at x = y
+# (Matern 1/2's is 1/|x - y| times its value there: those take _genred_grad).
+_RADIAL_H = {
+    "rbf": "Exp(-SqDist(x, y) / 2)",
+    ("matern", 1.5): f"3 * Exp(-Sqrt(3) * {_DIST})",
+    ("matern", 2.5): f"5 / 3 * (1 + Sqrt(5) * {_DIST}) * Exp(-Sqrt(5) * {_DIST})",
+}
+
+
+def _radial_cols(dim):
+    """The columns of c in _genred_radial: 1 + dim, at least 4 (the narrowest B that symred
+    runs as a product of tiles, and so symmetric)."""
+    return max(dim + 1, 4)
+
+
+@functools.lru_cache(maxsize=None)
+def _genred_radial(kind, dim, cols):
+    """The symred reduction sum_j h(x_i, y_j) ((l_i|r'_j) + (r_i|l'_j)) c_j (l, r: Vi, l', r':
+    Vj, ``cols`` wide; c: Vj of _radial_cols(dim) columns). With y = x, l' = l, r' = r and
+    c = [1, x, 0...], it gives what the gradient of sum_ij (<l_i, r_j> + <r_i, l_j>) k(x_i, x_j)
+    with respect to the x_i needs, and its formula is symmetric in (x, l, r) and (y, l', r'),
+    so that symred forms each tile of it once for both triangles."""
+    aliases = [f"x = Vi({dim})", f"y = Vj({dim})", f"l = Vi({cols})", f"r = Vi({cols})",
+               f"l2 = Vj({cols})", f"r2 = Vj({cols})", f"c = Vj({_radial_cols(dim)})"]
+    return _st.Genred(f"({_RADIAL_H[kind]}) * ((l | r2) + (r | l2)) * c", aliases,
+                      reduction_op="Sum", axis=1)
+
+
 class _SymbolicKernelMatrix:
     """K(x1, x2) without its entries: what the covariance function returns when symred runs.
     ``K @ v`` (v of shape (..., N, C) or (..., N)) is one symred reduction; the batch
@@ -144,7 +172,9 @@ class _SymredKernelOperator(KernelLinearOperator):
     symmetric K(x, x) on symred: by symmetry of k, the gradient with respect to x_k of both
     arguments together is sum_j d/dx_k k(x_k, x_j) <[L, R]_k, [R, L]_j>, so neither the
     product K R that autograd would form first nor a second gradient kernel (for the column
-    argument) runs. Other cases (periodic's lengthscale, x1 != x2, small blocks): GPyTorch's."""
+    argument) runs. For the kernels of _RADIAL_H that reduction is _genred_radial's (symmetric:
+    each tile of it formed once), else _genred_grad's. Other cases (periodic's lengthscale,
+    x1 != x2, small blocks): GPyTorch's."""
 
     def _bilinear_derivative(self, left_vecs, right_vecs):
         x1, x2 = self.x1, self.x2
@@ -157,9 +187,20 @@ class _SymredKernelOperator(KernelLinearOperator):
         if left_vecs.dim() == 1:
             left_vecs, right_vecs = left_vecs[:, None], right_vecs[:, None]
         dtype = x1.dtype
+        x = x1.detach().contiguous()
+        if kind in _RADIAL_H:
+            # grad_x_k = -sum_j h_kj S_kj (x_k - x_j), S_kj = <L_k, R_j> + <R_k, L_j>: from
+            # one symmetric reduction of [sum_j h S, sum_j h S x_j].
+            l = left_vecs.to(dtype).contiguous()
+            r = right_vecs.to(dtype).contiguous()
+            d = x.shape[-1]
+            c = torch.cat([torch.ones_like(x[..., :1]), x,
+                           x.new_zeros(x.shape[:-1] + (_radial_cols(d) - 1 - d,))], -1)
+            with torch.no_grad():
+                o = _genred_radial(kind, d, l.shape[-1])(x, x, l, r, l, r, c.contiguous())
+            return (o[..., 1:1 + d] - x * o[..., :1], None)
         a = torch.cat([left_vecs, right_vecs], -1).to(dtype).contiguous()
         b = torch.cat([right_vecs, left_vecs], -1).to(dtype).contiguous()
-        x = x1.detach().contiguous()
         with torch.no_grad():
             g = _genred_grad(kind, x.shape[-1], a.shape[-1])(x, x, b, a)
         return (g, None)

@@ -151,6 +151,19 @@ def test_batched_kernel_products_and_gradients(name, products):
         close(ks(x1, x1, diag=True), kd(x1, x1, diag=True), 1e-9)
 
 
+def close_to_autograd(op, grads, ks, kd, x, x2, left, right):
+    """The bilinear derivative grads of operator op = ks(x, x2), as the gradient of the raw
+    lengthscale, against autograd through GPyTorch's dense kernel kd: the gradient of
+    sum_ij <L_i, R_j> K_ij."""
+    args = [a for a in op.representation() if a.requires_grad]
+    got = torch.autograd.grad(args, ks.raw_lengthscale,
+                              [g if g is not None else torch.zeros_like(a)
+                               for a, g in zip(args, grads)])[0]
+    loss = (left * (kd(x, x2).to_dense() @ right)).sum()
+    want = torch.autograd.grad(loss, kd.raw_lengthscale)[0]
+    close(got, want, 1e-6)  # GPyTorch's dense distances: |x|^2 + |y|^2 - 2 <x, y>
+
+
 @pytest.mark.parametrize("name", ["rbf", "matern05", "matern25", "periodic"])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_bilinear_derivative(name, symmetric, products):
@@ -168,16 +181,38 @@ def test_bilinear_derivative(name, symmetric, products):
     with gpytorch.settings.max_cholesky_size(0):
         op = ks(x, x2).evaluate_kernel()
         grads = op._bilinear_derivative(left, right)
-    args = [a for a in op.representation() if a.requires_grad]
-    got = torch.autograd.grad(args, ks.raw_lengthscale,
-                              [g if g is not None else torch.zeros_like(a)
-                               for a, g in zip(args, grads)])[0]
-    loss = (left * (kd(x, x2).to_dense() @ right)).sum()
-    want = torch.autograd.grad(loss, kd.raw_lengthscale)[0]
-    close(got, want, 1e-6)  # GPyTorch's dense distances: |x|^2 + |y|^2 - 2 <x, y>
+    close_to_autograd(op, grads, ks, kd, x, x2, left, right)
     fast = symmetric and name != "periodic"
     assert (grads[1] is None) == fast
     assert (products[0] == 0) == fast
+
+
+@pytest.mark.parametrize("name", ["rbf", "matern15", "matern25"])
+def test_symmetric_products_and_derivative(name, products):
+    # K(x, x) with more rows than one tile of the CPU JIT's symmetric driver (256): the product
+    # and the reduction of the bilinear derivative plan it (explain) and match the reference
+    # interpreter when run on the CPU JIT; through GPyTorch (on the suite's device), the
+    # product and the derivative match GPyTorch's dense kernel.
+    S, G, kw = KERNELS[name]
+    ks, kd = S(ard_num_dims=D, **kw).to(DT), G(ard_num_dims=D, **kw).to(DT)
+    kd.load_state_dict(ks.state_dict())
+    gen = torch.Generator().manual_seed(5)
+    n = 601
+    x = torch.rand(n, D, dtype=DT, generator=gen) * 4
+    v = torch.randn(n, 11, dtype=DT, generator=gen)  # CG's width: y and 10 probe vectors
+    left, right = (torch.randn(n, 3, dtype=DT, generator=gen) for _ in range(2))
+    kind = "rbf" if name == "rbf" else ("matern", kw["nu"])
+    c = torch.cat([torch.ones(n, 1, dtype=DT), x, torch.zeros(n, 1, dtype=DT)], -1)
+    for g, args in ((sg._genred(kind, D, 11), (x, x, v)),
+                    (sg._genred_radial(kind, D, 3), (x, x, left, right, left, right, c))):
+        assert "symmetric: F(x, y) = F(y, x)" in g.explain(dtype="float64", backend="CPU")
+        close(g(*args, backend="CPU"), g(*args, backend="reference"), 1e-10)
+    with gpytorch.settings.max_cholesky_size(0):
+        op = ks(x, x).evaluate_kernel()
+        close(op @ v, kd(x, x).to_dense() @ v, 1e-10)
+        grads = op._bilinear_derivative(left, right)
+    assert products[0] == 1
+    close_to_autograd(op, grads, ks, kd, x, x, left, right)
 
 
 def test_small_blocks_stay_dense(products):
