@@ -42,10 +42,11 @@ static void teardown(void) { sr_ctx_free(ctx); }
 TestSuite(sym, .init = setup, .fini = teardown);
 
 enum form {
-    GAUSS,    /* Exp(-SqDist(x, y) g) b */
-    MATERN,   /* (1 + Sqrt(SqDist(x, y) + 1e-20)) Exp(-Sqrt(SqDist(x, y) + 1e-20)) b */
-    ASYM,     /* Exp(-SqDist(x, y * 2) g) b: not symmetric */
-    TWO_PAIRS /* Exp(-SqDist(x, y) g - (u | v)^2) b, u and v of dimension 2 */
+    GAUSS,     /* Exp(-SqDist(x, y) g) b */
+    MATERN,    /* (1 + Sqrt(SqDist(x, y) + 1e-20)) Exp(-Sqrt(SqDist(x, y) + 1e-20)) b */
+    ASYM,      /* Exp(-SqDist(x, y * 2) g) b: not symmetric */
+    TWO_PAIRS, /* Exp(-SqDist(x, y) g - (u | v)^2) b, u and v of dimension 2 */
+    HOIST_B    /* Exp(-SqDist(x, y) g) Exp(b): B a formula, hoisted, not a variable */
 };
 
 enum special { NONE, NAN_X, INF_X, INF_B, NAN_B };
@@ -69,9 +70,6 @@ static sr_expr *formula(const struct scase *c)
     sr_expr *b = ax1 ? sr_vj(ctx, 2, c->R) : sr_vi(ctx, 2, c->R);
     sr_expr *d = sr_sqdist(ctx, x, y), *F;
     switch (c->form) {
-    case GAUSS:
-        F = sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, d, g)));
-        break;
     case MATERN: {
         sr_expr *r = sr_sqrt(ctx, sr_add(ctx, d, sr_const(ctx, 1e-20)));
         F = sr_mul(ctx, sr_add(ctx, sr_const(ctx, 1), r), sr_exp(ctx, sr_neg(ctx, r)));
@@ -81,13 +79,17 @@ static sr_expr *formula(const struct scase *c)
         F = sr_exp(
             ctx, sr_neg(ctx, sr_mul(ctx, sr_sqdist(ctx, x, sr_mul(ctx, y, sr_const(ctx, 2))), g)));
         break;
+    case GAUSS:
+    case HOIST_B:
+        F = sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, d, g)));
+        break;
     default: {
         sr_expr *uv = sr_scalprod(ctx, sr_vi(ctx, 4, 2), sr_vj(ctx, 5, 2));
         F = sr_exp(ctx, sr_sub(ctx, sr_neg(ctx, sr_mul(ctx, d, g)), sr_square(ctx, uv)));
         break;
     }
     }
-    return sr_mul(ctx, F, b);
+    return sr_mul(ctx, F, c->form == HOIST_B ? sr_exp(ctx, b) : b);
 }
 
 static void *fill(sr_dtype dt, int64_t n, double lo, double hi, uint64_t *s)
@@ -108,8 +110,8 @@ static void *copy_of(const void *p, sr_dtype dt, int64_t n)
 /* Whether a run of c must take the symmetric driver. */
 static bool expect_sym(const struct scase *c)
 {
-    return have_blis && c->form != ASYM && c->R >= 4 && c->same && c->nx == c->ny && c->nx > 256 &&
-           c->budget == 0;
+    return have_blis && c->form != ASYM && c->form != HOIST_B && c->R >= 4 && c->same &&
+           c->nx == c->ny && c->nx > 256 && c->budget == 0;
 }
 
 /* Builds the kernel of c and the reference's, runs both on the same inputs and compares every
@@ -131,11 +133,13 @@ static void run_case(const struct scase *c)
     d.device = SR_DEVICE_REFERENCE;
     cr_assert_eq(sr_kernel_new(ctx, f, &d, &kr), SR_OK, "%s", sr_ctx_error(ctx));
     const char *ex = sr_kernel_explain(kg);
-    bool sym_plan = have_blis && c->R >= 4 && c->form != ASYM;
+    bool sym_plan = have_blis && c->R >= 4 && c->form != ASYM && c->form != HOIST_B;
     cr_assert_eq(strstr(ex, "chosen: symmetric fused two-product") != NULL, sym_plan, "%s", ex);
     cr_assert_eq(strstr(ex, "symmetric: F(x, y) = F(y, x)") != NULL, sym_plan, "%s", ex);
     if (c->form == ASYM && c->R >= 4 && have_blis)
         cr_assert(strstr(ex, "F is not symmetric"), "%s", ex);
+    if (c->form == HOIST_B && c->R >= 4)
+        cr_assert(strstr(ex, "B: hoisted"), "%s", ex);
 
     uint64_t s = 7 + (uint64_t)c->R * 31 + (uint64_t)c->nx * 5 + (uint64_t)c->ny;
     int64_t nb = c->axis == 1 ? c->ny : c->nx, nout = c->axis == 1 ? c->nx : c->ny;
@@ -215,12 +219,13 @@ CASE(gauss_inf_x, GAUSS, 16, 1, 601, 601, SR_F64, INF_X, true, 0)
 CASE(gauss_inf_b, GAUSS, 11, 1, 601, 601, SR_F32, INF_B, true, 0)
 CASE(gauss_nan_b, GAUSS, 17, 1, 601, 601, SR_F32, NAN_B, true, 0)
 /* The ordinary path: equal values in two arrays, the same array with nx != ny, a formula that
- * is not symmetric, a budget without room for the accumulators (1031 x 64 float32 per thread, and
- * the fused two-product fits). */
+ * is not symmetric, B a formula rather than a variable, a budget without room for the accumulators
+ * (1031 x 64 float32 per thread, and the fused two-product fits). */
 CASE(gauss_r11_distinct, GAUSS, 11, 1, 601, 601, SR_F32, NONE, false, 0)
 CASE(two_pairs_distinct, TWO_PAIRS, 11, 1, 601, 601, SR_F32, NONE, false, 0)
 CASE(gauss_r11_prefix, GAUSS, 11, 1, 307, 601, SR_F32, NONE, true, 0)
 CASE(asym_r11, ASYM, 11, 1, 601, 601, SR_F32, NONE, true, 0)
+CASE(hoisted_b_r11, HOIST_B, 11, 1, 601, 601, SR_F32, NONE, true, 0)
 CASE(gauss_r64_budget, GAUSS, 64, 1, 1031, 1031, SR_F32, NONE, true, 256 << 10)
 
 /* A budget with room for them: the symmetric driver, with as many threads as fit. */
