@@ -204,6 +204,11 @@ struct sr_backend_i {
                             int device_out);
     void (*ctx_free)(void *state);
     bool post_rewrite;
+    /* sr_kernel_vjp: all the wanted gradients in one call, for the kernels that have a fused
+     * backward (NULL, or SR_ENOTSUP with the reason: the caller uses sr_kernel_grad). The
+     * arguments are checked by core. */
+    sr_status (*vjp)(const struct sr_kernel *k, const sr_run_desc *run, const void *gout,
+                     const void *out, void *const *grads);
 };
 
 /* The registered backends' interface objects (SR_BACKEND_MAP), by id (registry.c). */

@@ -200,3 +200,30 @@ sr_status sr_kernel_jvp(const sr_kernel *k, uint64_t var_mask, sr_kernel **out)
     d.acc = k->acc;
     return sr_kernel_new(ctx, body, &d, out);
 }
+
+sr_status sr_kernel_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gout, const void *out,
+                        void *const *grads)
+{
+    if (!k)
+        return SR_EINVAL;
+    sr_ctx *ctx = k->ctx;
+    if (!r || !grads)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_vjp: %s is NULL", r ? "grads" : "run");
+    if (r->nx < 0 || r->ny < 0)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_vjp: sizes must be >= 0 (nx = %lld, ny = %lld)",
+                         (long long)r->nx, (long long)r->ny);
+    if (r->nargs != k->nargs)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_vjp: the kernel takes %d arrays, %d were given",
+                         k->nargs, r->nargs);
+    sr_status st = sr__check_arrays(k, r->nx, r->ny, r->args);
+    if (st != SR_OK)
+        return st;
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    if (nout > 0 && (!gout || !out))
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_vjp: %s is NULL", gout ? "out" : "gout");
+    if (!k->backend->vjp)
+        return sr__error(ctx, SR_ENOTSUP,
+                         "sr_kernel_vjp: the %s backend has no fused backward (use sr_kernel_grad)",
+                         k->backend->name);
+    return k->backend->vjp(k, r, gout, out, grads);
+}

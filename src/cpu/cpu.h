@@ -333,6 +333,18 @@ void cpu_fused_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
 enum cpu_plan_id { CPU_PLAN_FUSED, CPU_PLAN_GEMM, CPU_PLAN_DIRECT, CPU_PLAN_COUNT };
 int cpu_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 extern const struct sr_backend_i cpu_fused_backend;
+/* The fused strategy's vectorised softmax steps (fused.c), float32: F[c] = exp(F[c] - m) (0 where
+ * F[c] is -inf) for c < n, returning their sum; the largest F[c] and -inf (a NaN never wins). */
+double cpu_expsum_f32(float *F, int64_t n, float m);
+float cpu_rowmax_f32(const float *F, int64_t n);
+
+/* ---- the fused backward of attention (src/cpu/attn-grad.c) ---- */
+
+/* The vjp member of the CPU JIT's backends (sr_kernel_vjp): the gradients of a SumSoftMaxWeight
+ * of (x|y) or (x|y) c with a reduced-axis weight, in one pass over the pairs. SR_ENOTSUP with
+ * the reason for any other kernel. */
+sr_status cpu_attn_vjp(const struct sr_kernel *k, const sr_run_desc *r, const void *gout,
+                       const void *out, void *const *grads);
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 

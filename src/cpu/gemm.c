@@ -891,6 +891,7 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .run_device = */ NULL,
     /* .ctx_free = */ NULL,
     /* .post_rewrite = */ false,
+    /* .vjp = */ cpu_attn_vjp,
 };
 
 void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)

@@ -398,4 +398,5 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .run_device = */ NULL,
     /* .ctx_free = */ jit_ctx_free,
     /* .post_rewrite = */ true,
+    /* .vjp = */ cpu_attn_vjp,
 };

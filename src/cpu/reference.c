@@ -858,4 +858,5 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .run_device = */ NULL,
     /* .ctx_free = */ NULL,
     /* .post_rewrite = */ false,
+    /* .vjp = */ NULL,
 };

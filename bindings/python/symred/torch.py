@@ -90,6 +90,8 @@ class _Kernel:
         self.out_dim = lib.sr_kernel_out_dim(ptr)
         self.vars = _lib.kernel_vars(ptr)
         self._derived = {}
+        # False once sr_kernel_vjp declined the kernel (no fused backward for its form).
+        self.fused_vjp = True
 
     def _new_derived(self, key, make):
         h = self.owner._h
@@ -369,6 +371,9 @@ def _reduce_backward(ctx, *grads):
     if kern.red == "LogSumExp":
         extra.append(values)
     elif kern.red == "SumSoftMaxWeight":
+        fused = _fused_vjp(kern, nx, ny, ranges, fwd, G, values, args, ctx.needs_input_grad[4:])
+        if fused is not None:
+            return tuple(none[:4] + fused)
         lse = kern.logsumexp()
         extra += [values, _Reduce.apply(lse, nx, ny, ranges, *fwd[: lse.nargs])]
     elif kern.red in _SELECTING:
@@ -384,6 +389,37 @@ def _reduce_backward(ctx, *grads):
         extra += _selection(kern, nx, ny, values, idx)
     grads = _input_grads(kern, nx, ny, ranges, fwd, extra, args, ctx.needs_input_grad[4:])
     return tuple(none[:4] + grads)
+
+
+def _fused_vjp(kern, nx, ny, ranges, fwd, G, values, args, needed):
+    """The gradients by sr_kernel_vjp, the fused backward (attention, docs/gradients.md), or
+    None where it does not apply: block-sparse ranges, CUDA or 16-bit tensors, a backward that
+    must itself be differentiable (create_graph: the gradient kernels run through _Reduce), or
+    a kernel that sr_kernel_vjp declines (remembered)."""
+    if (not kern.fused_vjp or ranges is not None or torch.is_grad_enabled()
+            or values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64)):
+        return None
+    rows = {_lib.SR_CAT_I: nx, _lib.SR_CAT_J: ny, SR_CAT_PARAM: 1}
+    out = [None] * len(args)
+    for i, a in enumerate(args):
+        if a is not None and needed[i] and i in kern.vars:
+            cat, dim = kern.vars[i]
+            out[i] = torch.empty((rows[cat], dim), dtype=values.dtype)
+    if all(o is None for o in out):
+        return out
+    fwd = [a.contiguous() if a is not None else None for a in fwd]
+    n = kern.nargs
+    ptrs = (ctypes.c_void_p * max(1, n))(*[_pointer(a) for a in fwd])
+    gptrs = (ctypes.c_void_p * max(1, n))(*[_pointer(o) for o in out[:n]])
+    run = RunDesc(nx=nx, ny=ny, nargs=n, args=ptrs, out=None, out_idx=None)
+    with _omp_threads():
+        st = lib.sr_kernel_vjp(kern.ptr, ctypes.byref(run), _pointer(G), _pointer(values), gptrs)
+    if st in (_lib.SR_ENOTSUP, _lib.SR_EBUDGET):
+        if st == _lib.SR_ENOTSUP:
+            kern.fused_vjp = False
+        return None
+    check(st, kern.owner._h.ctx)
+    return [o.reshape(a.shape) if o is not None else None for o, a in zip(out, args)]
 
 
 def _reduce_jvp(ctx, *tangents):
