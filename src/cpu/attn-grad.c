@@ -31,12 +31,19 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_AVX2_PASSES 1
+#include <immintrin.h>
+#else
+#define HAVE_AVX2_PASSES 0
+#endif
 
 /* Rows i per block of the second pass (the transposed tiles P^T and dS^T are TJ x TI), reduced
- * indices per tile of the second pass, and per tile of the first. With float32, TI = 96 and
+ * indices per tile of the second pass, and per tile of the first; rows per strip (two 8 x 8
+ * blocks of the transposition). With float32, TI = 96 and
  * TJ = 128, a thread's tiles (the packed y and w tiles, P^T, dS^T, the packed x and G blocks:
  * about 250 KiB at D = 64) stay in L2. */
-enum { TI = 96, TJ = 128, TL = 512, STRIP = 2 * CPU_AVX2_MR };
+enum { TI = 96, TJ = 128, TL = 512, STRIP = 16 };
 
 struct attn {
     int x, y, w, c; /* argument indices; c = -1 for a constant or no factor */
@@ -276,6 +283,54 @@ static void avx2_lam(const struct attn *a, float *lam, char *ws, int64_t stride)
     }
 }
 
+/* dst[q * ldd + r] = src[r * lds + q] for r < h, q < w: 8 x 8 blocks by AVX2 shuffles, the
+ * rest one value at a time. Called only where cpu_avx2_usable() (elsewhere the AVX2 passes are
+ * not run, and it is the plain loop). */
+#if HAVE_AVX2_PASSES
+__attribute__((target("avx2,fma"))) static void transpose(const float *src, int64_t lds, int64_t h,
+                                                          int64_t w, float *dst, int64_t ldd)
+{
+    int64_t r = 0;
+    for (; r + 8 <= h; r += 8) {
+        int64_t q = 0;
+        for (; q + 8 <= w; q += 8) {
+            __m256 a[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                a[i] = _mm256_loadu_ps(src + (r + i) * lds + q);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(dst + (q + i) * ldd + r,
+                                 _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (q + i + 4) * ldd + r,
+                                 _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+        for (; q < w; q++)
+            for (int i = 0; i < 8; i++)
+                dst[q * ldd + r + i] = src[(r + i) * lds + q];
+    }
+    for (; r < h; r++)
+        for (int64_t q = 0; q < w; q++)
+            dst[q * ldd + r] = src[r * lds + q];
+}
+#else
+static void transpose(const float *src, int64_t lds, int64_t h, int64_t w, float *dst, int64_t ldd)
+{
+    for (int64_t r = 0; r < h; r++)
+        for (int64_t q = 0; q < w; q++)
+            dst[q * ldd + r] = src[r * lds + q];
+}
+#endif
+
 struct pass_ws {
     float *Kt, *Vt, *Kv, *S, *dP, *PT, *dST, *Xp, *Gp, *ax;
 };
@@ -328,13 +383,10 @@ static void avx2_strip(const struct attn *a, const struct pass_ws *p, const floa
                 dS[q] = P[q] * (dS[q] - d);
         }
     }
-    for (int64_t q = 0; q < tj; q++)
-        for (int64_t r = 0; r < h; r++) {
-            if (a->gw)
-                p->PT[q * TI + u + r] = p->S[r * TJ + q];
-            if (a->gy)
-                p->dST[q * TI + u + r] = p->dP[r * TJ + q];
-        }
+    if (a->gw)
+        transpose(p->S, TJ, h, tj, p->PT + u, TI);
+    if (a->gy)
+        transpose(p->dP, TJ, h, tj, p->dST + u, TI);
     if (wdx)
         cpu_avx2_strip_av(h, tj, p->dP, TJ, p->Kv, a->D, p->ax + i0 * a->D, a->D);
 }
