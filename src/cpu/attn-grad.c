@@ -14,8 +14,8 @@
  * the rows i in strips: the strip of F, P, the strip of (G|w) (G w^T), dS, and the thread's own
  * copy of dx gets dS y; per block of TI rows, P^T and dS^T, stored transposed as they are formed,
  * give dw += P^T G and dy += dS^T x. Five tile products per pair in the second pass and one in
- * the first, where the gradient kernels (one reduction per variable) take eight, and the pairs'
- * exponentials are formed twice instead of four times.
+ * the first, where the LogSumExp kernel and the gradient kernels (one reduction per variable)
+ * take nine, and the pairs' exponentials are formed twice instead of four times.
  *
  * float32 on a CPU with AVX2 and FMA: symred's strip products (gemm-avx2.c) and the fused
  * strategy's vectorised exponential, accumulating in float32 tile by tile like the fused
