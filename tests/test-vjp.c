@@ -149,33 +149,46 @@ static void check_vs(const struct job *j, unsigned mask, bool native)
         Gd[i] = tu_get(G, j->dt, i);
     const void *args[NV] = {x.a[0], x.a[1], x.a[2], x.a[3]};
     run(k, j, args, out);
-    void *grads[NV] = {0};
     const int64_t glen[NV] = {x.len[0], x.len[1], 1, x.len[3]};
-    for (int v = 0; v < NV; v++)
-        if (mask >> v & 1) {
-            grads[v] = malloc(es * (size_t)glen[v] + 1);
-            memset(grads[v], 0x7f, es * (size_t)glen[v] + 1); /* overwritten, zeros included */
-        }
-    sr_run_desc r = {.nx = j->n, .ny = j->m, .nargs = NV, .args = args};
-    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, grads), SR_OK, "%s", sr_ctx_error(ctx));
     const double rtol = j->dt == SR_F64 ? 1e-10 : 2e-4;
-    for (int v = 0; v < NV; v++) {
-        if (!grads[v])
-            continue;
-        double *want = calloc((size_t)glen[v] + 1, 8), big = 0;
-        expected(j, &x, native ? G : (const void *)Gd, v, want, native);
-        for (int64_t i = 0; i < glen[v]; i++)
-            big = isfinite(want[i]) && fabs(want[i]) > big ? fabs(want[i]) : big;
-        for (int64_t i = 0; i < glen[v]; i++) {
-            double got = tu_get(grads[v], j->dt, i);
-            cr_assert(tu_close(got, want[i], rtol, rtol * (big > 1 ? big : 1)),
-                      "%s s = %g, n %lld m %lld D %d Dw %d %s: variable %d [%lld] = %.10g, the "
-                      "gradient kernel gives %.10g",
-                      j->f, j->scale, (long long)j->n, (long long)j->m, j->D, j->Dw,
-                      j->dt == SR_F64 ? "f64" : "f32", v, (long long)i, got, want[i]);
+    /* The log-normalizer formed by sr_kernel_vjp (lse NULL), then the values and log-normalizer
+     * of sr_kernel_run_lse: its values as the kernel's, and the same gradients. */
+    void *out2 = calloc((size_t)(j->n * j->Dw + 1), es), *lse = calloc((size_t)j->n + 1, es);
+    sr_run_desc r = {.nx = j->n, .ny = j->m, .nargs = NV, .args = args, .out = out2};
+    cr_assert_eq(sr_kernel_run_lse(k, &r, lse), SR_OK, "%s", sr_ctx_error(ctx));
+    for (int64_t i = 0; i < j->n * j->Dw; i++)
+        cr_assert(tu_close(tu_get(out2, j->dt, i), tu_get(out, j->dt, i), rtol, rtol),
+                  "sr_kernel_run_lse's value [%lld] = %.10g, the kernel's %.10g", (long long)i,
+                  tu_get(out2, j->dt, i), tu_get(out, j->dt, i));
+    for (int pass = 0; pass < 2; pass++) {
+        void *grads[NV] = {0};
+        for (int v = 0; v < NV; v++)
+            if (mask >> v & 1) {
+                grads[v] = malloc(es * (size_t)glen[v] + 1);
+                memset(grads[v], 0x7f, es * (size_t)glen[v] + 1); /* overwritten, zeros too */
+            }
+        cr_assert_eq(sr_kernel_vjp(k, &r, G, pass ? out2 : out, pass ? lse : NULL, grads), SR_OK,
+                     "%s", sr_ctx_error(ctx));
+        for (int v = 0; v < NV; v++) {
+            if (!grads[v])
+                continue;
+            double *want = calloc((size_t)glen[v] + 1, 8), big = 0;
+            expected(j, &x, native ? G : (const void *)Gd, v, want, native);
+            for (int64_t i = 0; i < glen[v]; i++)
+                big = isfinite(want[i]) && fabs(want[i]) > big ? fabs(want[i]) : big;
+            for (int64_t i = 0; i < glen[v]; i++) {
+                double got = tu_get(grads[v], j->dt, i);
+                cr_assert(tu_close(got, want[i], rtol, rtol * (big > 1 ? big : 1)),
+                          "%s s = %g, n %lld m %lld D %d Dw %d %s, lse %s: variable %d [%lld] = "
+                          "%.10g, the gradient kernel gives %.10g",
+                          j->f, j->scale, (long long)j->n, (long long)j->m, j->D, j->Dw,
+                          j->dt == SR_F64 ? "f64" : "f32", pass ? "given" : "formed", v,
+                          (long long)i, got, want[i]);
+            }
+            free(want), free(grads[v]);
         }
-        free(want), free(grads[v]);
     }
+    free(out2), free(lse);
     sr_kernel_free(k);
     free(out), free(G), free(Gd);
     release(&x);
@@ -229,7 +242,7 @@ Test(vjp, empty_sizes_write_zeros)
             void *grads[NV] = {gq, gk, gs, gv};
             const void *args[NV] = {x.a[0], x.a[1], x.a[2], x.a[3]};
             sr_run_desc r = {.nx = j.n, .ny = j.m, .nargs = NV, .args = args};
-            cr_assert_eq(sr_kernel_vjp(k, &r, G, out, grads), SR_OK, "%s", sr_ctx_error(ctx));
+            cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_OK, "%s", sr_ctx_error(ctx));
             for (int64_t i = 0; i < j.n * j.D; i++)
                 cr_assert_eq(tu_get(gq, j.dt, i), 0.0);
             for (int64_t i = 0; i < j.m * j.D; i++)
@@ -237,6 +250,14 @@ Test(vjp, empty_sizes_write_zeros)
             for (int64_t i = 0; i < j.m * j.Dw; i++)
                 cr_assert_eq(tu_get(gv, j.dt, i), 0.0);
             cr_assert_eq(tu_get(gs, j.dt, 0), 0.0);
+            double lse[8];
+            r.out = out;
+            cr_assert_eq(sr_kernel_run_lse(k, &r, lse), SR_OK, "%s", sr_ctx_error(ctx));
+            for (int64_t i = 0; i < j.n; i++) {
+                cr_assert_eq(tu_get(lse, j.dt, i), -INFINITY); /* no pairs */
+                for (int t = 0; t < j.Dw; t++)
+                    cr_assert_eq(tu_get(out, j.dt, i * j.Dw + t), 0.0);
+            }
             sr_kernel_free(k);
             release(&x);
         }
@@ -279,9 +300,13 @@ Test(vjp, declines_other_kernels)
         jc.f = no[c].f, jc.w = no[c].w;
         sr_kernel *k = make(&jc, no[c].red, SR_F32, no[c].dev);
         r.nargs = sr_kernel_nargs(k);
-        cr_assert_eq(sr_kernel_vjp(k, &r, G, out, grads), SR_ENOTSUP, "%s: %s", no[c].f,
+        cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_ENOTSUP, "%s: %s", no[c].f,
                      sr_ctx_error(ctx));
         cr_assert(strstr(sr_ctx_error(ctx), no[c].why), "%s: %s", no[c].f, sr_ctx_error(ctx));
+        float lse[8];
+        r.out = out;
+        cr_assert_eq(sr_kernel_run_lse(k, &r, lse), SR_ENOTSUP, "%s", no[c].f);
+        r.out = NULL;
         sr_kernel_free(k);
     }
     /* axis 0 */
@@ -292,7 +317,7 @@ Test(vjp, declines_other_kernels)
     sr_kernel *k;
     cr_assert_eq(sr_kernel_new(ctx, parse(&j, "(q|k)*s"), &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
     r.nargs = sr_kernel_nargs(k);
-    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, grads), SR_ENOTSUP);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_ENOTSUP);
     cr_assert(strstr(sr_ctx_error(ctx), "axis"), "%s", sr_ctx_error(ctx));
     sr_kernel_free(k);
     release(&x);
@@ -311,26 +336,29 @@ Test(vjp, budget_and_argument_errors)
     sr_run_desc r = {.nx = 300, .ny = 20, .nargs = NV, .args = args};
     /* a thread's copy of dq alone is 300 x 64 x 4 bytes */
     cr_assert_eq(sr_ctx_set_mem_limit(ctx, 50000), SR_OK);
-    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, grads), SR_EBUDGET);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_EBUDGET);
     cr_assert(strstr(sr_ctx_error(ctx), "memory budget"), "%s", sr_ctx_error(ctx));
     cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
-    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, grads), SR_OK, "%s", sr_ctx_error(ctx));
-    cr_assert_eq(sr_kernel_vjp(NULL, &r, G, out, grads), SR_EINVAL);
-    cr_assert_eq(sr_kernel_vjp(k, NULL, G, out, grads), SR_EINVAL);
-    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL), SR_EINVAL);
-    cr_assert_eq(sr_kernel_vjp(k, &r, NULL, out, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_vjp(NULL, &r, G, out, NULL, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, NULL, G, out, NULL, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, NULL), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &r, NULL, out, NULL, grads), SR_EINVAL);
     cr_assert(strstr(sr_ctx_error(ctx), "gout"), "%s", sr_ctx_error(ctx));
-    cr_assert_eq(sr_kernel_vjp(k, &r, G, NULL, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, NULL, NULL, grads), SR_EINVAL);
+    r.out = out;
+    cr_assert_eq(sr_kernel_run_lse(k, &r, NULL), SR_EINVAL);
+    cr_assert(strstr(sr_ctx_error(ctx), "lse"), "%s", sr_ctx_error(ctx));
     sr_run_desc bad = r;
     bad.nargs = 3;
-    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, NULL, grads), SR_EINVAL);
     bad = r;
     bad.nx = -1;
-    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, NULL, grads), SR_EINVAL);
     const void *missing[NV] = {x.a[0], NULL, x.a[2], x.a[3]};
     bad = r;
     bad.args = missing;
-    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, NULL, grads), SR_EINVAL);
     sr_kernel_free(k);
     free(G), free(out), free(gq);
     release(&x);

@@ -178,20 +178,39 @@ static void finish_dx(const struct attn *a, int f64, const char *acc, int64_t st
 /* ---- portable passes (float64, or float32 without AVX2), accumulating in double ----------------
  */
 
-static void generic_lam(const struct attn *a, int f64, double *lam)
+/* lam_i and, when out is not NULL, the forward's values (ws: per thread, stride bytes apart,
+ * dim(w) doubles). */
+static void generic_lam(const struct attn *a, int f64, double *lam, void *out, char *ws,
+                        int64_t stride)
 {
-#pragma omp parallel for num_threads(a->nth) schedule(static)
-    for (int64_t i = 0; i < a->n; i++) {
-        double mx = -INFINITY, s = 0;
-        for (int64_t j = 0; j < a->m; j++) {
-            double f = a->cval * dot(a->X, i * a->D, a->Y, j * a->D, f64, a->D);
-            if (f > mx) {
-                s = s * exp(mx - f) + 1;
-                mx = f;
-            } else if (f != -INFINITY)
-                s += exp(f - mx); /* a NaN makes the sum NaN */
+    const int Dw = a->Dw;
+#pragma omp parallel num_threads(a->nth)
+    {
+        double *acc = (double *)(ws + (int64_t)thread_id() * stride);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < a->n; i++) {
+            double mx = -INFINITY, s = 0;
+            for (int t = 0; out && t < Dw; t++)
+                acc[t] = 0;
+            for (int64_t j = 0; j < a->m; j++) {
+                double f = a->cval * dot(a->X, i * a->D, a->Y, j * a->D, f64, a->D), p = 0;
+                if (f > mx) {
+                    const double scale = exp(mx - f);
+                    s *= scale;
+                    for (int t = 0; out && t < Dw; t++)
+                        acc[t] *= scale;
+                    mx = f;
+                    p = 1;
+                } else if (f != -INFINITY)
+                    p = exp(f - mx); /* a NaN makes the sum NaN */
+                s += p;
+                for (int t = 0; out && t < Dw; t++)
+                    acc[t] += p * ld(a->W, f64, j * Dw + t);
+            }
+            lam[i] = mx + log(s);
+            for (int t = 0; out && t < Dw; t++)
+                st(out, f64, i * Dw + t, acc[t] / s);
         }
-        lam[i] = mx + log(s);
     }
 }
 
@@ -236,31 +255,40 @@ static void generic_pass(const struct attn *a, int f64, const double *lam, const
 static int64_t al64(int64_t v) { return (v + 63) / 64 * 64; }
 
 /* The first pass: lam_i, in blocks of TI rows over tiles of TL reduced indices. ws: per thread
- * the packed tile of y, the strip of F (STRIP x TL) and TI row states. */
-static int64_t lam_bytes(const struct attn *a)
+ * the packed tile of y, the strip of F (STRIP x TL), TI row states and, for the forward
+ * (with_w), the packed tile of w. */
+static int64_t lam_bytes(const struct attn *a, bool with_w)
 {
-    return al64(cpu_avx2_pack_bt_bytes(TL, a->D)) + al64(4 * STRIP * TL) + al64(16 * TI);
+    return al64(cpu_avx2_pack_bt_bytes(TL, a->D)) + al64(4 * STRIP * TL) + al64(16 * TI) +
+           (with_w ? al64(cpu_avx2_pack_bt_bytes(a->Dw, TL)) : 0);
 }
 
-static void avx2_lam(const struct attn *a, float *lam, char *ws, int64_t stride)
+/* lam_i and, when out is not NULL, the forward's values out_i = sum_j P_ij w_j (the online
+ * softmax: each row rescaled when its maximum grows, divided by its sum at the end). */
+static void avx2_lam(const struct attn *a, float *lam, float *out, char *ws, int64_t stride)
 {
-    const float *X = a->X, *Y = a->Y;
+    const float *X = a->X, *Y = a->Y, *W = a->W;
     const float c = (float)a->cval;
-    const int D = a->D;
+    const int D = a->D, Dw = a->Dw;
     const int64_t nb = (a->n + TI - 1) / TI;
 #pragma omp parallel num_threads(a->nth)
     {
         char *t = ws + (int64_t)thread_id() * stride;
         float *Kt = (float *)t, *S = (float *)(t + al64(cpu_avx2_pack_bt_bytes(TL, D)));
         double *M = (double *)((char *)S + al64(4 * STRIP * TL)), *L = M + TI;
+        float *Wp = (float *)((char *)M + al64(16 * TI));
 #pragma omp for schedule(dynamic)
         for (int64_t b = 0; b < nb; b++) {
             const int64_t b0 = b * TI, bh = a->n - b0 < TI ? a->n - b0 : TI;
             for (int64_t r = 0; r < bh; r++)
                 M[r] = -INFINITY, L[r] = 0;
+            if (out)
+                memset(out + b0 * Dw, 0, sizeof(float) * (size_t)(bh * Dw));
             for (int64_t j0 = 0; j0 < a->m; j0 += TL) {
                 const int64_t tj = a->m - j0 < TL ? a->m - j0 : TL;
                 cpu_avx2_pack_bt(tj, D, Y + j0 * D, D, Kt);
+                if (out)
+                    cpu_avx2_pack_v(tj, Dw, W + j0 * Dw, Dw, Wp);
                 for (int64_t u = 0; u < bh; u += STRIP) {
                     const int64_t h = bh - u < STRIP ? bh - u : STRIP;
                     cpu_avx2_strip_abt(h, D, X + (b0 + u) * D, D, Kt, tj, S, TL);
@@ -270,15 +298,25 @@ static void avx2_lam(const struct attn *a, float *lam, char *ws, int64_t stride)
                             F[q] *= c;
                         const double tm = cpu_rowmax_f32(F, tj), mo = M[u + r];
                         const double mn = tm > mo ? tm : mo;
-                        if (mn == -INFINITY)
-                            continue; /* every value so far is -inf */
-                        L[u + r] = L[u + r] * exp(mo - mn) + cpu_expsum_f32(F, tj, (float)mn);
+                        if (mn == -INFINITY) { /* every value so far is -inf: weights 0 */
+                            memset(F, 0, sizeof(float) * (size_t)tj);
+                            continue;
+                        }
+                        const double scale = exp(mo - mn);
+                        for (int64_t q = 0; out && scale != 1 && q < Dw; q++)
+                            out[(b0 + u + r) * Dw + q] *= (float)scale;
+                        L[u + r] = L[u + r] * scale + cpu_expsum_f32(F, tj, (float)mn);
                         M[u + r] = mn;
                     }
+                    if (out)
+                        cpu_avx2_strip_av(h, tj, S, TL, Wp, Dw, out + (b0 + u) * Dw, Dw);
                 }
             }
-            for (int64_t r = 0; r < bh; r++)
+            for (int64_t r = 0; r < bh; r++) {
                 lam[b0 + r] = (float)(M[r] + log(L[r]));
+                for (int64_t q = 0; out && q < Dw; q++)
+                    out[(b0 + r) * Dw + q] = (float)(out[(b0 + r) * Dw + q] / L[r]);
+            }
         }
     }
 }
@@ -435,25 +473,83 @@ static void avx2_pass(const struct attn *a, const float *lam, const float *dlt, 
     }
 }
 
-/* ---- the entry point ------------------------------------------------------------------------ */
+/* ---- the entry points ------------------------------------------------------------------------ */
 
-sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gout, const void *out,
-                       void *const *grads)
+/* What both entry points share: the form (else SR_ENOTSUP), the sizes and the arrays. */
+static sr_status attn_setup(const sr_kernel *k, const sr_run_desc *r, const char *name,
+                            struct attn *a)
+{
+    const char *why = attn_match(k, a);
+    if (why)
+        return sr__error(k->ctx, SR_ENOTSUP,
+                         "%s: this kernel has no fused backward (%s); use sr_kernel_grad", name,
+                         why);
+    a->n = r->nx, a->m = r->ny;
+    a->X = r->args[a->x], a->Y = r->args[a->y], a->W = r->args[a->w];
+    if (a->c >= 0)
+        a->cval = ld(r->args[a->c], k->dtype == SR_F64, 0);
+    return SR_OK;
+}
+
+/* The workspace, per_thread bytes for each thread (as many as the budget lets run) after
+ * al64(shared) bytes: SR_EBUDGET when even that exceeds the memory budget. */
+static sr_status attn_alloc(const sr_kernel *k, struct attn *a, const char *name,
+                            int64_t per_thread, int64_t shared, char **ws)
 {
     sr_ctx *ctx = k->ctx;
+    a->nth = sr__threads(ctx, per_thread);
+    const int64_t bytes = per_thread * a->nth + al64(shared);
+    if (ctx->mem_limit > 0 && bytes > ctx->mem_limit)
+        return sr__error(ctx, SR_EBUDGET,
+                         "%s: the fused backward needs %lld bytes of workspace (per thread a copy "
+                         "of dx, %lld x %d, and tiles), over the memory budget of %lld bytes",
+                         name, (long long)bytes, (long long)a->n, a->D, (long long)ctx->mem_limit);
+    *ws = aligned_alloc(64, (size_t)bytes);
+    if (!*ws)
+        return sr__error(ctx, SR_ENOMEM, "%s: cannot allocate %lld bytes of workspace", name,
+                         (long long)bytes);
+    return SR_OK;
+}
+
+sr_status cpu_attn_run_lse(const sr_kernel *k, const sr_run_desc *r, void *lse)
+{
     struct attn a;
-    const char *why = attn_match(k, &a);
-    if (why)
-        return sr__error(ctx, SR_ENOTSUP,
-                         "sr_kernel_vjp: this kernel has no fused backward (%s); use "
-                         "sr_kernel_grad",
-                         why);
+    sr_status status = attn_setup(k, r, "sr_kernel_run_lse", &a);
+    if (status != SR_OK || a.n == 0)
+        return status;
     const int f64 = k->dtype == SR_F64;
-    a.n = r->nx, a.m = r->ny;
-    a.X = r->args[a.x], a.Y = r->args[a.y], a.W = r->args[a.w], a.G = gout, a.O = out;
+    if (a.m == 0) { /* no pairs: the values 0 and lam = -inf, as the reductions give */
+        memset(r->out, 0, (f64 ? 8 : 4) * (size_t)(a.n * a.Dw));
+        for (int64_t i = 0; i < a.n; i++)
+            st(lse, f64, i, -INFINITY);
+        return SR_OK;
+    }
+    const bool avx2 = !f64 && cpu_avx2_usable();
+    char *ws;
+    const int64_t per_thread = avx2 ? lam_bytes(&a, true) : al64(8 * a.Dw);
+    if ((status = attn_alloc(k, &a, "sr_kernel_run_lse", per_thread, 8 * a.n, &ws)) != SR_OK)
+        return status;
+    if (avx2)
+        avx2_lam(&a, lse, r->out, ws + al64(8 * a.n), per_thread);
+    else {
+        generic_lam(&a, f64, (double *)ws, r->out, ws + al64(8 * a.n), per_thread);
+        for (int64_t i = 0; i < a.n; i++)
+            st(lse, f64, i, ((double *)ws)[i]);
+    }
+    free(ws);
+    return SR_OK;
+}
+
+sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gout, const void *out,
+                       const void *lse, void *const *grads)
+{
+    struct attn a;
+    sr_status status = attn_setup(k, r, "sr_kernel_vjp", &a);
+    if (status != SR_OK)
+        return status;
+    const int f64 = k->dtype == SR_F64;
+    a.G = gout, a.O = out;
     a.gx = grads[a.x], a.gy = grads[a.y], a.gw = grads[a.w], a.gc = a.c >= 0 ? grads[a.c] : NULL;
-    if (a.c >= 0)
-        a.cval = ld(r->args[a.c], f64, 0);
     const size_t es = f64 ? 8 : 4;
     void *zero[] = {a.gx, a.gy, a.gw, a.gc};
     const int64_t rows[] = {a.n * a.D, a.m * a.D, a.m * a.Dw, 1};
@@ -463,25 +559,17 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gou
     if (a.n == 0 || a.m == 0 || !(a.gx || a.gy || a.gw || a.gc))
         return SR_OK;
     const bool avx2 = !f64 && cpu_avx2_usable();
-    int64_t per_thread, shared = 16 * a.n + 64;
+    int64_t per_thread;
     if (avx2) {
-        int64_t pb = pass_bytes(&a, NULL, &(struct pass_ws){0}), lb = lam_bytes(&a);
+        int64_t pb = pass_bytes(&a, NULL, &(struct pass_ws){0}), lb = lam_bytes(&a, false);
         per_thread = pb > lb ? pb : lb;
     } else
         per_thread = al64(8 * (a.n * a.D + a.D + a.Dw));
-    a.nth = sr__threads(ctx, per_thread);
-    const int64_t bytes = per_thread * a.nth + al64(shared);
-    if (ctx->mem_limit > 0 && bytes > ctx->mem_limit)
-        return sr__error(ctx, SR_EBUDGET,
-                         "sr_kernel_vjp: the fused backward needs %lld bytes of workspace (a copy "
-                         "of dx, %lld x %d, and tiles), over the memory budget of %lld bytes",
-                         (long long)bytes, (long long)a.n, a.D, (long long)ctx->mem_limit);
-    char *ws = aligned_alloc(64, (size_t)bytes);
-    if (!ws)
-        return sr__error(ctx, SR_ENOMEM, "sr_kernel_vjp: cannot allocate %lld bytes of workspace",
-                         (long long)bytes);
+    char *ws;
+    if ((status = attn_alloc(k, &a, "sr_kernel_vjp", per_thread, 16 * a.n, &ws)) != SR_OK)
+        return status;
     double *dlt = (double *)ws, *lam = dlt + a.n;
-    char *tws = ws + al64(shared);
+    char *tws = ws + al64(16 * a.n);
     /* Each thread's copy of dx starts at zero, the threads that OpenMP runs or not. */
     const int64_t nD = a.n * a.D, ax_off = avx2 ? per_thread - al64(4 * nD) : 0;
     for (int u = 0; u < a.nth && (a.gx || a.gc); u++)
@@ -491,10 +579,17 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gou
         float *lam32 = (float *)lam, *dlt32 = lam32 + a.n; /* both in lam's doubles */
         for (int64_t i = 0; i < a.n; i++)
             dlt32[i] = (float)dlt[i];
-        avx2_lam(&a, lam32, tws, per_thread);
+        if (lse)
+            memcpy(lam32, lse, sizeof(float) * (size_t)a.n);
+        else
+            avx2_lam(&a, lam32, NULL, tws, per_thread);
         avx2_pass(&a, lam32, dlt32, tws, per_thread);
     } else {
-        generic_lam(&a, f64, lam);
+        if (lse)
+            for (int64_t i = 0; i < a.n; i++)
+                lam[i] = ld(lse, f64, i);
+        else
+            generic_lam(&a, f64, lam, NULL, tws, per_thread);
         generic_pass(&a, f64, lam, dlt, tws, per_thread);
     }
     if (a.gx || a.gc)

@@ -1202,4 +1202,5 @@ const struct sr_backend_i cpu_fused_backend = {
     /* .ctx_free = */ NULL,
     /* .post_rewrite = */ false,
     /* .vjp = */ cpu_attn_vjp,
+    /* .run_lse = */ cpu_attn_run_lse,
 };

@@ -859,4 +859,5 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .ctx_free = */ NULL,
     /* .post_rewrite = */ false,
     /* .vjp = */ NULL,
+    /* .run_lse = */ NULL,
 };

@@ -656,4 +656,5 @@ const struct sr_backend_i cuda_backend = {
     /* .ctx_free = */ NULL, /* its options live in the JIT's state (jit_ctx_get) */
     /* .post_rewrite = */ false,
     /* .vjp = */ NULL,
+    /* .run_lse = */ NULL,
 };

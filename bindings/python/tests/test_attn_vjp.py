@@ -83,3 +83,26 @@ def test_double_backward_takes_the_gradient_kernels(fused_calls):
     fn = _attention(3, 2)
     ins = [t.requires_grad_(True) for t in _inputs(5, 6, 3, 2, torch.float64)]
     assert torch.autograd.gradgradcheck(lambda *a: fn(*a, backend="CPU"), ins)
+
+
+def test_forward_keeps_the_log_normalizer_for_the_backward(monkeypatch):
+    seen = []
+    orig = st._fused_vjp
+
+    def spy(*a):
+        seen.append(a[7])  # lse
+        return orig(*a)
+
+    monkeypatch.setattr(st, "_fused_vjp", spy)
+    fn = _attention(8, 4)
+    q, k, s, v = _inputs(20, 30, 8, 4, torch.float32)
+    q.requires_grad_(True)
+    out = fn(q, k, s, v, backend="CPU")
+    w = torch.softmax((q @ k.T) * s, dim=1)
+    assert torch.allclose(out, w @ v, atol=1e-5)
+    (gq,) = torch.autograd.grad(out.sum(), (q,))
+    (want,) = torch.autograd.grad((w @ v).sum(), (q,))
+    assert torch.allclose(gq, want, atol=1e-5)
+    assert len(seen) == 1 and seen[0] is not None
+    assert torch.allclose(seen[0], torch.logsumexp((q @ k.T) * s, dim=1).detach(), atol=1e-5)
+    assert not hasattr(out, "_symred_lse")  # handed to the backward, not left on the output
