@@ -39,11 +39,13 @@
 #endif
 
 /* Rows i per block of the second pass (the transposed tiles P^T and dS^T are TJ x TI), reduced
- * indices per tile of the second pass, and per tile of the first; rows per strip (two 8 x 8
- * blocks of the transposition). With float32, TI = 96 and
- * TJ = 128, a thread's tiles (the packed y and w tiles, P^T, dS^T, the packed x and G blocks:
- * about 250 KiB at D = 64) stay in L2. */
-enum { TI = 96, TJ = 128, TL = 512, STRIP = 16 };
+ * indices per tile of the second pass and of the first, rows per block of the first (and of the
+ * forward: each block packs the tiles of y and w again, so larger blocks pack less; the forward
+ * ran 0.86-1.01x the fused strategy's with 192, 1.16-1.36x with 96, N = M = 4096, D = 64,
+ * alternating, load 4-5), rows per strip (two 8 x 8 blocks of the transposition). With float32,
+ * TI = 96 and TJ = 128, a thread's tiles of the second pass (the packed y and w tiles, P^T, dS^T,
+ * the packed x and G blocks: about 250 KiB at D = 64) stay in L2. */
+enum { TI = 96, TJ = 128, TL = 512, TB = 192, STRIP = 16 };
 
 struct attn {
     int x, y, w, c; /* argument indices; c = -1 for a constant or no factor */
@@ -254,12 +256,12 @@ static void generic_pass(const struct attn *a, int f64, const double *lam, const
 
 static int64_t al64(int64_t v) { return (v + 63) / 64 * 64; }
 
-/* The first pass: lam_i, in blocks of TI rows over tiles of TL reduced indices. ws: per thread
- * the packed tile of y, the strip of F (STRIP x TL), TI row states and, for the forward
+/* The first pass: lam_i, in blocks of TB rows over tiles of TL reduced indices. ws: per thread
+ * the packed tile of y, the strip of F (STRIP x TL), TB row states and, for the forward
  * (with_w), the packed tile of w. */
 static int64_t lam_bytes(const struct attn *a, bool with_w)
 {
-    return al64(cpu_avx2_pack_bt_bytes(TL, a->D)) + al64(4 * STRIP * TL) + al64(16 * TI) +
+    return al64(cpu_avx2_pack_bt_bytes(TL, a->D)) + al64(4 * STRIP * TL) + al64(16 * TB) +
            (with_w ? al64(cpu_avx2_pack_bt_bytes(a->Dw, TL)) : 0);
 }
 
@@ -270,16 +272,16 @@ static void avx2_lam(const struct attn *a, float *lam, float *out, char *ws, int
     const float *X = a->X, *Y = a->Y, *W = a->W;
     const float c = (float)a->cval;
     const int D = a->D, Dw = a->Dw;
-    const int64_t nb = (a->n + TI - 1) / TI;
+    const int64_t nb = (a->n + TB - 1) / TB;
 #pragma omp parallel num_threads(a->nth)
     {
         char *t = ws + (int64_t)thread_id() * stride;
         float *Kt = (float *)t, *S = (float *)(t + al64(cpu_avx2_pack_bt_bytes(TL, D)));
-        double *M = (double *)((char *)S + al64(4 * STRIP * TL)), *L = M + TI;
-        float *Wp = (float *)((char *)M + al64(16 * TI));
+        double *M = (double *)((char *)S + al64(4 * STRIP * TL)), *L = M + TB;
+        float *Wp = (float *)((char *)M + al64(16 * TB));
 #pragma omp for schedule(dynamic)
         for (int64_t b = 0; b < nb; b++) {
-            const int64_t b0 = b * TI, bh = a->n - b0 < TI ? a->n - b0 : TI;
+            const int64_t b0 = b * TB, bh = a->n - b0 < TB ? a->n - b0 : TB;
             for (int64_t r = 0; r < bh; r++)
                 M[r] = -INFINITY, L[r] = 0;
             if (out)
