@@ -199,7 +199,8 @@ static void check(const struct job *j, unsigned mask) { check_vs(j, mask, false)
 Test(vjp, sizes_dims_widths_dtypes)
 {
     const int64_t sizes[][2] = {{1, 1}, {13, 7}, {131, 97}, {97, 300}};
-    const int dims[][2] = {{1, 1}, {17, 16}, {64, 65}, {64, 16}};
+    /* (512, 1): the first pass's tiles are larger than the second's before its copy of dx */
+    const int dims[][2] = {{1, 1}, {17, 16}, {64, 65}, {64, 16}, {512, 1}};
     for (int dt = 0; dt < 2; dt++)
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
             for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {

@@ -477,6 +477,14 @@ static void avx2_pass(const struct attn *a, const float *lam, const float *dlt, 
 
 /* ---- the entry points ------------------------------------------------------------------------ */
 
+/* Zeroes each thread's copy of dx (elements of es bytes, stride bytes apart from acc), when
+ * dx or dc is wanted. */
+static void zero_dx(const struct attn *a, char *acc, int64_t stride, size_t es)
+{
+    for (int u = 0; u < a->nth && (a->gx || a->gc); u++)
+        memset(acc + u * stride, 0, es * (size_t)(a->n * a->D));
+}
+
 /* What both entry points share: the form (else SR_ENOTSUP), the sizes and the arrays. */
 static sr_status attn_setup(const sr_kernel *k, const sr_run_desc *r, const char *name,
                             struct attn *a)
@@ -572,10 +580,10 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gou
         return status;
     double *dlt = (double *)ws, *lam = dlt + a.n;
     char *tws = ws + al64(16 * a.n);
-    /* Each thread's copy of dx starts at zero, the threads that OpenMP runs or not. */
-    const int64_t nD = a.n * a.D, ax_off = avx2 ? per_thread - al64(4 * nD) : 0;
-    for (int u = 0; u < a.nth && (a.gx || a.gc); u++)
-        memset(tws + u * per_thread + ax_off, 0, es * (size_t)nD);
+    /* Each thread's copy of dx: the end of its second pass's workspace, which the first pass
+     * may overwrite; zeroed after it, for the threads that OpenMP runs or not. */
+    const int64_t nD = a.n * a.D;
+    const int64_t ax_off = avx2 ? pass_bytes(&a, NULL, &(struct pass_ws){0}) - al64(4 * nD) : 0;
     deltas(&a, f64, dlt);
     if (avx2) {
         float *lam32 = (float *)lam, *dlt32 = lam32 + a.n; /* both in lam's doubles */
@@ -585,6 +593,7 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gou
             memcpy(lam32, lse, sizeof(float) * (size_t)a.n);
         else
             avx2_lam(&a, lam32, NULL, tws, per_thread);
+        zero_dx(&a, tws + ax_off, per_thread, es);
         avx2_pass(&a, lam32, dlt32, tws, per_thread);
     } else {
         if (lse)
@@ -592,6 +601,7 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gou
                 lam[i] = ld(lse, f64, i);
         else
             generic_lam(&a, f64, lam, NULL, tws, per_thread);
+        zero_dx(&a, tws + ax_off, per_thread, es);
         generic_pass(&a, f64, lam, dlt, tws, per_thread);
     }
     if (a.gx || a.gc)
