@@ -594,6 +594,39 @@ SR_API sr_status sr_kernel_run_device(const sr_kernel *kernel, const sr_run_desc
 SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kernel **grad_kernel);
 
 /*
+ * Reverse mode in one call, for the reductions that have a fused backward: the gradients of a
+ * loss L with respect to the kernel's variables, given G = dL/d out, without gradient kernels.
+ * run: the forward call (the same nx, ny and arrays); gout: G (out rows x out_dim); out: the
+ * forward values; lse: NULL, or the log-normalizer that sr_kernel_run_lse wrote with those
+ * values (out rows values; the call then does not form it again); grads:
+ * sr_kernel_nargs(kernel) entries, grads[v] NULL when the gradient of variable v is not wanted,
+ * else an array of v's shape (rows x dim; a parameter's gradient is its total, dim values) that
+ * the call overwrites.
+ *
+ * The fused backward covers attention on the CPU backends: SumSoftMaxWeight, axis 1, F = (x|y)
+ * or F = (x|y) * c or c * (x|y) with x a Vi and y a Vj variable and c a parameter of dimension 1
+ * or a constant, the weight a Vj variable other than y; float32 or float64 (docs/gradients.md).
+ * It writes every wanted gradient from one pass over the pairs (five tile products per tile of
+ * pairs), after a pass that forms the log-normalizer when lse is NULL; no block-sparse ranges.
+ * Errors: SR_EINVAL (NULL kernel, run, or gout/out with rows; the checks of sr_kernel_run_ex),
+ * SR_ENOTSUP with the reason for any other kernel (use sr_kernel_grad), SR_EBUDGET when its
+ * workspace (per thread: a copy of dx, nx x dim(x), and tiles) exceeds the memory budget.
+ * Thread-safe like sr_kernel_run.
+ */
+SR_API sr_status sr_kernel_vjp(const sr_kernel *kernel, const sr_run_desc *run, const void *gout,
+                               const void *out, const void *lse, void *const *grads);
+
+/*
+ * The forward of a kernel that sr_kernel_vjp covers, keeping its log-normalizer: the values
+ * into run->out as sr_kernel_run_ex writes them, and lse[i] = log sum_j exp(F_ij) (out rows
+ * values, the dtype's), which sr_kernel_vjp then reads instead of forming it again. It runs
+ * symred's own attention forward (the tiles of sr_kernel_vjp's passes), not the kernel's plan.
+ * Errors: those of sr_kernel_vjp (SR_ENOTSUP for the other kernels; SR_EINVAL for a NULL lse
+ * with rows).
+ */
+SR_API sr_status sr_kernel_run_lse(const sr_kernel *kernel, const sr_run_desc *run, void *lse);
+
+/*
  * The kernel of a reduction's directional derivative (forward mode, a Jacobian-vector
  * product): the derivative of the forward values along tangents dv of the variables whose
  * indices are set in var_mask (bit v for index v; indices below 64). With n =

@@ -200,3 +200,58 @@ sr_status sr_kernel_jvp(const sr_kernel *k, uint64_t var_mask, sr_kernel **out)
     d.acc = k->acc;
     return sr_kernel_new(ctx, body, &d, out);
 }
+
+/* The checks shared by sr_kernel_vjp and sr_kernel_run_lse (name: the caller's). */
+static sr_status vjp_check(const sr_kernel *k, const sr_run_desc *r, const char *name)
+{
+    sr_ctx *ctx = k->ctx;
+    if (!r)
+        return sr__error(ctx, SR_EINVAL, "%s: run is NULL", name);
+    if (r->nx < 0 || r->ny < 0)
+        return sr__error(ctx, SR_EINVAL, "%s: sizes must be >= 0 (nx = %lld, ny = %lld)", name,
+                         (long long)r->nx, (long long)r->ny);
+    if (r->nargs != k->nargs)
+        return sr__error(ctx, SR_EINVAL, "%s: the kernel takes %d arrays, %d were given", name,
+                         k->nargs, r->nargs);
+    return sr__check_arrays(k, r->nx, r->ny, r->args);
+}
+
+sr_status sr_kernel_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gout, const void *out,
+                        const void *lse, void *const *grads)
+{
+    if (!k)
+        return SR_EINVAL;
+    sr_ctx *ctx = k->ctx;
+    sr_status st = vjp_check(k, r, "sr_kernel_vjp");
+    if (st != SR_OK)
+        return st;
+    if (!grads)
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_vjp: grads is NULL");
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    if (nout > 0 && (!gout || !out))
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_vjp: %s is NULL", gout ? "out" : "gout");
+    if (!k->backend->vjp)
+        return sr__error(ctx, SR_ENOTSUP,
+                         "sr_kernel_vjp: the %s backend has no fused backward (use sr_kernel_grad)",
+                         k->backend->name);
+    return k->backend->vjp(k, r, gout, out, lse, grads);
+}
+
+sr_status sr_kernel_run_lse(const sr_kernel *k, const sr_run_desc *r, void *lse)
+{
+    if (!k)
+        return SR_EINVAL;
+    sr_ctx *ctx = k->ctx;
+    sr_status st = vjp_check(k, r, "sr_kernel_run_lse");
+    if (st != SR_OK)
+        return st;
+    int64_t nout = k->axis == 1 ? r->nx : r->ny;
+    if (nout > 0 && (!r->out || !lse))
+        return sr__error(ctx, SR_EINVAL, "sr_kernel_run_lse: %s is NULL", lse ? "out" : "lse");
+    if (!k->backend->run_lse)
+        return sr__error(ctx, SR_ENOTSUP,
+                         "sr_kernel_run_lse: the %s backend has no fused backward (run the kernel "
+                         "and a LogSumExp kernel)",
+                         k->backend->name);
+    return k->backend->run_lse(k, r, lse);
+}

@@ -314,6 +314,20 @@ bool cpu_fused_symmetric(const struct sr_kernel *k, int64_t nx, int64_t ny,
 enum cpu_plan_id { CPU_PLAN_SYM, CPU_PLAN_FUSED, CPU_PLAN_GEMM, CPU_PLAN_DIRECT, CPU_PLAN_COUNT };
 int cpu_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 extern const struct sr_backend_i cpu_fused_backend;
+/* The fused strategy's vectorised softmax steps (fused.c), float32: F[c] = exp(F[c] - m) (0 where
+ * F[c] is -inf) for c < n, returning their sum; the largest F[c] and -inf (a NaN never wins). */
+double cpu_expsum_f32(float *F, int64_t n, float m);
+float cpu_rowmax_f32(const float *F, int64_t n);
+
+/* ---- the fused backward of attention (src/cpu/attn-grad.c) ---- */
+
+/* The vjp member of the CPU JIT's backends (sr_kernel_vjp): the gradients of a SumSoftMaxWeight
+ * of (x|y) or (x|y) c with a reduced-axis weight, in one pass over the pairs (after one forming
+ * lam when lse is NULL). SR_ENOTSUP with the reason for any other kernel. */
+sr_status cpu_attn_vjp(const struct sr_kernel *k, const sr_run_desc *r, const void *gout,
+                       const void *out, const void *lse, void *const *grads);
+/* The run_lse member (sr_kernel_run_lse): the forward of the same kernels with lam. */
+sr_status cpu_attn_run_lse(const struct sr_kernel *k, const sr_run_desc *r, void *lse);
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 

@@ -966,6 +966,10 @@ static double expsum_f32(float *F, int64_t n, float m)
     return expsum_body(F, n, m);
 }
 
+double cpu_expsum_f32(float *F, int64_t n, float m) { return expsum_f32(F, n, m); }
+
+float cpu_rowmax_f32(const float *F, int64_t n) { return rowmax_f32(F, n); }
+
 /* The online softmax of rows [0, no) of the tile (row stride nj), rows [s0, s0 + no) of the block:
  * the running maximum, the rescaling of the row's output (cols values, row stride ldo) and sum, and
  * the tile replaced by exp(F - m). */
@@ -1556,4 +1560,6 @@ const struct sr_backend_i cpu_fused_backend = {
     /* .run_device = */ NULL,
     /* .ctx_free = */ NULL,
     /* .post_rewrite = */ false,
+    /* .vjp = */ cpu_attn_vjp,
+    /* .run_lse = */ cpu_attn_run_lse,
 };

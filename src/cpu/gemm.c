@@ -885,6 +885,8 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .run_device = */ NULL,
     /* .ctx_free = */ NULL,
     /* .post_rewrite = */ false,
+    /* .vjp = */ cpu_attn_vjp,
+    /* .run_lse = */ cpu_attn_run_lse,
 };
 
 void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)

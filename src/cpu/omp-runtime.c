@@ -400,4 +400,6 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .run_device = */ NULL,
     /* .ctx_free = */ jit_ctx_free,
     /* .post_rewrite = */ true,
+    /* .vjp = */ cpu_attn_vjp,
+    /* .run_lse = */ cpu_attn_run_lse,
 };

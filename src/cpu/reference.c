@@ -845,4 +845,6 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .run_device = */ NULL,
     /* .ctx_free = */ NULL,
     /* .post_rewrite = */ false,
+    /* .vjp = */ NULL,
+    /* .run_lse = */ NULL,
 };

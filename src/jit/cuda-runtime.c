@@ -655,4 +655,6 @@ const struct sr_backend_i cuda_backend = {
     /* .run_device = */ cuda_run_device,
     /* .ctx_free = */ NULL, /* its options live in the JIT's state (jit_ctx_get) */
     /* .post_rewrite = */ false,
+    /* .vjp = */ NULL,
+    /* .run_lse = */ NULL,
 };

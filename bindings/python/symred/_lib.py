@@ -69,7 +69,9 @@ SR_OK = 0
 SR_EINVAL = -1
 SR_EPARSE = -3
 SR_EDIM = -4
+SR_EBUDGET = -6
 SR_ENODEV = -8
+SR_ENOTSUP = -9
 SR_ENOCONV = -12
 _VALUE_ERRORS = {SR_EINVAL, SR_EPARSE, SR_EDIM}
 
@@ -247,6 +249,9 @@ def _declare(lib):
         "sr_kernel_run_ranges": (c_int, [c_void_p, P(RunDesc), P(Ranges)]),
         "sr_kernel_grad": (c_int, [c_void_p, c_int, P(c_void_p)]),
         "sr_kernel_jvp": (c_int, [c_void_p, ctypes.c_uint64, P(c_void_p)]),
+        "sr_kernel_vjp": (c_int, [c_void_p, P(RunDesc), c_void_p, c_void_p, c_void_p,
+                                  P(c_void_p)]),
+        "sr_kernel_run_lse": (c_int, [c_void_p, P(RunDesc), c_void_p]),
         "sr_kernel_explain": (c_char_p, [c_void_p]),
         "sr_kernel_eval_block": (
             c_int,

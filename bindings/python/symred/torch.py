@@ -90,6 +90,8 @@ class _Kernel:
         self.out_dim = lib.sr_kernel_out_dim(ptr)
         self.vars = _lib.kernel_vars(ptr)
         self._derived = {}
+        # False once sr_kernel_vjp declined the kernel (no fused backward for its form).
+        self.fused_vjp = True
 
     def _new_derived(self, key, make):
         h = self.owner._h
@@ -324,7 +326,42 @@ def _autograd_function(name, doc, forward, setup_context, backward, vmap=None, j
     return type(name, (torch.autograd.Function,), body)
 
 
+def _fused_applies(kern, ranges, values):
+    """Whether sr_kernel_vjp / sr_kernel_run_lse may take this call (they decline the rest)."""
+    return (kern.red == "SumSoftMaxWeight" and kern.fused_vjp and ranges is None
+            and values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64))
+
+
+def _run_lse(kern, nx, ny, args):
+    """The forward of attention with its log-normalizer (sr_kernel_run_lse), for the fused
+    backward: (values, lse), or None where the library declines (then the kernel runs)."""
+    args = [a.contiguous() if a is not None else None for a in args[: kern.nargs]]
+    args += [None] * max(0, kern.nargs - len(args))
+    first = next(a for a in args if a is not None)
+    values = torch.empty((nx, kern.out_dim), dtype=first.dtype)
+    lse = torch.empty((nx,), dtype=first.dtype)
+    ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
+    run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values), out_idx=None)
+    with _omp_threads():
+        st = lib.sr_kernel_run_lse(kern.ptr, ctypes.byref(run), _pointer(lse))
+    if st in (_lib.SR_ENOTSUP, _lib.SR_EBUDGET):
+        if st == _lib.SR_ENOTSUP:
+            kern.fused_vjp = False
+        return None
+    check(st, kern.owner._h.ctx)
+    return values, lse
+
+
 def _reduce_forward(kern, nx, ny, ranges, *args):
+    first = next((a for a in args if a is not None), None)
+    if (first is not None and _fused_applies(kern, ranges, first)
+            and any(a is not None and a.requires_grad for a in args)):
+        # A gradient may follow: the forward keeps its log-normalizer for the fused backward,
+        # handed to setup_context on the output (and removed from it there).
+        res = _run_lse(kern, nx, ny, args)
+        if res is not None:
+            res[0]._symred_lse = res[1]
+            return res[0]
     values, idx = _run(kern, nx, ny, ranges, args)
     if kern.red in _INDEX_ONLY:
         return idx
@@ -340,6 +377,9 @@ def _reduce_setup(ctx, inputs, output):
     else:
         values, idx = output, None
     ctx.kern, ctx.nx, ctx.ny, ctx.ranges = kern, nx, ny, ranges
+    ctx.lse = getattr(values, "_symred_lse", None)  # from _reduce_forward, or None
+    if ctx.lse is not None:
+        del values._symred_lse
     ctx.save_for_backward(values, idx, *args)
     ctx.save_for_forward(values, idx, *args)
     if idx is not None:
@@ -369,6 +409,10 @@ def _reduce_backward(ctx, *grads):
     if kern.red == "LogSumExp":
         extra.append(values)
     elif kern.red == "SumSoftMaxWeight":
+        fused = _fused_vjp(kern, nx, ny, ranges, fwd, G, values, ctx.lse, args,
+                           ctx.needs_input_grad[4:])
+        if fused is not None:
+            return tuple(none[:4] + fused)
         lse = kern.logsumexp()
         extra += [values, _Reduce.apply(lse, nx, ny, ranges, *fwd[: lse.nargs])]
     elif kern.red in _SELECTING:
@@ -384,6 +428,39 @@ def _reduce_backward(ctx, *grads):
         extra += _selection(kern, nx, ny, values, idx)
     grads = _input_grads(kern, nx, ny, ranges, fwd, extra, args, ctx.needs_input_grad[4:])
     return tuple(none[:4] + grads)
+
+
+def _fused_vjp(kern, nx, ny, ranges, fwd, G, values, lse, args, needed):
+    """The gradients by sr_kernel_vjp, the fused backward (attention, docs/gradients.md), or
+    None where it does not apply: block-sparse ranges, CUDA or 16-bit tensors, a backward that
+    must itself be differentiable (create_graph: the gradient kernels run through _Reduce), or
+    a kernel that sr_kernel_vjp declines (remembered). ``lse``: the forward's log-normalizer
+    when it kept one (sr_kernel_run_lse), else None and sr_kernel_vjp forms it."""
+    if torch.is_grad_enabled() or not _fused_applies(kern, ranges, values):
+        return None
+    rows = {_lib.SR_CAT_I: nx, _lib.SR_CAT_J: ny, SR_CAT_PARAM: 1}
+    out = [None] * len(args)
+    for i, a in enumerate(args):
+        if a is not None and needed[i] and i in kern.vars:
+            cat, dim = kern.vars[i]
+            out[i] = torch.empty((rows[cat], dim), dtype=values.dtype)
+    if all(o is None for o in out):
+        return out
+    fwd = [a.contiguous() if a is not None else None for a in fwd]
+    G = G.contiguous()  # out.sum()'s gradient is an expanded view
+    n = kern.nargs
+    ptrs = (ctypes.c_void_p * max(1, n))(*[_pointer(a) for a in fwd])
+    gptrs = (ctypes.c_void_p * max(1, n))(*[_pointer(o) for o in out[:n]])
+    run = RunDesc(nx=nx, ny=ny, nargs=n, args=ptrs, out=None, out_idx=None)
+    with _omp_threads():
+        st = lib.sr_kernel_vjp(kern.ptr, ctypes.byref(run), _pointer(G), _pointer(values),
+                               _pointer(lse), gptrs)
+    if st in (_lib.SR_ENOTSUP, _lib.SR_EBUDGET):
+        if st == _lib.SR_ENOTSUP:
+            kern.fused_vjp = False
+        return None
+    check(st, kern.owner._h.ctx)
+    return [o.reshape(a.shape) if o is not None else None for o, a in zip(out, args)]
 
 
 def _reduce_jvp(ctx, *tangents):

@@ -1,0 +1,108 @@
+"""symred.torch's backward of attention through sr_kernel_vjp, the fused backward
+(docs/gradients.md): float64 gradcheck, the same gradients as the gradient kernels (the path
+taken when sr_kernel_vjp declines), and the fallback for the kernels it declines. On the CPU
+JIT (backend="CPU"): the tests' default device, the reference backend, has no fused backward."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import symred.torch as st  # noqa: E402
+
+
+def _attention(d, r, formula="(q|k)*s"):
+    return st.Genred(formula, [f"q=Vi({d})", f"k=Vj({d})", "s=Pm(1)", f"v=Vj({r})"],
+                     reduction_op="SumSoftMaxWeight", axis=1, formula2="v")
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the backward calls that sr_kernel_vjp answered."""
+    calls = []
+    orig = st._fused_vjp
+
+    def spy(*a):
+        res = orig(*a)
+        calls.append(res is not None)
+        return res
+
+    monkeypatch.setattr(st, "_fused_vjp", spy)
+    return calls
+
+
+def _inputs(n, m, d, r, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(rows, d, generator=g, dtype=dtype) * 0.5 for rows in (n, m))
+    v = torch.randn(m, r, generator=g, dtype=dtype)
+    s = torch.tensor([0.7], dtype=dtype)
+    return q, k, s, v
+
+
+def test_gradcheck_float64_runs_the_fused_backward(fused_calls):
+    fn = _attention(5, 3)
+    ins = [t.requires_grad_(True) for t in _inputs(7, 11, 5, 3, torch.float64)]
+    assert torch.autograd.gradcheck(lambda *a: fn(*a, backend="CPU"), ins)
+    assert fused_calls and all(fused_calls)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, m, d, r", [(300, 517, 64, 65), (97, 13, 17, 16), (1, 1, 1, 1)])
+def test_same_gradients_as_the_gradient_kernels(fused_calls, monkeypatch, dtype, n, m, d, r):
+    fn = _attention(d, r)
+    ins = _inputs(n, m, d, r, dtype, seed=n)
+    G = torch.randn(n, r, dtype=dtype, generator=torch.Generator().manual_seed(1))
+
+    def grads():
+        x = [t.clone().requires_grad_(True) for t in ins]
+        return torch.autograd.grad(fn(*x, backend="CPU"), x, G)
+
+    fused = grads()
+    assert fused_calls == [True]
+    monkeypatch.setattr(st, "_fused_vjp", lambda *a: None)
+    kernels = grads()
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for a, b in zip(fused, kernels):
+        assert float((a - b).abs().max()) <= tol * max(1.0, float(b.abs().max()))
+
+
+def test_declined_kernels_fall_back_to_the_gradient_kernels(fused_calls):
+    fn = _attention(4, 3, "-SqDist(q,k)*s")
+    q, k, s, v = (t.requires_grad_(True) for t in _inputs(9, 8, 4, 3, torch.float64))
+    out = fn(q, k, s, v, backend="CPU")
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    w = torch.softmax(-((q[:, None] - k[None]) ** 2).sum(-1) * s, dim=1)
+    want = torch.autograd.grad((w @ v).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, atol=1e-10)
+    assert fused_calls == [False]
+    (tk,) = fn._torch_kernels.values()
+    assert tk.fused_vjp is False  # asked once, remembered
+
+
+def test_double_backward_takes_the_gradient_kernels(fused_calls):
+    fn = _attention(3, 2)
+    ins = [t.requires_grad_(True) for t in _inputs(5, 6, 3, 2, torch.float64)]
+    assert torch.autograd.gradgradcheck(lambda *a: fn(*a, backend="CPU"), ins)
+
+
+def test_forward_keeps_the_log_normalizer_for_the_backward(monkeypatch):
+    seen = []
+    orig = st._fused_vjp
+
+    def spy(*a):
+        seen.append(a[7])  # lse
+        return orig(*a)
+
+    monkeypatch.setattr(st, "_fused_vjp", spy)
+    fn = _attention(8, 4)
+    q, k, s, v = _inputs(20, 30, 8, 4, torch.float32)
+    q.requires_grad_(True)
+    out = fn(q, k, s, v, backend="CPU")
+    w = torch.softmax((q @ k.T) * s, dim=1)
+    assert torch.allclose(out, w @ v, atol=1e-5)
+    (gq,) = torch.autograd.grad(out.sum(), (q,))
+    (want,) = torch.autograd.grad((w @ v).sum(), (q,))
+    assert torch.allclose(gq, want, atol=1e-5)
+    assert len(seen) == 1 and seen[0] is not None
+    assert torch.allclose(seen[0], torch.logsumexp((q @ k.T) * s, dim=1).detach(), atol=1e-5)
+    assert not hasattr(out, "_symred_lse")  # handed to the backward, not left on the output

@@ -1,0 +1,611 @@
+/*
+ * attn-grad.c — the fused backward of attention on the CPU (sr_kernel_vjp).
+ *
+ * The kernel: out_i = sum_j P_ij w_j with P_ij = exp(F_ij - lam_i), F_ij = c (x_i|y_j) and
+ * lam_i = log sum_j exp(F_ij); G_i = dL/d out_i. Its gradients (docs/gradients.md, summed):
+ *   dw_j  = sum_i P_ij G_i
+ *   dS_ij = P_ij ((G_i|w_j) - (G_i|out_i))
+ *   dx_i  = c sum_j dS_ij y_j,   dy_j = c sum_i dS_ij x_i,
+ *   dc    = sum_ij dS_ij (x_i|y_j) = sum_i (x_i | sum_j dS_ij y_j).
+ *
+ * Two passes over the pairs. The first, over blocks of rows i, forms tiles of F (x y^T) and the
+ * log-normalizer lam_i by the online maximum and sum, as the forward does. The second goes over
+ * tiles of TJ reduced indices, each owned by one thread with its rows of dy and dw, and walks
+ * the rows i in strips: the strip of F, P, the strip of (G|w) (G w^T), dS, and the thread's own
+ * copy of dx gets dS y; per block of TI rows, P^T and dS^T, stored transposed as they are formed,
+ * give dw += P^T G and dy += dS^T x. Five tile products per pair in the second pass and one in
+ * the first, where the LogSumExp kernel and the gradient kernels (one reduction per variable)
+ * take nine, and the pairs' exponentials are formed twice instead of four times.
+ *
+ * float32 on a CPU with AVX2 and FMA: symred's strip products (gemm-avx2.c) and the fused
+ * strategy's vectorised exponential, accumulating in float32 tile by tile like the fused
+ * strategy. Otherwise (float64, or no AVX2) the same passes in portable loops that accumulate in
+ * double. NaN and infinities follow IEEE arithmetic as in the gradient kernels: a NaN in a row
+ * of x makes lam_i NaN, and with it that row's dx and every dy and dw.
+ */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_AVX2_PASSES 1
+#include <immintrin.h>
+#else
+#define HAVE_AVX2_PASSES 0
+#endif
+
+/* Rows i per block of the second pass (the transposed tiles P^T and dS^T are TJ x TI), reduced
+ * indices per tile of the second pass and of the first, rows per block of the first (and of the
+ * forward: each block packs the tiles of y and w again, so larger blocks pack less; the forward
+ * ran 0.86-1.01x the fused strategy's with 192, 1.16-1.36x with 96, N = M = 4096, D = 64,
+ * alternating, load 4-5), rows per strip (two 8 x 8 blocks of the transposition). With float32,
+ * TI = 96 and TJ = 128, a thread's tiles of the second pass (the packed y and w tiles, P^T, dS^T,
+ * the packed x and G blocks: about 250 KiB at D = 64) stay in L2. */
+enum { TI = 96, TJ = 128, TL = 512, TB = 192, STRIP = 16 };
+
+struct attn {
+    int x, y, w, c; /* argument indices; c = -1 for a constant or no factor */
+    double cval;    /* c's value */
+    int D, Dw;      /* dim(x) = dim(y), dim(w) */
+    int64_t n, m;
+    const void *X, *Y, *W, *G, *O;
+    void *gx, *gy, *gw, *gc; /* the wanted gradients, NULL for the others */
+    int nth;
+};
+
+static bool var_of(const sr_expr *e, sr_cat cat, int *idx)
+{
+    if (e->op != OP_VAR || e->iattr[1] != (int64_t)cat)
+        return false;
+    *idx = (int)e->iattr[0];
+    return true;
+}
+
+static bool const_value(const sr_expr *e, double *v)
+{
+    if (e->dim != 1)
+        return false;
+    switch (e->op) {
+    case OP_CST:
+        *v = e->fattr;
+        return true;
+    case OP_INTCST:
+        *v = (double)e->iattr[0];
+        return true;
+    case OP_RATCST:
+        *v = (double)e->iattr[0] / (double)e->iattr[1];
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Whether k is attention of the form the fused backward takes (filling a), else why not. The
+ * user's formulas are matched: the simplifier may have reordered them. */
+static const char *attn_match(const sr_kernel *k, struct attn *a)
+{
+    if (k->red != SR_SUMSOFTMAXWEIGHT)
+        return "it is not a SumSoftMaxWeight reduction";
+    if (k->axis != 1)
+        return "its axis is 0";
+    if (k->io != k->dtype || (k->dtype != SR_F32 && k->dtype != SR_F64))
+        return "its arrays are not float32 or float64";
+    const sr_expr *f = k->simp.f_user ? k->simp.f_user : k->f;
+    const sr_expr *w = k->simp.f_user ? k->simp.weight_user : k->weight;
+    a->c = -1;
+    a->cval = 1;
+    if (f->op == OP_MUL) {
+        bool first = f->child[0]->op == OP_SCALPROD;
+        const sr_expr *s = f->child[first ? 1 : 0];
+        f = f->child[first ? 0 : 1];
+        if (s->dim != 1 || !(var_of(s, SR_CAT_PARAM, &a->c) || const_value(s, &a->cval)))
+            return "F is not (x|y) times a scalar parameter or constant";
+    }
+    if (f->op != OP_SCALPROD)
+        return "F is not an inner product (x|y) of a Vi and a Vj variable";
+    if (!(var_of(f->child[0], SR_CAT_I, &a->x) && var_of(f->child[1], SR_CAT_J, &a->y)) &&
+        !(var_of(f->child[1], SR_CAT_I, &a->x) && var_of(f->child[0], SR_CAT_J, &a->y)))
+        return "F is not an inner product (x|y) of a Vi and a Vj variable";
+    if (!w || !var_of(w, SR_CAT_J, &a->w))
+        return "the weight is not a Vj variable";
+    if (a->w == a->y)
+        return "the weight is the variable y of the inner product";
+    a->D = f->child[0]->dim;
+    a->Dw = w->dim;
+    return NULL;
+}
+
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static inline double ld(const void *p, int f64, int64_t i)
+{
+    return f64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+
+static inline void st(void *p, int f64, int64_t i, double v)
+{
+    if (f64)
+        ((double *)p)[i] = v;
+    else
+        ((float *)p)[i] = (float)v;
+}
+
+static double dot(const void *a, int64_t ia, const void *b, int64_t ib, int f64, int d)
+{
+    double s = 0;
+    for (int t = 0; t < d; t++)
+        s += ld(a, f64, ia + t) * ld(b, f64, ib + t);
+    return s;
+}
+
+/* delta_i = (G_i|out_i), in double. */
+static void deltas(const struct attn *a, int f64, double *dlt)
+{
+#pragma omp parallel for num_threads(a->nth) schedule(static)
+    for (int64_t i = 0; i < a->n; i++)
+        dlt[i] = dot(a->G, i * a->Dw, a->O, i * a->Dw, f64, a->Dw);
+}
+
+/* dx_i = c sum_u acc_u[i] over the threads' copies (nth of them, each n x D, float or double as
+ * af64, stride bytes apart from acc) and dc = sum_i (x_i | sum_u acc_u[i]), written into the
+ * wanted outputs. */
+static void finish_dx(const struct attn *a, int f64, const char *acc, int64_t stride, int af64)
+{
+    double dc = 0;
+#pragma omp parallel for num_threads(a->nth) schedule(static) reduction(+ : dc)
+    for (int64_t i = 0; i < a->n; i++)
+        for (int t = 0; t < a->D; t++) {
+            double s = 0;
+            for (int u = 0; u < a->nth; u++)
+                s += ld(acc + u * stride, af64, i * a->D + t);
+            if (a->gx)
+                st(a->gx, f64, i * a->D + t, a->cval * s);
+            dc += ld(a->X, f64, i * a->D + t) * s;
+        }
+    if (a->gc)
+        st(a->gc, f64, 0, dc);
+}
+
+/* ---- portable passes (float64, or float32 without AVX2), accumulating in double ----------------
+ */
+
+/* lam_i and, when out is not NULL, the forward's values (ws: per thread, stride bytes apart,
+ * dim(w) doubles). */
+static void generic_lam(const struct attn *a, int f64, double *lam, void *out, char *ws,
+                        int64_t stride)
+{
+    const int Dw = a->Dw;
+#pragma omp parallel num_threads(a->nth)
+    {
+        double *acc = (double *)(ws + (int64_t)thread_id() * stride);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < a->n; i++) {
+            double mx = -INFINITY, s = 0;
+            for (int t = 0; out && t < Dw; t++)
+                acc[t] = 0;
+            for (int64_t j = 0; j < a->m; j++) {
+                double f = a->cval * dot(a->X, i * a->D, a->Y, j * a->D, f64, a->D), p = 0;
+                if (f > mx) {
+                    const double scale = exp(mx - f);
+                    s *= scale;
+                    for (int t = 0; out && t < Dw; t++)
+                        acc[t] *= scale;
+                    mx = f;
+                    p = 1;
+                } else if (f != -INFINITY)
+                    p = exp(f - mx); /* a NaN makes the sum NaN */
+                s += p;
+                for (int t = 0; out && t < Dw; t++)
+                    acc[t] += p * ld(a->W, f64, j * Dw + t);
+            }
+            lam[i] = mx + log(s);
+            for (int t = 0; out && t < Dw; t++)
+                st(out, f64, i * Dw + t, acc[t] / s);
+        }
+    }
+}
+
+/* ws: per thread (stride bytes apart) n * D + D + Dw doubles, the first n * D (the thread's dx)
+ * zero. */
+static void generic_pass(const struct attn *a, int f64, const double *lam, const double *dlt,
+                         char *ws, int64_t stride)
+{
+    const int D = a->D, Dw = a->Dw;
+    const bool wdx = a->gx || a->gc, wds = wdx || a->gy;
+#pragma omp parallel num_threads(a->nth)
+    {
+        double *ax = (double *)(ws + (int64_t)thread_id() * stride), *ay = ax + a->n * D,
+               *aw = ay + D;
+#pragma omp for schedule(dynamic, 8)
+        for (int64_t j = 0; j < a->m; j++) {
+            memset(ay, 0, sizeof(double) * (size_t)(D + Dw));
+            for (int64_t i = 0; i < a->n; i++) {
+                const double s = dot(a->X, i * D, a->Y, j * D, f64, D), f = a->cval * s;
+                const double p = f == -INFINITY ? 0 : exp(f - lam[i]);
+                if (a->gw)
+                    for (int t = 0; t < Dw; t++)
+                        aw[t] += p * ld(a->G, f64, i * Dw + t);
+                if (!wds)
+                    continue;
+                const double ds = p * (dot(a->G, i * Dw, a->W, j * Dw, f64, Dw) - dlt[i]);
+                for (int t = 0; t < D && a->gy; t++)
+                    ay[t] += ds * ld(a->X, f64, i * D + t);
+                for (int t = 0; t < D && wdx; t++)
+                    ax[i * D + t] += ds * ld(a->Y, f64, j * D + t);
+            }
+            for (int t = 0; t < D && a->gy; t++)
+                st(a->gy, f64, j * D + t, a->cval * ay[t]);
+            for (int t = 0; t < Dw && a->gw; t++)
+                st(a->gw, f64, j * Dw + t, aw[t]);
+        }
+    }
+}
+
+/* ---- float32 with AVX2: the strip products --------------------------------------------------- */
+
+static int64_t al64(int64_t v) { return (v + 63) / 64 * 64; }
+
+/* The first pass: lam_i, in blocks of TB rows over tiles of TL reduced indices. ws: per thread
+ * the packed tile of y, the strip of F (STRIP x TL), TB row states and, for the forward
+ * (with_w), the packed tile of w. */
+static int64_t lam_bytes(const struct attn *a, bool with_w)
+{
+    return al64(cpu_avx2_pack_bt_bytes(TL, a->D)) + al64(4 * STRIP * TL) + al64(16 * TB) +
+           (with_w ? al64(cpu_avx2_pack_bt_bytes(a->Dw, TL)) : 0);
+}
+
+/* lam_i and, when out is not NULL, the forward's values out_i = sum_j P_ij w_j (the online
+ * softmax: each row rescaled when its maximum grows, divided by its sum at the end). */
+static void avx2_lam(const struct attn *a, float *lam, float *out, char *ws, int64_t stride)
+{
+    const float *X = a->X, *Y = a->Y, *W = a->W;
+    const float c = (float)a->cval;
+    const int D = a->D, Dw = a->Dw;
+    const int64_t nb = (a->n + TB - 1) / TB;
+#pragma omp parallel num_threads(a->nth)
+    {
+        char *t = ws + (int64_t)thread_id() * stride;
+        float *Kt = (float *)t, *S = (float *)(t + al64(cpu_avx2_pack_bt_bytes(TL, D)));
+        double *M = (double *)((char *)S + al64(4 * STRIP * TL)), *L = M + TB;
+        float *Wp = (float *)((char *)M + al64(16 * TB));
+#pragma omp for schedule(dynamic)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t b0 = b * TB, bh = a->n - b0 < TB ? a->n - b0 : TB;
+            for (int64_t r = 0; r < bh; r++)
+                M[r] = -INFINITY, L[r] = 0;
+            if (out)
+                memset(out + b0 * Dw, 0, sizeof(float) * (size_t)(bh * Dw));
+            for (int64_t j0 = 0; j0 < a->m; j0 += TL) {
+                const int64_t tj = a->m - j0 < TL ? a->m - j0 : TL;
+                cpu_avx2_pack_bt(tj, D, Y + j0 * D, D, Kt);
+                if (out)
+                    cpu_avx2_pack_v(tj, Dw, W + j0 * Dw, Dw, Wp);
+                for (int64_t u = 0; u < bh; u += STRIP) {
+                    const int64_t h = bh - u < STRIP ? bh - u : STRIP;
+                    cpu_avx2_strip_abt(h, D, X + (b0 + u) * D, D, Kt, tj, S, TL);
+                    for (int64_t r = 0; r < h; r++) {
+                        float *F = S + r * TL;
+                        for (int64_t q = 0; q < tj; q++)
+                            F[q] *= c;
+                        const double tm = cpu_rowmax_f32(F, tj), mo = M[u + r];
+                        const double mn = tm > mo ? tm : mo;
+                        if (mn == -INFINITY) { /* every value so far is -inf: weights 0 */
+                            memset(F, 0, sizeof(float) * (size_t)tj);
+                            continue;
+                        }
+                        const double scale = exp(mo - mn);
+                        for (int64_t q = 0; out && scale != 1 && q < Dw; q++)
+                            out[(b0 + u + r) * Dw + q] *= (float)scale;
+                        L[u + r] = L[u + r] * scale + cpu_expsum_f32(F, tj, (float)mn);
+                        M[u + r] = mn;
+                    }
+                    if (out)
+                        cpu_avx2_strip_av(h, tj, S, TL, Wp, Dw, out + (b0 + u) * Dw, Dw);
+                }
+            }
+            for (int64_t r = 0; r < bh; r++) {
+                lam[b0 + r] = (float)(M[r] + log(L[r]));
+                for (int64_t q = 0; out && q < Dw; q++)
+                    out[(b0 + r) * Dw + q] = (float)(out[(b0 + r) * Dw + q] / L[r]);
+            }
+        }
+    }
+}
+
+/* dst[q * ldd + r] = src[r * lds + q] for r < h, q < w: 8 x 8 blocks by AVX2 shuffles, the
+ * rest one value at a time. Called only where cpu_avx2_usable() (elsewhere the AVX2 passes are
+ * not run, and it is the plain loop). */
+#if HAVE_AVX2_PASSES
+__attribute__((target("avx2,fma"))) static void transpose(const float *src, int64_t lds, int64_t h,
+                                                          int64_t w, float *dst, int64_t ldd)
+{
+    int64_t r = 0;
+    for (; r + 8 <= h; r += 8) {
+        int64_t q = 0;
+        for (; q + 8 <= w; q += 8) {
+            __m256 a[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                a[i] = _mm256_loadu_ps(src + (r + i) * lds + q);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(dst + (q + i) * ldd + r,
+                                 _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (q + i + 4) * ldd + r,
+                                 _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+        for (; q < w; q++)
+            for (int i = 0; i < 8; i++)
+                dst[q * ldd + r + i] = src[(r + i) * lds + q];
+    }
+    for (; r < h; r++)
+        for (int64_t q = 0; q < w; q++)
+            dst[q * ldd + r] = src[r * lds + q];
+}
+#else
+static void transpose(const float *src, int64_t lds, int64_t h, int64_t w, float *dst, int64_t ldd)
+{
+    for (int64_t r = 0; r < h; r++)
+        for (int64_t q = 0; q < w; q++)
+            dst[q * ldd + r] = src[r * lds + q];
+}
+#endif
+
+struct pass_ws {
+    float *Kt, *Vt, *Kv, *S, *dP, *PT, *dST, *Xp, *Gp, *ax;
+};
+
+/* One thread's workspace of the second pass, carved from t (NULL: only the size). */
+static int64_t pass_bytes(const struct attn *a, char *t, struct pass_ws *p)
+{
+    const int64_t sizes[] = {cpu_avx2_pack_bt_bytes(TJ, a->D),
+                             cpu_avx2_pack_bt_bytes(TJ, a->Dw),
+                             cpu_avx2_pack_bt_bytes(a->D, TJ),
+                             4 * STRIP * TJ,
+                             4 * STRIP * TJ,
+                             4 * TJ * TI,
+                             4 * TJ * TI,
+                             cpu_avx2_pack_bt_bytes(a->D, TI),
+                             cpu_avx2_pack_bt_bytes(a->Dw, TI),
+                             4 * a->n * a->D};
+    float **dst[] = {&p->Kt, &p->Vt,  &p->Kv, &p->S,  &p->dP,
+                     &p->PT, &p->dST, &p->Xp, &p->Gp, &p->ax};
+    int64_t off = 0;
+    for (size_t q = 0; q < sizeof sizes / sizeof *sizes; q++) {
+        if (t)
+            *dst[q] = (float *)(t + off);
+        off += al64(sizes[q]);
+    }
+    return off;
+}
+
+/* Rows [i0, i0 + h) against the tile [j0, j0 + tj): P into S, dS into dP (row stride TJ), their
+ * transposes into columns [u, u + h) of PT and dST, and dS y into the thread's dx. */
+static void avx2_strip(const struct attn *a, const struct pass_ws *p, const float *lam,
+                       const float *dlt, int64_t i0, int64_t h, int64_t u, int64_t tj)
+{
+    const float *X = a->X, *G = a->G;
+    const float c = (float)a->cval;
+    const bool wdx = a->gx || a->gc, wds = wdx || a->gy;
+    cpu_avx2_strip_abt(h, a->D, X + i0 * a->D, a->D, p->Kt, tj, p->S, TJ);
+    for (int64_t r = 0; r < h; r++) {
+        float *F = p->S + r * TJ;
+        for (int64_t q = 0; q < tj; q++)
+            F[q] *= c;
+        cpu_expsum_f32(F, tj, lam[i0 + r]);
+    }
+    if (wds) {
+        cpu_avx2_strip_abt(h, a->Dw, G + i0 * a->Dw, a->Dw, p->Vt, tj, p->dP, TJ);
+        for (int64_t r = 0; r < h; r++) {
+            const float d = dlt[i0 + r], *P = p->S + r * TJ;
+            float *dS = p->dP + r * TJ;
+            for (int64_t q = 0; q < tj; q++)
+                dS[q] = P[q] * (dS[q] - d);
+        }
+    }
+    if (a->gw)
+        transpose(p->S, TJ, h, tj, p->PT + u, TI);
+    if (a->gy)
+        transpose(p->dP, TJ, h, tj, p->dST + u, TI);
+    if (wdx)
+        cpu_avx2_strip_av(h, tj, p->dP, TJ, p->Kv, a->D, p->ax + i0 * a->D, a->D);
+}
+
+static void avx2_pass(const struct attn *a, const float *lam, const float *dlt, char *ws,
+                      int64_t stride)
+{
+    const float *X = a->X, *Y = a->Y, *W = a->W, *G = a->G;
+    const int D = a->D, Dw = a->Dw;
+    const bool wdx = a->gx || a->gc, wds = wdx || a->gy;
+    const int64_t nt = (a->m + TJ - 1) / TJ;
+#pragma omp parallel num_threads(a->nth)
+    {
+        struct pass_ws p;
+        pass_bytes(a, ws + (int64_t)thread_id() * stride, &p); /* p.ax: zero */
+#pragma omp for schedule(dynamic)
+        for (int64_t t = 0; t < nt; t++) {
+            const int64_t j0 = t * TJ, tj = a->m - j0 < TJ ? a->m - j0 : TJ;
+            float *gy = a->gy ? (float *)a->gy + j0 * D : NULL;
+            float *gw = a->gw ? (float *)a->gw + j0 * Dw : NULL;
+            cpu_avx2_pack_bt(tj, D, Y + j0 * D, D, p.Kt);
+            if (wds)
+                cpu_avx2_pack_bt(tj, Dw, W + j0 * Dw, Dw, p.Vt);
+            if (wdx)
+                cpu_avx2_pack_v(tj, D, Y + j0 * D, D, p.Kv);
+            if (gy)
+                memset(gy, 0, sizeof(float) * (size_t)(tj * D));
+            if (gw)
+                memset(gw, 0, sizeof(float) * (size_t)(tj * Dw));
+            for (int64_t b0 = 0; b0 < a->n; b0 += TI) {
+                const int64_t bh = a->n - b0 < TI ? a->n - b0 : TI;
+                for (int64_t u = 0; u < bh; u += STRIP)
+                    avx2_strip(a, &p, lam, dlt, b0 + u, bh - u < STRIP ? bh - u : STRIP, u, tj);
+                if (gw) {
+                    cpu_avx2_pack_v(bh, Dw, G + b0 * Dw, Dw, p.Gp);
+                    cpu_avx2_strip_av(tj, bh, p.PT, TI, p.Gp, Dw, gw, Dw);
+                }
+                if (gy) {
+                    cpu_avx2_pack_v(bh, D, X + b0 * D, D, p.Xp);
+                    cpu_avx2_strip_av(tj, bh, p.dST, TI, p.Xp, D, gy, D);
+                }
+            }
+            for (int64_t q = 0; gy && q < tj * D; q++)
+                gy[q] *= (float)a->cval;
+        }
+    }
+}
+
+/* ---- the entry points ------------------------------------------------------------------------ */
+
+/* Zeroes each thread's copy of dx (elements of es bytes, stride bytes apart from acc), when
+ * dx or dc is wanted. */
+static void zero_dx(const struct attn *a, char *acc, int64_t stride, size_t es)
+{
+    for (int u = 0; u < a->nth && (a->gx || a->gc); u++)
+        memset(acc + u * stride, 0, es * (size_t)(a->n * a->D));
+}
+
+/* What both entry points share: the form (else SR_ENOTSUP), the sizes and the arrays. */
+static sr_status attn_setup(const sr_kernel *k, const sr_run_desc *r, const char *name,
+                            struct attn *a)
+{
+    const char *why = attn_match(k, a);
+    if (why)
+        return sr__error(k->ctx, SR_ENOTSUP,
+                         "%s: this kernel has no fused backward (%s); use sr_kernel_grad", name,
+                         why);
+    a->n = r->nx, a->m = r->ny;
+    a->X = r->args[a->x], a->Y = r->args[a->y], a->W = r->args[a->w];
+    if (a->c >= 0)
+        a->cval = ld(r->args[a->c], k->dtype == SR_F64, 0);
+    return SR_OK;
+}
+
+/* The workspace, per_thread bytes for each thread (as many as the budget lets run) after
+ * al64(shared) bytes: SR_EBUDGET when even that exceeds the memory budget. */
+static sr_status attn_alloc(const sr_kernel *k, struct attn *a, const char *name,
+                            int64_t per_thread, int64_t shared, char **ws)
+{
+    sr_ctx *ctx = k->ctx;
+    a->nth = sr__threads(ctx, per_thread);
+    const int64_t bytes = per_thread * a->nth + al64(shared);
+    if (ctx->mem_limit > 0 && bytes > ctx->mem_limit)
+        return sr__error(ctx, SR_EBUDGET,
+                         "%s: the fused backward needs %lld bytes of workspace (per thread a copy "
+                         "of dx, %lld x %d, and tiles), over the memory budget of %lld bytes",
+                         name, (long long)bytes, (long long)a->n, a->D, (long long)ctx->mem_limit);
+    *ws = aligned_alloc(64, (size_t)bytes);
+    if (!*ws)
+        return sr__error(ctx, SR_ENOMEM, "%s: cannot allocate %lld bytes of workspace", name,
+                         (long long)bytes);
+    return SR_OK;
+}
+
+sr_status cpu_attn_run_lse(const sr_kernel *k, const sr_run_desc *r, void *lse)
+{
+    struct attn a;
+    sr_status status = attn_setup(k, r, "sr_kernel_run_lse", &a);
+    if (status != SR_OK || a.n == 0)
+        return status;
+    const int f64 = k->dtype == SR_F64;
+    if (a.m == 0) { /* no pairs: the values 0 and lam = -inf, as the reductions give */
+        memset(r->out, 0, (f64 ? 8 : 4) * (size_t)(a.n * a.Dw));
+        for (int64_t i = 0; i < a.n; i++)
+            st(lse, f64, i, -INFINITY);
+        return SR_OK;
+    }
+    const bool avx2 = !f64 && cpu_avx2_usable();
+    char *ws;
+    const int64_t per_thread = avx2 ? lam_bytes(&a, true) : al64(8 * a.Dw);
+    if ((status = attn_alloc(k, &a, "sr_kernel_run_lse", per_thread, 8 * a.n, &ws)) != SR_OK)
+        return status;
+    if (avx2)
+        avx2_lam(&a, lse, r->out, ws + al64(8 * a.n), per_thread);
+    else {
+        generic_lam(&a, f64, (double *)ws, r->out, ws + al64(8 * a.n), per_thread);
+        for (int64_t i = 0; i < a.n; i++)
+            st(lse, f64, i, ((double *)ws)[i]);
+    }
+    free(ws);
+    return SR_OK;
+}
+
+sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gout, const void *out,
+                       const void *lse, void *const *grads)
+{
+    struct attn a;
+    sr_status status = attn_setup(k, r, "sr_kernel_vjp", &a);
+    if (status != SR_OK)
+        return status;
+    const int f64 = k->dtype == SR_F64;
+    a.G = gout, a.O = out;
+    a.gx = grads[a.x], a.gy = grads[a.y], a.gw = grads[a.w], a.gc = a.c >= 0 ? grads[a.c] : NULL;
+    const size_t es = f64 ? 8 : 4;
+    void *zero[] = {a.gx, a.gy, a.gw, a.gc};
+    const int64_t rows[] = {a.n * a.D, a.m * a.D, a.m * a.Dw, 1};
+    for (int q = 0; q < 4; q++)
+        if (zero[q])
+            memset(zero[q], 0, es * (size_t)rows[q]);
+    if (a.n == 0 || a.m == 0 || !(a.gx || a.gy || a.gw || a.gc))
+        return SR_OK;
+    const bool avx2 = !f64 && cpu_avx2_usable();
+    int64_t per_thread;
+    if (avx2) {
+        int64_t pb = pass_bytes(&a, NULL, &(struct pass_ws){0}), lb = lam_bytes(&a, false);
+        per_thread = pb > lb ? pb : lb;
+    } else
+        per_thread = al64(8 * (a.n * a.D + a.D + a.Dw));
+    char *ws;
+    if ((status = attn_alloc(k, &a, "sr_kernel_vjp", per_thread, 16 * a.n, &ws)) != SR_OK)
+        return status;
+    double *dlt = (double *)ws, *lam = dlt + a.n;
+    char *tws = ws + al64(16 * a.n);
+    /* Each thread's copy of dx: the end of its second pass's workspace, which the first pass
+     * may overwrite; zeroed after it, for the threads that OpenMP runs or not. */
+    const int64_t nD = a.n * a.D;
+    const int64_t ax_off = avx2 ? pass_bytes(&a, NULL, &(struct pass_ws){0}) - al64(4 * nD) : 0;
+    deltas(&a, f64, dlt);
+    if (avx2) {
+        float *lam32 = (float *)lam, *dlt32 = lam32 + a.n; /* both in lam's doubles */
+        for (int64_t i = 0; i < a.n; i++)
+            dlt32[i] = (float)dlt[i];
+        if (lse)
+            memcpy(lam32, lse, sizeof(float) * (size_t)a.n);
+        else
+            avx2_lam(&a, lam32, NULL, tws, per_thread);
+        zero_dx(&a, tws + ax_off, per_thread, es);
+        avx2_pass(&a, lam32, dlt32, tws, per_thread);
+    } else {
+        if (lse)
+            for (int64_t i = 0; i < a.n; i++)
+                lam[i] = ld(lse, f64, i);
+        else
+            generic_lam(&a, f64, lam, NULL, tws, per_thread);
+        zero_dx(&a, tws + ax_off, per_thread, es);
+        generic_pass(&a, f64, lam, dlt, tws, per_thread);
+    }
+    if (a.gx || a.gc)
+        finish_dx(&a, f64, tws + ax_off, per_thread, !avx2);
+    free(ws);
+    return SR_OK;
+}

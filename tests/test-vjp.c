@@ -1,0 +1,366 @@
+/*
+ * test-vjp.c — sr_kernel_vjp, the fused backward of attention, against the gradient kernels
+ * (sr_kernel_grad) on the reference backend in float64: sizes 0, 1, primes and sizes that are
+ * not multiples of the tiles, D = 1, 17, 64, weights of width 1, 16, 65, float32 and float64,
+ * the forms of F it takes (a parameter or a constant factor on either side, the inner product's
+ * operands in either order), NaN and infinities, the kernels it declines (SR_ENOTSUP), the
+ * memory budget (SR_EBUDGET) and the argument errors.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "symred.h"
+#include "util.h"
+
+static sr_ctx *ctx;
+static void setup(void) { cr_assert_eq(sr_ctx_new(&ctx), SR_OK); }
+static void teardown(void) { sr_ctx_free(ctx); }
+TestSuite(vjp, .init = setup, .fini = teardown);
+
+/* Variables: q = Vi(0, D), k = Vj(1, D), s = Pm(2, 1), v = Vj(3, Dw). */
+enum { NV = 4 };
+
+struct job {
+    const char *f, *w; /* formula and weight */
+    int64_t n, m;
+    int D, Dw;
+    sr_dtype dt;
+    double scale; /* s */
+    int nan_row;  /* a row of q set to NaN (-1: none) */
+    int inf_row;  /* a row of v whose first value is +inf (-1: none) */
+};
+
+struct arrays {
+    void *a[NV];   /* the inputs in the job's dtype */
+    double *d[NV]; /* the same as float64 */
+    int64_t len[NV];
+};
+
+static sr_expr *parse(const struct job *j, const char *text)
+{
+    char al[NV][32];
+    snprintf(al[0], sizeof al[0], "q=Vi(0,%d)", j->D);
+    snprintf(al[1], sizeof al[1], "k=Vj(1,%d)", j->D);
+    snprintf(al[2], sizeof al[2], "s=Pm(2,1)");
+    snprintf(al[3], sizeof al[3], "v=Vj(3,%d)", j->Dw);
+    const char *aliases[NV] = {al[0], al[1], al[2], al[3]};
+    sr_expr *e;
+    cr_assert_eq(sr_parse(ctx, text, aliases, NV, &e), SR_OK, "%s: %s", text, sr_ctx_error(ctx));
+    return e;
+}
+
+static sr_kernel *make(const struct job *j, sr_reduction red, sr_dtype dt, sr_device dev)
+{
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = red;
+    d.axis = 1;
+    d.dtype = dt;
+    d.device = dev;
+    d.weight = red == SR_SUMSOFTMAXWEIGHT ? parse(j, j->w) : NULL;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, parse(j, j->f), &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    return k;
+}
+
+static size_t esize(sr_dtype dt) { return dt == SR_F64 ? 8 : 4; }
+
+static void fill(const struct job *j, struct arrays *x, uint64_t *seed)
+{
+    const int64_t len[NV] = {j->n * j->D, j->m * j->D, 1, j->m * j->Dw};
+    for (int v = 0; v < NV; v++) {
+        x->len[v] = len[v];
+        x->a[v] = calloc((size_t)len[v] + 1, esize(j->dt));
+        x->d[v] = calloc((size_t)len[v] + 1, 8);
+        tu_fill(x->a[v], j->dt, len[v], -1.5, 1.5, seed);
+    }
+    tu_set(x->a[2], j->dt, 0, j->scale);
+    for (int t = 0; j->nan_row >= 0 && t < j->D; t++)
+        tu_set(x->a[0], j->dt, j->nan_row * j->D + t, NAN);
+    if (j->inf_row >= 0)
+        tu_set(x->a[3], j->dt, j->inf_row * j->Dw, INFINITY);
+    for (int v = 0; v < NV; v++)
+        for (int64_t i = 0; i < len[v]; i++)
+            x->d[v][i] = tu_get(x->a[v], j->dt, i);
+}
+
+static void release(struct arrays *x)
+{
+    for (int v = 0; v < NV; v++)
+        free(x->a[v]), free(x->d[v]);
+}
+
+static void run(const sr_kernel *k, const struct job *j, const void *const *args, void *out)
+{
+    sr_run_desc r = {.nx = j->n, .ny = j->m, .nargs = sr_kernel_nargs(k), .args = args, .out = out};
+    cr_assert_eq(sr_kernel_run_ex(k, &r), SR_OK, "%s", sr_ctx_error(ctx));
+}
+
+/* The gradient of variable v by its gradient kernel into want (a parameter's partial sums
+ * added up): on the reference backend in float64 from the float64 copies, or (native) on the CPU
+ * JIT in the job's dtype from its own arrays, where infinities and NaN come out as in that
+ * dtype. G: the incoming gradient as the kernel reads it. */
+static void expected(const struct job *j, const struct arrays *x, const void *G, int v,
+                     double *want, bool native)
+{
+    const sr_dtype dt = native ? j->dt : SR_F64;
+    const sr_device dev = native ? SR_DEVICE_CPU : SR_DEVICE_REFERENCE;
+    sr_kernel *f = make(j, SR_SUMSOFTMAXWEIGHT, dt, dev);
+    sr_kernel *lse = make(j, SR_LOGSUMEXP, dt, dev);
+    void *out = calloc((size_t)(j->n * j->Dw + 1), 8), *lam = calloc((size_t)j->n + 1, 8);
+    void *const *a = native ? x->a : (void *const *)x->d;
+    const void *fa[NV] = {a[0], a[1], a[2], a[3]};
+    run(f, j, fa, out);
+    run(lse, j, fa, lam);
+    sr_kernel *g;
+    cr_assert_eq(sr_kernel_grad(f, v, &g), SR_OK, "%s", sr_ctx_error(ctx));
+    const void *ga[NV + 3] = {a[0], a[1], a[2], a[3], G, out, lam};
+    int64_t rows = v == 0 ? j->n : v == 2 ? j->n : j->m;
+    int dim = v == 0 || v == 1 ? j->D : v == 2 ? 1 : j->Dw;
+    void *res = calloc((size_t)(rows * dim + 1), 8);
+    run(g, j, ga, res);
+    want[0] = 0;
+    for (int64_t i = 0; i < rows * dim; i++) {
+        if (v == 2)
+            want[0] += tu_get(res, dt, i);
+        else
+            want[i] = tu_get(res, dt, i);
+    }
+    free(res), free(out), free(lam);
+    sr_kernel_free(g), sr_kernel_free(lse), sr_kernel_free(f);
+}
+
+/* Runs the job: the forward on the CPU JIT in its dtype, then sr_kernel_vjp for the variables
+ * of mask (bit v), each compared with its gradient kernel's values. */
+static void check_vs(const struct job *j, unsigned mask, bool native)
+{
+    uint64_t seed = 0x5eed + (uint64_t)(j->n * 31 + j->m * 7 + j->D * 3 + j->Dw);
+    struct arrays x;
+    fill(j, &x, &seed);
+    sr_kernel *k = make(j, SR_SUMSOFTMAXWEIGHT, j->dt, SR_DEVICE_CPU);
+    const size_t es = esize(j->dt);
+    void *out = calloc((size_t)(j->n * j->Dw + 1), es), *G = calloc((size_t)(j->n * j->Dw + 1), es);
+    tu_fill(G, j->dt, j->n * j->Dw, -1, 1, &seed);
+    double *Gd = calloc((size_t)(j->n * j->Dw + 1), 8);
+    for (int64_t i = 0; i < j->n * j->Dw; i++)
+        Gd[i] = tu_get(G, j->dt, i);
+    const void *args[NV] = {x.a[0], x.a[1], x.a[2], x.a[3]};
+    run(k, j, args, out);
+    const int64_t glen[NV] = {x.len[0], x.len[1], 1, x.len[3]};
+    const double rtol = j->dt == SR_F64 ? 1e-10 : 2e-4;
+    /* The log-normalizer formed by sr_kernel_vjp (lse NULL), then the values and log-normalizer
+     * of sr_kernel_run_lse: its values as the kernel's, and the same gradients. */
+    void *out2 = calloc((size_t)(j->n * j->Dw + 1), es), *lse = calloc((size_t)j->n + 1, es);
+    sr_run_desc r = {.nx = j->n, .ny = j->m, .nargs = NV, .args = args, .out = out2};
+    cr_assert_eq(sr_kernel_run_lse(k, &r, lse), SR_OK, "%s", sr_ctx_error(ctx));
+    for (int64_t i = 0; i < j->n * j->Dw; i++)
+        cr_assert(tu_close(tu_get(out2, j->dt, i), tu_get(out, j->dt, i), rtol, rtol),
+                  "sr_kernel_run_lse's value [%lld] = %.10g, the kernel's %.10g", (long long)i,
+                  tu_get(out2, j->dt, i), tu_get(out, j->dt, i));
+    for (int pass = 0; pass < 2; pass++) {
+        void *grads[NV] = {0};
+        for (int v = 0; v < NV; v++)
+            if (mask >> v & 1) {
+                grads[v] = malloc(es * (size_t)glen[v] + 1);
+                memset(grads[v], 0x7f, es * (size_t)glen[v] + 1); /* overwritten, zeros too */
+            }
+        cr_assert_eq(sr_kernel_vjp(k, &r, G, pass ? out2 : out, pass ? lse : NULL, grads), SR_OK,
+                     "%s", sr_ctx_error(ctx));
+        for (int v = 0; v < NV; v++) {
+            if (!grads[v])
+                continue;
+            double *want = calloc((size_t)glen[v] + 1, 8), big = 0;
+            expected(j, &x, native ? G : (const void *)Gd, v, want, native);
+            for (int64_t i = 0; i < glen[v]; i++)
+                big = isfinite(want[i]) && fabs(want[i]) > big ? fabs(want[i]) : big;
+            for (int64_t i = 0; i < glen[v]; i++) {
+                double got = tu_get(grads[v], j->dt, i);
+                cr_assert(tu_close(got, want[i], rtol, rtol * (big > 1 ? big : 1)),
+                          "%s s = %g, n %lld m %lld D %d Dw %d %s, lse %s: variable %d [%lld] = "
+                          "%.10g, the gradient kernel gives %.10g",
+                          j->f, j->scale, (long long)j->n, (long long)j->m, j->D, j->Dw,
+                          j->dt == SR_F64 ? "f64" : "f32", pass ? "given" : "formed", v,
+                          (long long)i, got, want[i]);
+            }
+            free(want), free(grads[v]);
+        }
+    }
+    free(out2), free(lse);
+    sr_kernel_free(k);
+    free(out), free(G), free(Gd);
+    release(&x);
+}
+
+static void check(const struct job *j, unsigned mask) { check_vs(j, mask, false); }
+
+Test(vjp, sizes_dims_widths_dtypes)
+{
+    const int64_t sizes[][2] = {{1, 1}, {13, 7}, {131, 97}, {97, 300}};
+    /* (512, 1): the first pass's tiles are larger than the second's before its copy of dx */
+    const int dims[][2] = {{1, 1}, {17, 16}, {64, 65}, {64, 16}, {512, 1}};
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {
+                struct job j = {"(q|k)*s",  "v",        sizes[s][0],          sizes[s][1],
+                                dims[d][0], dims[d][1], dt ? SR_F64 : SR_F32, 0.3,
+                                -1,         -1};
+                check(&j, 0xf);
+            }
+}
+
+Test(vjp, forms_of_f_and_subsets)
+{
+    const char *forms[] = {"(q|k)*s", "s*(q|k)",     "(k|q)*s",
+                           "(q|k)",   "(q|k)*0.125", "IntCst(2)*(q|k)"};
+    for (size_t f = 0; f < sizeof forms / sizeof *forms; f++)
+        for (int dt = 0; dt < 2; dt++) {
+            struct job j = {forms[f], "v", 50, 41, 17, 5, dt ? SR_F64 : SR_F32, 0.7, -1, -1};
+            bool has_s = strstr(forms[f], "*s") || strstr(forms[f], "s*");
+            check(&j, has_s ? 0xf : 0xb);
+            check(&j, 0x1); /* dq alone */
+            check(&j, 0xa); /* dk and dv */
+            if (has_s)
+                check(&j, 0x4); /* ds alone */
+        }
+}
+
+Test(vjp, empty_sizes_write_zeros)
+{
+    for (int dt = 0; dt < 2; dt++)
+        for (int c = 0; c < 2; c++) {
+            struct job j = {"(q|k)*s", "v", c ? 0 : 5, c ? 6 : 0, 3, 2, dt ? SR_F64 : SR_F32,
+                            1.0,       -1,  -1};
+            struct arrays x;
+            uint64_t seed = 1;
+            fill(&j, &x, &seed);
+            sr_kernel *k = make(&j, SR_SUMSOFTMAXWEIGHT, j.dt, SR_DEVICE_CPU);
+            double G[16] = {0}, out[16] = {0}, gq[32], gk[32], gs[2], gv[32];
+            memset(gq, 0x7f, sizeof gq), memset(gk, 0x7f, sizeof gk);
+            memset(gs, 0x7f, sizeof gs), memset(gv, 0x7f, sizeof gv);
+            void *grads[NV] = {gq, gk, gs, gv};
+            const void *args[NV] = {x.a[0], x.a[1], x.a[2], x.a[3]};
+            sr_run_desc r = {.nx = j.n, .ny = j.m, .nargs = NV, .args = args};
+            cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_OK, "%s", sr_ctx_error(ctx));
+            for (int64_t i = 0; i < j.n * j.D; i++)
+                cr_assert_eq(tu_get(gq, j.dt, i), 0.0);
+            for (int64_t i = 0; i < j.m * j.D; i++)
+                cr_assert_eq(tu_get(gk, j.dt, i), 0.0);
+            for (int64_t i = 0; i < j.m * j.Dw; i++)
+                cr_assert_eq(tu_get(gv, j.dt, i), 0.0);
+            cr_assert_eq(tu_get(gs, j.dt, 0), 0.0);
+            double lse[8];
+            r.out = out;
+            cr_assert_eq(sr_kernel_run_lse(k, &r, lse), SR_OK, "%s", sr_ctx_error(ctx));
+            for (int64_t i = 0; i < j.n; i++) {
+                cr_assert_eq(tu_get(lse, j.dt, i), -INFINITY); /* no pairs */
+                for (int t = 0; t < j.Dw; t++)
+                    cr_assert_eq(tu_get(out, j.dt, i * j.Dw + t), 0.0);
+            }
+            sr_kernel_free(k);
+            release(&x);
+        }
+}
+
+Test(vjp, nan_and_infinity_as_the_gradient_kernels)
+{
+    for (int dt = 0; dt < 2; dt++) {
+        struct job j = {"(q|k)*s", "v", 29, 37, 17, 16, dt ? SR_F64 : SR_F32, 0.5, 3, -1};
+        check(&j, 0xf); /* NaN in row 3 of q: NaN where the gradient kernels have NaN */
+        struct job inf = {"(q|k)*s", "v", 29, 37, 17, 16, dt ? SR_F64 : SR_F32, 0.5, -1, 4};
+        check_vs(&inf, 0xf, true); /* +inf in v: infinities and NaN where theirs are */
+    }
+}
+
+Test(vjp, declines_other_kernels)
+{
+    struct job j = {"(q|k)*s", "v", 4, 5, 3, 2, SR_F32, 1.0, -1, -1};
+    struct arrays x;
+    uint64_t seed = 2;
+    fill(&j, &x, &seed);
+    const void *args[NV] = {x.a[0], x.a[1], x.a[2], x.a[3]};
+    float G[16] = {0}, out[16] = {0}, gq[16];
+    void *grads[NV] = {gq, NULL, NULL, NULL};
+    sr_run_desc r = {.nx = 4, .ny = 5, .nargs = NV, .args = args};
+    const struct {
+        const char *f, *w;
+        sr_reduction red;
+        sr_device dev;
+        const char *why;
+    } no[] = {
+        {"(q|k)*s", "v", SR_LOGSUMEXP, SR_DEVICE_CPU, "SumSoftMaxWeight"},
+        {"(q|k)*s", "k", SR_SUMSOFTMAXWEIGHT, SR_DEVICE_CPU, "the weight is the variable y"},
+        {"-SqDist(q,k)*s", "v", SR_SUMSOFTMAXWEIGHT, SR_DEVICE_CPU, "no fused backward"},
+        {"(q|k)*s*s", "v", SR_SUMSOFTMAXWEIGHT, SR_DEVICE_CPU, "scalar parameter or constant"},
+        {"(q|k)*s", "v", SR_SUMSOFTMAXWEIGHT, SR_DEVICE_REFERENCE, "reference"},
+    };
+    for (size_t c = 0; c < sizeof no / sizeof *no; c++) {
+        struct job jc = j;
+        jc.f = no[c].f, jc.w = no[c].w;
+        sr_kernel *k = make(&jc, no[c].red, SR_F32, no[c].dev);
+        r.nargs = sr_kernel_nargs(k);
+        cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_ENOTSUP, "%s: %s", no[c].f,
+                     sr_ctx_error(ctx));
+        cr_assert(strstr(sr_ctx_error(ctx), no[c].why), "%s: %s", no[c].f, sr_ctx_error(ctx));
+        float lse[8];
+        r.out = out;
+        cr_assert_eq(sr_kernel_run_lse(k, &r, lse), SR_ENOTSUP, "%s", no[c].f);
+        r.out = NULL;
+        sr_kernel_free(k);
+    }
+    /* axis 0 */
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_SUMSOFTMAXWEIGHT;
+    d.axis = 0;
+    d.weight = parse(&j, "q");
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, parse(&j, "(q|k)*s"), &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    r.nargs = sr_kernel_nargs(k);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_ENOTSUP);
+    cr_assert(strstr(sr_ctx_error(ctx), "axis"), "%s", sr_ctx_error(ctx));
+    sr_kernel_free(k);
+    release(&x);
+}
+
+Test(vjp, budget_and_argument_errors)
+{
+    struct job j = {"(q|k)*s", "v", 300, 20, 64, 4, SR_F32, 1.0, -1, -1};
+    struct arrays x;
+    uint64_t seed = 3;
+    fill(&j, &x, &seed);
+    sr_kernel *k = make(&j, SR_SUMSOFTMAXWEIGHT, SR_F32, SR_DEVICE_CPU);
+    const void *args[NV] = {x.a[0], x.a[1], x.a[2], x.a[3]};
+    float *G = calloc(300 * 4, 4), *out = calloc(300 * 4, 4), *gq = calloc(300 * 64, 4);
+    void *grads[NV] = {gq, NULL, NULL, NULL};
+    sr_run_desc r = {.nx = 300, .ny = 20, .nargs = NV, .args = args};
+    /* a thread's copy of dq alone is 300 x 64 x 4 bytes */
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 50000), SR_OK);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_EBUDGET);
+    cr_assert(strstr(sr_ctx_error(ctx), "memory budget"), "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_vjp(NULL, &r, G, out, NULL, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, NULL, G, out, NULL, grads), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, NULL), SR_EINVAL);
+    cr_assert_eq(sr_kernel_vjp(k, &r, NULL, out, NULL, grads), SR_EINVAL);
+    cr_assert(strstr(sr_ctx_error(ctx), "gout"), "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_vjp(k, &r, G, NULL, NULL, grads), SR_EINVAL);
+    r.out = out;
+    cr_assert_eq(sr_kernel_run_lse(k, &r, NULL), SR_EINVAL);
+    cr_assert(strstr(sr_ctx_error(ctx), "lse"), "%s", sr_ctx_error(ctx));
+    sr_run_desc bad = r;
+    bad.nargs = 3;
+    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, NULL, grads), SR_EINVAL);
+    bad = r;
+    bad.nx = -1;
+    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, NULL, grads), SR_EINVAL);
+    const void *missing[NV] = {x.a[0], NULL, x.a[2], x.a[3]};
+    bad = r;
+    bad.args = missing;
+    cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, NULL, grads), SR_EINVAL);
+    sr_kernel_free(k);
+    free(G), free(out), free(gq);
+    release(&x);
+}
