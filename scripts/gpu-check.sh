@@ -11,8 +11,9 @@
 #                                   compile tests, the CUDA differential suite, the same suite
 #                                   under compute-sanitizer memcheck, the examples on the GPU, the
 #                                   XLA FFI handlers of symred.jax on device buffers (test-xla-ffi,
-#                                   no JAX needed; built where jaxlib's headers were found) and
-#                                   the benchmarks. Logs go to DIR (default gpu-logs/, or $OUT
+#                                   no JAX needed; built where jaxlib's headers were found),
+#                                   pykeops' own test suite on the GPU's torch (bundled from the
+#                                   cached virtual environment) and the benchmarks. Logs go to DIR (default gpu-logs/, or $OUT
 #                                   when set), one file per step, and a summary line per step.
 #
 # Every step runs even after a failure; the exit status is 0 only when all passed.
@@ -56,6 +57,17 @@ do_bundle() {
     # BLIS is dlopen()ed by name at run time (the gemm-epilogue path), so ldd does not list it.
     if [ -e /usr/lib/x86_64-linux-gnu/libblis.so.4 ]; then
         cp -L /usr/lib/x86_64-linux-gnu/libblis.so.4 "$bundle/lib/"
+    fi
+    # pykeops 2.3's own test suite, copied from the package in the cached virtual environment
+    # (scripts/pyenv.sh) when it is there: its GPU tests run on the GPU machine's torch through
+    # the name-mapping shim, as scripts/pykeops-suite.sh runs the CPU ones.
+    local venv=${SYMRED_PYENV:-$HOME/.cache/symred-venv} suite
+    if suite=$("$venv/bin/python" -c 'import importlib.util, os
+print(os.path.join(os.path.dirname(importlib.util.find_spec("pykeops").origin), "test"))' 2>/dev/null); then
+        mkdir -p "$bundle/pykeops-test"
+        cp "$suite"/*.py "$bundle/pykeops-test/" && rm -f "$bundle/pykeops-test/__init__.py"
+    else
+        echo "gpu-check: no pykeops in $venv (scripts/pyenv.sh makes it): its suite not bundled"
     fi
     du -sh "$bundle"
 }
@@ -131,6 +143,16 @@ do_run() {
             # says cuda or gpu); none selected (exit 5) is not a failure.
             SYMRED_LIB=$lib step pytest-gpu 300 bash -c 'python3 -m pytest -q -rs -k "cuda or gpu" \
                 bindings/python/tests; rc=$?; [ "$rc" -eq 5 ] && rc=0; exit "$rc"'
+        fi
+        if [ -d "$bundle/pykeops-test" ] && python3 -c 'import torch; assert torch.cuda.is_available()' \
+            >/dev/null 2>&1; then
+            # pykeops' own suite with the GPU: every test runs (the GPU-only ones no longer skip).
+            local repo=$PWD
+            SYMRED_LIB=$lib step pykeops-suite-gpu 300 bash -c "cd '$bundle/pykeops-test' &&
+                PYTHONPATH='$repo/bindings/python/pykeops_shim:$repo/bindings/python' \
+                python3 -m pytest -p pykeops_shim -p no:cacheprovider -q -rfEs ."
+        else
+            echo "==== gpu-check: pykeops-suite-gpu skipped (no bundled suite or no CUDA torch)"
         fi
     fi
     if command -v compute-sanitizer >/dev/null 2>&1; then
