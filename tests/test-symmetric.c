@@ -143,7 +143,9 @@ static void run_case(const struct scase *c)
 
     uint64_t s = 7 + (uint64_t)c->R * 31 + (uint64_t)c->nx * 5 + (uint64_t)c->ny;
     int64_t nb = c->axis == 1 ? c->ny : c->nx, nout = c->axis == 1 ? c->nx : c->ny;
-    void *x = fill(c->dt, c->nx * 3, -1, 1, &s), *u = fill(c->dt, c->nx * 2, -1, 1, &s);
+    /* x and u hold max(nx, ny) rows: with nx < ny, y (x itself) reads ny of them. */
+    int64_t rows = c->nx > c->ny ? c->nx : c->ny;
+    void *x = fill(c->dt, rows * 3, -1, 1, &s), *u = fill(c->dt, rows * 2, -1, 1, &s);
     void *b = fill(c->dt, nb * c->R, 0, 1, &s);
     if (c->sp == NAN_X && c->nx > 2)
         tu_set(x, c->dt, 2 * 3 + 1, NAN);
