@@ -160,21 +160,27 @@ static void deltas(const struct attn *a, int f64, double *dlt)
 /* dx_i = c sum_u acc_u[i] over the threads' copies (nth of them, each n x D, float or double as
  * af64, stride bytes apart from acc) and dc = sum_i (x_i | sum_u acc_u[i]), written into the
  * wanted outputs. */
+static double acc_sum(const struct attn *a, const char *acc, int64_t stride, int af64, int64_t e)
+{
+    double s = 0;
+    for (int u = 0; u < a->nth; u++)
+        s += ld(acc + u * stride, af64, e);
+    return s;
+}
+
 static void finish_dx(const struct attn *a, int f64, const char *acc, int64_t stride, int af64)
 {
-    double dc = 0;
-#pragma omp parallel for num_threads(a->nth) schedule(static) reduction(+ : dc)
-    for (int64_t i = 0; i < a->n; i++)
-        for (int t = 0; t < a->D; t++) {
-            double s = 0;
-            for (int u = 0; u < a->nth; u++)
-                s += ld(acc + u * stride, af64, i * a->D + t);
-            if (a->gx)
-                st(a->gx, f64, i * a->D + t, a->cval * s);
-            dc += ld(a->X, f64, i * a->D + t) * s;
-        }
-    if (a->gc)
+    if (a->gx) {
+#pragma omp parallel for num_threads(a->nth) schedule(static)
+        for (int64_t e = 0; e < a->n * a->D; e++)
+            st(a->gx, f64, e, a->cval * acc_sum(a, acc, stride, af64, e));
+    }
+    if (a->gc) { /* in one thread: the same order of additions in every call */
+        double dc = 0;
+        for (int64_t e = 0; e < a->n * a->D; e++)
+            dc += ld(a->X, f64, e) * acc_sum(a, acc, stride, af64, e);
         st(a->gc, f64, 0, dc);
+    }
 }
 
 /* ---- portable passes (float64, or float32 without AVX2), accumulating in double ----------------
@@ -227,7 +233,9 @@ static void generic_pass(const struct attn *a, int f64, const double *lam, const
     {
         double *ax = (double *)(ws + (int64_t)thread_id() * stride), *ay = ax + a->n * D,
                *aw = ay + D;
-#pragma omp for schedule(dynamic, 8)
+        /* static: each thread's copy of dx sums the same reduced indices in every call, so the
+         * gradients do not vary from one call to the next */
+#pragma omp for schedule(static)
         for (int64_t j = 0; j < a->m; j++) {
             memset(ay, 0, sizeof(double) * (size_t)(D + Dw));
             for (int64_t i = 0; i < a->n; i++) {
@@ -442,7 +450,8 @@ static void avx2_pass(const struct attn *a, const float *lam, const float *dlt, 
     {
         struct pass_ws p;
         pass_bytes(a, ws + (int64_t)thread_id() * stride, &p); /* p.ax: zero */
-#pragma omp for schedule(dynamic)
+        /* static, as generic_pass: the same tiles in each thread's copy of dx in every call */
+#pragma omp for schedule(static)
         for (int64_t t = 0; t < nt; t++) {
             const int64_t j0 = t * TJ, tj = a->m - j0 < TJ ? a->m - j0 : TJ;
             float *gy = a->gy ? (float *)a->gy + j0 * D : NULL;

@@ -288,8 +288,8 @@ static void emit_init(const struct sr_kernel *k, struct expr_buf *b)
     P("SR_FN void st_init(sr_state *s)\n{\n");
     static const char *const loop[] = {
         [SR_RED_N_D] = "SR_UNROLL\n    for (int c = 0; c < SR_D; c++) {",
-        [SR_RED_N_DK] = "SR_UNROLL\n    for (int c = 0; c < SR_D; c++)\nSR_UNROLL\n"
-                        "        for (int q = 0; q < SR_K; q++) {",
+        [SR_RED_N_DK] = ("SR_UNROLL\n    for (int c = 0; c < SR_D; c++)\nSR_UNROLL\n"
+                         "        for (int q = 0; q < SR_K; q++) {"),
         [SR_RED_N_DG] = "SR_UNROLL\n    for (int c = 0; c < SR_DG; c++) {",
         [SR_RED_N_ONE] = "    {",
     };
