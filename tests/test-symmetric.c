@@ -172,6 +172,12 @@ static void run_case(const struct scase *c)
                 r2 = {c->nx, c->ny, nargs, args, o2, NULL};
     cr_assert_eq(sr_kernel_run_ex(kg, &r1), SR_OK, "%s", sr_ctx_error(ctx));
     cr_assert_eq(sr_kernel_run_ex(kr, &r2), SR_OK, "%s", sr_ctx_error(ctx));
+    /* A second call gives the same bits: each thread's share of the tiles is fixed. */
+    void *o3 = calloc((size_t)(nout * c->R + 1), esz);
+    sr_run_desc r3 = {c->nx, c->ny, nargs, args, o3, NULL};
+    cr_assert_eq(sr_kernel_run_ex(kg, &r3), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert(memcmp(o1, o3, esz * (size_t)(nout * c->R)) == 0, "two calls differ");
+    free(o3);
     double rtol = c->dt == SR_F64 ? 1e-11 : 3e-5;
     for (int64_t t = 0; t < nout * c->R; t++) {
         double a = tu_get(o1, c->dt, t), e = tu_get(o2, c->dt, t);

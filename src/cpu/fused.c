@@ -1370,10 +1370,11 @@ static sr_status fused_run_sym(const sr_kernel *k, const sr_run_desc *r)
                 memset(Vp + (i * ld + R) * es, 0, (size_t)((ld - R) * es));
             }
         }
-        /* Row blocks in order: the first have the most tiles, so the dynamic schedule ends
-         * with the short ones. */
+        /* Row blocks dealt in turn (block I has nb - I tiles, so each thread gets long and
+         * short ones): a static deal, so that each thread's accumulator sums the same tiles in
+         * every call and the result does not vary from one call to the next. */
 #ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static, 1)
 #endif
         for (int64_t I = 0; I < nb; I++)
             if (!F || !args || sym_rows(k, fk, args, V, acc + tid * accb, F, n, I)) {
