@@ -6,7 +6,7 @@
  *                    generated code (the simplifier's count of the pair nodes, hoisted terms
  *                    left out): long formulas spill registers, so a pair costs more per flop
  *        + NS_TRANS x the flop-equivalents of transcendental functions (Exp, Log, Sin, ...:
- *                    10 or more per value in the simplifier's count)
+ *                    10 to 20 per value in the simplifier's count)
  *        + NS_GEMM x flops of the tile products (the gemm micro-kernels; a product by B of R
  *                    columns costs as one of at least 16, the micro-kernels' panel)
  *        + NS_TILE_PAIR per pass of a pair through a tile in memory (written, packed, read; a
@@ -50,6 +50,27 @@
 #define OUT_REGS        16
 #define PANEL           16
 
+/* Whether e is a transcendental function (the simplifier counts 10 or more flops per value). */
+static bool transcendental(const sr_expr *e)
+{
+    switch ((enum expr_op)e->op) {
+    case OP_EXP:
+    case OP_LOG:
+    case OP_XLOGX:
+    case OP_SIN:
+    case OP_COS:
+    case OP_ASIN:
+    case OP_ACOS:
+    case OP_ATAN:
+    case OP_POWF:
+    case OP_ATAN2:
+    case OP_SINXDIVX:
+        return true;
+    default:
+        return false;
+    }
+}
+
 void cpu_cost_gen(const sr_expr *const *roots, int nroots, const sr_expr *skip, struct cpu_cost *c)
 {
     for (int r = 0; r < nroots; r++) {
@@ -64,11 +85,10 @@ void cpu_cost_gen(const sr_expr *const *roots, int nroots, const sr_expr *skip, 
             const sr_expr *e = order[t];
             if (e == skip || (e->deps & (DEP_I | DEP_J)) != (DEP_I | DEP_J))
                 continue; /* the tile's inner product, or a hoisted term */
-            double fl = simp_op_flops(e);
-            if (fl >= 10.0 * e->dim)
-                c->trans += fl;
+            if (transcendental(e))
+                c->trans += simp_op_flops(e);
             else
-                c->arith += fl;
+                c->arith += simp_op_flops(e);
         }
         free(order);
     }
