@@ -8,7 +8,10 @@
  *        + NS_TRANS x the flop-equivalents of transcendental functions (Exp, Log, Sin, ...:
  *                    10 to 20 per value in the simplifier's count)
  *        + NS_GEMM x flops of the tile products (the gemm micro-kernels; a product by B of R
- *                    columns costs as one of at least 16, the micro-kernels' panel)
+ *                    columns costs as one of at least 16, the micro-kernels' panel); NS_STRIP
+ *                    for symred's AVX2 strip products (the Gaussian at D = 784 times a 3-wide
+ *                    b: 0.046 ns per flop on the fused two-product's strips, 0.043 on the
+ *                    gemm-epilogue's BLIS)
  *        + NS_TILE_PAIR per pass of a pair through a tile in memory (written, packed, read; a
  *                    tile past L2, the gemm-epilogue's 2 MiB of inner products, counts twice)
  *        + NS_PACK x values packed per pair (operands' panels, once per block of rows)
@@ -28,25 +31,27 @@
  * Gaussian D = 32 times b 3 wide: fused 2.2-2.9, gemm-epilogue 4.1-4.3; kNN D = 16, 32, 64:
  * direct 3.0, 11.6, 60.8, gemm-epilogue (D = 32, 64) 7.0, 10.1. The model need only rank the
  * candidates of one kernel, which compute the same F: it puts the Gaussian's direct / fused
- * crossover at R = 4 (the measurements tie there) and the attention's fused two-product ahead of
- * the gemm-epilogue from R = 1.
+ * crossover at R = 4 (with SYMRED_GEMM=off and =on, n = m = 4000: direct 2.1-2.4, 2.4-2.7,
+ * 2.5-3.2, 3.2-3.4 ns at R = 1, 2, 3, 4; fused 3.0-3.1, 2.9-3.5, 3.4, 3.0-3.1) and the
+ * attention's fused two-product ahead of the gemm-epilogue from R = 1.
  */
 #include "../formulas/formulas.h"
 #include "cpu.h"
 
 #include <stdlib.h>
 
-#define NS_ARITH        0.04 /* per arithmetic flop-equivalent of generated code */
-#define ARITH_REGS      48   /* the flops per pair from which the cost per flop doubles */
-#define NS_TRANS        0.5  /* per transcendental flop-equivalent (5 ns per Exp) */
-#define NS_GEMM         0.03 /* per flop of the tile products */
-#define NS_TILE_PAIR    1.2  /* per pair written to a tile in memory and read back */
-#define NS_PACK         0.3  /* per value packed */
-#define NS_TILE         2000 /* per tile: the module's call, the micro-kernels' start-up */
-#define NS_OUT          0.55 /* per output value per pair accumulated by the direct strategy */
-#define NS_OUT_WIDE     1.0  /* the same past 16 values per pair */
-#define NS_FOLD_SOFTMAX 8.0  /* SumSoftMaxWeight's and LogSumExp's buffered second pass */
-#define NS_FOLD_WEIGHT  0.5  /* the same per weight value */
+#define NS_ARITH        0.04  /* per arithmetic flop-equivalent of generated code */
+#define ARITH_REGS      48    /* the flops per pair from which the cost per flop doubles */
+#define NS_TRANS        0.5   /* per transcendental flop-equivalent (5 ns per Exp) */
+#define NS_GEMM         0.03  /* per flop of the tile products */
+#define NS_STRIP        0.032 /* the same by symred's AVX2 strip products */
+#define NS_TILE_PAIR    1.2   /* per pair written to a tile in memory and read back */
+#define NS_PACK         0.3   /* per value packed */
+#define NS_TILE         2000  /* per tile: the module's call, the micro-kernels' start-up */
+#define NS_OUT          0.55  /* per output value per pair accumulated by the direct strategy */
+#define NS_OUT_WIDE     1.0   /* the same past 16 values per pair */
+#define NS_FOLD_SOFTMAX 8.0   /* SumSoftMaxWeight's and LogSumExp's buffered second pass */
+#define NS_FOLD_WEIGHT  0.5   /* the same per weight value */
 #define OUT_REGS        16
 #define PANEL           16
 
@@ -97,7 +102,8 @@ void cpu_cost_gen(const sr_expr *const *roots, int nroots, const sr_expr *skip, 
 double cpu_cost_ns(const struct cpu_cost *c)
 {
     double t = NS_ARITH * c->arith * (1 + c->arith / ARITH_REGS) + NS_TRANS * c->trans +
-               NS_GEMM * c->gemm_flops + NS_TILE_PAIR * c->tile_passes + NS_PACK * c->pack_per_pair;
+               NS_GEMM * c->gemm_flops + NS_STRIP * c->strip_flops + NS_TILE_PAIR * c->tile_passes +
+               NS_PACK * c->pack_per_pair;
     if (c->ti > 0 && c->tj > 0)
         t += NS_TILE * (c->tile_passes > 1 ? c->tile_passes : 1) / ((double)c->ti * c->tj);
     double o = c->direct_outs;

@@ -320,6 +320,7 @@ extern const struct sr_backend_i cpu_fused_backend;
 struct cpu_cost {
     double arith, trans;  /* flop-equivalents of generated code: arithmetic, transcendental */
     double gemm_flops;    /* flops of the tile products */
+    double strip_flops;   /* the same by symred's AVX2 strip products */
     double tile_passes;   /* passes of each pair through a tile in memory (0: none) */
     double pack_per_pair; /* values packed per pair (operands' panels, once per block of rows) */
     double direct_outs;   /* output values accumulated in registers per pair (direct) */

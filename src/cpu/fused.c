@@ -710,7 +710,11 @@ static void fused_cost(const sr_kernel *k, const struct fused_kernel *fk, const 
     }
     c->arith *= passes;
     c->trans *= passes;
-    c->gemm_flops = (m + cpu_cost_product_flops(fk->rc)) * passes;
+    double prod = (m + cpu_cost_product_flops(fk->rc)) * passes;
+    if (fk->kern == KERN_AVX2)
+        c->strip_flops = prod;
+    else
+        c->gemm_flops = prod;
     c->tile_passes = passes * tiles;
     c->pack_per_pair += (double)fk->R / ti;
     c->ti = ti;
@@ -767,7 +771,7 @@ static void offer(const sr_kernel *k, int acc, struct sr_plan *p, bool sym)
     struct cpu_cost c;
     fused_cost(k, &fk, S, p->ti, p->tj, &c);
     p->flops = c.arith + c.trans;
-    p->gemm_flops = c.gemm_flops;
+    p->gemm_flops = c.gemm_flops + c.strip_flops;
     p->est_ns = cpu_cost_ns(&c);
     p->feasible = true;
     p->forced = k->ctx->opt.gemm == 1;
