@@ -3,10 +3,12 @@
  * per (i, j) pair on one thread of each strategy on the jobs that decide the crossovers, next to
  * the planner's estimate for the same kernel (the "est." of its plan line in explain).
  *
- * Each job is built twice in one process: in a context with SYMRED_GEMM=off (the direct
- * strategy) and in one with the default options (the planner's choice). Both contexts run one
- * thread (SYMRED_NUM_THREADS=1), so the figures are per-thread rates as the model's constants
- * are. Each time is the best of --reps runs after a warm-up, the two kernels alternating.
+ * Each job is built three times in one process: in a context with SYMRED_GEMM=off (the direct
+ * strategy), with SYMRED_GEMM=on (a tile strategy, fused two-product or gemm-epilogue, where the
+ * formula allows one, whatever the estimates) and with the default options (the planner's
+ * choice). Every context runs one thread (SYMRED_NUM_THREADS=1), so the figures are per-thread
+ * rates as the model's constants are. Each time is the best of --reps runs after a warm-up, the
+ * three kernels alternating.
  * Jobs, float32:
  *   gauss R   Sum of Exp(-SqDist(x, y) g) b, D = 3, b of width R (the direct/fused crossover)
  *   attn R    SumSoftMaxWeight of (q|k) s with weight v of width R, D = 64
@@ -106,15 +108,16 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--reps"))
             reps = atoi(argv[a + 1]);
     }
-    sr_ctx *off = ctx_new("off"), *dflt = ctx_new(NULL);
+    sr_ctx *off = ctx_new("off"), *on = ctx_new("on"), *dflt = ctx_new(NULL);
     static const struct {
         enum job j;
         int w;
         const char *name;
-    } jobs[] = {{GAUSS, 1, "gauss"}, {GAUSS, 2, "gauss"},  {GAUSS, 4, "gauss"},
-                {GAUSS, 8, "gauss"}, {GAUSS, 16, "gauss"}, {GAUSS, 64, "gauss"},
-                {ATTN, 1, "attn"},   {ATTN, 16, "attn"},   {ATTN, 64, "attn"},
-                {KNN, 16, "knn"},    {KNN, 32, "knn"},     {KNN, 64, "knn"}};
+    } jobs[] = {{GAUSS, 1, "gauss"},  {GAUSS, 2, "gauss"}, {GAUSS, 3, "gauss"},
+                {GAUSS, 4, "gauss"},  {GAUSS, 8, "gauss"}, {GAUSS, 16, "gauss"},
+                {GAUSS, 64, "gauss"}, {ATTN, 1, "attn"},   {ATTN, 16, "attn"},
+                {ATTN, 64, "attn"},   {KNN, 16, "knn"},    {KNN, 32, "knn"},
+                {KNN, 64, "knn"}};
     uint64_t s = 1;
     int64_t cap = n * 64;
     float *x = bench_alloc((size_t)cap * 4), *y = bench_alloc((size_t)cap * 4);
@@ -126,22 +129,27 @@ int main(int argc, char **argv)
     }
     const void *args[4] = {x, y, b, &g};
     printf("n = m = %lld, 1 thread, float32, best of %d; ns per pair\n", (long long)n, reps);
-    printf("%-6s %5s %10s %10s  %s\n", "job", "width", "direct", "planner", "planner's choice");
+    printf("%-6s %5s %8s %8s %8s  %s\n", "job", "width", "direct", "tile", "planner",
+           "planner's choice");
     for (size_t t = 0; t < sizeof jobs / sizeof jobs[0]; t++) {
         sr_kernel *kd = job_kernel(off, jobs[t].j, jobs[t].w);
+        sr_kernel *kt = job_kernel(on, jobs[t].j, jobs[t].w);
         sr_kernel *kp = job_kernel(dflt, jobs[t].j, jobs[t].w);
-        double td = 1e30, tp = 1e30;
-        for (int r = 0; r < reps; r++) { /* alternating, so the machine's load hits both */
-            double a = run_best(kd, n, args, out, 1), c = run_best(kp, n, args, out, 1);
+        double td = 1e30, tt = 1e30, tp = 1e30;
+        for (int r = 0; r < reps; r++) { /* alternating, so the machine's load hits all */
+            double a = run_best(kd, n, args, out, 1), b2 = run_best(kt, n, args, out, 1);
+            double c = run_best(kp, n, args, out, 1);
             td = a < td ? a : td;
+            tt = b2 < tt ? b2 : tt;
             tp = c < tp ? c : tp;
         }
         char line[200];
         chosen_line(kp, line, sizeof line);
         double pairs = (double)n * (double)n;
-        printf("%-6s %5d %10.3f %10.3f  %s\n", jobs[t].name, jobs[t].w, td / pairs * 1e9,
-               tp / pairs * 1e9, line);
+        printf("%-6s %5d %8.3f %8.3f %8.3f  %s\n", jobs[t].name, jobs[t].w, td / pairs * 1e9,
+               tt / pairs * 1e9, tp / pairs * 1e9, line);
         sr_kernel_free(kd);
+        sr_kernel_free(kt);
         sr_kernel_free(kp);
     }
     free(x);
@@ -149,6 +157,7 @@ int main(int argc, char **argv)
     free(b);
     free(out);
     sr_ctx_free(off);
+    sr_ctx_free(on);
     sr_ctx_free(dflt);
     return 0;
 }
