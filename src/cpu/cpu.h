@@ -315,7 +315,8 @@ enum cpu_plan_id { CPU_PLAN_SYM, CPU_PLAN_FUSED, CPU_PLAN_GEMM, CPU_PLAN_DIRECT,
 int cpu_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 extern const struct sr_backend_i cpu_fused_backend;
 /* The fused strategy's vectorised softmax steps (fused.c), float32: F[c] = exp(F[c] - m) (0 where
- * F[c] is -inf) for c < n, returning their sum; the largest F[c] and -inf (a NaN never wins). */
+ * F[c] is -inf) for c < n, returning their sum, with AVX2 by the CPU JIT's Exp (0 where the result
+ * is below 1.7e-38: docs/semantics.md); the largest F[c] and -inf (a NaN never wins). */
 double cpu_expsum_f32(float *F, int64_t n, float m);
 float cpu_rowmax_f32(const float *F, int64_t n);
 

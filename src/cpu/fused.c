@@ -882,42 +882,80 @@ static inline __attribute__((always_inline)) double expsum_body(float *F, int64_
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* expsum_body with AVX2 and FMA, eight values at a time; the tail by expsum_body. */
-__attribute__((target("avx2,fma"))) static double expsum_avx2(float *F, int64_t n, float m)
+/* The CPU JIT's exponential (sr_exp, src/jit/emit-c.c) of eight float32 values with AVX2 and
+ * FMA, its constants and steps: within 1.1 ulp, 0 where the result is below 1.7e-38 (and for
+ * -inf), NaN for NaN, +inf above 88.72283 (docs/semantics.md, "The CPU JIT's Exp"); with
+ * nonpos, only for values a <= 0 (and NaN), one step less. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) __m256
+exp_avx2(__m256 a, bool nonpos)
 {
-    const __m256 vm = _mm256_set1_ps(m), lo = _mm256_set1_ps(-104.0f), hi = _mm256_set1_ps(89.0f);
-    const __m256 l2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
-                 c2 = _mm256_set1_ps(-2.12194440e-4f), ninf = _mm256_set1_ps(-__builtin_inff());
-    static const float tc[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
-                                1.0f / 6,    0.5f,       1.0f,       1.0f};
-    const __m256i bias = _mm256_set1_epi32(127);
-    __m256 sum = _mm256_setzero_ps();
+    const __m256 sh = _mm256_set1_ps(0x1.8p23f), hi = _mm256_set1_ps(0x1.62e42ep+6f);
+    __m256 x = _mm256_max_ps(_mm256_set1_ps(-87.5f), a); /* a NaN stays */
+    if (!nonpos)
+        x = _mm256_min_ps(hi, x);
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), sh);
+    const __m256 k = _mm256_sub_ps(t, sh);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0x1.62e4p-1f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0x1.7f7d1cp-20f), r);
+    __m256 q = _mm256_fmadd_ps(_mm256_set1_ps(0x1.6d10fcp-10f), r, _mm256_set1_ps(0x1.120b62p-7f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0x1.55551ap-5f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0x1.5554dep-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0x1p-1f));
+    const __m256 p = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1));
+    /* 2^k added to the exponent: k + 127 in the low bits of t. */
+    __m256 e = _mm256_castsi256_ps(
+        _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(t), 23)));
+    e = _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(1.7e-38f), _CMP_LT_OQ), e);
+    /* A NaN's payload bits may have moved the exponent: all ones (a NaN) where a is NaN. */
+    e = _mm256_or_ps(e, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    if (!nonpos)
+        e = _mm256_blendv_ps(e, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(a, hi, _CMP_GT_OQ));
+    return e;
+}
+
+/* F[c] = exp(F[c] - m) by exp_avx2, c < n, and their sum; m is not -inf or NaN (F[c] - m would
+ * be NaN for F[c] = -inf, whose weight is 0), and with nonpos at least every F[c] that is not NaN.
+ * Two vectors at a time; the tail under a mask. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) double
+expsum_vec(float *F, int64_t n, float m, bool nonpos)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
     int64_t c = 0;
-    for (; c + 8 <= n; c += 8) {
-        const __m256 f = _mm256_loadu_ps(F + c);
-        __m256 x = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_sub_ps(f, vm)));
-        const __m256 nn =
-            _mm256_round_ps(_mm256_mul_ps(x, l2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 r = _mm256_fnmadd_ps(nn, c1, x);
-        r = _mm256_fnmadd_ps(nn, c2, r);
-        __m256 p = _mm256_set1_ps(tc[0]);
-        for (int t = 1; t < 8; t++)
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(tc[t]));
-        const __m256i ni = _mm256_cvtps_epi32(nn), a = _mm256_srai_epi32(ni, 1);
-        const __m256i b = _mm256_sub_epi32(ni, a);
-        const __m256 sa = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23));
-        const __m256 sb = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23));
-        p = _mm256_mul_ps(_mm256_mul_ps(p, sa), sb);
-        p = _mm256_andnot_ps(_mm256_cmp_ps(f, ninf, _CMP_EQ_OQ), p);
-        _mm256_storeu_ps(F + c, p);
-        sum = _mm256_add_ps(sum, p);
+    for (; c + 16 <= n; c += 16) {
+        const __m256 e0 = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(F + c), vm), nonpos);
+        const __m256 e1 = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(F + c + 8), vm), nonpos);
+        _mm256_storeu_ps(F + c, e0);
+        _mm256_storeu_ps(F + c + 8, e1);
+        s0 = _mm256_add_ps(s0, e0);
+        s1 = _mm256_add_ps(s1, e1);
+    }
+    for (; c < n; c += 8) {
+        const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const int64_t left = n - c < 8 ? n - c : 8;
+        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), idx);
+        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(F + c, mk), vm), nonpos);
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mk));
+        _mm256_maskstore_ps(F + c, mk, e);
+        s0 = _mm256_add_ps(s0, e);
     }
     float lanes[8];
-    _mm256_storeu_ps(lanes, sum);
-    double t = expsum_body(F + c, n - c, m);
+    _mm256_storeu_ps(lanes, _mm256_add_ps(s0, s1));
+    double t = 0;
     for (int l = 0; l < 8; l++)
         t += lanes[l];
     return t;
+}
+
+__attribute__((target("avx2,fma"))) static double expsum_avx2(float *F, int64_t n, float m)
+{
+    return expsum_vec(F, n, m, false);
+}
+
+/* expsum_avx2 where m is at least every F[c] that is not NaN (the online softmax's row maximum). */
+__attribute__((target("avx2,fma"))) static double expsum_max_avx2(float *F, int64_t n, float m)
+{
+    return expsum_vec(F, n, m, true);
 }
 
 /* The largest value of F[c], c < n, at least lo; a NaN never wins (as tm = F > tm ? F : tm): the
@@ -957,16 +995,19 @@ static float rowmax_f32(const float *F, int64_t n)
     return tm;
 }
 
-static double expsum_f32(float *F, int64_t n, float m)
+/* F[c] = exp(F[c] - m) and their sum; with is_max, m is at least every F[c] that is not NaN. */
+static double expsum_f32(float *F, int64_t n, float m, bool is_max)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return expsum_avx2(F, n, m);
+    if (m > -INFINITY && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return is_max ? expsum_max_avx2(F, n, m) : expsum_avx2(F, n, m);
+#else
+    (void)is_max;
 #endif
     return expsum_body(F, n, m);
 }
 
-double cpu_expsum_f32(float *F, int64_t n, float m) { return expsum_f32(F, n, m); }
+double cpu_expsum_f32(float *F, int64_t n, float m) { return expsum_f32(F, n, m, false); }
 
 float cpu_rowmax_f32(const float *F, int64_t n) { return rowmax_f32(F, n); }
 
@@ -1010,7 +1051,7 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
             }
             wm[o] = mn;
             wsum[o] += fk->kern == KERN_AVX512 ? cpu_avx512_expsum_f32(F, F, nj, mn)
-                                               : expsum_f32(F, nj, mn);
+                                               : expsum_f32(F, nj, mn, true);
         }
     }
 }
