@@ -85,6 +85,10 @@ enum { KERN_AVX512, KERN_BLIS, KERN_AVX2 };
  * thread) stay under this many bytes; larger runs take the fused two-product. */
 #define FUSED_SYM_MAX_BYTES ((int64_t)1 << 30)
 
+/* Without a memory budget, the operands packed once per run (struct fused_pre) stay under this
+ * many bytes; larger runs pack each tile for each row block. */
+#define FUSED_PRE_MAX_BYTES ((int64_t)1 << 30)
+
 /* One factor of F: the JIT module that forms its tile. */
 struct fused_factor {
     const sr_expr *f;
@@ -771,6 +775,17 @@ sr_status cpu_fused_sym_prepare(sr_kernel *k, int acc)
 
 /* ---- run ----------------------------------------------------------------------------------- */
 
+/* The AVX2 strip products' packed operands of the whole reduced range, packed once per run and
+ * shared by the threads (fused_run, when the memory budget allows): for each tile of tj reduced
+ * indices, each gemm factor's tile of K (cpu_avx2_pack_bt) at Kp[q] + t * kb[q] and the tile of B
+ * (cpu_avx2_pack_v) at Vp + t * vb. Without it, every row block packs the tiles again. */
+struct fused_pre {
+    char *Kp[FUSED_MAX_FACTORS], *Vp;
+    int64_t kb[FUSED_MAX_FACTORS], vb;
+    int64_t ntiles;
+    char *mem;
+};
+
 struct fused_ws {
     char *F, *F2, *Ap, *Bp;
     char *Bh; /* the tile of a formula B (fk->hoist) */
@@ -779,6 +794,8 @@ struct fused_ws {
     double *m, *s; /* SumSoftMaxWeight: running maximum and sum per row */
     const void **args;
     char *mem;
+    const struct fused_pre *pre; /* the AVX2 products' operands packed once per run, or NULL */
+    const char *Kuse[FUSED_MAX_FACTORS]; /* the packed tile of K that the strips read */
 };
 
 static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_run_desc *r,
@@ -1075,8 +1092,8 @@ static int factor_tiles(const sr_kernel *k, const struct fused_kernel *fk, const
                 cpu_avx512_gemm(f64, no, nj, D, w->Qp[q], Kt, w->Kp[q], w->G[q], fk->tj);
             else if (fk->kern == KERN_BLIS)
                 cpu_blis_gemm(f64, no, nj, D, Q, D, 1, Kt, 1, D, 0, w->G[q], fk->tj);
-            else /* Kt packed in w->Kp[q] for the tile (fold_cols) */
-                cpu_avx2_strip_abt(no, D, (const float *)Q, D, (const float *)w->Kp[q], nj,
+            else /* Kt packed at w->Kuse[q] for the tile (fold_cols) */
+                cpu_avx2_strip_abt(no, D, (const float *)Q, D, (const float *)w->Kuse[q], nj,
                                    (float *)w->G[q], fk->tj);
         }
         w->args[k->nargs] = w->G[q];
@@ -1148,6 +1165,14 @@ static void add_a_term(const sr_kernel *k, const struct fused_kernel *fk, const 
     }
 }
 
+/* Factor f's tile of K for the AVX2 strip products: reduced indices [rt, rt + nj), packed at Kp. */
+static void pack_k_tile(const struct fused_kernel *fk, const sr_run_desc *r, int f, int64_t rt,
+                        int64_t nj, char *Kp)
+{
+    const int64_t D = fk->fac[f].dim;
+    cpu_avx2_pack_bt(nj, D, (const float *)r->args[fk->fac[f].vb] + rt * D, D, (float *)Kp);
+}
+
 /* Output rows [o0, o1) (at most ti), columns [c0, c0 + cols) of B, over the reduced intervals
  * iv[2q], iv[2q + 1], q < niv: those outputs are overwritten. Nonzero when out of memory (the
  * module's tile). */
@@ -1191,13 +1216,19 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                 Vt = w->Vb;
                 ldv = ld_pass(fk);
             }
-            if (strips) /* the tile of B, read by every strip */
+            /* The tiles of B and K that every strip reads: packed once per run, or here. */
+            const char *Vp = w->Bp;
+            if (strips && w->pre) {
+                const int64_t t = rt / fk->tj;
+                Vp = w->pre->Vp + t * w->pre->vb;
+                for (int f = 0; f < fk->nfac; f++)
+                    w->Kuse[f] = fk->fac[f].gemm ? w->pre->Kp[f] + t * w->pre->kb[f] : NULL;
+            } else if (strips) {
                 cpu_avx2_pack_v(nj, cols, (const float *)Vt, ldv, (float *)w->Bp);
-            for (int f = 0; f < fk->nfac && strips; f++)
-                if (fk->fac[f].gemm)
-                    cpu_avx2_pack_bt(nj, fk->fac[f].dim,
-                                     (const float *)r->args[fk->fac[f].vb] + rt * fk->fac[f].dim,
-                                     fk->fac[f].dim, (float *)w->Kp[f]);
+                for (int f = 0; f < fk->nfac; f++)
+                    if ((w->Kuse[f] = fk->fac[f].gemm ? w->Kp[f] : NULL))
+                        pack_k_tile(fk, r, f, rt, nj, w->Kp[f]);
+            }
             /* The tile's rows in strips (whole with the AVX-512 gemm and BLIS). */
             for (int64_t s0 = 0; s0 < no; s0 += sh) {
                 const int64_t h = no - s0 < sh ? no - s0 : sh;
@@ -1215,7 +1246,7 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                 } else if (!strips) {
                     cpu_blis_gemm(f64, h, pcols, nj, w->F, nj, 1, Vt, ldv, 1, 1, os, ldo);
                 } else {
-                    cpu_avx2_strip_av(h, nj, (const float *)w->F, nj, (const float *)w->Bp, cols,
+                    cpu_avx2_strip_av(h, nj, (const float *)w->F, nj, (const float *)Vp, cols,
                                       (float *)os, ldo);
                 }
             }
@@ -1247,10 +1278,56 @@ static int fold_rows(const sr_kernel *k, const struct fused_kernel *fk, const sr
     return 0;
 }
 
+/* The shared packed operands of a whole run over [0, nred) (struct fused_pre): with the AVX2
+ * strip products, B a variable in one pass, and the memory: within the budget beside the
+ * threads' workspaces, or without a budget under FUSED_PRE_MAX_BYTES. False to pack per tile. */
+static bool pre_new(const sr_kernel *k, const struct fused_kernel *fk, int64_t nred, int nt,
+                    struct fused_pre *pre)
+{
+    memset(pre, 0, sizeof *pre);
+    if (fk->kern != KERN_AVX2 || fk->bvar < 0 || fk->hoist.b || fk->rc != fk->R || nred <= fk->tj)
+        return false;
+    const int64_t tj = fk->tj, lim = k->ctx->mem_limit;
+    pre->ntiles = (nred + tj - 1) / tj;
+    pre->vb = al64(cpu_avx2_pack_bt_bytes(fk->R, tj));
+    int64_t bytes = pre->ntiles * pre->vb + 64;
+    for (int q = 0; q < fk->nfac; q++)
+        if (fk->fac[q].gemm) {
+            pre->kb[q] = al64(cpu_avx2_pack_bt_bytes(tj, fk->fac[q].dim));
+            bytes += pre->ntiles * pre->kb[q];
+        }
+    if (lim > 0 ? (int64_t)nt * fk->per_thread + bytes > lim : bytes > FUSED_PRE_MAX_BYTES)
+        return false;
+    if (!(pre->mem = malloc((size_t)bytes)))
+        return false;
+    char *p = (char *)(((uintptr_t)pre->mem + 63) & ~(uintptr_t)63);
+    pre->Vp = p;
+    p += pre->ntiles * pre->vb;
+    for (int q = 0; q < fk->nfac; q++)
+        if (fk->fac[q].gemm) {
+            pre->Kp[q] = p;
+            p += pre->ntiles * pre->kb[q];
+        }
+    return true;
+}
+
+/* Tile t of the shared packed operands, as fold_cols packs it. */
+static void pre_pack_tile(const sr_kernel *k, const struct fused_kernel *fk, const sr_run_desc *r,
+                          const struct fused_pre *pre, int64_t t)
+{
+    const int64_t nred = k->axis == 1 ? r->ny : r->nx, rt = t * fk->tj;
+    const int64_t nj = nred - rt < fk->tj ? nred - rt : fk->tj;
+    cpu_avx2_pack_v(nj, fk->R, (const float *)r->args[fk->bvar] + rt * fk->R, fk->R,
+                    (float *)(pre->Vp + t * pre->vb));
+    for (int q = 0; q < fk->nfac; q++)
+        if (fk->fac[q].gemm)
+            pack_k_tile(fk, r, q, rt, nj, pre->Kp[q] + t * pre->kb[q]);
+}
+
 /* Runs plan p in chunks of at most `chunk` flat rows, over the threads: each segment of a block
  * in a chunk folds that block's intervals. */
 static sr_status run_chunks(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
-                            int64_t chunk)
+                            int64_t chunk, const struct fused_pre *pre)
 {
     const struct fused_kernel *fk = k->backend_data;
     int nt = sr__threads(k->ctx, fk->per_thread);
@@ -1262,6 +1339,15 @@ static sr_status run_chunks(const sr_kernel *k, const sr_run_desc *r, const stru
     {
         struct fused_ws w;
         bool ok = ws_new(k, fk, r, &w);
+        w.pre = pre;
+        if (pre) {
+            /* The shared packed tiles, split over the threads; the barrier ends the packing. */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int64_t t = 0; t < pre->ntiles; t++)
+                pre_pack_tile(k, fk, r, pre, t);
+        }
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -1455,14 +1541,19 @@ static sr_status fused_run(const sr_kernel *k, const sr_run_desc *r)
     int64_t ti = nblocks ? (nout + nblocks - 1) / nblocks : 0;
     int64_t blk[2] = {0, nout}, rows[2] = {0, nout}, ivoff[2] = {0, 1}, iv[2] = {0, nred};
     struct sr_rplan p = {1, nout, blk, rows, ivoff, iv, NULL};
-    return run_chunks(k, r, &p, ti);
+    struct fused_pre pre;
+    const bool packed = pre_new(k, fk, nred, nt, &pre);
+    sr_status st = run_chunks(k, r, &p, ti, packed ? &pre : NULL);
+    if (packed)
+        free(pre.mem);
+    return st;
 }
 
 static sr_status fused_run_ranges(const sr_kernel *k, const sr_run_desc *r,
                                   const struct sr_rplan *p)
 {
     const struct fused_kernel *fk = k->backend_data;
-    return run_chunks(k, r, p, fk->ti);
+    return run_chunks(k, r, p, fk->ti, NULL);
 }
 
 static int64_t fused_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
