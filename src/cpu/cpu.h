@@ -340,7 +340,8 @@ double cpu_cost_ns(const struct cpu_cost *c);
 double cpu_cost_product_flops(int R);
 
 /* The fused strategy's vectorised softmax steps (fused.c), float32: F[c] = exp(F[c] - m) (0 where
- * F[c] is -inf) for c < n, returning their sum; the largest F[c] and -inf (a NaN never wins). */
+ * F[c] is -inf) for c < n, returning their sum, with AVX2 by the CPU JIT's Exp (0 where the result
+ * is below 1.7e-38: docs/semantics.md); the largest F[c] and -inf (a NaN never wins). */
 double cpu_expsum_f32(float *F, int64_t n, float m);
 float cpu_rowmax_f32(const float *F, int64_t n);
 

@@ -77,6 +77,10 @@ enum { KERN_AVX512, KERN_BLIS, KERN_AVX2 };
  * thread) stay under this many bytes; larger runs take the fused two-product. */
 #define FUSED_SYM_MAX_BYTES ((int64_t)1 << 30)
 
+/* Without a memory budget, the operands packed once per run (struct fused_pre) stay under this
+ * many bytes; larger runs pack each tile for each row block. */
+#define FUSED_PRE_MAX_BYTES ((int64_t)1 << 30)
+
 /* One factor of F: the JIT module that forms its tile. */
 struct fused_factor {
     const sr_expr *f;
@@ -814,6 +818,17 @@ sr_status cpu_fused_sym_prepare(sr_kernel *k, int acc)
 
 /* ---- run ----------------------------------------------------------------------------------- */
 
+/* The AVX2 strip products' packed operands of the whole reduced range, packed once per run and
+ * shared by the threads (fused_run, when the memory budget allows): for each tile of tj reduced
+ * indices, each gemm factor's tile of K (cpu_avx2_pack_bt) at Kp[q] + t * kb[q] and the tile of B
+ * (cpu_avx2_pack_v) at Vp + t * vb. Without it, every row block packs the tiles again. */
+struct fused_pre {
+    char *Kp[FUSED_MAX_FACTORS], *Vp;
+    int64_t kb[FUSED_MAX_FACTORS], vb;
+    int64_t ntiles;
+    char *mem;
+};
+
 struct fused_ws {
     char *F, *F2, *Ap, *Bp;
     char *Bh; /* the tile of a formula B (fk->hoist) */
@@ -822,6 +837,8 @@ struct fused_ws {
     double *m, *s; /* SumSoftMaxWeight: running maximum and sum per row */
     const void **args;
     char *mem;
+    const struct fused_pre *pre; /* the AVX2 products' operands packed once per run, or NULL */
+    const char *Kuse[FUSED_MAX_FACTORS]; /* the packed tile of K that the strips read */
 };
 
 static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_run_desc *r,
@@ -925,42 +942,80 @@ static inline __attribute__((always_inline)) double expsum_body(float *F, int64_
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* expsum_body with AVX2 and FMA, eight values at a time; the tail by expsum_body. */
-__attribute__((target("avx2,fma"))) static double expsum_avx2(float *F, int64_t n, float m)
+/* The CPU JIT's exponential (sr_exp, src/jit/emit-c.c) of eight float32 values with AVX2 and
+ * FMA, its constants and steps: within 1.1 ulp, 0 where the result is below 1.7e-38 (and for
+ * -inf), NaN for NaN, +inf above 88.72283 (docs/semantics.md, "The CPU JIT's Exp"); with
+ * nonpos, only for values a <= 0 (and NaN), one step less. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) __m256
+exp_avx2(__m256 a, bool nonpos)
 {
-    const __m256 vm = _mm256_set1_ps(m), lo = _mm256_set1_ps(-104.0f), hi = _mm256_set1_ps(89.0f);
-    const __m256 l2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
-                 c2 = _mm256_set1_ps(-2.12194440e-4f), ninf = _mm256_set1_ps(-__builtin_inff());
-    static const float tc[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
-                                1.0f / 6,    0.5f,       1.0f,       1.0f};
-    const __m256i bias = _mm256_set1_epi32(127);
-    __m256 sum = _mm256_setzero_ps();
+    const __m256 sh = _mm256_set1_ps(0x1.8p23f), hi = _mm256_set1_ps(0x1.62e42ep+6f);
+    __m256 x = _mm256_max_ps(_mm256_set1_ps(-87.5f), a); /* a NaN stays */
+    if (!nonpos)
+        x = _mm256_min_ps(hi, x);
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), sh);
+    const __m256 k = _mm256_sub_ps(t, sh);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0x1.62e4p-1f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0x1.7f7d1cp-20f), r);
+    __m256 q = _mm256_fmadd_ps(_mm256_set1_ps(0x1.6d10fcp-10f), r, _mm256_set1_ps(0x1.120b62p-7f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0x1.55551ap-5f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0x1.5554dep-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0x1p-1f));
+    const __m256 p = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1));
+    /* 2^k added to the exponent: k + 127 in the low bits of t. */
+    __m256 e = _mm256_castsi256_ps(
+        _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(t), 23)));
+    e = _mm256_andnot_ps(_mm256_cmp_ps(e, _mm256_set1_ps(1.7e-38f), _CMP_LT_OQ), e);
+    /* A NaN's payload bits may have moved the exponent: all ones (a NaN) where a is NaN. */
+    e = _mm256_or_ps(e, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    if (!nonpos)
+        e = _mm256_blendv_ps(e, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(a, hi, _CMP_GT_OQ));
+    return e;
+}
+
+/* F[c] = exp(F[c] - m) by exp_avx2, c < n, and their sum; m is not -inf or NaN (F[c] - m would
+ * be NaN for F[c] = -inf, whose weight is 0), and with nonpos at least every F[c] that is not NaN.
+ * Two vectors at a time; the tail under a mask. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) double
+expsum_vec(float *F, int64_t n, float m, bool nonpos)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
     int64_t c = 0;
-    for (; c + 8 <= n; c += 8) {
-        const __m256 f = _mm256_loadu_ps(F + c);
-        __m256 x = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_sub_ps(f, vm)));
-        const __m256 nn =
-            _mm256_round_ps(_mm256_mul_ps(x, l2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 r = _mm256_fnmadd_ps(nn, c1, x);
-        r = _mm256_fnmadd_ps(nn, c2, r);
-        __m256 p = _mm256_set1_ps(tc[0]);
-        for (int t = 1; t < 8; t++)
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(tc[t]));
-        const __m256i ni = _mm256_cvtps_epi32(nn), a = _mm256_srai_epi32(ni, 1);
-        const __m256i b = _mm256_sub_epi32(ni, a);
-        const __m256 sa = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23));
-        const __m256 sb = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23));
-        p = _mm256_mul_ps(_mm256_mul_ps(p, sa), sb);
-        p = _mm256_andnot_ps(_mm256_cmp_ps(f, ninf, _CMP_EQ_OQ), p);
-        _mm256_storeu_ps(F + c, p);
-        sum = _mm256_add_ps(sum, p);
+    for (; c + 16 <= n; c += 16) {
+        const __m256 e0 = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(F + c), vm), nonpos);
+        const __m256 e1 = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(F + c + 8), vm), nonpos);
+        _mm256_storeu_ps(F + c, e0);
+        _mm256_storeu_ps(F + c + 8, e1);
+        s0 = _mm256_add_ps(s0, e0);
+        s1 = _mm256_add_ps(s1, e1);
+    }
+    for (; c < n; c += 8) {
+        const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const int64_t left = n - c < 8 ? n - c : 8;
+        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), idx);
+        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(F + c, mk), vm), nonpos);
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mk));
+        _mm256_maskstore_ps(F + c, mk, e);
+        s0 = _mm256_add_ps(s0, e);
     }
     float lanes[8];
-    _mm256_storeu_ps(lanes, sum);
-    double t = expsum_body(F + c, n - c, m);
+    _mm256_storeu_ps(lanes, _mm256_add_ps(s0, s1));
+    double t = 0;
     for (int l = 0; l < 8; l++)
         t += lanes[l];
     return t;
+}
+
+__attribute__((target("avx2,fma"))) static double expsum_avx2(float *F, int64_t n, float m)
+{
+    return expsum_vec(F, n, m, false);
+}
+
+/* expsum_avx2 where m is at least every F[c] that is not NaN (the online softmax's row maximum). */
+__attribute__((target("avx2,fma"))) static double expsum_max_avx2(float *F, int64_t n, float m)
+{
+    return expsum_vec(F, n, m, true);
 }
 
 /* The largest value of F[c], c < n, at least lo; a NaN never wins (as tm = F > tm ? F : tm): the
@@ -1000,16 +1055,19 @@ static float rowmax_f32(const float *F, int64_t n)
     return tm;
 }
 
-static double expsum_f32(float *F, int64_t n, float m)
+/* F[c] = exp(F[c] - m) and their sum; with is_max, m is at least every F[c] that is not NaN. */
+static double expsum_f32(float *F, int64_t n, float m, bool is_max)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return expsum_avx2(F, n, m);
+    if (m > -INFINITY && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return is_max ? expsum_max_avx2(F, n, m) : expsum_avx2(F, n, m);
+#else
+    (void)is_max;
 #endif
     return expsum_body(F, n, m);
 }
 
-double cpu_expsum_f32(float *F, int64_t n, float m) { return expsum_f32(F, n, m); }
+double cpu_expsum_f32(float *F, int64_t n, float m) { return expsum_f32(F, n, m, false); }
 
 float cpu_rowmax_f32(const float *F, int64_t n) { return rowmax_f32(F, n); }
 
@@ -1053,7 +1111,7 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
             }
             wm[o] = mn;
             wsum[o] += fk->kern == KERN_AVX512 ? cpu_avx512_expsum_f32(F, F, nj, mn)
-                                               : expsum_f32(F, nj, mn);
+                                               : expsum_f32(F, nj, mn, true);
         }
     }
 }
@@ -1077,8 +1135,8 @@ static int factor_tiles(const sr_kernel *k, const struct fused_kernel *fk, const
                 cpu_avx512_gemm(f64, no, nj, D, w->Qp[q], Kt, w->Kp[q], w->G[q], fk->tj);
             else if (fk->kern == KERN_BLIS)
                 cpu_blis_gemm(f64, no, nj, D, Q, D, 1, Kt, 1, D, 0, w->G[q], fk->tj);
-            else /* Kt packed in w->Kp[q] for the tile (fold_cols) */
-                cpu_avx2_strip_abt(no, D, (const float *)Q, D, (const float *)w->Kp[q], nj,
+            else /* Kt packed at w->Kuse[q] for the tile (fold_cols) */
+                cpu_avx2_strip_abt(no, D, (const float *)Q, D, (const float *)w->Kuse[q], nj,
                                    (float *)w->G[q], fk->tj);
         }
         w->args[k->nargs] = w->G[q];
@@ -1150,6 +1208,14 @@ static void add_a_term(const sr_kernel *k, const struct fused_kernel *fk, const 
     }
 }
 
+/* Factor f's tile of K for the AVX2 strip products: reduced indices [rt, rt + nj), packed at Kp. */
+static void pack_k_tile(const struct fused_kernel *fk, const sr_run_desc *r, int f, int64_t rt,
+                        int64_t nj, char *Kp)
+{
+    const int64_t D = fk->fac[f].dim;
+    cpu_avx2_pack_bt(nj, D, (const float *)r->args[fk->fac[f].vb] + rt * D, D, (float *)Kp);
+}
+
 /* Output rows [o0, o1) (at most ti), columns [c0, c0 + cols) of B, over the reduced intervals
  * iv[2q], iv[2q + 1], q < niv: those outputs are overwritten. Nonzero when out of memory (the
  * module's tile). */
@@ -1193,13 +1259,19 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                 Vt = w->Vb;
                 ldv = ld_pass(fk);
             }
-            if (strips) /* the tile of B, read by every strip */
+            /* The tiles of B and K that every strip reads: packed once per run, or here. */
+            const char *Vp = w->Bp;
+            if (strips && w->pre) {
+                const int64_t t = rt / fk->tj;
+                Vp = w->pre->Vp + t * w->pre->vb;
+                for (int f = 0; f < fk->nfac; f++)
+                    w->Kuse[f] = fk->fac[f].gemm ? w->pre->Kp[f] + t * w->pre->kb[f] : NULL;
+            } else if (strips) {
                 cpu_avx2_pack_v(nj, cols, (const float *)Vt, ldv, (float *)w->Bp);
-            for (int f = 0; f < fk->nfac && strips; f++)
-                if (fk->fac[f].gemm)
-                    cpu_avx2_pack_bt(nj, fk->fac[f].dim,
-                                     (const float *)r->args[fk->fac[f].vb] + rt * fk->fac[f].dim,
-                                     fk->fac[f].dim, (float *)w->Kp[f]);
+                for (int f = 0; f < fk->nfac; f++)
+                    if ((w->Kuse[f] = fk->fac[f].gemm ? w->Kp[f] : NULL))
+                        pack_k_tile(fk, r, f, rt, nj, w->Kp[f]);
+            }
             /* The tile's rows in strips (whole with the AVX-512 gemm and BLIS). */
             for (int64_t s0 = 0; s0 < no; s0 += sh) {
                 const int64_t h = no - s0 < sh ? no - s0 : sh;
@@ -1217,7 +1289,7 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                 } else if (!strips) {
                     cpu_blis_gemm(f64, h, pcols, nj, w->F, nj, 1, Vt, ldv, 1, 1, os, ldo);
                 } else {
-                    cpu_avx2_strip_av(h, nj, (const float *)w->F, nj, (const float *)w->Bp, cols,
+                    cpu_avx2_strip_av(h, nj, (const float *)w->F, nj, (const float *)Vp, cols,
                                       (float *)os, ldo);
                 }
             }
@@ -1249,10 +1321,56 @@ static int fold_rows(const sr_kernel *k, const struct fused_kernel *fk, const sr
     return 0;
 }
 
+/* The shared packed operands of a whole run over [0, nred) (struct fused_pre): with the AVX2
+ * strip products, B a variable in one pass, and the memory: within the budget beside the
+ * threads' workspaces, or without a budget under FUSED_PRE_MAX_BYTES. False to pack per tile. */
+static bool pre_new(const sr_kernel *k, const struct fused_kernel *fk, int64_t nred, int nt,
+                    struct fused_pre *pre)
+{
+    memset(pre, 0, sizeof *pre);
+    if (fk->kern != KERN_AVX2 || fk->bvar < 0 || fk->hoist.b || fk->rc != fk->R || nred <= fk->tj)
+        return false;
+    const int64_t tj = fk->tj, lim = k->ctx->mem_limit;
+    pre->ntiles = (nred + tj - 1) / tj;
+    pre->vb = al64(cpu_avx2_pack_bt_bytes(fk->R, tj));
+    int64_t bytes = pre->ntiles * pre->vb + 64;
+    for (int q = 0; q < fk->nfac; q++)
+        if (fk->fac[q].gemm) {
+            pre->kb[q] = al64(cpu_avx2_pack_bt_bytes(tj, fk->fac[q].dim));
+            bytes += pre->ntiles * pre->kb[q];
+        }
+    if (lim > 0 ? (int64_t)nt * fk->per_thread + bytes > lim : bytes > FUSED_PRE_MAX_BYTES)
+        return false;
+    if (!(pre->mem = malloc((size_t)bytes)))
+        return false;
+    char *p = (char *)(((uintptr_t)pre->mem + 63) & ~(uintptr_t)63);
+    pre->Vp = p;
+    p += pre->ntiles * pre->vb;
+    for (int q = 0; q < fk->nfac; q++)
+        if (fk->fac[q].gemm) {
+            pre->Kp[q] = p;
+            p += pre->ntiles * pre->kb[q];
+        }
+    return true;
+}
+
+/* Tile t of the shared packed operands, as fold_cols packs it. */
+static void pre_pack_tile(const sr_kernel *k, const struct fused_kernel *fk, const sr_run_desc *r,
+                          const struct fused_pre *pre, int64_t t)
+{
+    const int64_t nred = k->axis == 1 ? r->ny : r->nx, rt = t * fk->tj;
+    const int64_t nj = nred - rt < fk->tj ? nred - rt : fk->tj;
+    cpu_avx2_pack_v(nj, fk->R, (const float *)r->args[fk->bvar] + rt * fk->R, fk->R,
+                    (float *)(pre->Vp + t * pre->vb));
+    for (int q = 0; q < fk->nfac; q++)
+        if (fk->fac[q].gemm)
+            pack_k_tile(fk, r, q, rt, nj, pre->Kp[q] + t * pre->kb[q]);
+}
+
 /* Runs plan p in chunks of at most `chunk` flat rows, over the threads: each segment of a block
  * in a chunk folds that block's intervals. */
 static sr_status run_chunks(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
-                            int64_t chunk)
+                            int64_t chunk, const struct fused_pre *pre)
 {
     const struct fused_kernel *fk = k->backend_data;
     int nt = sr__threads(k->ctx, fk->per_thread);
@@ -1264,6 +1382,15 @@ static sr_status run_chunks(const sr_kernel *k, const sr_run_desc *r, const stru
     {
         struct fused_ws w;
         bool ok = ws_new(k, fk, r, &w);
+        w.pre = pre;
+        if (pre) {
+            /* The shared packed tiles, split over the threads; the barrier ends the packing. */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int64_t t = 0; t < pre->ntiles; t++)
+                pre_pack_tile(k, fk, r, pre, t);
+        }
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -1457,14 +1584,19 @@ static sr_status fused_run(const sr_kernel *k, const sr_run_desc *r)
     int64_t ti = nblocks ? (nout + nblocks - 1) / nblocks : 0;
     int64_t blk[2] = {0, nout}, rows[2] = {0, nout}, ivoff[2] = {0, 1}, iv[2] = {0, nred};
     struct sr_rplan p = {1, nout, blk, rows, ivoff, iv, NULL};
-    return run_chunks(k, r, &p, ti);
+    struct fused_pre pre;
+    const bool packed = pre_new(k, fk, nred, nt, &pre);
+    sr_status st = run_chunks(k, r, &p, ti, packed ? &pre : NULL);
+    if (packed)
+        free(pre.mem);
+    return st;
 }
 
 static sr_status fused_run_ranges(const sr_kernel *k, const sr_run_desc *r,
                                   const struct sr_rplan *p)
 {
     const struct fused_kernel *fk = k->backend_data;
-    return run_chunks(k, r, p, fk->ti);
+    return run_chunks(k, r, p, fk->ti, NULL);
 }
 
 static int64_t fused_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
