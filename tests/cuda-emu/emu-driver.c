@@ -15,8 +15,9 @@
  * Launches run synchronously on the calling CPU thread: the blocks one after another, the
  * threads of a block as fibers (ucontext) scheduled in turn. Each fiber runs until its next
  * __syncthreads or its end, so no fiber passes a barrier before every live fiber of its block
- * has reached it; a block whose fibers reach different numbers of barriers fails the launch
- * (CUDA_ERROR_LAUNCH_FAILED, sticky like the driver's). The schedule is deterministic. Invalid
+ * has reached it (the order of the turns alternates, see run_block); a barrier that only some
+ * threads of a block reach fails the launch (CUDA_ERROR_LAUNCH_FAILED, sticky like the
+ * driver's, with a message on stderr). The schedule is deterministic. Invalid
  * configurations get the driver's error codes: zero or too large dimensions and too much
  * dynamic shared memory CUDA_ERROR_INVALID_VALUE, more threads than the kernel's
  * __launch_bounds__ CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, a pointer parameter that is not device
@@ -73,7 +74,7 @@ struct emu_dim3 {
 };
 struct emu_thread {
     struct emu_dim3 thread_idx, block_idx, block_dim, grid_dim;
-    void (*sync)(const struct emu_thread *self);
+    void (*sync)(const struct emu_thread *self, int site);
 };
 
 struct emu_module {
@@ -534,7 +535,7 @@ struct fiber {
     struct emu_thread self; /* first: the kernel's sync callback gets its address */
     ucontext_t uc;
     enum fiber_state state;
-    unsigned long barriers;
+    int site; /* where it waits: the source line of its __syncthreads */
     struct block *blk;
 };
 
@@ -545,15 +546,16 @@ struct block {
     int n;
     const struct emu_function *fn;
     void **params;
+    unsigned pass; /* its parity gives the direction of the turns */
 };
 
 static __thread struct fiber *running;
 
-static void fiber_sync(const struct emu_thread *self)
+static void fiber_sync(const struct emu_thread *self, int site)
 {
     struct fiber *f = (struct fiber *)self;
     f->state = FIBER_BARRIER;
-    f->barriers++;
+    f->site = site;
     swapcontext(&f->uc, &f->blk->sched);
 }
 
@@ -565,38 +567,45 @@ static void fiber_main(void)
 }
 
 /* Runs one block: every fiber from its start to its next barrier in turn, until all are done.
- * False when the fibers disagree on the number of barriers they have passed. */
-static bool run_block(struct block *b, char *stacks, size_t stack_size)
+ * The turns go up the thread indices in one pass and down in the next, the first direction
+ * alternating between blocks: a thread that reads shared memory written by another thread
+ * without a barrier between them sees the new value in one pass and the old one in the next,
+ * which the differential tests notice. Returns 0, or the source line of a barrier that only
+ * some of the block's threads reached (the others ended or waited elsewhere): CUDA allows
+ * __syncthreads in conditional code only when the condition is the same for the whole block. */
+static int run_block(struct block *b, char *stacks, size_t stack_size)
 {
     for (int t = 0; t < b->n; t++) {
         struct fiber *f = &b->fibers[t];
         f->state = FIBER_RUN;
-        f->barriers = 0;
         getcontext(&f->uc);
         f->uc.uc_stack.ss_sp = stacks + (size_t)t * stack_size;
         f->uc.uc_stack.ss_size = stack_size - (size_t)sysconf(_SC_PAGESIZE);
         f->uc.uc_link = &b->sched;
         makecontext(&f->uc, fiber_main, 0);
     }
-    for (int live = b->n; live > 0;) {
-        long waiting = -1;
-        live = 0;
-        for (int t = 0; t < b->n; t++) {
-            struct fiber *f = &b->fibers[t];
+    for (bool live = true; live; b->pass++) {
+        int site = 0, ended = 0, waiting = 0;
+        for (int i = 0; i < b->n; i++) {
+            struct fiber *f = &b->fibers[b->pass & 1 ? b->n - 1 - i : i];
             if (f->state == FIBER_DONE)
                 continue;
             f->state = FIBER_RUN;
             running = f;
             swapcontext(&b->sched, &f->uc);
-            if (f->state != FIBER_BARRIER)
+            if (f->state == FIBER_DONE) {
+                ended++;
                 continue;
-            live++;
-            if (waiting >= 0 && (unsigned long)waiting != f->barriers)
-                return false;
-            waiting = (long)f->barriers;
+            }
+            if (waiting++ && f->site != site)
+                return site;
+            site = f->site;
         }
+        if (waiting && ended)
+            return site;
+        live = waiting > 0;
     }
-    return true;
+    return 0;
 }
 
 EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned gy, unsigned gz,
@@ -649,12 +658,13 @@ EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned g
                     s->grid_dim = (struct emu_dim3){gx, gy, gz};
                     s->sync = fiber_sync;
                 }
-                /* Fix the stacks' base past the guard page for run_block. */
-                if (!run_block(&b, stacks + page, stack_size)) {
+                b.pass = x + y + z;
+                int site = run_block(&b, stacks + page, stack_size);
+                if (site) {
                     fprintf(stderr,
-                            "cuda emulator: %s block (%u, %u, %u): threads reached different "
-                            "numbers of __syncthreads\n",
-                            fn->name, x, y, z);
+                            "cuda emulator: %s, block (%u, %u, %u): the __syncthreads at line %d "
+                            "of the source is not reached by every thread of the block\n",
+                            fn->name, x, y, z, site);
                     r = CUDA_ERROR_LAUNCH_FAILED;
                 }
             }

@@ -385,9 +385,15 @@ EMU_API int nvrtcVersion(int *major, int *minor)
 {
     if (!major || !minor)
         return NVRTC_ERROR_INVALID_INPUT;
-    /* Not any real NVRTC's version, so that symred's image cache never mixes the two. */
+    /* Not any real NVRTC's version, so that symred's image cache never mixes the two; the minor
+     * number follows the prelude, so that symred's cache, whose entries name shared objects
+     * built with one prelude, is not used with another. */
+    char *prelude = read_file(EMU_PRELUDE);
+    if (!prelude)
+        return NVRTC_ERROR_INTERNAL_ERROR;
     *major = EMU_NVRTC_MAJOR;
-    *minor = EMU_NVRTC_MINOR;
+    *minor = 1 + (int)(fnv(0xcbf29ce484222325ULL, prelude, strlen(prelude)) % 1000000);
+    free(prelude);
     return NVRTC_SUCCESS;
 }
 

@@ -18,8 +18,8 @@
  * object holding the compiled kernels. */
 #define EMU_PTX_MAGIC "// symred cuda emulator module"
 
-/* The emulated NVRTC's version: no real NVRTC has it, so the image caches of the two differ. */
+/* The emulated NVRTC's major version: no real NVRTC has it, so the image caches of the two
+ * differ. */
 #define EMU_NVRTC_MAJOR 0
-#define EMU_NVRTC_MINOR 1
 
 #endif /* SYMRED_CUDA_EMU_H */
