@@ -77,15 +77,17 @@ struct emu_thread {
     void (*sync)(const struct emu_thread *self, int site);
 };
 
-struct emu_module {
-    void *so;
-};
-
 struct emu_function {
+    struct emu_function *next; /* in its module's list */
     void (*entry)(void **params, const struct emu_thread *self);
     int (*check)(void **params, int (*known)(const void *));
     int max_threads;
     char name[200];
+};
+
+struct emu_module {
+    void *so;
+    struct emu_function *functions; /* freed with the module, as the driver's handles are */
 };
 
 struct alloc {
@@ -498,8 +500,12 @@ EMU_API CUresult cuModuleUnload(struct emu_module *m)
 {
     if (!m)
         return CUDA_ERROR_INVALID_HANDLE;
-    /* The functions of the module are not freed: the driver's handles outlive nothing either,
-     * but a test may still hold one. The shared object stays loaded for the same reason. */
+    while (m->functions) {
+        struct emu_function *f = m->functions;
+        m->functions = f->next;
+        free(f);
+    }
+    dlclose(m->so);
     free(m);
     return CUDA_SUCCESS;
 }
@@ -523,7 +529,9 @@ EMU_API CUresult cuModuleGetFunction(struct emu_function **f, struct emu_module 
     snprintf(fn.name, sizeof fn.name, "%s", name);
     if (!(*f = malloc(sizeof **f)))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    fn.next = m->functions;
     **f = fn;
+    m->functions = *f;
     return CUDA_SUCCESS;
 }
 
@@ -566,6 +574,18 @@ static void fiber_main(void)
     f->state = FIBER_DONE; /* uc_link returns to the scheduler */
 }
 
+/* Makes f start at fiber_main on the stack [sp, sp + size) and return to sched. (A function of
+ * its own: getcontext returns twice, and no variable of this one changes after it.) */
+static void start_fiber(struct fiber *f, char *sp, size_t size, ucontext_t *sched)
+{
+    f->state = FIBER_RUN;
+    getcontext(&f->uc);
+    f->uc.uc_stack.ss_sp = sp;
+    f->uc.uc_stack.ss_size = size;
+    f->uc.uc_link = sched;
+    makecontext(&f->uc, fiber_main, 0);
+}
+
 /* Runs one block: every fiber from its start to its next barrier in turn, until all are done.
  * The turns go up the thread indices in one pass and down in the next, the first direction
  * alternating between blocks: a thread that reads shared memory written by another thread
@@ -575,15 +595,9 @@ static void fiber_main(void)
  * __syncthreads in conditional code only when the condition is the same for the whole block. */
 static int run_block(struct block *b, char *stacks, size_t stack_size)
 {
-    for (int t = 0; t < b->n; t++) {
-        struct fiber *f = &b->fibers[t];
-        f->state = FIBER_RUN;
-        getcontext(&f->uc);
-        f->uc.uc_stack.ss_sp = stacks + (size_t)t * stack_size;
-        f->uc.uc_stack.ss_size = stack_size - (size_t)sysconf(_SC_PAGESIZE);
-        f->uc.uc_link = &b->sched;
-        makecontext(&f->uc, fiber_main, 0);
-    }
+    for (int t = 0; t < b->n; t++)
+        start_fiber(&b->fibers[t], stacks + (size_t)t * stack_size,
+                    stack_size - (size_t)sysconf(_SC_PAGESIZE), &b->sched);
     for (bool live = true; live; b->pass++) {
         int site = 0, ended = 0, waiting = 0;
         for (int i = 0; i < b->n; i++) {
