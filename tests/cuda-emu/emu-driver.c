@@ -10,7 +10,8 @@
  * A table of allocations answers cuPointerGetAttribute (memory type, range) for any address
  * inside one; cuMemcpy* and cuMemFree refuse addresses that are not device memory, as the
  * driver does. The device's total memory is $SYMRED_CUDA_EMU_MEM bytes (suffixes K, M, G;
- * default 4 GiB), so that out-of-memory paths can be exercised.
+ * default 4 GiB), so that out-of-memory paths can be exercised. $SYMRED_CUDA_EMU_TRACE set:
+ * every launch is printed on stderr.
  *
  * Launches run synchronously on the calling CPU thread: the blocks one after another, the
  * threads of a block as fibers (ucontext) scheduled in turn. Each fiber runs until its next
@@ -637,6 +638,9 @@ EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned g
         bx > EMU_MAX_THREADS || by > EMU_MAX_THREADS || bz > 64 ||
         (unsigned long long)bx * by * bz > EMU_MAX_THREADS || shared > EMU_SHARED)
         return CUDA_ERROR_INVALID_VALUE;
+    if (getenv("SYMRED_CUDA_EMU_TRACE"))
+        fprintf(stderr, "cuda emulator: launch %s grid (%u, %u, %u) block (%u, %u, %u)\n", fn->name,
+                gx, gy, gz, bx, by, bz);
     const int n = (int)(bx * by * bz);
     if (n > fn->max_threads)
         return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
