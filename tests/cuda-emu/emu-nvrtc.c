@@ -356,6 +356,11 @@ static int compile(struct nvrtc_prog_ *p, int nopts, const char *const *opts)
         } else {
             int st = run((char *const *)argv, logp);
             p->log = read_file(logp);
+            if (st < 0 && (!p->log || !*p->log)) {
+                free(p->log);
+                if (asprintf(&p->log, "nvrtc (cuda emulator): cannot run %s\n", cxx) < 0)
+                    p->log = NULL;
+            }
             if (st != 0)
                 rc = NVRTC_ERROR_COMPILATION;
             else if (rename(tmp, so) != 0)

@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -201,6 +202,20 @@ Test(cuda_emu, a_compile_error_returns_the_compiler_log)
                                      "bad.cu", "sm_90", false, &out);
     cr_assert_eq(st, SR_ECOMPILE);
     cr_assert(out.log && strstr(out.log, "nope"), "log: %s", out.log ? out.log : "(none)");
+    free(out.image);
+    free(out.log);
+}
+
+Test(cuda_emu, a_missing_compiler_is_named)
+{
+    setenv("SYMRED_CUDA_EMU_CXX", "/nonexistent/g++", 1);
+    struct nvrtc_out out;
+    /* A source of its own, so that no cached object answers. */
+    sr_status st = jit_nvrtc_compile("extern \"C\" __global__ void g(int *x) { x[0] = 12345; }",
+                                     "g.cu", "sm_90", false, &out);
+    cr_assert_eq(st, SR_ECOMPILE);
+    cr_assert(out.log && strstr(out.log, "cannot run /nonexistent/g++"), "log: %s",
+              out.log ? out.log : "(none)");
     free(out.image);
     free(out.log);
 }
