@@ -485,7 +485,15 @@ EMU_API CUresult cuModuleLoadData(struct emu_module **m, const void *image)
         return CUDA_ERROR_INVALID_PTX;
     char path[1400];
     snprintf(path, sizeof path, "%s", s + l + 1);
+    const char *src = strchr(s + l + 1, '\n');
     path[strcspn(path, "\n")] = 0;
+    if (access(path, R_OK) != 0 && src) {
+        char *log = NULL;
+        int rc = emu_rebuild(src + 1, &log);
+        if (rc != 0)
+            fprintf(stderr, "cuda emulator: rebuilding %s failed: %s\n", path, log ? log : "");
+        free(log);
+    }
     void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!so)
         return CUDA_ERROR_INVALID_IMAGE;

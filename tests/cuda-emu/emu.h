@@ -15,8 +15,13 @@
 #define EMU_API __attribute__((visibility("default")))
 
 /* The first line of the "PTX" that the emulated NVRTC returns; the second names the shared
- * object holding the compiled kernels. */
+ * object holding the compiled kernels, and the program's source follows. */
 #define EMU_PTX_MAGIC "// symred cuda emulator module"
+
+/* Compiles src as nvrtcCompileProgram does with no options (emu-nvrtc.c): the shared object
+ * named in the "PTX" of src is there afterwards. Returns an NVRTC status; *log gets the
+ * compiler's output (malloc()ed, may be NULL). */
+int emu_rebuild(const char *src, char **log);
 
 /* The emulated NVRTC's major version: no real NVRTC has it, so the image caches of the two
  * differ. */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "jit/cuda.h"
 
@@ -216,6 +217,29 @@ Test(cuda_emu, a_missing_compiler_is_named)
     cr_assert_eq(st, SR_ECOMPILE);
     cr_assert(out.log && strstr(out.log, "cannot run /nonexistent/g++"), "log: %s",
               out.log ? out.log : "(none)");
+    free(out.image);
+    free(out.log);
+}
+
+/* The "PTX" carries its source: a module whose compiled object has gone from the emulator's
+ * cache (symred's image cache keeps the PTX longer) is built again when loaded. */
+Test(cuda_emu, a_module_whose_object_has_gone_is_rebuilt)
+{
+    struct emu e = open_emu();
+    struct nvrtc_out out;
+    cr_assert_eq(jit_nvrtc_compile(kernels, "emu.cu", "sm_90", false, &out), SR_OK);
+    char path[1400];
+    const char *nl = strchr(out.image, '\n');
+    cr_assert(nl, "PTX: %s", out.image);
+    snprintf(path, sizeof path, "%s", nl + 1);
+    path[strcspn(path, "\n")] = 0;
+    cr_assert_eq(unlink(path), 0, "%s", path);
+    cu_module m;
+    cr_assert_eq(e.cu->module_load_data(&m, out.image), CU_SUCCESS);
+    cr_assert_eq(access(path, R_OK), 0, "%s was not rebuilt", path);
+    cu_function f;
+    cr_assert_eq(e.cu->module_get_function(&f, m, "plain"), CU_SUCCESS);
+    cr_assert_eq(e.cu->module_unload(m), CU_SUCCESS);
     free(out.image);
     free(out.log);
 }
