@@ -7,7 +7,7 @@
 set -euo pipefail
 
 PACKAGES=(
-    build-essential   # gcc, make, libc headers; gcc is also the CPU JIT's compiler at run time
+    build-essential   # gcc, g++, make, libc headers: the CPU JIT's and the CUDA emulator's compilers
     cmake
     pkg-config        # CMake finds Criterion with it; the install test uses it
     libcriterion-dev  # the C tests

@@ -187,6 +187,26 @@ Test(threads, jit_kernel_shared)
     sr_kernel_free(k);
 }
 
+/* One CUDA kernel run from many threads at once (each run with device buffers of its own), where
+ * a GPU exists or on the CUDA emulator (ctest test-threads-cuda-emu). */
+Test(threads, cuda_kernel_shared)
+{
+    const struct cuda_device *dev;
+    const char *why;
+    if (jit_cuda_device(&dev, &why) != SR_OK) {
+        /* On the emulator a skip would test nothing. */
+        cr_assert(!getenv("SYMRED_TEST_CUDA_EMU"), "the CUDA emulator did not open: %s", why);
+        cr_skip_test("no GPU, the CUDA kernel is not run: %s", why);
+    }
+    open_fixture(3);
+    sr_kernel *k = kernel(ctx, "Exp(-SqDist(x, y) * g) * b", 3, SR_SUM, SR_DEVICE_CUDA);
+    run_shared(k, D.args, NX);
+    sr_kernel_free(k);
+    k = kernel(ctx, "SqDist(x, y) - b", 3, SR_KMIN_ARGKMIN, SR_DEVICE_CUDA);
+    run_shared(k, D.args, NX * 3);
+    sr_kernel_free(k);
+}
+
 Test(threads, gemm_kernel_shared)
 {
     open_fixture(32);
