@@ -1,0 +1,678 @@
+/*
+ * emu-driver.c — the CUDA driver API emulated on the CPU, for the CUDA emulator's tests.
+ *
+ * One device, "symred CPU emulator", with the attributes of a small sm_90 GPU (1024 threads
+ * and 48 KiB of shared memory per block, EMU_SMS multiprocessors), and its primary context.
+ *
+ * Memory: device memory is host memory. Each cuMemAlloc maps pages of its own, the allocation
+ * placed at the end of its pages (16-byte aligned) with an inaccessible page after it, so that
+ * a kernel reading past the end of a buffer crashes the test instead of reading a neighbour.
+ * A table of allocations answers cuPointerGetAttribute (memory type, range) for any address
+ * inside one; cuMemcpy* and cuMemFree refuse addresses that are not device memory, as the
+ * driver does. The device's total memory is $SYMRED_CUDA_EMU_MEM bytes (suffixes K, M, G;
+ * default 4 GiB), so that out-of-memory paths can be exercised.
+ *
+ * Launches run synchronously on the calling CPU thread: the blocks one after another, the
+ * threads of a block as fibers (ucontext) scheduled in turn. Each fiber runs until its next
+ * __syncthreads or its end, so no fiber passes a barrier before every live fiber of its block
+ * has reached it; a block whose fibers reach different numbers of barriers fails the launch
+ * (CUDA_ERROR_LAUNCH_FAILED, sticky like the driver's). The schedule is deterministic. Invalid
+ * configurations get the driver's error codes: zero or too large dimensions and too much
+ * dynamic shared memory CUDA_ERROR_INVALID_VALUE, more threads than the kernel's
+ * __launch_bounds__ CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, a pointer parameter that is not device
+ * memory CUDA_ERROR_INVALID_VALUE (the real driver would fault with an illegal address).
+ *
+ * Not emulated: streams and events (everything is synchronous), asynchronous errors, the
+ * memory model and warp-level concurrency (fibers never interleave between barriers), timing,
+ * managed or mapped memory, the static shared memory limit of a kernel, kernelParams passed
+ * through `extra`, several devices or contexts.
+ *
+ * The driver is process-wide state by nature (like libcuda): the allocation table, the device
+ * and the sticky error live in this file's statics, behind a mutex.
+ */
+#define _GNU_SOURCE
+#include "emu.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+#define EMU_SMS         4           /* multiprocessors */
+#define EMU_MAX_THREADS 1024        /* per block */
+#define EMU_SHARED      (48 << 10)  /* bytes of shared memory per block */
+#define EMU_STACK       (256 << 10) /* bytes of stack per fiber */
+
+/* The fiber's view of its launch: struct sr_emu_thread of emu-prelude.h, the same layout. */
+struct emu_dim3 {
+    unsigned x, y, z;
+};
+struct emu_thread {
+    struct emu_dim3 thread_idx, block_idx, block_dim, grid_dim;
+    void (*sync)(const struct emu_thread *self);
+};
+
+struct emu_module {
+    void *so;
+};
+
+struct emu_function {
+    void (*entry)(void **params, const struct emu_thread *self);
+    int (*check)(void **params, int (*known)(const void *));
+    int max_threads;
+    char name[200];
+};
+
+struct alloc {
+    char *base;  /* what cuMemAlloc returned */
+    size_t size; /* what was asked for */
+    void *map;   /* the pages */
+    size_t map_size;
+};
+
+static struct {
+    pthread_mutex_t lock;
+    bool initialised;
+    CUresult sticky; /* a launch failure that the context cannot recover from */
+    struct alloc *allocs;
+    size_t nallocs, cap;
+    size_t used, total;
+} drv = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int primary_ctx; /* the one context's handle is this address */
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+/* The allocation holding address p, or NULL. Called with drv.lock held. */
+static struct alloc *find(uintptr_t p)
+{
+    for (size_t i = 0; i < drv.nallocs; i++) {
+        uintptr_t b = (uintptr_t)drv.allocs[i].base;
+        if (p >= b && p < b + (drv.allocs[i].size ? drv.allocs[i].size : 1))
+            return &drv.allocs[i];
+    }
+    return NULL;
+}
+
+/* True when [p, p + n) lies inside one allocation. */
+static bool device_range(uintptr_t p, size_t n)
+{
+    pthread_mutex_lock(&drv.lock);
+    struct alloc *a = find(p);
+    bool ok = a && n <= a->size - (p - (uintptr_t)a->base);
+    pthread_mutex_unlock(&drv.lock);
+    return ok;
+}
+
+static int known_pointer(const void *p) { return device_range((uintptr_t)p, 1); }
+
+static size_t total_memory(void)
+{
+    const char *e = getenv("SYMRED_CUDA_EMU_MEM");
+    if (!e || !*e)
+        return (size_t)4 << 30;
+    char *end;
+    unsigned long long v = strtoull(e, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+    return (size_t)v << shift;
+}
+
+EMU_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes)
+{
+    if (!p || bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&drv.lock);
+    CUresult r = !drv.initialised               ? CUDA_ERROR_NOT_INITIALIZED
+                 : drv.sticky                   ? drv.sticky
+                 : bytes > drv.total - drv.used ? CUDA_ERROR_OUT_OF_MEMORY
+                                                : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS && drv.nallocs == drv.cap) {
+        size_t cap = drv.cap ? 2 * drv.cap : 64;
+        struct alloc *t = realloc(drv.allocs, cap * sizeof *t);
+        if (t)
+            drv.allocs = t, drv.cap = cap;
+        else
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (r == CUDA_SUCCESS) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        size_t rounded = (bytes + 15) & ~(size_t)15;
+        size_t len = (rounded + page - 1) / page * page + page;
+        char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED || mprotect(m + len - page, page, PROT_NONE) != 0) {
+            if (m != MAP_FAILED)
+                munmap(m, len);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            struct alloc *a = &drv.allocs[drv.nallocs++];
+            a->map = m;
+            a->map_size = len;
+            a->size = bytes;
+            a->base = m + len - page - rounded;
+            /* Fresh device memory is not zero on a GPU: make reads of unwritten memory show. */
+            memset(a->base, 0xff, rounded);
+            drv.used += bytes;
+            *p = (CUdeviceptr)(uintptr_t)a->base;
+        }
+    }
+    pthread_mutex_unlock(&drv.lock);
+    return r;
+}
+
+EMU_API CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    pthread_mutex_lock(&drv.lock);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < drv.nallocs; i++)
+        if ((uintptr_t)drv.allocs[i].base == p) {
+            munmap(drv.allocs[i].map, drv.allocs[i].map_size);
+            drv.used -= drv.allocs[i].size;
+            drv.allocs[i] = drv.allocs[--drv.nallocs];
+            r = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&drv.lock);
+    return r;
+}
+
+EMU_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&drv.lock);
+    *free_bytes = drv.total - drv.used;
+    *total_bytes = drv.total;
+    pthread_mutex_unlock(&drv.lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy(void *dst, const void *src, size_t bytes, bool dst_dev, bool src_dev)
+{
+    if (drv.sticky)
+        return drv.sticky;
+    if (!bytes)
+        return CUDA_SUCCESS;
+    if (!dst || !src || (dst_dev && !device_range((uintptr_t)dst, bytes)) ||
+        (src_dev && !device_range((uintptr_t)src, bytes)))
+        return CUDA_ERROR_INVALID_VALUE;
+    memmove(dst, src, bytes);
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)
+{
+    return copy((void *)(uintptr_t)dst, src, bytes, true, false);
+}
+
+EMU_API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
+{
+    return copy(dst, (const void *)(uintptr_t)src, bytes, false, true);
+}
+
+EMU_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+{
+    return copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes, true, true);
+}
+
+EMU_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, void *s)
+{
+    (void)s;
+    return cuMemcpyHtoD_v2(dst, src, bytes);
+}
+
+EMU_API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, void *s)
+{
+    (void)s;
+    return cuMemcpyDtoH_v2(dst, src, bytes);
+}
+
+EMU_API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
+{
+    if (n && !device_range((uintptr_t)dst, n))
+        return CUDA_ERROR_INVALID_VALUE;
+    memset((void *)(uintptr_t)dst, v, n);
+    return CUDA_SUCCESS;
+}
+
+#define CU_POINTER_ATTRIBUTE_CONTEXT     1
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_RANGE_START 11
+#define CU_POINTER_ATTRIBUTE_RANGE_SIZE  12
+
+EMU_API CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
+{
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&drv.lock);
+    struct alloc *a = find((uintptr_t)p);
+    CUresult r = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (a) {
+        if (attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+            *(unsigned *)data = 2; /* CU_MEMORYTYPE_DEVICE */
+        else if (attr == CU_POINTER_ATTRIBUTE_RANGE_START)
+            *(CUdeviceptr *)data = (CUdeviceptr)(uintptr_t)a->base;
+        else if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+            *(size_t *)data = a->size;
+        else if (attr == CU_POINTER_ATTRIBUTE_CONTEXT)
+            *(void **)data = &primary_ctx;
+        else
+            r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&drv.lock);
+    return r;
+}
+
+/* ---- device and context -------------------------------------------------------------------- */
+
+EMU_API CUresult cuInit(unsigned flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&drv.lock);
+    if (!drv.initialised)
+        drv.total = total_memory();
+    drv.initialised = true;
+    pthread_mutex_unlock(&drv.lock);
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuDriverGetVersion(int *v)
+{
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuDeviceGetCount(int *n)
+{
+    if (!n)
+        return CUDA_ERROR_INVALID_VALUE;
+    *n = drv.initialised ? 1 : 0;
+    return drv.initialised ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+EMU_API CUresult cuDeviceGet(int *d, int ordinal)
+{
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *d = 0;
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuDeviceGetName(char *name, int len, int d)
+{
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "symred CPU emulator");
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuDeviceGetAttribute(int *v, int attr, int d)
+{
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    switch (attr) {
+    case 1: /* max threads per block */
+    case 2: /* max block dim x */
+    case 3: /* y */
+        *v = EMU_MAX_THREADS;
+        return CUDA_SUCCESS;
+    case 4: /* z */
+        *v = 64;
+        return CUDA_SUCCESS;
+    case 5: /* max grid dim x */
+        *v = 0x7fffffff;
+        return CUDA_SUCCESS;
+    case 6:
+    case 7:
+        *v = 65535;
+        return CUDA_SUCCESS;
+    case 8: /* max shared memory per block */
+        *v = EMU_SHARED;
+        return CUDA_SUCCESS;
+    case 10: /* warp size */
+        *v = 32;
+        return CUDA_SUCCESS;
+    case 16: /* multiprocessors */
+        *v = EMU_SMS;
+        return CUDA_SUCCESS;
+    case 75: /* compute capability */
+        *v = 9;
+        return CUDA_SUCCESS;
+    case 76:
+        *v = 0;
+        return CUDA_SUCCESS;
+    case 81: /* shared memory per multiprocessor */
+        *v = 228 << 10;
+        return CUDA_SUCCESS;
+    case 97: /* shared memory per block, opt-in */
+        *v = 227 << 10;
+        return CUDA_SUCCESS;
+    default:
+        if (attr <= 0 || attr > 140)
+            return CUDA_ERROR_INVALID_VALUE;
+        *v = 0;
+        return CUDA_SUCCESS;
+    }
+}
+
+EMU_API CUresult cuDevicePrimaryCtxRetain(void **ctx, int d)
+{
+    if (!ctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!drv.initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    *ctx = &primary_ctx;
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuDevicePrimaryCtxRelease_v2(int d)
+{
+    return d == 0 ? 0 : CUDA_ERROR_INVALID_DEVICE;
+}
+
+EMU_API CUresult cuCtxSetCurrent(void *ctx)
+{
+    return ctx == NULL || ctx == &primary_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+EMU_API CUresult cuCtxGetCurrent(void **ctx)
+{
+    if (!ctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ctx = &primary_ctx;
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuCtxSynchronize(void) { return drv.sticky; }
+
+EMU_API CUresult cuStreamCreate(void **s, unsigned flags)
+{
+    (void)flags;
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    *s = &primary_ctx; /* one stream: everything is synchronous */
+    return CUDA_SUCCESS;
+}
+EMU_API CUresult cuStreamDestroy_v2(void *s)
+{
+    (void)s;
+    return CUDA_SUCCESS;
+}
+EMU_API CUresult cuStreamSynchronize(void *s)
+{
+    (void)s;
+    return drv.sticky;
+}
+
+EMU_API CUresult cuGetErrorString(CUresult r, const char **s)
+{
+    static const struct {
+        CUresult r;
+        const char *s;
+    } names[] = {
+        {CUDA_SUCCESS, "no error"},
+        {CUDA_ERROR_INVALID_VALUE, "invalid argument"},
+        {CUDA_ERROR_OUT_OF_MEMORY, "out of memory"},
+        {CUDA_ERROR_NOT_INITIALIZED, "initialization error"},
+        {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
+        {CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"},
+        {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
+        {CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"},
+        {CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"},
+        {CUDA_ERROR_NOT_FOUND, "named symbol not found"},
+        {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch"},
+        {CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure"},
+        {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
+    };
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (names[i].r == r) {
+            *s = names[i].s;
+            return CUDA_SUCCESS;
+        }
+    *s = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- modules --------------------------------------------------------------------------------- */
+
+EMU_API CUresult cuModuleLoadData(struct emu_module **m, const void *image)
+{
+    if (!m || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *s = image;
+    size_t l = strlen(EMU_PTX_MAGIC);
+    if (strncmp(s, EMU_PTX_MAGIC, l) != 0 || s[l] != '\n')
+        return CUDA_ERROR_INVALID_PTX;
+    char path[1400];
+    snprintf(path, sizeof path, "%s", s + l + 1);
+    path[strcspn(path, "\n")] = 0;
+    void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!so)
+        return CUDA_ERROR_INVALID_IMAGE;
+    if (!(*m = calloc(1, sizeof **m))) {
+        dlclose(so);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    (*m)->so = so;
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuModuleUnload(struct emu_module *m)
+{
+    if (!m)
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* The functions of the module are not freed: the driver's handles outlive nothing either,
+     * but a test may still hold one. The shared object stays loaded for the same reason. */
+    free(m);
+    return CUDA_SUCCESS;
+}
+
+EMU_API CUresult cuModuleGetFunction(struct emu_function **f, struct emu_module *m,
+                                     const char *name)
+{
+    if (!f || !m || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    char sym[256];
+    struct emu_function fn = {.max_threads = EMU_MAX_THREADS};
+    snprintf(sym, sizeof sym, "sr_emu_entry_%s", name);
+    *(void **)&fn.entry = dlsym(m->so, sym);
+    snprintf(sym, sizeof sym, "sr_emu_check_%s", name);
+    *(void **)&fn.check = dlsym(m->so, sym);
+    snprintf(sym, sizeof sym, "sr_emu_maxthreads_%s", name);
+    const int *mt = dlsym(m->so, sym);
+    if (!fn.entry || !fn.check || !mt)
+        return CUDA_ERROR_NOT_FOUND;
+    fn.max_threads = *mt;
+    snprintf(fn.name, sizeof fn.name, "%s", name);
+    if (!(*f = malloc(sizeof **f)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    **f = fn;
+    return CUDA_SUCCESS;
+}
+
+/* ---- launches -------------------------------------------------------------------------------- */
+
+enum fiber_state { FIBER_RUN, FIBER_BARRIER, FIBER_DONE };
+
+struct fiber {
+    struct emu_thread self; /* first: the kernel's sync callback gets its address */
+    ucontext_t uc;
+    enum fiber_state state;
+    unsigned long barriers;
+    struct block *blk;
+};
+
+/* The block being run on this CPU thread. */
+struct block {
+    ucontext_t sched;
+    struct fiber *fibers;
+    int n;
+    const struct emu_function *fn;
+    void **params;
+};
+
+static __thread struct fiber *running;
+
+static void fiber_sync(const struct emu_thread *self)
+{
+    struct fiber *f = (struct fiber *)self;
+    f->state = FIBER_BARRIER;
+    f->barriers++;
+    swapcontext(&f->uc, &f->blk->sched);
+}
+
+static void fiber_main(void)
+{
+    struct fiber *f = running;
+    f->blk->fn->entry(f->blk->params, &f->self);
+    f->state = FIBER_DONE; /* uc_link returns to the scheduler */
+}
+
+/* Runs one block: every fiber from its start to its next barrier in turn, until all are done.
+ * False when the fibers disagree on the number of barriers they have passed. */
+static bool run_block(struct block *b, char *stacks, size_t stack_size)
+{
+    for (int t = 0; t < b->n; t++) {
+        struct fiber *f = &b->fibers[t];
+        f->state = FIBER_RUN;
+        f->barriers = 0;
+        getcontext(&f->uc);
+        f->uc.uc_stack.ss_sp = stacks + (size_t)t * stack_size;
+        f->uc.uc_stack.ss_size = stack_size - (size_t)sysconf(_SC_PAGESIZE);
+        f->uc.uc_link = &b->sched;
+        makecontext(&f->uc, fiber_main, 0);
+    }
+    for (int live = b->n; live > 0;) {
+        long waiting = -1;
+        live = 0;
+        for (int t = 0; t < b->n; t++) {
+            struct fiber *f = &b->fibers[t];
+            if (f->state == FIBER_DONE)
+                continue;
+            f->state = FIBER_RUN;
+            running = f;
+            swapcontext(&b->sched, &f->uc);
+            if (f->state != FIBER_BARRIER)
+                continue;
+            live++;
+            if (waiting >= 0 && (unsigned long)waiting != f->barriers)
+                return false;
+            waiting = (long)f->barriers;
+        }
+    }
+    return true;
+}
+
+EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned gy, unsigned gz,
+                                unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                void *stream, void **params, void **extra)
+{
+    (void)stream;
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (drv.sticky)
+        return drv.sticky;
+    if (!params && extra)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!gx || !gy || !gz || !bx || !by || !bz || gx > 0x7fffffffu || gy > 65535 || gz > 65535 ||
+        bx > EMU_MAX_THREADS || by > EMU_MAX_THREADS || bz > 64 ||
+        (unsigned long long)bx * by * bz > EMU_MAX_THREADS || shared > EMU_SHARED)
+        return CUDA_ERROR_INVALID_VALUE;
+    const int n = (int)(bx * by * bz);
+    if (n > fn->max_threads)
+        return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+    if (fn->check(params, known_pointer) != -1)
+        return CUDA_ERROR_INVALID_VALUE;
+
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t stack_size = EMU_STACK + page; /* a guard page at the bottom of each stack */
+    char *stacks = mmap(NULL, (size_t)n * stack_size, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    struct fiber *fibers = calloc((size_t)n, sizeof *fibers);
+    if (stacks == MAP_FAILED || !fibers) {
+        if (stacks != MAP_FAILED)
+            munmap(stacks, (size_t)n * stack_size);
+        free(fibers);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    /* The guard pages sit below the usable part: stacks grow down. */
+    for (int t = 0; t < n; t++)
+        mprotect(stacks + (size_t)t * stack_size, page, PROT_NONE);
+    struct block b = {.fibers = fibers, .n = n, .fn = fn, .params = params};
+    CUresult r = CUDA_SUCCESS;
+    for (unsigned z = 0; z < gz && r == CUDA_SUCCESS; z++)
+        for (unsigned y = 0; y < gy && r == CUDA_SUCCESS; y++)
+            for (unsigned x = 0; x < gx && r == CUDA_SUCCESS; x++) {
+                for (int t = 0; t < n; t++) {
+                    struct emu_thread *s = &fibers[t].self;
+                    fibers[t].blk = &b;
+                    s->thread_idx = (struct emu_dim3){(unsigned)t % bx, (unsigned)t / bx % by,
+                                                      (unsigned)t / bx / by};
+                    s->block_idx = (struct emu_dim3){x, y, z};
+                    s->block_dim = (struct emu_dim3){bx, by, bz};
+                    s->grid_dim = (struct emu_dim3){gx, gy, gz};
+                    s->sync = fiber_sync;
+                }
+                /* Fix the stacks' base past the guard page for run_block. */
+                if (!run_block(&b, stacks + page, stack_size)) {
+                    fprintf(stderr,
+                            "cuda emulator: %s block (%u, %u, %u): threads reached different "
+                            "numbers of __syncthreads\n",
+                            fn->name, x, y, z);
+                    r = CUDA_ERROR_LAUNCH_FAILED;
+                }
+            }
+    munmap(stacks, (size_t)n * stack_size);
+    free(fibers);
+    if (r != CUDA_SUCCESS) {
+        pthread_mutex_lock(&drv.lock);
+        drv.sticky = r;
+        pthread_mutex_unlock(&drv.lock);
+    }
+    return r;
+}
+
+/* The kernel's attributes that callers ask for: its thread limit (__launch_bounds__). */
+EMU_API CUresult cuFuncGetAttribute(int *v, int attr, struct emu_function *fn)
+{
+    if (!v || !fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = attr == 0 ? fn->max_threads : 0;
+    return CUDA_SUCCESS;
+}
