@@ -623,7 +623,8 @@ static const int fused_all_widths[] = {1, 2, 15, 16, 17, 63, 64, 65, 255, 1100};
 Test(cuda, fused_sum_every_width)
 {
     need_gpu();
-    fused_widths(SR_SUM, DIFF_UNIFORM, -1, fused_all_widths, NWIDTHS);
+    /* inputs in [0, 1): positive terms, whose sums the tolerance is relative to */
+    fused_widths(SR_SUM, DIFF_UNIFORM, 0, fused_all_widths, NWIDTHS);
 }
 
 Test(cuda, fused_softmax_every_width)
@@ -681,8 +682,7 @@ Test(cuda, fused_ranges)
     enum { NO = 300, NR = 400, R = 65 };
     static const int64_t rg[] = {100, 240, 0, 5, 5, 5, 5, 100, 240, 250};
     static const int64_t sl[] = {3, 4, 4, 7, 8};
-    static const int64_t red_iv[] = {0, 10,  10, 200, 300, 400, 3,   4,
-                                     0, 400, 5,  5,   17,  18,  150, 151};
+    static const int64_t red_iv[] = {0, 10, 10, 200, 300, 400, 3, 4, 0, 5, 5, 5, 17, 400, 150, 151};
     for (int red = 0; red < 2; red++)
         for (int axis = 1; axis >= 0; axis--)
             for (int dt = 0; dt < 2; dt++) {
