@@ -643,6 +643,43 @@ Test(cuda, fused_nan_inf)
     fused_widths(SR_SUMSOFTMAXWEIGHT, DIFF_SPECIAL, 0, w, 2);
 }
 
+/* Few output rows and a long reduced range: the fused kernel splits the reduced range over
+ * blockIdx.z and the combine kernel merges the chunks in order (SumSoftMaxWeight by their
+ * maxima); also with NaN and infinities, and under a budget that bounds the chunks' records. */
+Test(cuda, fused_split_reduced_range)
+{
+    need_gpu();
+    static const int64_t sizes[][2] = {{5, 20011}, {70, 5003}};
+    for (int red = 0; red < 2; red++)
+        for (int w = 0; w < 2; w++)
+            for (int dt = 0; dt < 2; dt++) {
+                sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                int R = w ? 65 : 16;
+                sr_kernel *kc, *kr;
+                fused_kernels(rd, R, (sr_dtype)dt, 1, &kc, &kr);
+                cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
+                for (int s = 0; s < 2; s++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "split %s R %d %s", sr_reduction_name(rd), R,
+                             dt ? "f64" : "f32");
+                    diff_run(ctx, kc, kr, sizes[s][0], sizes[s][1], DIFF_UNIFORM, red ? -1 : 0, 1,
+                             7 + s, diff_tol_of((sr_dtype)dt), what);
+                    diff_run(ctx, kc, kr, sizes[s][0], sizes[s][1], DIFF_SPECIAL, 0, 1, 9 + s,
+                             diff_tol_of((sr_dtype)dt), what);
+                }
+                /* y, b and g whole, x and the outputs per row, and room for two chunks' records */
+                int64_t es = dt ? 8 : 4, no = 5, nr = 20011;
+                int64_t whole = nr * (3 + R) * es + es, rows = no * (3 + R) * es;
+                cr_assert_eq(sr_ctx_set_mem_limit(ctx, whole + rows + 2 * no * (R + 2) * es),
+                             SR_OK);
+                diff_run(ctx, kc, kr, no, nr, DIFF_UNIFORM, red ? -1 : 0, 1, 3,
+                         diff_tol_of((sr_dtype)dt), "split under a budget");
+                cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
 /* Under a memory budget the fused kernel runs over passes of output rows; a budget below the
  * arrays copied whole is SR_EBUDGET. */
 Test(cuda, fused_memory_budget)

@@ -259,7 +259,9 @@ static sr_status cuda_prepare(sr_kernel *k)
         goto fail;
     }
     if (ck->fplan.R > 0) {
-        if ((r = cu->module_get_function(&ck->fused, ck->mod, CUDA_KERNEL_FUSED)) != CU_SUCCESS) {
+        if ((r = cu->module_get_function(&ck->fused, ck->mod, CUDA_KERNEL_FUSED)) != CU_SUCCESS ||
+            (r = cu->module_get_function(&ck->combine, ck->mod, CUDA_KERNEL_FUSED_COMBINE)) !=
+                CU_SUCCESS) {
             st = cu_fail(ctx, r, "cuModuleGetFunction (" CUDA_KERNEL_FUSED ")");
             goto fail;
         }
@@ -524,7 +526,7 @@ static sr_status cuda_reduce(const sr_kernel *k, const sr_run_desc *run, uint64_
     int64_t lim = ctx->mem_limit;
     int64_t room = lim > 0 ? lim - p.whole - p.rows * p.per_row : -1;
     const bool fused = ck->fused != NULL;
-    int nsplit = p.nred > 0 && !rp && !fused ? split_count(ck, p.rows, p.nred, room) : 1;
+    int nsplit = p.nred > 0 && !rp ? split_count(ck, p.rows, p.nred, room) : 1;
     long long nr = p.nred, chunk = p.nred;
     if (nsplit > 1) {
         int64_t tj = ck->plan.tile;
@@ -595,11 +597,11 @@ static sr_status cuda_reduce(const sr_kernel *k, const sr_run_desc *run, uint64_
             oi = didx ? didx + (cu_deviceptr)r0 * irow : 0;
         }
         void *params[] = {argp, &no, &nr, &chunk, &o, &oi, &dpart, &plb, &div};
-        void *fparams[] = {argp, &no, &nr, &o, &plb, &div};
+        void *fparams[] = {argp, &no, &nr, &chunk, &o, &dpart, &plb, &div};
         const struct cuda_fused *fp = &ck->fplan;
         if (fused)
-            r = cu->launch(ck->fused, gx, (unsigned)((fp->R + fp->rc - 1) / fp->rc), 1,
-                           (unsigned)fp->block, 1, 1, 0, NULL, fparams, NULL);
+            r = cu->launch(ck->fused, gx, (unsigned)((fp->R + fp->rc - 1) / fp->rc),
+                           (unsigned)nsplit, (unsigned)fp->block, 1, 1, 0, NULL, fparams, NULL);
         else
             r = cu->launch(ck->main, gx, (unsigned)nsplit, 1, (unsigned)ck->plan.block, 1, 1, 0,
                            NULL, params, NULL);

@@ -197,7 +197,8 @@ struct cuda_fused {
     int pair_nodes;
 };
 
-#define CUDA_KERNEL_FUSED "sr_cuda_fused"
+#define CUDA_KERNEL_FUSED         "sr_cuda_fused"
+#define CUDA_KERNEL_FUSED_COMBINE "sr_cuda_fused_combine"
 
 /* Whether k is out_o = sum_r F(o, r) B_r (Sum of a product of scalar factors, negations, and
  * one reduced-side variable B of dimension dim(F)) or SumSoftMaxWeight of a scalar F with a
@@ -209,12 +210,19 @@ bool cuda_fused_form(const struct sr_kernel *k, const sr_expr **F, int *bvar);
  * at least 16 wide (and not float32 Kahan summation). Returns CUDA_PLAN_COUNT. */
 int cuda_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 
-/* Emits the module of the fused kernel of k:
- *   extern "C" __global__ void sr_cuda_fused(sr_args a, long long no, long long nr, T *out,
+/* Emits the module of the fused kernel of k, with A the accumulator type:
+ *   extern "C" __global__ void sr_cuda_fused(sr_args a, long long no, long long nr,
+ *                                            long long chunk, T *out, A *part,
  *                                            const long long *lb, const long long *iv)
- *     grid (ceil(no / ti), ceil(R / rc)), block threads: writes all outputs of [0, no); with
- *     block-sparse ranges (lb non-NULL) grid (launch blocks, ceil(R / rc)) as the direct
- *     kernel's, each of at most ti rows.
+ *     grid (ceil(no / ti), ceil(R / rc), nsplit), block threads: block z reduces over
+ *     [z chunk, min(nr, (z + 1) chunk)); with part NULL it writes the outputs of [0, no), else
+ *     its records of R + 2 values (the unnormalised row; SumSoftMaxWeight's maximum and sum)
+ *     at part[(z no + o) (R + 2)]. With block-sparse ranges (lb non-NULL, nsplit 1) grid
+ *     (launch blocks, ceil(R / rc)) as the direct kernel's, each of at most ti rows.
+ *   extern "C" __global__ void sr_cuda_fused_combine(const A *part, long long no, int nsplit,
+ *                                                    T *out, long long *out_idx)
+ *     one thread per row: merges the nsplit records in order and writes the outputs.
+ * plan gets block = ti (rows per block), tile = tj and state_bytes = one record's bytes.
  * SR_ENOTSUP when k is not of the fused form, for float32 Kahan summation, or when the tiles
  * exceed shared memory; SR_ENOMEM. */
 sr_status jit_emit_cuda_fused(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,

@@ -26,6 +26,10 @@
  *
  * Block-sparse ranges: a block takes at most TI rows of one range block and walks that block's
  * intervals of reduced indices in tiles, as the direct kernel does.
+ * Split of the reduced range (few output rows): blockIdx.z takes a chunk of the reduced indices
+ * and writes its unnormalised rows (SumSoftMaxWeight: with their maximum and sum) to a workspace;
+ * sr_cuda_fused_combine merges the chunks of each row in order, SumSoftMaxWeight's by the
+ * reference's rule (each chunk scaled by exp(m_z - m)).
  */
 #include "cuda.h"
 
@@ -207,7 +211,8 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "#define SR_FR %d\n#define SR_FNCOL %d\n#define SR_FLD (SR_TJ + 1)\n\n",
       tj, CUDA_FUSED_BS, CUDA_FUSED_TI, CUDA_FUSED_RC, R, nd.ncol > 0 ? nd.ncol : 1);
     P("extern \"C\" __global__ void __launch_bounds__(SR_FBS)\n" CUDA_KERNEL_FUSED
-      "(const sr_args sr_a, const long long no, const long long nr, sr_t *__restrict__ out,\n"
+      "(const sr_args sr_a, const long long no, const long long nr, const long long chunk,\n"
+      "              sr_t *__restrict__ out, sr_acc *__restrict__ part,\n"
       "              const long long *__restrict__ sr_lb, const long long *__restrict__ sr_iv)\n{\n"
       "    __shared__ sr_t tb[SR_FNCOL * SR_TJ];\n"
       "    __shared__ sr_t sr_F[SR_FTI * SR_FLD];\n"
@@ -241,8 +246,9 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     if (ssmw)
         P("    if (sr_tid < SR_FTI) { sr_m[sr_tid] = -SR_INF; sr_s[sr_tid] = 0; }\n");
     P("    for (long long sr_q = sr_q0; sr_q < sr_q1; sr_q++) {\n"
-      "    const long long sr_r0 = sr_lb ? sr_iv[2 * sr_q] : 0, sr_r1 = sr_lb ? sr_iv[2 * sr_q + "
-      "1] : nr;\n"
+      "    const long long sr_r0 = sr_lb ? sr_iv[2 * sr_q] : (long long)blockIdx.z * chunk;\n"
+      "    const long long sr_r1 = sr_lb ? sr_iv[2 * sr_q + 1]\n"
+      "                                  : (nr < sr_r0 + chunk ? nr : sr_r0 + chunk);\n"
       "    for (long long rt = sr_r0; rt < sr_r1; rt += SR_TJ) {\n"
       "      const int nj = (int)(sr_r1 - rt < SR_TJ ? sr_r1 - rt : SR_TJ);\n"
       "      __syncthreads();\n"
@@ -299,19 +305,57 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     P("SR_UNROLL\n    for (int p = 0; p < 4; p++) {\n"
       "      const long long sr_row = sr_o0 + sr_ty + 16 * p;\n"
       "      if (sr_row >= sr_oe) break;\n");
+    /* Split of the reduced range (part non-NULL): the chunk's unnormalised row (and, for
+     * SumSoftMaxWeight, its maximum and sum) into record z * no + row of SR_FR + 2 values. */
+    P("      sr_acc *sr_rec = part ? part + ((long long)blockIdx.z * no + sr_row) * (SR_FR + 2) : "
+      "0;\n");
     if (ssmw)
-        P("      const sr_acc sr_den = sr_s[sr_ty + 16 * p];\n");
+        P("      const sr_acc sr_den = sr_s[sr_ty + 16 * p];\n"
+          "      if (sr_rec && blockIdx.y == 0 && sr_tx == 0) {\n"
+          "        sr_rec[SR_FR] = (sr_acc)sr_m[sr_ty + 16 * p];\n"
+          "        sr_rec[SR_FR + 1] = sr_den;\n      }\n");
     P("SR_UNROLL\n      for (int q = 0; q < 4; q++) {\n"
       "        const int sr_c = sr_c0 + sr_tx + 16 * q;\n"
-      "        if (sr_c < SR_FR) out[sr_row * SR_FR + sr_c] = (sr_t)(sr_w[p][q]%s);\n"
-      "      }\n    }\n}\n",
+      "        if (sr_c >= SR_FR) continue;\n"
+      "        if (sr_rec) sr_rec[sr_c] = sr_w[p][q];\n"
+      "        else out[sr_row * SR_FR + sr_c] = (sr_t)(sr_w[p][q]%s);\n"
+      "      }\n    }\n}\n\n",
       ssmw ? " / sr_den" : "");
+    /* The combine kernel: one thread per row merges the chunks in order. */
+    P("extern \"C\" __global__ void " CUDA_KERNEL_FUSED_COMBINE
+      "(const sr_acc *part, const long long no, const int nsplit,\n"
+      "             sr_t *out, long long *out_idx)\n{\n"
+      "    const long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+      "    (void)out_idx;\n"
+      "    if (o >= no) return;\n");
+    if (ssmw)
+        /* The reference's merge (ssmw_fold): each chunk scaled by exp(m_z - m), 1 when m_z is
+         * the maximum, so that a chunk of -inf terms adds its 0 * G (NaN for infinite G). */
+        P("    sr_acc sr_m = -SR_INF, sr_s = 0;\n"
+          "    for (int z = 0; z < nsplit; z++) {\n"
+          "      const sr_acc mz = part[((long long)z * no + o) * (SR_FR + 2) + SR_FR];\n"
+          "      sr_m = mz > sr_m ? mz : sr_m;\n    }\n"
+          "    for (int z = 0; z < nsplit; z++) {\n"
+          "      const sr_acc *rz = part + ((long long)z * no + o) * (SR_FR + 2);\n"
+          "      sr_s += rz[SR_FR + 1] * (rz[SR_FR] == sr_m ? (sr_acc)1 : (sr_acc)exp(rz[SR_FR] - "
+          "sr_m));\n    }\n");
+    P("    for (int c = 0; c < SR_FR; c++) {\n"
+      "      sr_acc sr_v = 0;\n"
+      "      for (int z = 0; z < nsplit; z++) {\n"
+      "        const sr_acc *rz = part + ((long long)z * no + o) * (SR_FR + 2);\n");
+    if (ssmw)
+        P("        sr_v += rz[c] * (rz[SR_FR] == sr_m ? (sr_acc)1 : (sr_acc)exp(rz[SR_FR] - "
+          "sr_m));\n");
+    else
+        P("        sr_v += rz[c];\n");
+    P("      }\n      out[o * SR_FR + c] = (sr_t)(sr_v%s);\n    }\n}\n", ssmw ? " / sr_s" : "");
     if (plan) {
         memset(plan, 0, sizeof *plan);
         plan->block = CUDA_FUSED_TI; /* output rows per block, for the launch blocks of ranges */
         plan->tile = tj;
         plan->columns = nd.ncol;
         plan->shared_bytes = shared;
+        plan->state_bytes = (R + 2) * as; /* one row's record of a chunk (split) */
         plan->pair_nodes = nd.npair;
         plan->hoisted_outer = nd.nouter;
         plan->hoisted_inner = nd.ninner;
