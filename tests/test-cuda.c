@@ -604,6 +604,9 @@ static void fused_widths(sr_reduction red, enum diff_gen gen, double lo, const i
                 fused_kernels(red, widths[w], (sr_dtype)dt, axis, &kc, &kr);
                 cr_assert_eq(runs_fused(kc), widths[w] >= 16, "R = %d: %s", widths[w],
                              sr_kernel_explain(kc));
+                const char *plan = widths[w] >= 16 ? "chosen: fused two-product" : "chosen: direct";
+                cr_assert(strstr(sr_kernel_explain(kc), plan), "R = %d: %s", widths[w],
+                          sr_kernel_explain(kc));
                 for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
                     char what[96];
                     snprintf(what, sizeof what, "%s R %d axis %d %s", sr_reduction_name(red),

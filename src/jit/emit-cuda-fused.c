@@ -142,9 +142,7 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     else {
         f->feasible = true;
         snprintf(f->why, sizeof f->why,
-                 "B has %d columns: tiles of F in shared memory times tiles of B (dense; "
-                 "block-sparse ranges run on the direct kernel)",
-                 R);
+                 "B has %d columns: tiles of F in shared memory times tiles of B", R);
     }
     d->feasible = true;
     d->flops = k->simp.cost.flops_pair;
