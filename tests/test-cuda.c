@@ -636,6 +636,26 @@ Test(cuda, fused_softmax_every_width)
     fused_widths(SR_SUMSOFTMAXWEIGHT, DIFF_UNIFORM, -1, fused_all_widths, NWIDTHS);
 }
 
+/* float16 and bfloat16 arrays (computed in float32): the fused kernels on core's copies. */
+Test(cuda, fused_half_precision)
+{
+    need_gpu();
+    for (int red = 0; red < 2; red++)
+        for (int h = 0; h < 2; h++) {
+            sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+            sr_dtype dt = h ? SR_BF16 : SR_F16;
+            sr_kernel *kc, *kr;
+            fused_kernels(rd, 65, dt, 1, &kc, &kr);
+            cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
+            char what[64];
+            snprintf(what, sizeof what, "%s R 65 %s", sr_reduction_name(rd), diff_dtype_tag(dt));
+            diff_run(ctx, kc, kr, 67, 131, DIFF_UNIFORM, red ? -1 : 0, 1, 21, diff_tol_of(dt),
+                     what);
+            sr_kernel_free(kc);
+            sr_kernel_free(kr);
+        }
+}
+
 /* NaN, +inf and -inf in x, y, g and b: in F and in B (semantics.md: IEEE through the products;
  * SumSoftMaxWeight NaN where a term is NaN or +inf, -inf terms of weight 0 with 0 * inf NaN). */
 Test(cuda, fused_nan_inf)
