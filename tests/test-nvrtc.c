@@ -690,6 +690,12 @@ Test(nvrtc, cuda_plan_picks_fused_for_wide_b)
         free(b.data);
         sr_kernel_free(k);
     }
+    /* Kahan summation stays with the direct kernel in float64 too. */
+    sr_kernel *k64 = fused_kernel(ctx, SR_SUM, 64, SR_F64, 1);
+    sr_kernel kc64 = *k64;
+    kc64.nplans = cuda_plans(&kc64, JIT_ACC_KAHAN, kc64.plans);
+    cr_assert_eq(sr__plan_choose(&kc64)->id, CUDA_PLAN_DIRECT);
+    sr_kernel_free(k64);
     /* Not of the form: a sum of two products. */
     const char *al[] = {"x=Vi(3)", "y=Vj(3)", "g=Pm(1)", "b=Vj(64)"};
     sr_expr *f;

@@ -207,7 +207,7 @@ bool cuda_fused_form(const struct sr_kernel *k, const sr_expr **F, int *bvar);
 
 /* Fills out[0 .. CUDA_PLAN_COUNT) with the fused and the direct plans of k (accumulation acc,
  * an enum jit_acc); nothing is compiled. The fused plan is feasible for the forms above with B
- * at least 16 wide (and not float32 Kahan summation). Returns CUDA_PLAN_COUNT. */
+ * at least 16 wide (and not Kahan summation). Returns CUDA_PLAN_COUNT. */
 int cuda_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 
 /* Emits the module of the fused kernel of k, with A the accumulator type:
@@ -223,7 +223,7 @@ int cuda_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
  *                                                    T *out, long long *out_idx)
  *     one thread per row: merges the nsplit records in order and writes the outputs.
  * plan gets block = ti (rows per block), tile = tj and state_bytes = one record's bytes.
- * SR_ENOTSUP when k is not of the fused form, for float32 Kahan summation, or when the tiles
+ * SR_ENOTSUP when k is not of the fused form, for Kahan summation, or when the tiles
  * exceed shared memory; SR_ENOMEM. */
 sr_status jit_emit_cuda_fused(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
                               struct cuda_plan *plan, struct cuda_fused *fp);

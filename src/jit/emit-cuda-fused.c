@@ -137,7 +137,7 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     else if (R < CUDA_FUSED_MIN_WIDTH)
         snprintf(f->why, sizeof f->why, "B has %d columns, fewer than %d: the direct kernel", R,
                  CUDA_FUSED_MIN_WIDTH);
-    else if (acc == JIT_ACC_KAHAN && k->dtype == SR_F32)
+    else if (acc == JIT_ACC_KAHAN)
         snprintf(f->why, sizeof f->why, "Kahan summation is the direct kernel's");
     else {
         f->feasible = true;
@@ -170,7 +170,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     if (!cuda_fused_form(k, &F, &bvar))
         return SR_ENOTSUP;
     const bool f32 = k->dtype == SR_F32, ssmw = k->red == SR_SUMSOFTMAXWEIGHT;
-    if (acc == JIT_ACC_KAHAN && f32)
+    if (acc == JIT_ACC_KAHAN)
         return SR_ENOTSUP;
     const int R = k->vars[bvar].dim, ts = f32 ? 4 : 8;
     const int as = f32 && acc != JIT_ACC_F64 ? 4 : 8;
