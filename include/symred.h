@@ -603,9 +603,10 @@ SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kerne
  * else an array of v's shape (rows x dim; a parameter's gradient is its total, dim values) that
  * the call overwrites.
  *
- * The fused backward covers attention on the CPU backends: SumSoftMaxWeight, axis 1, F = (x|y)
- * or F = (x|y) * c or c * (x|y) with x a Vi and y a Vj variable and c a parameter of dimension 1
- * or a constant, the weight a Vj variable other than y; float32 or float64 (docs/gradients.md).
+ * The fused backward covers attention on the CPU backends: SumSoftMaxWeight, F = (x|y) or
+ * F = (x|y) * c or c * (x|y) with x a variable of the output side (Vi on axis 1, Vj on axis 0),
+ * y one of the reduced side and c a parameter of dimension 1 or a constant, the weight a
+ * variable of the reduced side other than y; float32 or float64 (docs/gradients.md).
  * It writes every wanted gradient from one pass over the pairs (five tile products per tile of
  * pairs), after a pass that forms the log-normalizer when lse is NULL; no block-sparse ranges.
  * Errors: SR_EINVAL (NULL kernel, run, or gout/out with rows; the checks of sr_kernel_run_ex),

@@ -4,7 +4,7 @@
  * not multiples of the tiles, D = 1, 17, 64, weights of width 1, 16, 65, float32 and float64,
  * the forms of F it takes (a parameter or a constant factor on either side, the inner product's
  * operands in either order), NaN and infinities, the kernels it declines (SR_ENOTSUP), the
- * memory budget (SR_EBUDGET) and the argument errors.
+ * memory budget (SR_EBUDGET) and the argument errors; axis 0, where i and j exchange roles.
  */
 #include <criterion/criterion.h>
 
@@ -32,6 +32,7 @@ struct job {
     double scale; /* s */
     int nan_row;  /* a row of q set to NaN (-1: none) */
     int inf_row;  /* a row of v whose first value is +inf (-1: none) */
+    bool ax0;     /* axis 0: q = Vj, k and v = Vi, the output indexed by j */
 };
 
 struct arrays {
@@ -43,10 +44,11 @@ struct arrays {
 static sr_expr *parse(const struct job *j, const char *text)
 {
     char al[NV][32];
-    snprintf(al[0], sizeof al[0], "q=Vi(0,%d)", j->D);
-    snprintf(al[1], sizeof al[1], "k=Vj(1,%d)", j->D);
+    const char *o = j->ax0 ? "Vj" : "Vi", *red = j->ax0 ? "Vi" : "Vj";
+    snprintf(al[0], sizeof al[0], "q=%s(0,%d)", o, j->D);
+    snprintf(al[1], sizeof al[1], "k=%s(1,%d)", red, j->D);
     snprintf(al[2], sizeof al[2], "s=Pm(2,1)");
-    snprintf(al[3], sizeof al[3], "v=Vj(3,%d)", j->Dw);
+    snprintf(al[3], sizeof al[3], "v=%s(3,%d)", red, j->Dw);
     const char *aliases[NV] = {al[0], al[1], al[2], al[3]};
     sr_expr *e;
     cr_assert_eq(sr_parse(ctx, text, aliases, NV, &e), SR_OK, "%s: %s", text, sr_ctx_error(ctx));
@@ -57,7 +59,7 @@ static sr_kernel *make(const struct job *j, sr_reduction red, sr_dtype dt, sr_de
 {
     sr_kernel_desc d = sr_kernel_desc_default();
     d.reduction = red;
-    d.axis = 1;
+    d.axis = j->ax0 ? 0 : 1;
     d.dtype = dt;
     d.device = dev;
     d.weight = red == SR_SUMSOFTMAXWEIGHT ? parse(j, j->w) : NULL;
@@ -93,9 +95,20 @@ static void release(struct arrays *x)
         free(x->a[v]), free(x->d[v]);
 }
 
+/* The run of job j's arrays: n rows of q on the output side, m of k and v on the reduced side. */
+static sr_run_desc job_run(const sr_kernel *k, const struct job *j, const void *const *args,
+                           void *out)
+{
+    return (sr_run_desc){.nx = j->ax0 ? j->m : j->n,
+                         .ny = j->ax0 ? j->n : j->m,
+                         .nargs = sr_kernel_nargs(k),
+                         .args = args,
+                         .out = out};
+}
+
 static void run(const sr_kernel *k, const struct job *j, const void *const *args, void *out)
 {
-    sr_run_desc r = {.nx = j->n, .ny = j->m, .nargs = sr_kernel_nargs(k), .args = args, .out = out};
+    sr_run_desc r = job_run(k, j, args, out);
     cr_assert_eq(sr_kernel_run_ex(k, &r), SR_OK, "%s", sr_ctx_error(ctx));
 }
 
@@ -154,7 +167,7 @@ static void check_vs(const struct job *j, unsigned mask, bool native)
     /* The log-normalizer formed by sr_kernel_vjp (lse NULL), then the values and log-normalizer
      * of sr_kernel_run_lse: its values as the kernel's, and the same gradients. */
     void *out2 = calloc((size_t)(j->n * j->Dw + 1), es), *lse = calloc((size_t)j->n + 1, es);
-    sr_run_desc r = {.nx = j->n, .ny = j->m, .nargs = NV, .args = args, .out = out2};
+    sr_run_desc r = job_run(k, j, args, out2);
     cr_assert_eq(sr_kernel_run_lse(k, &r, lse), SR_OK, "%s", sr_ctx_error(ctx));
     for (int64_t i = 0; i < j->n * j->Dw; i++)
         cr_assert(tu_close(tu_get(out2, j->dt, i), tu_get(out, j->dt, i), rtol, rtol),
@@ -204,11 +217,48 @@ Test(vjp, sizes_dims_widths_dtypes)
     for (int dt = 0; dt < 2; dt++)
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
             for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {
-                struct job j = {"(q|k)*s",  "v",        sizes[s][0],          sizes[s][1],
-                                dims[d][0], dims[d][1], dt ? SR_F64 : SR_F32, 0.3,
-                                -1,         -1};
+                struct job j = {"(q|k)*s",
+                                "v",
+                                sizes[s][0],
+                                sizes[s][1],
+                                dims[d][0],
+                                dims[d][1],
+                                dt ? SR_F64 : SR_F32,
+                                0.3,
+                                -1,
+                                -1,
+                                false};
                 check(&j, 0xf);
             }
+}
+
+Test(vjp, axis_0)
+{
+    /* out_j = sum_i softmax_i((q_j|k_i) s) v_i: the same passes with i and j exchanged */
+    const int64_t sizes[][2] = {{1, 1}, {13, 7}, {97, 300}};
+    const int dims[][2] = {{1, 1}, {17, 16}, {64, 65}};
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {
+                struct job j = {"(q|k)*s",
+                                "v",
+                                sizes[s][0],
+                                sizes[s][1],
+                                dims[d][0],
+                                dims[d][1],
+                                dt ? SR_F64 : SR_F32,
+                                0.3,
+                                -1,
+                                -1,
+                                true};
+                check(&j, 0xf);
+            }
+    for (int dt = 0; dt < 2; dt++) {
+        struct job j = {"(k|q)", "v", 50, 41, 17, 5, dt ? SR_F64 : SR_F32, 1, -1, -1, true};
+        check(&j, 0xb);
+        struct job nan = {"(q|k)*s", "v", 29, 37, 17, 16, dt ? SR_F64 : SR_F32, 0.5, 3, -1, true};
+        check(&nan, 0xf);
+    }
 }
 
 Test(vjp, forms_of_f_and_subsets)
@@ -217,7 +267,7 @@ Test(vjp, forms_of_f_and_subsets)
                            "(q|k)",   "(q|k)*0.125", "IntCst(2)*(q|k)"};
     for (size_t f = 0; f < sizeof forms / sizeof *forms; f++)
         for (int dt = 0; dt < 2; dt++) {
-            struct job j = {forms[f], "v", 50, 41, 17, 5, dt ? SR_F64 : SR_F32, 0.7, -1, -1};
+            struct job j = {forms[f], "v", 50, 41, 17, 5, dt ? SR_F64 : SR_F32, 0.7, -1, -1, false};
             bool has_s = strstr(forms[f], "*s") || strstr(forms[f], "s*");
             check(&j, has_s ? 0xf : 0xb);
             check(&j, 0x1); /* dq alone */
@@ -232,7 +282,7 @@ Test(vjp, empty_sizes_write_zeros)
     for (int dt = 0; dt < 2; dt++)
         for (int c = 0; c < 2; c++) {
             struct job j = {"(q|k)*s", "v", c ? 0 : 5, c ? 6 : 0, 3, 2, dt ? SR_F64 : SR_F32,
-                            1.0,       -1,  -1};
+                            1.0,       -1,  -1,        false};
             struct arrays x;
             uint64_t seed = 1;
             fill(&j, &x, &seed);
@@ -267,16 +317,16 @@ Test(vjp, empty_sizes_write_zeros)
 Test(vjp, nan_and_infinity_as_the_gradient_kernels)
 {
     for (int dt = 0; dt < 2; dt++) {
-        struct job j = {"(q|k)*s", "v", 29, 37, 17, 16, dt ? SR_F64 : SR_F32, 0.5, 3, -1};
+        struct job j = {"(q|k)*s", "v", 29, 37, 17, 16, dt ? SR_F64 : SR_F32, 0.5, 3, -1, false};
         check(&j, 0xf); /* NaN in row 3 of q: NaN where the gradient kernels have NaN */
-        struct job inf = {"(q|k)*s", "v", 29, 37, 17, 16, dt ? SR_F64 : SR_F32, 0.5, -1, 4};
+        struct job inf = {"(q|k)*s", "v", 29, 37, 17, 16, dt ? SR_F64 : SR_F32, 0.5, -1, 4, false};
         check_vs(&inf, 0xf, true); /* +inf in v: infinities and NaN where theirs are */
     }
 }
 
 Test(vjp, declines_other_kernels)
 {
-    struct job j = {"(q|k)*s", "v", 4, 5, 3, 2, SR_F32, 1.0, -1, -1};
+    struct job j = {"(q|k)*s", "v", 4, 5, 3, 2, SR_F32, 1.0, -1, -1, false};
     struct arrays x;
     uint64_t seed = 2;
     fill(&j, &x, &seed);
@@ -310,23 +360,29 @@ Test(vjp, declines_other_kernels)
         r.out = NULL;
         sr_kernel_free(k);
     }
-    /* axis 0 */
-    sr_kernel_desc d = sr_kernel_desc_default();
-    d.reduction = SR_SUMSOFTMAXWEIGHT;
-    d.axis = 0;
-    d.weight = parse(&j, "q");
-    sr_kernel *k;
-    cr_assert_eq(sr_kernel_new(ctx, parse(&j, "(q|k)*s"), &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
-    r.nargs = sr_kernel_nargs(k);
-    cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_ENOTSUP);
-    cr_assert(strstr(sr_ctx_error(ctx), "axis"), "%s", sr_ctx_error(ctx));
-    sr_kernel_free(k);
+    /* axis 0: the weight must be of the reduced side (Vi), other than the inner product's */
+    const struct {
+        const char *w, *why;
+    } ax0[] = {{"q", "the weight is the variable y"}, {"k", "the weight is not a Vi variable"}};
+    for (size_t c = 0; c < sizeof ax0 / sizeof *ax0; c++) {
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.reduction = SR_SUMSOFTMAXWEIGHT;
+        d.axis = 0;
+        d.weight = parse(&j, ax0[c].w);
+        sr_kernel *k;
+        cr_assert_eq(sr_kernel_new(ctx, parse(&j, "(q|k)*s"), &d, &k), SR_OK, "%s",
+                     sr_ctx_error(ctx));
+        r.nargs = sr_kernel_nargs(k);
+        cr_assert_eq(sr_kernel_vjp(k, &r, G, out, NULL, grads), SR_ENOTSUP);
+        cr_assert(strstr(sr_ctx_error(ctx), ax0[c].why), "%s", sr_ctx_error(ctx));
+        sr_kernel_free(k);
+    }
     release(&x);
 }
 
 Test(vjp, budget_and_argument_errors)
 {
-    struct job j = {"(q|k)*s", "v", 300, 20, 64, 4, SR_F32, 1.0, -1, -1};
+    struct job j = {"(q|k)*s", "v", 300, 20, 64, 4, SR_F32, 1.0, -1, -1, false};
     struct arrays x;
     uint64_t seed = 3;
     fill(&j, &x, &seed);

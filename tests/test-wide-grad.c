@@ -85,7 +85,7 @@ static int64_t var_rows(const struct gcase *c, int v)
 }
 
 /* Whether the gradient with respect to v should run on the fused strategy
- * (src/cpu/fused.c: fused_choose). */
+ * (the planner's cost model, src/cpu/cost.c). */
 static bool expect_fused(const struct gcase *c, int v)
 {
     if (!have_gemm)

@@ -149,7 +149,7 @@ static void compare(const struct wcase *c, sr_kernel *kg, sr_kernel *kr, const s
     free(o2);
 }
 
-/* Whether the planner should pick the fused strategy for c (src/cpu/fused.c: fused_choose). */
+/* Whether the planner's cost model (src/cpu/cost.c) should pick the fused strategy for c. */
 static bool expect_fused(const struct wcase *c)
 {
     bool ssmw = c->form == SSMW || c->form == SSMW3;

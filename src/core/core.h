@@ -263,10 +263,12 @@ struct sr_simp_info {
 };
 
 /*
- * One candidate plan of a kernel: what a backend offers before anything is compiled (offering
- * has no side effect on the kernel or the context). The backend lists its strategies in its
- * order of preference; core chooses among them in one place (sr__plan_choose, plan.c), the
- * backend realises the chosen one, and explain lists them all with their estimated costs.
+ * One candidate plan of a kernel: what a backend offers before anything is compiled or
+ * allocated (offering has no side effect on the kernel or the context): its tiles, a lower bound
+ * of its workspace checked against the memory budget, and an estimated time by the backend's
+ * cost model. Core chooses among them in one place (sr__plan_choose, plan.c): a plan that an
+ * option forces, else the feasible plan of least estimated time; the backend realises the
+ * chosen one, and explain lists them all with their estimates and why each lost.
  */
 struct sr_plan {
     const char *strategy; /* "fused two-product", "gemm-epilogue", "direct", ... */
@@ -279,6 +281,10 @@ struct sr_plan {
      * product (the gemm micro-kernel, several times faster per flop). */
     double flops, gemm_flops;
     char why[200]; /* why chosen or rejected */
+    /* The estimated time per (i, j) pair on one thread, in nanoseconds (the backend's cost
+     * model, src/cpu/cost.c for the CPU); 0 = not estimated (ranked by its place in the list). */
+    double est_ns;
+    bool forced; /* an option asks for this strategy (SYMRED_GEMM=on): chosen before any cost */
 };
 #define SR_MAX_PLANS 4
 
@@ -313,9 +319,9 @@ struct sr_kernel {
 
 /* ---- planning (plan.c) ---- */
 
-/* Chooses k's plan among k->plans: the first feasible candidate in the backend's order of
- * preference, the strategies' own rules (the measured crossovers) having decided feasibility.
- * Marks it chosen and returns it; NULL when none is feasible. */
+/* Chooses k's plan among k->plans: among the feasible candidates, the forced ones if any, and
+ * of those the one of least estimated time (est_ns; the earlier in the list on a tie or where
+ * either has no estimate). Marks it chosen and returns it; NULL when none is feasible. */
 const struct sr_plan *sr__plan_choose(sr_kernel *k);
 /* Rejects the chosen plan (its realisation declined, for why) and chooses again. */
 const struct sr_plan *sr__plan_reject(sr_kernel *k, const char *why);

@@ -2,8 +2,9 @@
  * plan.c — choosing a kernel's plan among its backend's candidates, and saying why.
  *
  * sr_kernel_new is validate -> plan -> realise: the backend offers candidate plans
- * (struct sr_plan: strategy, tiles, workspace, estimated cost, why) without compiling anything,
- * core chooses here, and the backend realises the choice. Rewrites that serve one strategy (the
+ * (struct sr_plan: strategy, tiles, workspace, estimated time, why) without compiling or
+ * allocating anything, core chooses here (the feasible plan of least estimated time, unless an
+ * option forces one), and the backend realises the choice. Rewrites that serve one strategy (the
  * SqDist expansion for a gemm) are taken by that strategy when it is realised
  * (sr__simp_take_gemm_form), never before the choice.
  */
@@ -12,14 +13,25 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Whether candidate p beats b (both feasible): a forced plan beats one that is not; then the
+ * lesser estimated time, when both have one. */
+static bool plan_beats(const struct sr_plan *p, const struct sr_plan *b)
+{
+    if (p->forced != b->forced)
+        return p->forced;
+    return p->est_ns > 0 && b->est_ns > 0 && p->est_ns < b->est_ns;
+}
+
 const struct sr_plan *sr__plan_choose(sr_kernel *k)
 {
-    const struct sr_plan *c = NULL;
+    struct sr_plan *c = NULL;
     for (int i = 0; i < k->nplans; i++) {
-        k->plans[i].chosen = !c && k->plans[i].feasible;
-        if (k->plans[i].chosen)
+        k->plans[i].chosen = false;
+        if (k->plans[i].feasible && (!c || plan_beats(&k->plans[i], c)))
             c = &k->plans[i];
     }
+    if (c)
+        c->chosen = true;
     return c;
 }
 
@@ -34,13 +46,27 @@ const struct sr_plan *sr__plan_reject(sr_kernel *k, const char *why)
     return sr__plan_choose(k);
 }
 
-static void plan_line(const struct sr_plan *p, struct expr_buf *b)
+/* Why feasible candidate p lost to the chosen plan c. */
+static void lost_line(const struct sr_plan *p, const struct sr_plan *c, struct expr_buf *b)
+{
+    if (c->forced && !p->forced)
+        expr_buf_printf(b, "; lost: an option forces %s", c->strategy);
+    else if (p->est_ns > 0 && c->est_ns > 0 && p->est_ns > c->est_ns)
+        expr_buf_printf(b, "; lost: estimated %.2fx the time of %s", p->est_ns / c->est_ns,
+                        c->strategy);
+    else
+        expr_buf_printf(b, "; lost: %s comes first at an equal or unknown estimate", c->strategy);
+}
+
+static void plan_line(const struct sr_plan *p, const struct sr_plan *c, struct expr_buf *b)
 {
     expr_buf_printf(b, "  %s %s: ",
                     p->chosen     ? "chosen:"
                     : p->feasible ? "alternative:"
                                   : "rejected:",
                     p->strategy);
+    if (p->est_ns > 0)
+        expr_buf_printf(b, "est. %.3g ns per pair (", p->est_ns);
     if (p->gemm_flops > 0)
         expr_buf_printf(b, "%.0f flops per pair in the tile product + %.0f in generated code",
                         p->gemm_flops, p->flops);
@@ -48,12 +74,16 @@ static void plan_line(const struct sr_plan *p, struct expr_buf *b)
         expr_buf_printf(b, "%.0f flops per pair in generated code", p->flops);
     else
         expr_buf_printf(b, "no cost estimate");
+    if (p->est_ns > 0)
+        expr_buf_printf(b, ")");
     if (p->ti > 0)
         expr_buf_printf(b, ", tiles %d x %d", p->ti, p->tj);
     if (p->workspace > 0)
         expr_buf_printf(b, ", workspace at least %lld bytes per thread", (long long)p->workspace);
     if (p->why[0])
         expr_buf_printf(b, "; %s", p->why);
+    if (p->feasible && !p->chosen && c)
+        lost_line(p, c, b);
     expr_buf_printf(b, "\n");
 }
 
@@ -61,8 +91,14 @@ void sr__plan_explain(const sr_kernel *k, struct expr_buf *b)
 {
     if (k->nplans == 0)
         return;
-    expr_buf_printf(b, "plans (in order of preference, the first feasible one chosen; estimated "
-                       "cost per pair):\n");
+    const struct sr_plan *c = NULL;
     for (int i = 0; i < k->nplans; i++)
-        plan_line(&k->plans[i], b);
+        c = k->plans[i].chosen ? &k->plans[i] : c;
+    expr_buf_printf(b, "plans (the feasible one of least estimated time chosen, unless an option "
+                       "forces one; estimated time per (i, j) pair on one thread):\n");
+    if (c)
+        plan_line(c, c, b);
+    for (int i = 0; i < k->nplans; i++)
+        if (&k->plans[i] != c)
+            plan_line(&k->plans[i], c, b);
 }

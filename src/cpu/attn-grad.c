@@ -22,6 +22,8 @@
  * strategy. Otherwise (float64, or no AVX2) the same passes in portable loops that accumulate in
  * double. NaN and infinities follow IEEE arithmetic as in the gradient kernels: a NaN in a row
  * of x makes lam_i NaN, and with it that row's dx and every dy and dw.
+ *
+ * On axis 0 (out_j = sum_i P_ji w_i) the same passes run with the roles of i and j exchanged.
  */
 #include "cpu.h"
 
@@ -90,8 +92,6 @@ static const char *attn_match(const sr_kernel *k, struct attn *a)
 {
     if (k->red != SR_SUMSOFTMAXWEIGHT)
         return "it is not a SumSoftMaxWeight reduction";
-    if (k->axis != 1)
-        return "its axis is 0";
     if (k->io != k->dtype || (k->dtype != SR_F32 && k->dtype != SR_F64))
         return "its arrays are not float32 or float64";
     const sr_expr *f = k->simp.f_user ? k->simp.f_user : k->f;
@@ -105,13 +105,16 @@ static const char *attn_match(const sr_kernel *k, struct attn *a)
         if (s->dim != 1 || !(var_of(s, SR_CAT_PARAM, &a->c) || const_value(s, &a->cval)))
             return "F is not (x|y) times a scalar parameter or constant";
     }
+    /* x: the output side's variable, y and the weight: the reduced side's (Vi and Vj on axis 1,
+     * exchanged on axis 0; the inner product is symmetric). */
+    const sr_cat oc = k->axis == 1 ? SR_CAT_I : SR_CAT_J, rc = k->axis == 1 ? SR_CAT_J : SR_CAT_I;
     if (f->op != OP_SCALPROD)
         return "F is not an inner product (x|y) of a Vi and a Vj variable";
-    if (!(var_of(f->child[0], SR_CAT_I, &a->x) && var_of(f->child[1], SR_CAT_J, &a->y)) &&
-        !(var_of(f->child[1], SR_CAT_I, &a->x) && var_of(f->child[0], SR_CAT_J, &a->y)))
+    if (!(var_of(f->child[0], oc, &a->x) && var_of(f->child[1], rc, &a->y)) &&
+        !(var_of(f->child[1], oc, &a->x) && var_of(f->child[0], rc, &a->y)))
         return "F is not an inner product (x|y) of a Vi and a Vj variable";
-    if (!w || !var_of(w, SR_CAT_J, &a->w))
-        return "the weight is not a Vj variable";
+    if (!w || !var_of(w, rc, &a->w))
+        return k->axis == 1 ? "the weight is not a Vj variable" : "the weight is not a Vi variable";
     if (a->w == a->y)
         return "the weight is the variable y of the inner product";
     a->D = f->child[0]->dim;
@@ -503,7 +506,7 @@ static sr_status attn_setup(const sr_kernel *k, const sr_run_desc *r, const char
         return sr__error(k->ctx, SR_ENOTSUP,
                          "%s: this kernel has no fused backward (%s); use sr_kernel_grad", name,
                          why);
-    a->n = r->nx, a->m = r->ny;
+    a->n = k->axis == 1 ? r->nx : r->ny, a->m = k->axis == 1 ? r->ny : r->nx;
     a->X = r->args[a->x], a->Y = r->args[a->y], a->W = r->args[a->w];
     if (a->c >= 0)
         a->cval = ld(r->args[a->c], k->dtype == SR_F64, 0);

@@ -284,15 +284,15 @@ sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis);
 
 /* ---- the fused two-product strategy of the CPU JIT (src/cpu/fused.c) ---- */
 
-/* Plans kernel k (accumulation acc, enum jit_acc) for the fused two-product strategy: a Sum of
- * F * B, or a SumSoftMaxWeight of F with weight B, F scalar and B a variable of the reduced axis
- * wide enough that the product beats the direct strategy (or too wide for it). On SR_OK
+/* Realises the fused two-product strategy for kernel k (accumulation acc, enum jit_acc), as the
+ * planner chose it: a Sum of F * B, or a SumSoftMaxWeight of F with weight B, F scalar and B of
+ * the reduced axis. On SR_OK
  * k->backend is cpu_fused_backend; SR_ENOTSUP: not applicable; other errors are final. */
 sr_status cpu_fused_prepare(struct sr_kernel *k, int acc);
 /* The fused two-product's candidate plan for k (side-effect free): infeasible when its
- * prepare certainly declines (F is not of its form, no tile gemm, a float32 accumulation other
- * than block); a feasible offer may still be declined by its cost model or the memory budget
- * when realised (cpu_fused_prepare returns SR_ENOTSUP). */
+ * prepare declines (F is not of its form, no tile gemm, a float32 accumulation other than
+ * block, the memory budget below its smallest tiles); else its tiles, workspace lower bound and
+ * estimated time. */
 void cpu_fused_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
 
 /* The symmetric variant of the fused two-product (fused.c): a Sum of F * B whose F(x, y) equals
@@ -309,11 +309,36 @@ sr_status cpu_fused_sym_prepare(struct sr_kernel *k, int acc);
 bool cpu_fused_symmetric(const struct sr_kernel *k, int64_t nx, int64_t ny,
                          const void *const *args);
 
-/* The CPU JIT's strategies, in its order of preference, and its candidate plans for k
- * (omp-runtime.c): out[CPU_PLAN_...], returns how many. */
+/* The CPU JIT's strategies, listed in the order that breaks ties, and its candidate plans for k
+ * (omp-runtime.c): out[CPU_PLAN_...], returns how many; none compiles or allocates anything. */
 enum cpu_plan_id { CPU_PLAN_SYM, CPU_PLAN_FUSED, CPU_PLAN_GEMM, CPU_PLAN_DIRECT, CPU_PLAN_COUNT };
 int cpu_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 extern const struct sr_backend_i cpu_fused_backend;
+/* ---- the CPU strategies' cost model (cost.c) ---- */
+
+/* What a plan does per (i, j) pair: the terms of the cost model. */
+struct cpu_cost {
+    double arith, trans;  /* flop-equivalents of generated code: arithmetic, transcendental */
+    double gemm_flops;    /* flops of the tile products */
+    double strip_flops;   /* the same by symred's AVX2 strip products */
+    double tile_passes;   /* passes of each pair through a tile in memory (0: none) */
+    double pack_per_pair; /* values packed per pair (operands' panels, once per block of rows) */
+    double direct_outs;   /* output values accumulated in registers per pair (direct) */
+    bool fold;            /* the SumSoftMaxWeight or LogSumExp fold of generated code */
+    double fold_weight;   /* its weight's width */
+    int ti, tj;           /* the tiles (0: none), each with a fixed overhead */
+};
+/* Adds to c the generated code's flop-equivalents per pair of the pair nodes of roots[0..n)
+ * (NULL roots skipped), leaving out skip (the inner product a tile gemm computes). */
+void cpu_cost_gen(const sr_expr *const *roots, int nroots, const sr_expr *skip, struct cpu_cost *c);
+/* Sets c's fold terms for k's reduction in generated code. */
+void cpu_cost_fold(const struct sr_kernel *k, struct cpu_cost *c);
+/* The estimated time per (i, j) pair on one thread, in nanoseconds. */
+double cpu_cost_ns(const struct cpu_cost *c);
+/* The flops per pair of a tile of F times R columns of B, as the micro-kernels do them (at
+ * least their panel's width). */
+double cpu_cost_product_flops(int R);
+
 /* The fused strategy's vectorised softmax steps (fused.c), float32: F[c] = exp(F[c] - m) (0 where
  * F[c] is -inf) for c < n, returning their sum; the largest F[c] and -inf (a NaN never wins). */
 double cpu_expsum_f32(float *F, int64_t n, float m);

@@ -21,8 +21,8 @@
  *      into the output rows by the AVX-512 micro-kernel (gemm-avx512.c, cpu_avx512_gemm_kn).
  * SumSoftMaxWeight divides each row by its sum at the end. The n x m matrix is never written:
  * a thread's workspace is the two tiles, their packed copies and TI row states, stated by
- * explain and bounded by the memory budget (tiles halve until they fit; SR_ENOTSUP when even
- * 14 x 16 does not, and the direct strategy then reports the budget).
+ * explain and bounded by the memory budget (tiles halve until they fit; the planner rejects
+ * the strategy, saying how much it needs, when even 14 x 16 does not).
  *
  * Sums accumulate in the output's own type, block by block (each tile's TJ products in
  * registers, then one addition per tile and output value: the "block" accumulation); the
@@ -44,14 +44,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-/* The narrowest B for which the fused strategy beats the direct one, by reduction; below it
- * the direct strategy runs while it can take the formula. Measured in one process on the 2-core
- * VM (BLIS, N = M = 10 000, D = 3, float32, fused / direct time): Sum 1.18 at R = 2, 0.93 at 4,
- * 0.60 at 8, 0.49 at 16; SumSoftMaxWeight 0.43 at R = 1 and 0.09 at 16 (the direct strategy
- * buffers F and the weight and exponentiates in a second pass). */
-#define FUSED_MIN_WIDTH_SUM  4
-#define FUSED_MIN_WIDTH_SSMW 1
 
 /* Columns of B per pass: a wider B is done in passes of this many columns, each forming the
  * tiles of F again, so that the block of the output (448 rows x 256 float32, 448 KiB) stays in
@@ -344,24 +336,18 @@ static void split_factors(const sr_kernel *k, struct fused_kernel *fk)
     fk->nfac = FUSED_MAX_FACTORS;
 }
 
-/* The choice between the direct and the fused strategies, in one place: the fused one when B
- * is at least the measured crossover width, when the direct strategy cannot take the formula
- * (more than 64 values of F and weight per pair), or, for A - B, when a factor of F comes from
- * a gemm (the direct strategy would form that inner product pair by pair). Returns why, or NULL
- * for the direct one. */
-static const char *fused_choose(const sr_kernel *k, const struct fused_kernel *fk)
+/* Why the fused strategy runs k (the planner chose it by its estimated time): the width of B,
+ * or, for A - B, F's inner products by the gemm. */
+static const char *fused_why(const sr_kernel *k, const struct fused_kernel *fk)
 {
     int DG = k->weight ? k->weight->dim : 0;
     if (k->fdim + DG > 64)
         return "output or weight wider than the direct strategy's 64 values per pair";
-    int min = k->red == SR_SUM ? FUSED_MIN_WIDTH_SUM : FUSED_MIN_WIDTH_SSMW;
-    if (fk->R >= min)
-        return k->red == SR_SUM ? "B at least 4 wide: the product beats the direct strategy"
-                                : "softmax weight: the product beats the direct strategy";
     for (int q = 0; q < fk->nfac && fk->avar >= 0; q++)
         if (fk->fac[q].gemm)
             return "F's inner products by the gemm";
-    return NULL;
+    return k->red == SR_SUM ? "B wide enough that the product beats the direct strategy"
+                            : "softmax weight: the product beats the direct strategy";
 }
 
 static int64_t al64(int64_t v) { return (v + 63) / 64 * 64; }
@@ -520,27 +506,24 @@ static sr_status hoist_module(const sr_kernel *k, struct fused_kernel *fk)
 }
 
 /* Plans k on the fused strategy with the formulas of km (k's own, or with SqDist expanded for a
- * gemm); with gemm_form, only when a factor of F then comes from a gemm. */
-static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool gemm_form)
+ * gemm; with gemm_form, only when a factor of F then comes from a gemm), without compiling or
+ * allocating anything: fills fk's form, factors, products' gemm and its tiles before the memory
+ * budget shrinks them (S[q]: factor q's inner product). Returns why it cannot, or NULL. */
+static const char *plan_form(const sr_kernel *k, const sr_kernel *km, int acc, bool gemm_form,
+                             struct fused_kernel *fk, const sr_expr **S)
 {
-    sr_ctx *ctx = k->ctx;
+    memset(fk, 0, sizeof *fk);
     struct fused_form fm = {NULL, -1, -1, 1, 0, NULL};
     if (!fused_match(km, &fm))
-        return SR_ENOTSUP;
+        return "F is not a Sum of F * B or a SumSoftMaxWeight with a scalar F";
     /* The products: symred's AVX-512 gemm where the CPU has it, else BLIS (SYMRED_GEMM_KERNEL). */
     int kern;
     bool forced_blis;
-    sr_status st = cpu_gemm_kernel(ctx, &kern, &forced_blis);
-    if (st != SR_OK)
-        return st;
-    if (kern < 0)
-        return SR_ENOTSUP;
+    if (cpu_gemm_kernel(k->ctx, &kern, &forced_blis) != SR_OK || kern < 0)
+        return "no tile gemm (SYMRED_GEMM=off, or no AVX-512F and no BLIS)";
     if (k->dtype == SR_F32 && acc != JIT_ACC_BLOCK)
-        return SR_ENOTSUP; /* Kahan and float64 accumulation: the direct strategy */
+        return "Kahan and float64 accumulation of float32 run on the direct strategy";
     int R = form_width(k, &fm);
-    struct fused_kernel *fk = calloc(1, sizeof *fk);
-    if (!fk)
-        return sr__error(ctx, SR_ENOMEM, "out of memory");
     fk->kern = kern;
     fk->bvar = fm.bvar;
     fk->hoist.b = fm.bf;
@@ -553,7 +536,7 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
     split_factors(k, fk);
     /* Each factor's tile from a tile of inner products when it depends on the pair through
      * one, of dimension at least SR_GEMM_MIN_DIM, and little else. */
-    const sr_expr *S[FUSED_MAX_FACTORS] = {0};
+    bool gemm_factor = false;
     for (int q = 0; q < fk->nfac; q++) {
         struct fused_factor *fc = &fk->fac[q];
         sr_kernel kf = *k;
@@ -564,19 +547,15 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
         if (S[q] && S[q]->child[0]->dim >= SR_GEMM_MIN_DIM && epi <= S[q]->child[0]->dim) {
             fc->gemm = 1;
             fc->dim = S[q]->child[0]->dim;
+            gemm_factor = true;
         }
     }
-    bool gemm_factor = false;
-    for (int q = 0; q < fk->nfac; q++)
-        gemm_factor |= fk->fac[q].gemm != 0;
+    if (gemm_form && !gemm_factor)
+        return "F's expanded form gives no factor its gemm";
     /* Without AVX-512F, float32 with a factor of F from a gemm (attention and its gradients):
      * the AVX2 strip products, unless SYMRED_GEMM_KERNEL=blis asks for BLIS. */
     if (kern == KERN_BLIS && !forced_blis && gemm_factor && k->dtype == SR_F32 && cpu_avx2_usable())
         fk->kern = KERN_AVX2;
-    if ((gemm_form && !gemm_factor) || !(fk->why = fused_choose(k, fk))) {
-        free(fk);
-        return SR_ENOTSUP;
-    }
     /* Tiles: a multiple of the AVX-512 micro-kernel's 14 rows, and 256 reduced indices (one K
      * block of BLIS's zen3 sgemm, one of ours). Measured under load on this 2-core AVX2 VM with
      * BLIS (docs/wide.md): the Gaussian with R = 256 ran at 1.3-1.6x K @ B with tj = 512 and
@@ -584,11 +563,46 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
      * 448 rows reached 21-26. The AVX2 strip products take 512 reduced indices (their tiles of F
      * are one strip: 2 x 12 x 512 float32): attention N = M = 4096 ran 0-8 % faster than with
      * 256 (alternating in one process, median of 7-9, load 9-10). */
-    int64_t lim = ctx->mem_limit;
     fk->ti = 448;
     fk->tj = fk->kern == KERN_AVX2 ? strip_tj(fk) : 256;
     if (kern == KERN_AVX512 && fk->tj > cpu_avx512_kc_max(k->dtype == SR_F64))
         fk->tj = (int)cpu_avx512_kc_max(k->dtype == SR_F64); /* one K block per tile */
+    return NULL;
+}
+
+/* The tiles under the memory budget lim (0: none), from fk's: rows first, then reduced indices;
+ * the reduced indices first for the AVX2 strip products, whose tiles of F are one strip whatever
+ * ti, their tiles of K and B tj long. At least 14 x 16. */
+static void fit_tiles(const sr_kernel *k, const struct fused_kernel *fk, int64_t lim, int *ti_,
+                      int *tj_)
+{
+    int ti = fk->ti, tj = fk->tj;
+    const bool rows_first = fk->kern != KERN_AVX2;
+    while (lim > 0 && thread_bytes(k, fk, ti, tj) > lim && (ti > 14 || tj > 16)) {
+        if ((rows_first || tj <= 16) && ti > 14)
+            ti = ti / 28 * 14 > 14 ? ti / 28 * 14 : 14;
+        else
+            tj /= 2;
+    }
+    *ti_ = ti;
+    *tj_ = tj;
+}
+
+/* Realises k on the fused strategy with the formulas of km (as plan_form). */
+static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool gemm_form)
+{
+    sr_ctx *ctx = k->ctx;
+    struct fused_kernel *fk = calloc(1, sizeof *fk);
+    if (!fk)
+        return sr__error(ctx, SR_ENOMEM, "out of memory");
+    const sr_expr *S[FUSED_MAX_FACTORS] = {0};
+    if (plan_form(k, km, acc, gemm_form, fk, S)) {
+        free(fk);
+        return SR_ENOTSUP;
+    }
+    fk->why = fused_why(k, fk);
+    sr_status st = SR_OK;
+    int64_t lim = ctx->mem_limit;
     struct expr_buf src[FUSED_MAX_FACTORS] = {{0}};
     if (fk->hoist.b && (st = hoist_module(k, fk)) != SR_OK) {
         fused_free(ctx, fk);
@@ -604,16 +618,8 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
         }
         if (st != SR_OK)
             break;
-        int ti = fk->ti, tj = fk->tj;
-        /* Rows first, then reduced indices; the reduced indices first for the AVX2 strip
-         * products, whose tiles of F are one strip whatever ti, their tiles of K and B tj long. */
-        const bool rows_first = fk->kern != KERN_AVX2;
-        while (lim > 0 && thread_bytes(k, fk, ti, tj) > lim && (ti > 14 || tj > 16)) {
-            if ((rows_first || tj <= 16) && ti > 14)
-                ti = ti / 28 * 14 > 14 ? ti / 28 * 14 : 14;
-            else
-                tj /= 2;
-        }
+        int ti, tj;
+        fit_tiles(k, fk, lim, &ti, &tj);
         if (any_gemm && (ti != fk->ti || tj != fk->tj)) {
             fk->ti = ti; /* the tile's leading dimension is compiled in: emit again */
             fk->tj = tj;
@@ -663,48 +669,6 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
     return prepare_form(k, k, acc, false);
 }
 
-/* Why prepare_form certainly declines k in the form km (the rules it applies before its cost
- * model, and the part of fused_choose that does not need the factors' plans); NULL when it may
- * plan it. *R: the width of B. */
-static const char *offer_form(const sr_kernel *k, const sr_kernel *km, int acc, int *R)
-{
-    struct fused_form fm = {NULL, -1, -1, 1, 0, NULL};
-    if (!fused_match(km, &fm))
-        return "F is not a Sum of F * B or a SumSoftMaxWeight with a scalar F";
-    *R = form_width(k, &fm);
-    int kern;
-    if (cpu_gemm_kernel(k->ctx, &kern, NULL) != SR_OK || kern < 0)
-        return "no tile gemm (SYMRED_GEMM=off, or no AVX-512F and no BLIS)";
-    if (k->dtype == SR_F32 && acc != JIT_ACC_BLOCK)
-        return "Kahan and float64 accumulation of float32 run on the direct strategy";
-    int DG = k->weight ? k->weight->dim : 0;
-    int min = k->red == SR_SUM ? FUSED_MIN_WIDTH_SUM : FUSED_MIN_WIDTH_SSMW;
-    if (k->fdim + DG <= 64 && *R < min && fm.avar < 0)
-        return k->red == SR_SUM ? "B is narrower than 4 values: the direct strategy is cheaper"
-                                : "the softmax weight is narrower than the width from which the "
-                                  "product beats the direct strategy";
-    return NULL;
-}
-
-void cpu_fused_offer(const sr_kernel *k, int acc, struct sr_plan *p)
-{
-    memset(p, 0, sizeof *p);
-    p->strategy = "fused two-product";
-    int R = 0;
-    sr_kernel kx;
-    const sr_kernel *km = cpu_gemm_form(k, &kx);
-    const char *why = offer_form(k, k, acc, &R);
-    if (why && km != k)
-        why = offer_form(k, km, acc, &R);
-    p->feasible = why == NULL;
-    snprintf(p->why, sizeof p->why, "%s",
-             why ? why
-                 : "a tile of F times the tile of B by the gemm (its cost model decides "
-                   "when it is realised)");
-    p->flops = k->simp.cost.flops_pair;
-    p->gemm_flops = 2.0 * R;
-}
-
 /* ---- the symmetric driver: planning ---------------------------------------------------------- */
 
 /* Why the fused form fm of k cannot run on the symmetric driver, or NULL; sets the pairs of
@@ -721,27 +685,106 @@ static const char *sym_form(const sr_kernel *k, const struct fused_form *fm, int
     return NULL;
 }
 
-void cpu_fused_sym_offer(const sr_kernel *k, int acc, struct sr_plan *p)
+/* The cost model's terms of the fused plan fk of k, its tiles ti x tj and its factors' inner
+ * products S (src/cpu/cost.c): per pass over B's columns, F's tile formed again (its factors'
+ * generated code and inner products), and the product of the tile by the pass's columns of B. */
+static void fused_cost(const sr_kernel *k, const struct fused_kernel *fk, const sr_expr **S, int ti,
+                       int tj, struct cpu_cost *c)
 {
-    cpu_fused_offer(k, acc, p);
-    p->strategy = "symmetric fused two-product";
-    if (!p->feasible)
-        return;
-    struct fused_form fm = {NULL, -1, -1, 1, 0, NULL};
-    int vi[FUSED_SYM_MAX], vj[FUSED_SYM_MAX], np = 0;
-    const char *why = fused_match(k, &fm) ? sym_form(k, &fm, vi, vj, &np)
-                                          : "F is not a Sum of F * B in the form as run";
-    p->feasible = why == NULL;
-    snprintf(p->why, sizeof p->why, "%s",
-             why ? why
-                 : "F(x, y) = F(y, x): when x and y are the same array at run time (n = m), each "
-                   "off-diagonal tile of F is formed once for both triangles; else the fused "
-                   "two-product");
-    if (!why) { /* per ordered pair: F for one of the two, both products */
-        p->flops *= 0.5;
-        p->gemm_flops = 2.0 * k->vars[fm.bvar].dim;
+    double passes = (fk->R + fk->rc - 1) / fk->rc, m = 0, tiles = 1;
+    memset(c, 0, sizeof *c);
+    for (int q = 0; q < fk->nfac; q++) {
+        const struct fused_factor *fc = &fk->fac[q];
+        cpu_cost_gen(&fc->f, 1, fc->gemm ? S[q] : NULL, c);
+        if (fc->gemm) {
+            m += 2.0 * fc->dim;
+            c->pack_per_pair += (double)fc->dim / ti;
+            tiles++; /* its tile of inner products */
+        }
     }
+    c->arith += fk->nfac - 1;            /* the factors' product */
+    c->arith += fk->avar >= 0;           /* the row sums of F beside the product */
+    if (k->red == SR_SUMSOFTMAXWEIGHT) { /* the online softmax: maximum, exp(F - m) */
+        c->arith += 2;
+        c->trans += 10;
+    }
+    c->arith *= passes;
+    c->trans *= passes;
+    double prod = (m + cpu_cost_product_flops(fk->rc)) * passes;
+    if (fk->kern == KERN_AVX2)
+        c->strip_flops = prod;
+    else
+        c->gemm_flops = prod;
+    c->tile_passes = passes * tiles;
+    c->pack_per_pair += (double)fk->R / ti;
+    c->ti = ti;
+    c->tj = tj;
 }
+
+/* The fused plan of k (plan_form on the gemm form first, as cpu_fused_prepare), into fk and S;
+ * why not, or NULL. */
+static const char *offer_plan(const sr_kernel *k, int acc, struct fused_kernel *fk,
+                              const sr_expr **S)
+{
+    sr_kernel kx;
+    const sr_kernel *km = cpu_gemm_form(k, &kx);
+    if (km != k && !plan_form(k, km, acc, true, fk, S))
+        return NULL;
+    return plan_form(k, k, acc, false, fk, S);
+}
+
+/* The offer of the fused two-product, or with sym of its symmetric driver. The symmetric
+ * driver forms each off-diagonal tile of F once for two pairs when x and y are the same array,
+ * which is known only when it runs; otherwise it runs the fused two-product: its estimate is
+ * the fused two-product's, and it comes first on the tie. */
+static void offer(const sr_kernel *k, int acc, struct sr_plan *p, bool sym)
+{
+    memset(p, 0, sizeof *p);
+    p->strategy = sym ? "symmetric fused two-product" : "fused two-product";
+    struct fused_kernel fk;
+    const sr_expr *S[FUSED_MAX_FACTORS] = {0};
+    const char *why = offer_plan(k, acc, &fk, S);
+    struct fused_form fm = {fk.f, fk.bvar, fk.avar, fk.bsign, fk.asign, fk.hoist.b};
+    int vi[FUSED_SYM_MAX], vj[FUSED_SYM_MAX], np = 0;
+    if (!why && sym && (fk.nfac != 1 || fk.fac[0].gemm))
+        why = "F's tile comes from a tile of inner products";
+    else if (!why && sym && (fk.kern == KERN_AVX2 || !cpu_blis_usable(NULL)))
+        why = "no BLIS for the transposed product";
+    else if (!why && sym)
+        why = sym_form(k, &fm, vi, vj, &np);
+    p->flops = k->simp.cost.flops_pair;
+    if (why) {
+        snprintf(p->why, sizeof p->why, "%s", why);
+        return;
+    }
+    /* The workspace: the smallest tiles must fit in the budget; the modules' own workspace,
+     * known once they are emitted, comes on top of this lower bound. */
+    int64_t lim = k->ctx->mem_limit, least = thread_bytes(k, &fk, 14, 16);
+    if (lim > 0 && least > lim) {
+        snprintf(p->why, sizeof p->why,
+                 "needs at least %lld bytes per thread (tiles 14 x 16), the budget allows %lld",
+                 (long long)least, (long long)lim);
+        return;
+    }
+    fit_tiles(k, &fk, lim, &p->ti, &p->tj);
+    p->workspace = thread_bytes(k, &fk, p->ti, p->tj);
+    struct cpu_cost c;
+    fused_cost(k, &fk, S, p->ti, p->tj, &c);
+    p->flops = c.arith + c.trans;
+    p->gemm_flops = c.gemm_flops + c.strip_flops;
+    p->est_ns = cpu_cost_ns(&c);
+    p->feasible = true;
+    p->forced = k->ctx->opt.gemm == 1;
+    snprintf(p->why, sizeof p->why, "%s",
+             sym ? "F(x, y) = F(y, x): when x and y are the same array at run time (n = m), each "
+                   "off-diagonal tile of F is formed once for both triangles (estimated as the "
+                   "fused two-product, which it runs otherwise)"
+                 : "a tile of F formed in cache times the tile of B by the gemm");
+}
+
+void cpu_fused_offer(const sr_kernel *k, int acc, struct sr_plan *p) { offer(k, acc, p, false); }
+
+void cpu_fused_sym_offer(const sr_kernel *k, int acc, struct sr_plan *p) { offer(k, acc, p, true); }
 
 sr_status cpu_fused_sym_prepare(sr_kernel *k, int acc)
 {

@@ -908,8 +908,31 @@ void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)
     const char *why = NULL;
     p->gemm_flops = 2.0 * dim;
     p->flops = epi;
+    /* The workspace's lower bound: the tile of inner products and a row state per row of it
+     * (the packed operands and the epilogue's own buffers come on top), shrunk under the
+     * budget as cpu_gemm_prepare shrinks it, rows first. */
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = jit_state_bytes(k, JIT_ACC_BLOCK);
+    int64_t lim = k->ctx->mem_limit, least = 8 * 16 * es + 8 * sb;
     gemm_tiles(k->dtype, &p->ti, &p->tj);
-    p->workspace = (int64_t)p->ti * p->tj * (int64_t)sr_dtype_size(k->dtype);
+    while (lim > 0 && (int64_t)p->ti * (p->tj * es + sb) > lim && (p->ti > 8 || p->tj > 16)) {
+        if (p->ti > 8)
+            p->ti /= 2;
+        else
+            p->tj /= 2;
+    }
+    p->workspace = (int64_t)p->ti * (p->tj * es + sb);
+    const sr_kernel *km = cpu_gemm_form(k, &kx);
+    const sr_expr *roots[2] = {km->f, km->weight};
+    struct cpu_cost c = {0};
+    cpu_cost_gen(roots, 2, S, &c);
+    cpu_cost_fold(k, &c);
+    c.gemm_flops = p->gemm_flops;
+    c.tile_passes = p->ti * p->tj * es > (1 << 20) ? 2 : 1; /* past L2: read back from L3 */
+    c.pack_per_pair = (double)dim / p->ti;
+    c.direct_outs = k->out_dim;
+    c.ti = p->ti;
+    c.tj = p->tj;
+    p->est_ns = cpu_cost_ns(&c);
     if (mode == 2)
         snprintf(p->why, sizeof p->why, "%s=off", k->ctx->opt.gemm_var);
     else if (mode == 0 && dim < GEMM_MIN_DIM)
@@ -924,8 +947,12 @@ void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)
     else if (choose_kernel(k->ctx->opt.gemm_kernel) < 0 && !blis_ready(&why))
         snprintf(p->why, sizeof p->why, "%s%.160s",
                  cpu_avx512_usable() ? "SYMRED_GEMM_KERNEL=blis and " : "no AVX-512F and ", why);
+    else if (lim > 0 && least > lim)
+        snprintf(p->why, sizeof p->why,
+                 "needs at least %lld bytes per thread (tiles 8 x 16), the budget allows %lld",
+                 (long long)least, (long long)lim);
     else if (mode == 1) {
-        p->feasible = true;
+        p->feasible = p->forced = true;
         snprintf(p->why, sizeof p->why, "%s=on", k->ctx->opt.gemm_var);
     } else {
         p->feasible = true;

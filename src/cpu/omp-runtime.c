@@ -129,9 +129,29 @@ int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     struct sr_plan *d = &out[CPU_PLAN_DIRECT];
     memset(d, 0, sizeof *d);
     d->strategy = "direct";
-    d->feasible = true; /* every formula has generated code */
     d->flops = k->simp.cost.flops_pair;
-    snprintf(d->why, sizeof d->why, "F evaluated per pair in registers (tiles set by the emitter)");
+    const sr_expr *roots[2] = {k->f, k->weight};
+    struct cpu_cost c = {0};
+    cpu_cost_gen(roots, 2, NULL, &c);
+    cpu_cost_fold(k, &c);
+    c.direct_outs = k->out_dim;
+    d->est_ns = cpu_cost_ns(&c);
+    /* Every formula has generated code. Its workspace's lower bound: one row's state, the
+     * K-selections' scratch and the alignment slack (the emitter adds the tile of 16 reduced
+     * indices' operands and states the exact figure). */
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), lim = k->ctx->mem_limit;
+    int64_t least = 64 + jit_state_bytes(k, (enum jit_acc)acc) +
+                    (sr_reductions[k->red].uses_k ? (int64_t)k->k * (es + 8) : 0);
+    d->workspace = least;
+    d->feasible = lim <= 0 || least <= lim;
+    if (d->feasible)
+        snprintf(d->why, sizeof d->why,
+                 "F evaluated per pair in registers (tiles set by the emitter)");
+    else
+        snprintf(d->why, sizeof d->why,
+                 "needs at least %lld bytes per thread (one row, its state), the budget allows "
+                 "%lld",
+                 (long long)least, (long long)lim);
     for (int i = 0; i < CPU_PLAN_COUNT; i++)
         out[i].id = i;
     return CPU_PLAN_COUNT;
@@ -151,10 +171,12 @@ static sr_status jit_prepare(sr_kernel *k)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     /* the kernel's own choice wins over SYMRED_ACC (sr_acc is enum jit_acc plus one) */
     jk->acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
-    /* Plan: the candidates (nothing compiled yet), chosen by core; then realise the choice.
-     * Wide outputs go to the fused two-product strategy (src/cpu/fused.c), high-dimensional
-     * inner products to the gemm-epilogue (src/cpu/gemm.c), the rest to the direct strategy;
-     * a strategy whose realisation declines (SR_ENOTSUP) hands over to the next one. */
+    /* Plan: the candidates (nothing compiled yet, each with its estimated time), chosen by
+     * core; then realise the choice: the fused two-product (src/cpu/fused.c), the gemm-epilogue
+     * (src/cpu/gemm.c) or the direct strategy (below). A realisation that declines (SR_ENOTSUP:
+     * its modules' own workspace past the budget, a module without its block entry point)
+     * hands over to the next choice. With no feasible plan (the budget below every plan's
+     * lower bound), the direct strategy's emitter states the exact need (SR_EBUDGET). */
     k->nplans = cpu_plans(k, jk->acc, k->plans);
     for (const struct sr_plan *p = sr__plan_choose(k); p && p->id != CPU_PLAN_DIRECT;) {
         sr_status sg = p->id == CPU_PLAN_SYM     ? cpu_fused_sym_prepare(k, jk->acc)
@@ -164,11 +186,9 @@ static sr_status jit_prepare(sr_kernel *k)
             free(jk);
             return sg;
         }
-        p = sr__plan_reject(k, p->id != CPU_PLAN_GEMM
-                                   ? "declined when realised: its cost model prefers the next "
-                                     "strategy here, or the memory budget is too small for it"
-                                   : "declined when realised: the memory budget is too small "
-                                     "for it");
+        p = sr__plan_reject(k, "declined when realised: the memory budget is too small for "
+                               "its tiles with its modules' own workspace, or a module has no "
+                               "block entry point");
     }
     /* One thread's workspace must fit in the memory budget; the emitter shrinks the tiles. */
     jk->plan.ws_limit = ctx->mem_limit;

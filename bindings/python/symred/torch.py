@@ -338,8 +338,9 @@ def _run_lse(kern, nx, ny, args):
     args = [a.contiguous() if a is not None else None for a in args[: kern.nargs]]
     args += [None] * max(0, kern.nargs - len(args))
     first = next(a for a in args if a is not None)
-    values = torch.empty((nx, kern.out_dim), dtype=first.dtype)
-    lse = torch.empty((nx,), dtype=first.dtype)
+    nout = nx if kern.axis == 1 else ny
+    values = torch.empty((nout, kern.out_dim), dtype=first.dtype)
+    lse = torch.empty((nout,), dtype=first.dtype)
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values), out_idx=None)
     with _omp_threads():

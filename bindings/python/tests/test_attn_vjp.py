@@ -106,3 +106,23 @@ def test_forward_keeps_the_log_normalizer_for_the_backward(monkeypatch):
     assert len(seen) == 1 and seen[0] is not None
     assert torch.allclose(seen[0], torch.logsumexp((q @ k.T) * s, dim=1).detach(), atol=1e-5)
     assert not hasattr(out, "_symred_lse")  # handed to the backward, not left on the output
+
+
+@pytest.mark.parametrize("n, m", [(23, 41), (41, 23)])
+def test_axis_0_runs_the_fused_backward(fused_calls, n, m):
+    # out_j = sum_i softmax_i((q_j|k_i) s) v_i: q of the j side, k and v of the reduced i side
+    fn = st.Genred("(q|k)*s", ["q=Vj(5)", "k=Vi(5)", "s=Pm(1)", "v=Vi(3)"],
+                   reduction_op="SumSoftMaxWeight", axis=0, formula2="v")
+    q, k, s, v = _inputs(m, n, 5, 3, torch.float64)  # q: m rows (j), k and v: n rows (i)
+    ins = [t.requires_grad_(True) for t in (k, q, s, v)]
+    out = fn(ins[1], ins[0], ins[2], ins[3], backend="CPU")
+    assert out.shape == (m, 3)
+    w = torch.softmax((ins[1] @ ins[0].T) * ins[2], dim=1)
+    assert torch.allclose(out, w @ ins[3], atol=1e-10)
+    got = torch.autograd.grad(out.sum(), ins)
+    want = torch.autograd.grad((w @ ins[3]).sum(), ins)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, atol=1e-10)
+    assert fused_calls == [True]
+    assert torch.autograd.gradcheck(
+        lambda kk, qq, ss, vv: fn(qq, kk, ss, vv, backend="CPU"), ins)
