@@ -795,3 +795,66 @@ Test(cuda, fused_ranges)
                 sr_kernel_free(kr);
             }
 }
+
+/* Device pointers with host arrays beside them, under a budget: the output-side variable (y,
+ * axis 0) on the host goes through the device in passes while the outputs are written in place
+ * on the device at each pass's offset; with room for all rows, few rows and many reduced
+ * indices take split-j, whose combine writes the device outputs. Min_ArgMin in float64 against
+ * the reference on host arrays. */
+Test(cuda, device_outputs_in_passes_and_split_j)
+{
+    const struct cuda_device *dev = need_gpu();
+    const struct cuda_api *cu = dev->api;
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)"};
+    sr_expr *f = diff_parse(ctx, "SqDist(x,y)", al, 2);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_MIN_ARGMIN;
+    d.axis = 0;
+    d.dtype = SR_F64;
+    sr_kernel *kc = diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
+    sr_kernel *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
+    enum { NXR = 5000, NYO = 333 };
+    double *x = malloc(sizeof(double) * NXR * 3), *y = malloc(sizeof(double) * NYO * 3);
+    uint64_t rng = 11;
+    tu_fill(x, SR_F64, NXR * 3, -1, 1, &rng);
+    tu_fill(y, SR_F64, NYO * 3, -1, 1, &rng);
+    double vr[NYO], vc[NYO];
+    int64_t ir[NYO], ic[NYO];
+    const void *hargs[] = {x, y};
+    sr_run_desc r = {.nx = NXR, .ny = NYO, .nargs = 2, .args = hargs, .out = vr, .out_idx = ir};
+    cr_assert_eq(sr_kernel_run_ex(kr, &r), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(cu->ctx_set_current(dev->ctx), CU_SUCCESS);
+    cu_deviceptr dx, dv, di;
+    cr_assert_eq(cu->mem_alloc(&dx, sizeof(double) * NXR * 3), CU_SUCCESS);
+    cr_assert_eq(cu->mem_alloc(&dv, sizeof vc), CU_SUCCESS);
+    cr_assert_eq(cu->mem_alloc(&di, sizeof ic), CU_SUCCESS);
+    cr_assert_eq(cu->memcpy_htod(dx, x, sizeof(double) * NXR * 3), CU_SUCCESS);
+    const void *dargs[] = {(const void *)(uintptr_t)dx, y};
+    /* 24 bytes a row of y: 40 rows a pass; then all 333 rows and 6 chunks of 16-byte states. */
+    const int64_t budgets[] = {24 * 40, 24 * NYO + 16 * NYO * 6};
+    for (int b = 0; b < 2; b++) {
+        cr_assert_eq(sr_ctx_set_mem_limit(ctx, budgets[b]), SR_OK);
+        sr_run_desc rd = {.nx = NXR,
+                          .ny = NYO,
+                          .nargs = 2,
+                          .args = dargs,
+                          .out = (void *)(uintptr_t)dv,
+                          .out_idx = (int64_t *)(uintptr_t)di};
+        cr_assert_eq(sr_kernel_run_device(kc, &rd, 1u << 0, 1), SR_OK, "budget %lld: %s",
+                     (long long)budgets[b], sr_ctx_error(ctx));
+        cr_assert_eq(cu->memcpy_dtoh(vc, dv, sizeof vc), CU_SUCCESS);
+        cr_assert_eq(cu->memcpy_dtoh(ic, di, sizeof ic), CU_SUCCESS);
+        for (int o = 0; o < NYO; o++) {
+            cr_assert(tu_close(vc[o], vr[o], 1e-12, 1e-12), "budget %lld row %d: %g vs %g",
+                      (long long)budgets[b], o, vc[o], vr[o]);
+            cr_assert_eq(ic[o], ir[o], "budget %lld row %d: index %lld vs %lld",
+                         (long long)budgets[b], o, (long long)ic[o], (long long)ir[o]);
+        }
+    }
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    cu->mem_free(dx), cu->mem_free(dv), cu->mem_free(di);
+    free(x);
+    free(y);
+    sr_kernel_free(kc);
+    sr_kernel_free(kr);
+}

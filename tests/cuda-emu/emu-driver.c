@@ -10,13 +10,15 @@
  * A table of allocations answers cuPointerGetAttribute (memory type, range) for any address
  * inside one; cuMemcpy* and cuMemFree refuse addresses that are not device memory, as the
  * driver does. The device's total memory is $SYMRED_CUDA_EMU_MEM bytes (suffixes K, M, G;
- * default 4 GiB), so that out-of-memory paths can be exercised.
+ * default 4 GiB), so that out-of-memory paths can be exercised. $SYMRED_CUDA_EMU_TRACE set:
+ * every launch is printed on stderr.
  *
  * Launches run synchronously on the calling CPU thread: the blocks one after another, the
  * threads of a block as fibers (ucontext) scheduled in turn. Each fiber runs until its next
  * __syncthreads or its end, so no fiber passes a barrier before every live fiber of its block
- * has reached it; a block whose fibers reach different numbers of barriers fails the launch
- * (CUDA_ERROR_LAUNCH_FAILED, sticky like the driver's). The schedule is deterministic. Invalid
+ * has reached it (the order of the turns alternates, see run_block); a barrier that only some
+ * threads of a block reach fails the launch (CUDA_ERROR_LAUNCH_FAILED, sticky like the
+ * driver's, with a message on stderr). The schedule is deterministic. Invalid
  * configurations get the driver's error codes: zero or too large dimensions and too much
  * dynamic shared memory CUDA_ERROR_INVALID_VALUE, more threads than the kernel's
  * __launch_bounds__ CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, a pointer parameter that is not device
@@ -73,18 +75,20 @@ struct emu_dim3 {
 };
 struct emu_thread {
     struct emu_dim3 thread_idx, block_idx, block_dim, grid_dim;
-    void (*sync)(const struct emu_thread *self);
-};
-
-struct emu_module {
-    void *so;
+    void (*sync)(const struct emu_thread *self, int site);
 };
 
 struct emu_function {
+    struct emu_function *next; /* in its module's list */
     void (*entry)(void **params, const struct emu_thread *self);
     int (*check)(void **params, int (*known)(const void *));
     int max_threads;
     char name[200];
+};
+
+struct emu_module {
+    void *so;
+    struct emu_function *functions; /* freed with the module, as the driver's handles are */
 };
 
 struct alloc {
@@ -481,7 +485,15 @@ EMU_API CUresult cuModuleLoadData(struct emu_module **m, const void *image)
         return CUDA_ERROR_INVALID_PTX;
     char path[1400];
     snprintf(path, sizeof path, "%s", s + l + 1);
+    const char *src = strchr(s + l + 1, '\n');
     path[strcspn(path, "\n")] = 0;
+    if (access(path, R_OK) != 0 && src) {
+        char *log = NULL;
+        int rc = emu_rebuild(src + 1, &log);
+        if (rc != 0)
+            fprintf(stderr, "cuda emulator: rebuilding %s failed: %s\n", path, log ? log : "");
+        free(log);
+    }
     void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!so)
         return CUDA_ERROR_INVALID_IMAGE;
@@ -497,8 +509,12 @@ EMU_API CUresult cuModuleUnload(struct emu_module *m)
 {
     if (!m)
         return CUDA_ERROR_INVALID_HANDLE;
-    /* The functions of the module are not freed: the driver's handles outlive nothing either,
-     * but a test may still hold one. The shared object stays loaded for the same reason. */
+    while (m->functions) {
+        struct emu_function *f = m->functions;
+        m->functions = f->next;
+        free(f);
+    }
+    dlclose(m->so);
     free(m);
     return CUDA_SUCCESS;
 }
@@ -522,7 +538,9 @@ EMU_API CUresult cuModuleGetFunction(struct emu_function **f, struct emu_module 
     snprintf(fn.name, sizeof fn.name, "%s", name);
     if (!(*f = malloc(sizeof **f)))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    fn.next = m->functions;
     **f = fn;
+    m->functions = *f;
     return CUDA_SUCCESS;
 }
 
@@ -534,7 +552,7 @@ struct fiber {
     struct emu_thread self; /* first: the kernel's sync callback gets its address */
     ucontext_t uc;
     enum fiber_state state;
-    unsigned long barriers;
+    int site; /* where it waits: the source line of its __syncthreads */
     struct block *blk;
 };
 
@@ -545,15 +563,16 @@ struct block {
     int n;
     const struct emu_function *fn;
     void **params;
+    unsigned pass; /* its parity gives the direction of the turns */
 };
 
 static __thread struct fiber *running;
 
-static void fiber_sync(const struct emu_thread *self)
+static void fiber_sync(const struct emu_thread *self, int site)
 {
     struct fiber *f = (struct fiber *)self;
     f->state = FIBER_BARRIER;
-    f->barriers++;
+    f->site = site;
     swapcontext(&f->uc, &f->blk->sched);
 }
 
@@ -564,39 +583,52 @@ static void fiber_main(void)
     f->state = FIBER_DONE; /* uc_link returns to the scheduler */
 }
 
-/* Runs one block: every fiber from its start to its next barrier in turn, until all are done.
- * False when the fibers disagree on the number of barriers they have passed. */
-static bool run_block(struct block *b, char *stacks, size_t stack_size)
+/* Makes f start at fiber_main on the stack [sp, sp + size) and return to sched. (A function of
+ * its own: getcontext returns twice, and no variable of this one changes after it.) */
+static void start_fiber(struct fiber *f, char *sp, size_t size, ucontext_t *sched)
 {
-    for (int t = 0; t < b->n; t++) {
-        struct fiber *f = &b->fibers[t];
-        f->state = FIBER_RUN;
-        f->barriers = 0;
-        getcontext(&f->uc);
-        f->uc.uc_stack.ss_sp = stacks + (size_t)t * stack_size;
-        f->uc.uc_stack.ss_size = stack_size - (size_t)sysconf(_SC_PAGESIZE);
-        f->uc.uc_link = &b->sched;
-        makecontext(&f->uc, fiber_main, 0);
-    }
-    for (int live = b->n; live > 0;) {
-        long waiting = -1;
-        live = 0;
-        for (int t = 0; t < b->n; t++) {
-            struct fiber *f = &b->fibers[t];
+    f->state = FIBER_RUN;
+    getcontext(&f->uc);
+    f->uc.uc_stack.ss_sp = sp;
+    f->uc.uc_stack.ss_size = size;
+    f->uc.uc_link = sched;
+    makecontext(&f->uc, fiber_main, 0);
+}
+
+/* Runs one block: every fiber from its start to its next barrier in turn, until all are done.
+ * The turns go up the thread indices in one pass and down in the next, the first direction
+ * alternating between blocks: a thread that reads shared memory written by another thread
+ * without a barrier between them sees the new value in one pass and the old one in the next,
+ * which the differential tests notice. Returns 0, or the source line of a barrier that only
+ * some of the block's threads reached (the others ended or waited elsewhere): CUDA allows
+ * __syncthreads in conditional code only when the condition is the same for the whole block. */
+static int run_block(struct block *b, char *stacks, size_t stack_size)
+{
+    for (int t = 0; t < b->n; t++)
+        start_fiber(&b->fibers[t], stacks + (size_t)t * stack_size,
+                    stack_size - (size_t)sysconf(_SC_PAGESIZE), &b->sched);
+    for (bool live = true; live; b->pass++) {
+        int site = 0, ended = 0, waiting = 0;
+        for (int i = 0; i < b->n; i++) {
+            struct fiber *f = &b->fibers[b->pass & 1 ? b->n - 1 - i : i];
             if (f->state == FIBER_DONE)
                 continue;
             f->state = FIBER_RUN;
             running = f;
             swapcontext(&b->sched, &f->uc);
-            if (f->state != FIBER_BARRIER)
+            if (f->state == FIBER_DONE) {
+                ended++;
                 continue;
-            live++;
-            if (waiting >= 0 && (unsigned long)waiting != f->barriers)
-                return false;
-            waiting = (long)f->barriers;
+            }
+            if (waiting++ && f->site != site)
+                return site;
+            site = f->site;
         }
+        if (waiting && ended)
+            return site;
+        live = waiting > 0;
     }
-    return true;
+    return 0;
 }
 
 EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned gy, unsigned gz,
@@ -614,6 +646,9 @@ EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned g
         bx > EMU_MAX_THREADS || by > EMU_MAX_THREADS || bz > 64 ||
         (unsigned long long)bx * by * bz > EMU_MAX_THREADS || shared > EMU_SHARED)
         return CUDA_ERROR_INVALID_VALUE;
+    if (getenv("SYMRED_CUDA_EMU_TRACE"))
+        fprintf(stderr, "cuda emulator: launch %s grid (%u, %u, %u) block (%u, %u, %u)\n", fn->name,
+                gx, gy, gz, bx, by, bz);
     const int n = (int)(bx * by * bz);
     if (n > fn->max_threads)
         return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
@@ -649,12 +684,13 @@ EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned g
                     s->grid_dim = (struct emu_dim3){gx, gy, gz};
                     s->sync = fiber_sync;
                 }
-                /* Fix the stacks' base past the guard page for run_block. */
-                if (!run_block(&b, stacks + page, stack_size)) {
+                b.pass = x + y + z;
+                int site = run_block(&b, stacks + page, stack_size);
+                if (site) {
                     fprintf(stderr,
-                            "cuda emulator: %s block (%u, %u, %u): threads reached different "
-                            "numbers of __syncthreads\n",
-                            fn->name, x, y, z);
+                            "cuda emulator: %s, block (%u, %u, %u): the __syncthreads at line %d "
+                            "of the source is not reached by every thread of the block\n",
+                            fn->name, x, y, z, site);
                     r = CUDA_ERROR_LAUNCH_FAILED;
                 }
             }

@@ -5,14 +5,17 @@
  * (emu-prelude.h, forced in with -include), appends one wrapper per __global__ entry point
  * (found by scanning the source, so new kernels need no change here), and compiles it with g++
  * (or $SYMRED_CUDA_EMU_CXX) into a shared object in a cache directory, named by a hash of
- * everything that goes into it: a rerun loads it without compiling. The "PTX" it returns is a
- * short text naming that shared object, which the emulated cuModuleLoadData dlopen()s.
+ * everything that goes into it: a rerun loads it without compiling. The "PTX" it returns names
+ * that shared object, which the emulated cuModuleLoadData dlopen()s, and carries the source, from
+ * which it is built again when the object has gone (a cleaned cache under symred's own cache of
+ * images, which keeps the "PTX").
  *
  * Options: the architecture, the language standard and the other code-generation options of
  * NVRTC are accepted and ignored (--use_fast_math included: the CPU's fast-math would drop
  * NaN semantics that CUDA's keeps); -D and -I are passed on; anything else is
  * NVRTC_ERROR_INVALID_OPTION, as NVRTC does. No cubin entry point: symred then asks for PTX.
- * The cache directory is $SYMRED_CUDA_EMU_CACHE, else $TMPDIR (or /tmp) /symred-cuda-emu-UID.
+ * The cache directory is $SYMRED_CUDA_EMU_CACHE, else $TMPDIR (or /tmp) /symred-cuda-emu-UID; it
+ * must belong to the user and be writable by no one else (its objects are loaded).
  */
 #define _GNU_SOURCE
 #include "emu.h"
@@ -222,6 +225,11 @@ static int cache_dir(char *dir, size_t cap)
     }
     if (mkdir(dir, 0700) != 0 && errno != EEXIST)
         return -1;
+    /* Its shared objects are loaded into the process: only a directory of this user that no
+     * one else may write. */
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 022))
+        return -1;
     return 0;
 }
 
@@ -332,6 +340,12 @@ static int compile(struct nvrtc_prog_ *p, int nopts, const char *const *opts)
     char dir[1024], so[1200], cu[1200], tmp[1300], logp[1300];
     if (cache_dir(dir, sizeof dir) != 0) {
         free(text.s);
+        free(p->log);
+        if (asprintf(&p->log,
+                     "nvrtc (cuda emulator): cache directory %s: not a directory of this "
+                     "user that only it may write\n",
+                     dir) < 0)
+            p->log = NULL;
         return NVRTC_ERROR_INTERNAL_ERROR;
     }
     snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)h);
@@ -356,6 +370,11 @@ static int compile(struct nvrtc_prog_ *p, int nopts, const char *const *opts)
         } else {
             int st = run((char *const *)argv, logp);
             p->log = read_file(logp);
+            if (st < 0 && (!p->log || !*p->log)) {
+                free(p->log);
+                if (asprintf(&p->log, "nvrtc (cuda emulator): cannot run %s\n", cxx) < 0)
+                    p->log = NULL;
+            }
             if (st != 0)
                 rc = NVRTC_ERROR_COMPILATION;
             else if (rename(tmp, so) != 0)
@@ -368,13 +387,22 @@ static int compile(struct nvrtc_prog_ *p, int nopts, const char *const *opts)
     free(text.s);
     if (rc == NVRTC_SUCCESS) {
         free(p->ptx);
-        if (asprintf(&p->ptx, "%s\n%s\n", EMU_PTX_MAGIC, so) < 0) {
+        if (asprintf(&p->ptx, "%s\n%s\n%s", EMU_PTX_MAGIC, so, p->src) < 0) {
             p->ptx = NULL;
             rc = NVRTC_ERROR_OUT_OF_MEMORY;
         }
     }
     if (!p->log)
         p->log = strdup("");
+    return rc;
+}
+
+int emu_rebuild(const char *src, char **log)
+{
+    struct nvrtc_prog_ p = {.src = (char *)src};
+    int rc = compile(&p, 0, NULL);
+    free(p.ptx);
+    *log = p.log;
     return rc;
 }
 
@@ -385,9 +413,15 @@ EMU_API int nvrtcVersion(int *major, int *minor)
 {
     if (!major || !minor)
         return NVRTC_ERROR_INVALID_INPUT;
-    /* Not any real NVRTC's version, so that symred's image cache never mixes the two. */
+    /* Not any real NVRTC's version, so that symred's image cache never mixes the two; the minor
+     * number follows the prelude, so that symred's cache, whose entries name shared objects
+     * built with one prelude, is not used with another. */
+    char *prelude = read_file(EMU_PRELUDE);
+    if (!prelude)
+        return NVRTC_ERROR_INTERNAL_ERROR;
     *major = EMU_NVRTC_MAJOR;
-    *minor = EMU_NVRTC_MINOR;
+    *minor = 1 + (int)(fnv(0xcbf29ce484222325ULL, prelude, strlen(prelude)) % 1000000);
+    free(prelude);
     return NVRTC_SUCCESS;
 }
 

@@ -62,7 +62,7 @@ struct sr_emu_dim3 {
 };
 struct sr_emu_thread {
     sr_emu_dim3 thread_idx, block_idx, block_dim, grid_dim;
-    void (*sync)(const sr_emu_thread *self);
+    void (*sync)(const sr_emu_thread *self, int site);
 };
 typedef sr_emu_dim3 dim3;
 
@@ -76,10 +76,12 @@ static __thread const sr_emu_thread *sr_emu_self;
 #define gridDim   (sr_emu_self->grid_dim)
 #define warpSize  32
 
-static inline void __syncthreads(void)
+/* The site (source line) lets the emulator check that the whole block waits at one barrier. */
+#define __syncthreads() sr_emu_syncthreads(__LINE__)
+static inline void sr_emu_syncthreads(int site)
 {
     const sr_emu_thread *self = sr_emu_self;
-    self->sync(self);
+    self->sync(self, site);
     sr_emu_self = self;
 }
 static inline void __threadfence(void) {}

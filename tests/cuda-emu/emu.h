@@ -15,11 +15,16 @@
 #define EMU_API __attribute__((visibility("default")))
 
 /* The first line of the "PTX" that the emulated NVRTC returns; the second names the shared
- * object holding the compiled kernels. */
+ * object holding the compiled kernels, and the program's source follows. */
 #define EMU_PTX_MAGIC "// symred cuda emulator module"
 
-/* The emulated NVRTC's version: no real NVRTC has it, so the image caches of the two differ. */
+/* Compiles src as nvrtcCompileProgram does with no options (emu-nvrtc.c): the shared object
+ * named in the "PTX" of src is there afterwards. Returns an NVRTC status; *log gets the
+ * compiler's output (malloc()ed, may be NULL). */
+int emu_rebuild(const char *src, char **log);
+
+/* The emulated NVRTC's major version: no real NVRTC has it, so the image caches of the two
+ * differ. */
 #define EMU_NVRTC_MAJOR 0
-#define EMU_NVRTC_MINOR 1
 
 #endif /* SYMRED_CUDA_EMU_H */
