@@ -561,6 +561,241 @@ Test(cuda, ranges_in_passes)
     ranges_case(SR_MIN_ARGMIN, 0, SR_F64, 900 * 5 * 8 + 8 + 40 * 64);
 }
 
+/* ---- the fused two-product strategy -------------------------------------------------------- */
+
+/* Sum of Exp(-g |x - y|^2) b (a Gaussian times R right-hand sides) or SumSoftMaxWeight of
+ * -g |x - y|^2 with weight b (attention's shape), b of width R on the reduced side, on CUDA
+ * (*kc) and on the reference (*kr). Arguments: x (3), y (3), g (1), b (R). */
+static void fused_kernels(sr_reduction red, int R, sr_dtype dt, int axis, sr_kernel **kc,
+                          sr_kernel **kr)
+{
+    char bal[32];
+    snprintf(bal, sizeof bal, "b=V%c(%d)", axis ? 'j' : 'i', R);
+    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "g=Pm(1)", bal};
+    bool ssmw = red == SR_SUMSOFTMAXWEIGHT;
+    sr_expr *f = diff_parse(ctx, ssmw ? "-SqDist(x,y)*g" : "Exp(-SqDist(x,y)*g)*b", al, 4);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = red;
+    d.axis = axis;
+    d.dtype = dt;
+    d.weight = ssmw ? diff_parse(ctx, "b", al, 4) : NULL;
+    *kc = diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
+    *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
+}
+
+/* Whether kernel k runs the fused kernel (its explain says so). */
+static bool runs_fused(sr_kernel *k)
+{
+    const char *e = sr_kernel_explain(k);
+    return e && strstr(e, "strategy fused two-product") != NULL;
+}
+
+/* Every width on both axes in both dtypes, at sizes 0, 1, primes and sizes no tile divides
+ * (64 rows per block, 32 or 16 reduced indices per tile, 64 columns of B per block); from 16
+ * columns on the kernels are the fused ones (explain), below the direct ones. */
+static void fused_widths(sr_reduction red, enum diff_gen gen, double lo, const int *widths, int nw)
+{
+    static const int64_t sizes[][2] = {{0, 7},    {1, 1},    {7, 0},    {1, 131},
+                                       {67, 131}, {131, 67}, {257, 211}};
+    for (int w = 0; w < nw; w++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int dt = 0; dt < 2; dt++) {
+                sr_kernel *kc, *kr;
+                fused_kernels(red, widths[w], (sr_dtype)dt, axis, &kc, &kr);
+                cr_assert_eq(runs_fused(kc), widths[w] >= 16, "R = %d: %s", widths[w],
+                             sr_kernel_explain(kc));
+                const char *plan = widths[w] >= 16 ? "chosen: fused two-product" : "chosen: direct";
+                cr_assert(strstr(sr_kernel_explain(kc), plan), "R = %d: %s", widths[w],
+                          sr_kernel_explain(kc));
+                for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "%s R %d axis %d %s", sr_reduction_name(red),
+                             widths[w], axis, dt ? "f64" : "f32");
+                    int64_t no = sizes[s][0], nr = sizes[s][1];
+                    diff_run(ctx, kc, kr, axis ? no : nr, axis ? nr : no, gen, lo, 1, 100 + s,
+                             diff_tol_of((sr_dtype)dt), what);
+                }
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
+static const int fused_all_widths[] = {1, 2, 15, 16, 17, 63, 64, 65, 255, 1100};
+#define NWIDTHS (int)(sizeof fused_all_widths / sizeof *fused_all_widths)
+
+Test(cuda, fused_sum_every_width)
+{
+    need_gpu();
+    /* inputs in [0, 1): positive terms, whose sums the tolerance is relative to */
+    fused_widths(SR_SUM, DIFF_UNIFORM, 0, fused_all_widths, NWIDTHS);
+}
+
+Test(cuda, fused_softmax_every_width)
+{
+    need_gpu();
+    fused_widths(SR_SUMSOFTMAXWEIGHT, DIFF_UNIFORM, -1, fused_all_widths, NWIDTHS);
+}
+
+/* float16 and bfloat16 arrays (computed in float32): the fused kernels on core's copies. */
+Test(cuda, fused_half_precision)
+{
+    need_gpu();
+    for (int red = 0; red < 2; red++)
+        for (int h = 0; h < 2; h++) {
+            sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+            sr_dtype dt = h ? SR_BF16 : SR_F16;
+            sr_kernel *kc, *kr;
+            fused_kernels(rd, 65, dt, 1, &kc, &kr);
+            cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
+            char what[64];
+            snprintf(what, sizeof what, "%s R 65 %s", sr_reduction_name(rd), diff_dtype_tag(dt));
+            diff_run(ctx, kc, kr, 67, 131, DIFF_UNIFORM, red ? -1 : 0, 1, 21, diff_tol_of(dt),
+                     what);
+            sr_kernel_free(kc);
+            sr_kernel_free(kr);
+        }
+}
+
+/* NaN, +inf and -inf in x, y, g and b: in F and in B (semantics.md: IEEE through the products;
+ * SumSoftMaxWeight NaN where a term is NaN or +inf, -inf terms of weight 0 with 0 * inf NaN). */
+Test(cuda, fused_nan_inf)
+{
+    need_gpu();
+    static const int w[] = {16, 65};
+    fused_widths(SR_SUM, DIFF_SPECIAL, 0, w, 2);
+    fused_widths(SR_SUMSOFTMAXWEIGHT, DIFF_SPECIAL, 0, w, 2);
+}
+
+/* Few output rows and a long reduced range: the fused kernel splits the reduced range over
+ * blockIdx.z and the combine kernel merges the chunks in order (SumSoftMaxWeight by their
+ * maxima); also with NaN and infinities, and under a budget that bounds the chunks' records. */
+Test(cuda, fused_split_reduced_range)
+{
+    need_gpu();
+    static const int64_t sizes[][2] = {{5, 20011}, {70, 5003}};
+    for (int red = 0; red < 2; red++)
+        for (int w = 0; w < 2; w++)
+            for (int dt = 0; dt < 2; dt++) {
+                sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                int R = w ? 65 : 16;
+                sr_kernel *kc, *kr;
+                fused_kernels(rd, R, (sr_dtype)dt, 1, &kc, &kr);
+                cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
+                for (int s = 0; s < 2; s++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "split %s R %d %s", sr_reduction_name(rd), R,
+                             dt ? "f64" : "f32");
+                    diff_run(ctx, kc, kr, sizes[s][0], sizes[s][1], DIFF_UNIFORM, red ? -1 : 0, 1,
+                             7 + s, diff_tol_of((sr_dtype)dt), what);
+                    diff_run(ctx, kc, kr, sizes[s][0], sizes[s][1], DIFF_SPECIAL, 0, 1, 9 + s,
+                             diff_tol_of((sr_dtype)dt), what);
+                }
+                /* y, b and g whole, x and the outputs per row, and room for two chunks' records */
+                int64_t es = dt ? 8 : 4, no = 5, nr = 20011;
+                int64_t whole = nr * (3 + R) * es + es, rows = no * (3 + R) * es;
+                cr_assert_eq(sr_ctx_set_mem_limit(ctx, whole + rows + 2 * no * (R + 2) * es),
+                             SR_OK);
+                diff_run(ctx, kc, kr, no, nr, DIFF_UNIFORM, red ? -1 : 0, 1, 3,
+                         diff_tol_of((sr_dtype)dt), "split under a budget");
+                cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
+/* Under a memory budget the fused kernel runs over passes of output rows; a budget below the
+ * arrays copied whole is SR_EBUDGET. */
+Test(cuda, fused_memory_budget)
+{
+    need_gpu();
+    enum { R = 70, NO = 300, NR = 111 };
+    for (int red = 0; red < 2; red++) {
+        sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+        /* y and b copied whole, g; then x and the outputs per row: 37 rows per pass */
+        int64_t whole = NR * (3 + R) * 4 + 4, row = (3 + R) * 4;
+        cr_assert_eq(sr_ctx_set_mem_limit(ctx, whole + 37 * row), SR_OK);
+        sr_kernel *kc, *kr;
+        fused_kernels(rd, R, SR_F32, 1, &kc, &kr);
+        cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
+        diff_run(ctx, kc, kr, NO, NR, DIFF_UNIFORM, -1, 1, 5, diff_tol_of(SR_F32),
+                 "fused under a budget");
+        cr_assert_eq(sr_ctx_set_mem_limit(ctx, whole - 1), SR_OK);
+        float *buf = calloc((size_t)NO * (3 + R) + (size_t)NR * (3 + R) + 1, sizeof *buf);
+        cr_assert(buf);
+        const void *args[] = {buf, buf + NO * 3, buf + NO * 3 + NR * 3, buf + NO * 3 + NR * 3 + 1};
+        float *out = calloc((size_t)NO * R, sizeof *out);
+        sr_status st = sr_kernel_run(kc, NO, NR, args, out);
+        cr_assert_eq(st, SR_EBUDGET, "status %d: %s", st, sr_ctx_error(ctx));
+        cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+        free(buf);
+        free(out);
+        sr_kernel_free(kc);
+        sr_kernel_free(kr);
+    }
+}
+
+/* Block-sparse ranges on the fused kernel: blocks out of order, an empty one, uncovered rows,
+ * empty and touching intervals, a block longer than a CUDA block's 64 rows. */
+Test(cuda, fused_ranges)
+{
+    need_gpu();
+    enum { NO = 300, NR = 400, R = 65 };
+    static const int64_t rg[] = {100, 240, 0, 5, 5, 5, 5, 100, 240, 250};
+    static const int64_t sl[] = {3, 4, 4, 7, 8};
+    static const int64_t red_iv[] = {0, 10, 10, 200, 300, 400, 3, 4, 0, 5, 5, 5, 17, 400, 150, 151};
+    for (int red = 0; red < 2; red++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int dt = 0; dt < 2; dt++) {
+                sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                sr_kernel *kc, *kr;
+                fused_kernels(rd, R, (sr_dtype)dt, axis, &kc, &kr);
+                cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
+                sr_ranges rr = {0};
+                if (axis == 1)
+                    rr = (sr_ranges){.nranges_i = 5,
+                                     .ranges_i = rg,
+                                     .slices_i = sl,
+                                     .nredranges_j = 8,
+                                     .redranges_j = red_iv};
+                else
+                    rr = (sr_ranges){.nranges_j = 5,
+                                     .ranges_j = rg,
+                                     .slices_j = sl,
+                                     .nredranges_i = 8,
+                                     .redranges_i = red_iv};
+                int64_t nx = axis ? NO : NR, ny = axis ? NR : NO;
+                int64_t n[4] = {nx * 3, ny * 3, 1, (axis ? ny : nx) * R};
+                size_t es = sr_dtype_size((sr_dtype)dt);
+                uint64_t seed = 11;
+                void *buf[4];
+                for (int v = 0; v < 4; v++) {
+                    buf[v] = malloc((size_t)n[v] * es);
+                    cr_assert(buf[v]);
+                    tu_fill(buf[v], (sr_dtype)dt, n[v], -1, 1, &seed);
+                }
+                void *vc = calloc((size_t)NO * R, 8), *vr = calloc((size_t)NO * R, 8);
+                sr_run_desc r = {
+                    .nx = nx, .ny = ny, .nargs = 4, .args = (const void *const *)buf, .out = vc};
+                cr_assert_eq(sr_kernel_run_ranges(kc, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
+                r.out = vr;
+                cr_assert_eq(sr_kernel_run_ranges(kr, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
+                struct diff_tol tl = diff_tol_of((sr_dtype)dt);
+                for (int64_t t = 0; t < (int64_t)NO * R; t++) {
+                    double a = dt ? ((double *)vc)[t] : ((float *)vc)[t];
+                    double b = dt ? ((double *)vr)[t] : ((float *)vr)[t];
+                    cr_assert(tu_close(a, b, tl.rtol, tl.atol),
+                              "%s axis %d %s: value %lld: %g, ref %g", sr_reduction_name(rd), axis,
+                              dt ? "f64" : "f32", (long long)t, a, b);
+                }
+                for (int v = 0; v < 4; v++)
+                    free(buf[v]);
+                free(vc);
+                free(vr);
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
 /* Device pointers with host arrays beside them, under a budget: the output-side variable (y,
  * axis 0) on the host goes through the device in passes while the outputs are written in place
  * on the device at each pass's offset; with room for all rows, few rows and many reduced

@@ -571,3 +571,159 @@ Test(nvrtc, device_pointers_need_a_cuda_kernel)
     sr_kernel_free(k);
     sr_ctx_free(ctx);
 }
+
+/* ---- the fused two-product strategy -------------------------------------------------------- */
+
+/* Kernel f with desc d on the reference device. */
+static sr_kernel *ref_kernel(sr_ctx *ctx, sr_expr *f, sr_kernel_desc d)
+{
+    d.device = SR_DEVICE_REFERENCE;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    return k;
+}
+
+/* A kernel on the reference device: Sum of -Exp(-g |x - y|^2) b (B of width R, negated) or
+ * SumSoftMaxWeight of (q|k) g with weight b; b on the reduced side of axis. */
+static sr_kernel *fused_kernel(sr_ctx *ctx, sr_reduction red, int R, sr_dtype dt, int axis)
+{
+    char bal[32];
+    snprintf(bal, sizeof bal, "b=V%c(%d)", axis ? 'j' : 'i', R);
+    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "g=Pm(1)", bal, "q=Vi(16)", "k=Vj(16)"};
+    bool ssmw = red == SR_SUMSOFTMAXWEIGHT;
+    sr_expr *f, *w = NULL;
+    cr_assert_eq(sr_parse(ctx, ssmw ? "(q|k)*g" : "-Exp(-SqDist(x,y)*g)*b", al, 6, &f), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    if (ssmw)
+        cr_assert_eq(sr_parse(ctx, "b", al, 6, &w), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = red;
+    d.axis = axis;
+    d.dtype = dt;
+    d.weight = w;
+    return ref_kernel(ctx, f, d);
+}
+
+/* The fused emitter declines k (SR_ENOTSUP, nothing written); frees k. */
+static void fused_declines(sr_kernel *k)
+{
+    struct expr_buf b = {0};
+    struct cuda_fused fp;
+    cr_assert_eq(jit_emit_cuda_fused(k, JIT_ACC_BLOCK, &b, NULL, &fp), SR_ENOTSUP);
+    cr_assert_eq(b.len, 0);
+    free(b.data);
+    sr_kernel_free(k);
+}
+
+/* The fused modules of Sum and SumSoftMaxWeight compile for every width (one, a tile of
+ * columns, one past it, several blocks of columns), both dtypes, both axes in turn, with the
+ * float64 accumulation of float32 too; their PTX exports the fused kernel and no direct one. */
+Test(nvrtc, fused_kernels_compile)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    static const int widths[] = {1, 16, 17, 64, 65, 256, 1100};
+    for (size_t w = 0; w < sizeof widths / sizeof *widths; w++)
+        for (int red = 0; red < 2; red++)
+            for (int dt = 0; dt < 2; dt++) {
+                sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                sr_kernel *k = fused_kernel(ctx, rd, widths[w], (sr_dtype)dt, (int)(w % 2));
+                enum jit_acc acc = dt == 0 && w % 3 == 1 ? JIT_ACC_F64 : JIT_ACC_BLOCK;
+                struct expr_buf b = {0};
+                struct cuda_plan plan;
+                struct cuda_fused fp;
+                sr_status st = jit_emit_cuda_fused(k, acc, &b, &plan, &fp);
+                cr_assert_eq(st, SR_OK, "emit %s R %d: status %d", sr_reduction_name(rd), widths[w],
+                             st);
+                cr_assert_eq(fp.R, widths[w]);
+                cr_assert(fp.shared_bytes > 0 && fp.shared_bytes <= 48 << 10 && fp.tj > 0,
+                          "shared %d bytes, tile %d", fp.shared_bytes, fp.tj);
+                struct nvrtc_out o;
+                const char *arch = archs[w % 2];
+                st = jit_nvrtc_compile(b.data, "t.cu", arch, false, &o);
+                cr_assert_eq(st, SR_OK, "%s R %d %s for %s: %s\nsource:\n%s", sr_reduction_name(rd),
+                             widths[w], dt ? "f64" : "f32", arch, o.log ? o.log : "", b.data);
+                cr_assert(strstr(o.image, ".entry " CUDA_KERNEL_FUSED) &&
+                              !strstr(o.image, ".entry " CUDA_KERNEL_MAIN),
+                          "entry points in the PTX");
+                free(o.image);
+                free(o.log);
+                free(b.data);
+                sr_kernel_free(k);
+            }
+    sr_ctx_free(ctx);
+}
+
+/* The CUDA backend's plans: the fused kernel for a wide B or weight, the direct one for a
+ * narrow one, for float32 Kahan summation and for a formula that is not F * B; explain lists
+ * the chosen plan and the rejected one with its reason. */
+Test(nvrtc, cuda_plan_picks_fused_for_wide_b)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    static const struct {
+        sr_reduction red;
+        int R, acc, fused;
+    } cases[] = {{SR_SUM, 1, JIT_ACC_BLOCK, 0},
+                 {SR_SUM, 15, JIT_ACC_BLOCK, 0},
+                 {SR_SUM, 16, JIT_ACC_BLOCK, 1},
+                 {SR_SUM, 64, JIT_ACC_BLOCK, 1},
+                 {SR_SUM, 64, JIT_ACC_KAHAN, 0},
+                 {SR_SUM, 64, JIT_ACC_F64, 1},
+                 {SR_SUMSOFTMAXWEIGHT, 1, JIT_ACC_BLOCK, 0},
+                 {SR_SUMSOFTMAXWEIGHT, 64, JIT_ACC_BLOCK, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        sr_kernel *k = fused_kernel(ctx, cases[c].red, cases[c].R, SR_F32, 1);
+        sr_kernel kc = *k;
+        kc.nplans = cuda_plans(&kc, cases[c].acc, kc.plans);
+        const struct sr_plan *p = sr__plan_choose(&kc);
+        cr_assert(p, "no plan");
+        cr_assert_eq(p->id, cases[c].fused ? CUDA_PLAN_FUSED : CUDA_PLAN_DIRECT,
+                     "case %zu: %s chosen (%s)", c, p->strategy, p->why);
+        struct expr_buf b = {0};
+        sr__plan_explain(&kc, &b);
+        const char *want =
+            cases[c].fused ? "chosen: fused two-product" : "rejected: fused two-product";
+        cr_assert(b.data && strstr(b.data, want), "case %zu: explain:\n%s", c, b.data);
+        free(b.data);
+        sr_kernel_free(k);
+    }
+    /* Kahan summation stays with the direct kernel in float64 too. */
+    sr_kernel *k64 = fused_kernel(ctx, SR_SUM, 64, SR_F64, 1);
+    sr_kernel kc64 = *k64;
+    kc64.nplans = cuda_plans(&kc64, JIT_ACC_KAHAN, kc64.plans);
+    cr_assert_eq(sr__plan_choose(&kc64)->id, CUDA_PLAN_DIRECT);
+    sr_kernel_free(k64);
+    /* Not of the form: a sum of two products. */
+    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "g=Pm(1)", "b=Vj(64)"};
+    sr_expr *f;
+    cr_assert_eq(sr_parse(ctx, "Exp(-SqDist(x,y)*g)*b + b", al, 4, &f), SR_OK);
+    sr_kernel *k = ref_kernel(ctx, f, sr_kernel_desc_default());
+    sr_kernel kc = *k;
+    kc.nplans = cuda_plans(&kc, JIT_ACC_BLOCK, kc.plans);
+    cr_assert_eq(sr__plan_choose(&kc)->id, CUDA_PLAN_DIRECT);
+    fused_declines(k);
+    sr_ctx_free(ctx);
+}
+
+/* An F whose reduced-index terms exceed shared memory even with tiles of one index (float64
+ * inner product of dimension 6000): the fused emitter declines, so the plan falls back. */
+Test(nvrtc, fused_declines_beyond_shared_memory)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    const char *al[] = {"q=Vi(6000)", "k=Vj(6000)", "v=Vj(64)"};
+    sr_expr *f, *w;
+    cr_assert_eq(sr_parse(ctx, "(q|k)", al, 3, &f), SR_OK);
+    cr_assert_eq(sr_parse(ctx, "v", al, 3, &w), SR_OK);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_SUMSOFTMAXWEIGHT;
+    d.weight = w;
+    d.dtype = SR_F64;
+    sr_kernel *k = ref_kernel(ctx, f, d);
+    fused_declines(k);
+    sr_ctx_free(ctx);
+}

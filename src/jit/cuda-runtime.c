@@ -30,6 +30,10 @@ struct cuda_kernel {
     cu_module mod;
     cu_function main, combine;
     struct cuda_plan plan;
+    /* The fused two-product kernel when the plan chose it (its module has no main and combine
+     * kernels, and plan.block is its rows per block); NULL otherwise. */
+    cu_function fused;
+    struct cuda_fused fplan;
     enum jit_acc acc;
     struct cuda_image_info info;
     /* Bytes copied between host and device by this kernel's runs (tests use them to prove that
@@ -179,6 +183,27 @@ static void cuda_release(sr_kernel *k)
     k->backend_data = NULL;
 }
 
+/* Plans k (its candidates in k->plans, chosen by core) and emits the chosen strategy's module:
+ * the fused one, or the direct one when the fused plan is not chosen or its emitter declines
+ * (shared memory). */
+static sr_status emit_chosen(sr_kernel *k, struct cuda_kernel *ck, struct expr_buf *src)
+{
+    k->nplans = cuda_plans(k, (int)ck->acc, k->plans);
+    const struct sr_plan *p = sr__plan_choose(k);
+    if (p && p->id == CUDA_PLAN_FUSED) {
+        sr_status st = jit_emit_cuda_fused(k, ck->acc, src, &ck->plan, &ck->fplan);
+        if (st != SR_ENOTSUP) {
+            k->plans[CUDA_PLAN_FUSED].tj = ck->fplan.tj;
+            return st;
+        }
+        free(src->data);
+        memset(src, 0, sizeof *src);
+        memset(&ck->fplan, 0, sizeof ck->fplan);
+        sr__plan_reject(k, "declined when realised: its tiles exceed shared memory");
+    }
+    return jit_emit_cuda(k, ck->acc, src, &ck->plan);
+}
+
 static sr_status cuda_prepare(sr_kernel *k)
 {
     sr_ctx *ctx = k->ctx;
@@ -199,7 +224,7 @@ static sr_status cuda_prepare(sr_kernel *k)
     ck->dev = dev;
     ck->acc = k->acc != SR_ACC_DEFAULT ? (enum jit_acc)(k->acc - 1) : (enum jit_acc)jc->acc;
     struct expr_buf src = {0};
-    st = jit_emit_cuda(k, ck->acc, &src, &ck->plan);
+    st = emit_chosen(k, ck, &src);
     if (st == SR_ENOTSUP) {
         st =
             sr__error(ctx, SR_ENOTSUP,
@@ -233,8 +258,16 @@ static sr_status cuda_prepare(sr_kernel *k)
         st = cu_fail(ctx, r, "cuModuleLoadData");
         goto fail;
     }
-    if ((r = cu->module_get_function(&ck->main, ck->mod, CUDA_KERNEL_MAIN)) != CU_SUCCESS ||
-        (r = cu->module_get_function(&ck->combine, ck->mod, CUDA_KERNEL_COMBINE)) != CU_SUCCESS) {
+    if (ck->fplan.R > 0) {
+        if ((r = cu->module_get_function(&ck->fused, ck->mod, CUDA_KERNEL_FUSED)) != CU_SUCCESS ||
+            (r = cu->module_get_function(&ck->combine, ck->mod, CUDA_KERNEL_FUSED_COMBINE)) !=
+                CU_SUCCESS) {
+            st = cu_fail(ctx, r, "cuModuleGetFunction (" CUDA_KERNEL_FUSED ")");
+            goto fail;
+        }
+    } else if ((r = cu->module_get_function(&ck->main, ck->mod, CUDA_KERNEL_MAIN)) != CU_SUCCESS ||
+               (r = cu->module_get_function(&ck->combine, ck->mod, CUDA_KERNEL_COMBINE)) !=
+                   CU_SUCCESS) {
         st = cu_fail(ctx, r, "cuModuleGetFunction");
         goto fail;
     }
@@ -492,6 +525,7 @@ static sr_status cuda_reduce(const sr_kernel *k, const sr_run_desc *run, uint64_
     }
     int64_t lim = ctx->mem_limit;
     int64_t room = lim > 0 ? lim - p.whole - p.rows * p.per_row : -1;
+    const bool fused = ck->fused != NULL;
     int nsplit = p.nred > 0 && !rp ? split_count(ck, p.rows, p.nred, room) : 1;
     long long nr = p.nred, chunk = p.nred;
     if (nsplit > 1) {
@@ -563,8 +597,14 @@ static sr_status cuda_reduce(const sr_kernel *k, const sr_run_desc *run, uint64_
             oi = didx ? didx + (cu_deviceptr)r0 * irow : 0;
         }
         void *params[] = {argp, &no, &nr, &chunk, &o, &oi, &dpart, &plb, &div};
-        r = cu->launch(ck->main, gx, (unsigned)nsplit, 1, (unsigned)ck->plan.block, 1, 1, 0, NULL,
-                       params, NULL);
+        void *fparams[] = {argp, &no, &nr, &chunk, &o, &dpart, &plb, &div};
+        const struct cuda_fused *fp = &ck->fplan;
+        if (fused)
+            r = cu->launch(ck->fused, gx, (unsigned)((fp->R + fp->rc - 1) / fp->rc),
+                           (unsigned)nsplit, (unsigned)fp->block, 1, 1, 0, NULL, fparams, NULL);
+        else
+            r = cu->launch(ck->main, gx, (unsigned)nsplit, 1, (unsigned)ck->plan.block, 1, 1, 0,
+                           NULL, params, NULL);
         if (r != CU_SUCCESS) {
             st = cu_fail(ctx, r, "cuLaunchKernel (" CUDA_KERNEL_MAIN ")");
             goto out;
@@ -621,16 +661,31 @@ static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
 {
     const struct cuda_kernel *ck = k->backend_data;
     const struct cuda_plan *p = &ck->plan;
-    expr_buf_printf(b,
-                    "cuda: %s (%s, %d SMs); strategy direct, %d threads per block (one output row "
-                    "each), tile %d reduced indices in shared memory (%d columns, %d bytes), "
-                    "row state %d bytes, split-j over the reduced indices when there are fewer "
-                    "than %d blocks; nodes: %d per pair, %d per output row, %d per reduced "
-                    "index; accumulation %s\n",
-                    ck->dev->name, ck->info.arch, ck->dev->sm_count, p->block, p->tile, p->columns,
-                    p->shared_bytes, p->state_bytes, 2 * ck->dev->sm_count, p->pair_nodes,
-                    p->hoisted_outer, p->hoisted_inner,
-                    k->dtype == SR_F64 ? "float64" : jit_acc_names[ck->acc]);
+    const struct cuda_fused *f = &ck->fplan;
+    if (ck->fused)
+        expr_buf_printf(b,
+                        "cuda: %s (%s, %d SMs); strategy fused two-product: blocks "
+                        "of %d threads own %d output rows x %d of the %d columns of B (argument "
+                        "%d), tiles of %d reduced indices; per tile F's inner nodes (%d columns), "
+                        "the %d x %d tile of F and the %d x %d tile of B in shared memory (%d "
+                        "bytes), 4 x 4 outputs per thread; %d nodes per pair; block-sparse "
+                        "ranges: a block takes at most %d rows of one range block; accumulation "
+                        "%s\n",
+                        ck->dev->name, ck->info.arch, ck->dev->sm_count, f->block, f->ti, f->rc,
+                        f->R, f->bvar, f->tj, f->columns, f->ti, f->tj, f->tj, f->rc,
+                        f->shared_bytes, f->pair_nodes, f->ti,
+                        k->dtype == SR_F64 ? "float64" : jit_acc_names[ck->acc]);
+    else
+        expr_buf_printf(
+            b,
+            "cuda: %s (%s, %d SMs); strategy direct, %d threads per block (one output row "
+            "each), tile %d reduced indices in shared memory (%d columns, %d bytes), "
+            "row state %d bytes, split-j over the reduced indices when there are fewer "
+            "than %d blocks; nodes: %d per pair, %d per output row, %d per reduced "
+            "index; accumulation %s\n",
+            ck->dev->name, ck->info.arch, ck->dev->sm_count, p->block, p->tile, p->columns,
+            p->shared_bytes, p->state_bytes, 2 * ck->dev->sm_count, p->pair_nodes, p->hoisted_outer,
+            p->hoisted_inner, k->dtype == SR_F64 ? "float64" : jit_acc_names[ck->acc]);
     expr_buf_printf(b,
                     "cuda memory: host arrays of parameters and of the reduced index are copied "
                     "whole, output-side rows %s; device pointers (sr_kernel_run_device) are used "

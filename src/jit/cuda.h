@@ -181,6 +181,59 @@ struct cuda_plan {
 sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
                         struct cuda_plan *plan);
 
+/* ---- the fused two-product strategy (emit-cuda-fused.c) ----------------------------------- */
+
+/* The CUDA backend's candidate plans (struct sr_plan, in its order of preference). */
+enum { CUDA_PLAN_FUSED, CUDA_PLAN_DIRECT, CUDA_PLAN_COUNT };
+
+/* What the fused emitter decided, for launch and explain. */
+struct cuda_fused {
+    int bvar;         /* the argument index of B (SumSoftMaxWeight: of the weight) */
+    int R;            /* its width: values per output row */
+    int block;        /* threads per block */
+    int ti, tj, rc;   /* output rows per block, reduced indices per tile, columns per block */
+    int columns;      /* scalars per reduced index of F's inner nodes kept in the tile */
+    int shared_bytes; /* static shared memory of the fused kernel */
+    int pair_nodes;
+};
+
+#define CUDA_KERNEL_FUSED         "sr_cuda_fused"
+#define CUDA_KERNEL_FUSED_COMBINE "sr_cuda_fused_combine"
+
+/* Whether k is out_o = sum_r F(o, r) B_r (Sum of a product of scalar factors, negations, and
+ * one reduced-side variable B of dimension dim(F)) or SumSoftMaxWeight of a scalar F with a
+ * reduced-side variable as weight; sets the scalar F (built in k's context) and B's argument. */
+bool cuda_fused_form(const struct sr_kernel *k, const sr_expr **F, int *bvar);
+
+/* Fills out[0 .. CUDA_PLAN_COUNT) with the fused and the direct plans of k (accumulation acc,
+ * an enum jit_acc); nothing is compiled. The fused plan is feasible for the forms above with B
+ * at least 16 wide (and not Kahan summation). Returns CUDA_PLAN_COUNT. */
+int cuda_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
+
+/* Emits the module of the fused kernel of k, with A the accumulator type:
+ *   extern "C" __global__ void sr_cuda_fused(sr_args a, long long no, long long nr,
+ *                                            long long chunk, T *out, A *part,
+ *                                            const long long *lb, const long long *iv)
+ *     grid (ceil(no / ti), ceil(R / rc), nsplit), block threads: block z reduces over
+ *     [z chunk, min(nr, (z + 1) chunk)); with part NULL it writes the outputs of [0, no), else
+ *     its records of R + 2 values (the unnormalised row; SumSoftMaxWeight's maximum and sum)
+ *     at part[(z no + o) (R + 2)]. With block-sparse ranges (lb non-NULL, nsplit 1) grid
+ *     (launch blocks, ceil(R / rc)) as the direct kernel's, each of at most ti rows.
+ *   extern "C" __global__ void sr_cuda_fused_combine(const A *part, long long no, int nsplit,
+ *                                                    T *out, long long *out_idx)
+ *     one thread per row: merges the nsplit records in order and writes the outputs.
+ * plan gets block = ti (rows per block), tile = tj and state_bytes = one record's bytes.
+ * SR_ENOTSUP when k is not of the fused form, for Kahan summation, or when the tiles
+ * exceed shared memory; SR_ENOMEM. */
+sr_status jit_emit_cuda_fused(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
+                              struct cuda_plan *plan, struct cuda_fused *fp);
+
+/* The prelude of every generated module (types sr_t and sr_acc, constants, helpers). */
+void jit_cuda_prelude(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b);
+
+/* The CUDA spellings of the ops that differ from C's (OP_COUNT entries, NULL = C's). */
+const char *const *jit_cuda_spell(void);
+
 /* ---- runtime (cuda-runtime.c) ------------------------------------------------------------- */
 
 /* True when a usable GPU is present (loads the driver once per process). */

@@ -252,3 +252,11 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
     jit_nodes_free(&nd);
     return b->oom ? SR_ENOMEM : SR_OK;
 }
+
+const char *const *jit_cuda_spell(void) { return cuda_spell; }
+
+void jit_cuda_prelude(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b)
+{
+    const bool f32 = k->dtype == SR_F32;
+    prelude(b, f32, f32 && acc == JIT_ACC_F64 ? "double" : f32 ? "float" : "double");
+}

@@ -1,0 +1,374 @@
+/*
+ * emit-cuda-fused.c — the CUDA fused two-product strategy for wide outputs:
+ * out_o = sum_r F(o, r) B_r with F a scalar formula and B a reduced-side variable of width R
+ * (a kernel matrix times R right-hand sides), and SumSoftMaxWeight of a scalar F with a
+ * reduced-side variable G of width R as weight (attention).
+ *
+ * A block of CUDA_FUSED_BS threads owns CUDA_FUSED_TI output rows and CUDA_FUSED_RC columns of
+ * B (blockIdx.y: columns [y RC, y RC + RC) of R). Per tile of TJ reduced indices:
+ *   1. the inner nodes of F into shared memory (tb, as the direct kernel) and the TJ x RC tile
+ *      of B into shared memory (zeros past the last column);
+ *   2. the TI x TJ tile of F formed cooperatively into shared memory: each thread forms pairs of
+ *      one fixed row, whose outer nodes it computed once, with the C emitter's node code
+ *      (jit_emit_nodes on F alone);
+ *   3. SumSoftMaxWeight: one thread per row takes the tile's maximum, the running maximum m, the
+ *      rescale factor exp(m_old - m) when it grows, replaces the tile by exp(F - m) (0 where F is
+ *      -inf) and adds it to the row's running sum; m, the sum and the factor live in shared
+ *      memory;
+ *   4. the product: each thread owns a 4 x 4 micro-tile of the TI x RC output tile (rows
+ *      ty + 16 p, columns tx + 16 q), sums the tile's TJ products in registers (the "block"
+ *      accumulation, in sr_acc: double when float64 accumulation is asked for), then adds the
+ *      tile's sum to its accumulators (SumSoftMaxWeight: after rescaling them).
+ * SumSoftMaxWeight divides by the row's sum at the end. NaN and infinities follow IEEE
+ * arithmetic through both products as in the direct kernel: a NaN or +inf F makes a
+ * SumSoftMaxWeight row NaN (its sum is NaN), a -inf F has weight exactly 0 and 0 times an
+ * infinite B is NaN (docs/semantics.md).
+ *
+ * Block-sparse ranges: a block takes at most TI rows of one range block and walks that block's
+ * intervals of reduced indices in tiles, as the direct kernel does.
+ * Split of the reduced range (few output rows): blockIdx.z takes a chunk of the reduced indices
+ * and writes its unnormalised rows (SumSoftMaxWeight: with their maximum and sum) to a workspace;
+ * sr_cuda_fused_combine merges the chunks of each row in order, SumSoftMaxWeight's by the
+ * reference's rule (each chunk scaled by exp(m_z - m)).
+ */
+#include "cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define P(...) expr_buf_printf(b, __VA_ARGS__)
+
+/* Threads per block, output rows and columns of B per block; each thread's micro-tile is
+ * (TI / 16) x (RC / 16) outputs (16 x 16 threads). */
+#define CUDA_FUSED_BS 256
+#define CUDA_FUSED_TI 64
+#define CUDA_FUSED_RC 64
+/* Reduced indices per tile at most (halved while the tiles exceed shared memory). */
+#define CUDA_FUSED_TJ 32
+/* Static shared memory the fused kernel allows itself (every device has 48 KiB per block). */
+#define CUDA_FUSED_SHARED (40 << 10)
+
+/* The narrowest B (or weight) for which the fused kernel is offered. The direct kernel keeps a
+ * row's R sums in registers and reads one value of B from shared memory per multiply-add; the
+ * fused kernel forms F once per pair for 64 columns and does 16 multiply-adds per two shared
+ * loads, but pads B to 64 columns per block. From 16 columns on, the direct kernel's state
+ * (16+ accumulators per thread, plus the formula's registers) and its shared-memory reads per
+ * multiply-add dominate; below, the padding wastes more than the direct kernel loses. Chosen from
+ * this count, not measured on a GPU. */
+#define CUDA_FUSED_MIN_WIDTH 16
+
+/* The reduced-axis variable argument that e is, or -1. */
+static int red_var(const sr_kernel *k, const sr_expr *e)
+{
+    unsigned cat = k->axis == 1 ? SR_CAT_J : SR_CAT_I;
+    if (e->op != OP_VAR || e->iattr[1] != (int64_t)cat)
+        return -1;
+    return (int)e->iattr[0];
+}
+
+#define CUDA_FUSED_TERMS 16
+
+/* The factors of e through products and negations (at most CUDA_FUSED_TERMS; -1 beyond), *neg
+ * counting the negations. */
+static int factors(const sr_expr *e, const sr_expr **fac, int n, int *neg)
+{
+    if (n < 0)
+        return n;
+    if (e->op == OP_MUL)
+        return factors(e->child[1], fac, factors(e->child[0], fac, n, neg), neg);
+    if (e->op == OP_MINUS) {
+        ++*neg;
+        return factors(e->child[0], fac, n, neg);
+    }
+    if (n == CUDA_FUSED_TERMS)
+        return -1;
+    fac[n] = e;
+    return n + 1;
+}
+
+bool cuda_fused_form(const sr_kernel *k, const sr_expr **F, int *bvar)
+{
+    if (k->red == SR_SUMSOFTMAXWEIGHT) {
+        if (!k->weight || k->fdim != 1 || (*bvar = red_var(k, k->weight)) < 0)
+            return false;
+        *F = k->f;
+        return true;
+    }
+    if (k->red != SR_SUM || k->weight)
+        return false;
+    const sr_expr *fac[CUDA_FUSED_TERMS];
+    int neg = 0, n = factors(k->f, fac, 0, &neg), b = -1;
+    for (int t = 0; t < n; t++) {
+        bool isb = b < 0 && fac[t]->dim == k->fdim && red_var(k, fac[t]) >= 0;
+        if (isb)
+            b = t;
+        else if (fac[t]->dim != 1)
+            return false; /* a vector that is not B */
+    }
+    if (n < 2 || b < 0)
+        return false;
+    sr_expr *f = NULL;
+    for (int t = 0; t < n; t++)
+        if (t != b && !(f = f ? sr_mul(k->ctx, f, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
+            return false; /* out of memory: not fused */
+    *F = neg % 2 ? sr_neg(k->ctx, f) : f;
+    *bvar = red_var(k, fac[b]);
+    return *F != NULL;
+}
+
+int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
+{
+    struct sr_plan *f = &out[CUDA_PLAN_FUSED], *d = &out[CUDA_PLAN_DIRECT];
+    memset(out, 0, CUDA_PLAN_COUNT * sizeof *out);
+    f->strategy = "fused two-product";
+    d->strategy = "direct";
+    const sr_expr *F;
+    int bvar;
+    bool form = cuda_fused_form(k, &F, &bvar);
+    int R = form ? k->vars[bvar].dim : 0;
+    f->ti = CUDA_FUSED_TI;
+    f->flops = k->simp.cost.flops_pair;
+    f->gemm_flops = 2.0 * R;
+    if (!form)
+        snprintf(f->why, sizeof f->why,
+                 "not a Sum of a scalar F times a reduced-side variable, nor SumSoftMaxWeight of a "
+                 "scalar F with a reduced-side variable as weight");
+    else if (R < CUDA_FUSED_MIN_WIDTH)
+        snprintf(f->why, sizeof f->why, "B has %d columns, fewer than %d: the direct kernel", R,
+                 CUDA_FUSED_MIN_WIDTH);
+    else if (acc == JIT_ACC_KAHAN)
+        snprintf(f->why, sizeof f->why, "Kahan summation is the direct kernel's");
+    else {
+        f->feasible = true;
+        snprintf(f->why, sizeof f->why,
+                 "B has %d columns: tiles of F in shared memory times tiles of B", R);
+    }
+    d->feasible = true;
+    d->flops = k->simp.cost.flops_pair;
+    snprintf(d->why, sizeof d->why, "one output row per thread, F per pair in registers");
+    for (int i = 0; i < CUDA_PLAN_COUNT; i++)
+        out[i].id = i;
+    return CUDA_PLAN_COUNT;
+}
+
+/* Shared memory of the fused kernel with ncol columns of F's inner nodes and tiles of tj. */
+static int fused_shared(int ncol, int tj, int ts, int as, bool ssmw)
+{
+    int64_t n = (int64_t)(ncol > 0 ? ncol : 1) * tj * ts + (int64_t)CUDA_FUSED_TI * (tj + 1) * ts +
+                (int64_t)tj * CUDA_FUSED_RC * ts;
+    if (ssmw)
+        n += (int64_t)CUDA_FUSED_TI * (ts + 2 * as);
+    return n > CUDA_FUSED_SHARED ? -1 : (int)n;
+}
+
+sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
+                              struct cuda_plan *plan, struct cuda_fused *fp)
+{
+    const sr_expr *F;
+    int bvar;
+    if (!cuda_fused_form(k, &F, &bvar))
+        return SR_ENOTSUP;
+    const bool f32 = k->dtype == SR_F32, ssmw = k->red == SR_SUMSOFTMAXWEIGHT;
+    if (acc == JIT_ACC_KAHAN)
+        return SR_ENOTSUP;
+    const int R = k->vars[bvar].dim, ts = f32 ? 4 : 8;
+    const int as = f32 && acc != JIT_ACC_F64 ? 4 : 8;
+
+    /* F alone, as a Sum of one value: its nodes by the C emitter. */
+    sr_kernel kf = *k;
+    kf.f = F;
+    kf.weight = NULL;
+    kf.red = SR_SUM;
+    kf.fdim = kf.out_dim = 1;
+    kf.k = 1;
+    struct jit_nodes nd;
+    sr_status st = jit_emit_nodes(&kf, jit_cuda_spell(), &nd);
+    if (st != SR_OK)
+        return st;
+    int tj = CUDA_FUSED_TJ, shared;
+    while ((shared = fused_shared(nd.ncol, tj, ts, as, ssmw)) < 0 && tj > 1)
+        tj /= 2;
+    if (shared < 0 || !nd.f || !nd.f[0]) {
+        jit_nodes_free(&nd);
+        return SR_ENOTSUP;
+    }
+    P("/* symred generated CUDA kernel: fused two-product, F formed in tiles of %d x %d, times B\n"
+      " * formula: ",
+      CUDA_FUSED_TI, tj);
+    expr_print_to(b, k->f);
+    if (k->weight) {
+        P("\n * weight: ");
+        expr_print_to(b, k->weight);
+    }
+    P("\n * reduction: %s, axis %d, dtype %s, accumulation %s\n */\n", sr_reductions[k->red].name,
+      k->axis, f32 ? "float" : "double", jit_acc_names[acc]);
+    jit_cuda_prelude(k, acc, b);
+    P("struct sr_args { const void *p[%d]; };\n", k->nargs + 1);
+    P("#define SR_TJ %d\n#define SR_FBS %d\n#define SR_FTI %d\n#define SR_FRC %d\n"
+      "#define SR_FR %d\n#define SR_FNCOL %d\n#define SR_FLD (SR_TJ + 1)\n\n",
+      tj, CUDA_FUSED_BS, CUDA_FUSED_TI, CUDA_FUSED_RC, R, nd.ncol > 0 ? nd.ncol : 1);
+    P("extern \"C\" __global__ void __launch_bounds__(SR_FBS)\n" CUDA_KERNEL_FUSED
+      "(const sr_args sr_a, const long long no, const long long nr, const long long chunk,\n"
+      "              sr_t *__restrict__ out, sr_acc *__restrict__ part,\n"
+      "              const long long *__restrict__ sr_lb, const long long *__restrict__ sr_iv)\n{\n"
+      "    __shared__ sr_t tb[SR_FNCOL * SR_TJ];\n"
+      "    __shared__ sr_t sr_F[SR_FTI * SR_FLD];\n"
+      "    __shared__ sr_t sr_B[SR_TJ * SR_FRC];\n");
+    if (ssmw)
+        P("    __shared__ sr_t sr_m[SR_FTI];\n    __shared__ sr_acc sr_s[SR_FTI], "
+          "sr_sa[SR_FTI];\n");
+    for (int v = 0; v < k->nargs; v++)
+        if (k->vars[v].dim)
+            P("    const sr_t *__restrict__ a%d = (const sr_t *)sr_a.p[%d];\n", v, v);
+    P("    const int sr_tid = threadIdx.x, sr_tx = sr_tid %% 16, sr_ty = sr_tid / 16;\n"
+      "    /* Dense: rows [x TI, x TI + TI) of [0, no), the whole reduced range. Ranges: rows\n"
+      "     * [sr_lb[4x], sr_lb[4x + 1]) of one range block and its intervals [q0, q1) of sr_iv. "
+      "*/\n"
+      "    long long sr_o0 = (long long)blockIdx.x * SR_FTI, sr_oe = no, sr_q0 = 0, sr_q1 = 1;\n"
+      "    if (sr_lb) {\n"
+      "        sr_o0 = sr_lb[4 * blockIdx.x]; sr_oe = sr_lb[4 * blockIdx.x + 1];\n"
+      "        sr_q0 = sr_lb[4 * blockIdx.x + 2]; sr_q1 = sr_lb[4 * blockIdx.x + 3];\n"
+      "    }\n"
+      "    const int sr_c0 = blockIdx.y * SR_FRC;\n"
+      "    /* The row whose pairs this thread forms (clamped: rows past the end are formed from\n"
+      "     * the last row, and never written). */\n"
+      "    const int sr_fi = sr_tid / (SR_FBS / SR_FTI), sr_fj = sr_tid %% (SR_FBS / SR_FTI);\n"
+      "    const long long o = sr_o0 + sr_fi < sr_oe ? sr_o0 + sr_fi : sr_oe - 1;\n"
+      "    (void)o; (void)tb;\n");
+    P("    /* per call */\n%s", nd.uniform.data ? nd.uniform.data : "");
+    P("    /* per output row */\n%s", nd.outer.data ? nd.outer.data : "");
+    P("    sr_acc sr_w[4][4];\n"
+      "SR_UNROLL\n    for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
+      "        for (int q = 0; q < 4; q++) sr_w[p][q] = 0;\n");
+    if (ssmw)
+        P("    if (sr_tid < SR_FTI) { sr_m[sr_tid] = -SR_INF; sr_s[sr_tid] = 0; }\n");
+    P("    for (long long sr_q = sr_q0; sr_q < sr_q1; sr_q++) {\n"
+      "    const long long sr_r0 = sr_lb ? sr_iv[2 * sr_q] : (long long)blockIdx.z * chunk;\n"
+      "    const long long sr_r1 = sr_lb ? sr_iv[2 * sr_q + 1]\n"
+      "                                  : (nr < sr_r0 + chunk ? nr : sr_r0 + chunk);\n"
+      "    for (long long rt = sr_r0; rt < sr_r1; rt += SR_TJ) {\n"
+      "      const int nj = (int)(sr_r1 - rt < SR_TJ ? sr_r1 - rt : SR_TJ);\n"
+      "      __syncthreads();\n"
+      "      for (int jj = threadIdx.x; jj < nj; jj += SR_FBS) {\n"
+      "        const long long r = rt + jj;\n        (void)r;\n%s"
+      "      }\n"
+      "      for (int sr_e = threadIdx.x; sr_e < SR_TJ * SR_FRC; sr_e += SR_FBS) {\n"
+      "        const int jj = sr_e / SR_FRC, sr_c = sr_c0 + sr_e %% SR_FRC;\n"
+      "        sr_B[sr_e] = jj < nj && sr_c < SR_FR ? a%d[(rt + jj) * SR_FR + sr_c] : (sr_t)0;\n"
+      "      }\n"
+      "      __syncthreads();\n"
+      "      for (int jj = sr_fj; jj < nj; jj += SR_FBS / SR_FTI) {\n%s"
+      "        sr_F[sr_fi * SR_FLD + jj] = (sr_t)(%s);\n"
+      "      }\n"
+      "      __syncthreads();\n",
+      nd.inner.data ? nd.inner.data : "", bvar, nd.pair.data ? nd.pair.data : "", nd.f[0]);
+    if (ssmw)
+        P("      if (sr_tid < SR_FTI) { /* the online softmax of row sr_tid of the tile */\n"
+          "        sr_t *sr_fr = sr_F + sr_tid * SR_FLD, sr_tm = -SR_INF;\n"
+          "        for (int jj = 0; jj < nj; jj++) sr_tm = sr_fr[jj] > sr_tm ? sr_fr[jj] : sr_tm;\n"
+          "        const sr_t sr_mo = sr_m[sr_tid], sr_mn = sr_tm > sr_mo ? sr_tm : sr_mo;\n"
+          "        const sr_acc sr_a1 = sr_mn > sr_mo && sr_mo > -SR_INF ? (sr_acc)sr_exp(sr_mo - "
+          "sr_mn) : (sr_acc)1;\n"
+          "        sr_acc sr_ts = 0;\n"
+          "        for (int jj = 0; jj < nj; jj++) {\n"
+          "          const sr_t sr_x = sr_fr[jj] == -SR_INF ? (sr_t)0 : sr_exp(sr_fr[jj] - "
+          "sr_mn);\n"
+          "          sr_fr[jj] = sr_x;\n          sr_ts += (sr_acc)sr_x;\n        }\n"
+          "        sr_m[sr_tid] = sr_mn;\n"
+          "        sr_s[sr_tid] = sr_s[sr_tid] * sr_a1 + sr_ts;\n"
+          "        sr_sa[sr_tid] = sr_a1;\n      }\n"
+          "      __syncthreads();\n");
+    P("      sr_acc sr_p[4][4];\n"
+      "SR_UNROLL\n      for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
+      "        for (int q = 0; q < 4; q++) sr_p[p][q] = 0;\n"
+      "      for (int jj = 0; jj < nj; jj++) {\n"
+      "        sr_acc sr_f[4], sr_g[4];\n"
+      "SR_UNROLL\n        for (int p = 0; p < 4; p++) sr_f[p] = (sr_acc)sr_F[(sr_ty + 16 * p) * "
+      "SR_FLD + jj];\n"
+      "SR_UNROLL\n        for (int q = 0; q < 4; q++) sr_g[q] = (sr_acc)sr_B[jj * SR_FRC + sr_tx + "
+      "16 * q];\n"
+      "SR_UNROLL\n        for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
+      "          for (int q = 0; q < 4; q++) sr_p[p][q] = fma(sr_f[p], sr_g[q], sr_p[p][q]);\n"
+      "      }\n"
+      "SR_UNROLL\n      for (int p = 0; p < 4; p++) {\n");
+    if (ssmw)
+        P("        const sr_acc sr_r1 = sr_sa[sr_ty + 16 * p];\n"
+          "SR_UNROLL\n        for (int q = 0; q < 4; q++) sr_w[p][q] = sr_w[p][q] * sr_r1 + "
+          "sr_p[p][q];\n");
+    else
+        P("SR_UNROLL\n        for (int q = 0; q < 4; q++) sr_w[p][q] += sr_p[p][q];\n");
+    /* The rows' sums were written by other threads (and, with no reduced index, only set). */
+    P("      }\n    }\n    }\n    __syncthreads();\n");
+    P("SR_UNROLL\n    for (int p = 0; p < 4; p++) {\n"
+      "      const long long sr_row = sr_o0 + sr_ty + 16 * p;\n"
+      "      if (sr_row >= sr_oe) break;\n");
+    /* Split of the reduced range (part non-NULL): the chunk's unnormalised row (and, for
+     * SumSoftMaxWeight, its maximum and sum) into record z * no + row of SR_FR + 2 values. */
+    P("      sr_acc *sr_rec = part ? part + ((long long)blockIdx.z * no + sr_row) * (SR_FR + 2) : "
+      "0;\n");
+    if (ssmw)
+        P("      const sr_acc sr_den = sr_s[sr_ty + 16 * p];\n"
+          "      if (sr_rec && blockIdx.y == 0 && sr_tx == 0) {\n"
+          "        sr_rec[SR_FR] = (sr_acc)sr_m[sr_ty + 16 * p];\n"
+          "        sr_rec[SR_FR + 1] = sr_den;\n      }\n");
+    P("SR_UNROLL\n      for (int q = 0; q < 4; q++) {\n"
+      "        const int sr_c = sr_c0 + sr_tx + 16 * q;\n"
+      "        if (sr_c >= SR_FR) continue;\n"
+      "        if (sr_rec) sr_rec[sr_c] = sr_w[p][q];\n"
+      "        else out[sr_row * SR_FR + sr_c] = (sr_t)(sr_w[p][q]%s);\n"
+      "      }\n    }\n}\n\n",
+      ssmw ? " / sr_den" : "");
+    /* The combine kernel: one thread per row merges the chunks in order. */
+    P("extern \"C\" __global__ void " CUDA_KERNEL_FUSED_COMBINE
+      "(const sr_acc *part, const long long no, const int nsplit,\n"
+      "             sr_t *out, long long *out_idx)\n{\n"
+      "    const long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+      "    (void)out_idx;\n"
+      "    if (o >= no) return;\n");
+    if (ssmw)
+        /* The reference's merge (ssmw_fold): each chunk scaled by exp(m_z - m), 1 when m_z is
+         * the maximum, so that a chunk of -inf terms adds its 0 * G (NaN for infinite G). */
+        P("    sr_acc sr_m = -SR_INF, sr_s = 0;\n"
+          "    for (int z = 0; z < nsplit; z++) {\n"
+          "      const sr_acc mz = part[((long long)z * no + o) * (SR_FR + 2) + SR_FR];\n"
+          "      sr_m = mz > sr_m ? mz : sr_m;\n    }\n"
+          "    for (int z = 0; z < nsplit; z++) {\n"
+          "      const sr_acc *rz = part + ((long long)z * no + o) * (SR_FR + 2);\n"
+          "      sr_s += rz[SR_FR + 1] * (rz[SR_FR] == sr_m ? (sr_acc)1 : (sr_acc)exp(rz[SR_FR] - "
+          "sr_m));\n    }\n");
+    P("    for (int c = 0; c < SR_FR; c++) {\n"
+      "      sr_acc sr_v = 0;\n"
+      "      for (int z = 0; z < nsplit; z++) {\n"
+      "        const sr_acc *rz = part + ((long long)z * no + o) * (SR_FR + 2);\n");
+    if (ssmw)
+        P("        sr_v += rz[c] * (rz[SR_FR] == sr_m ? (sr_acc)1 : (sr_acc)exp(rz[SR_FR] - "
+          "sr_m));\n");
+    else
+        P("        sr_v += rz[c];\n");
+    P("      }\n      out[o * SR_FR + c] = (sr_t)(sr_v%s);\n    }\n}\n", ssmw ? " / sr_s" : "");
+    if (plan) {
+        memset(plan, 0, sizeof *plan);
+        plan->block = CUDA_FUSED_TI; /* output rows per block, for the launch blocks of ranges */
+        plan->tile = tj;
+        plan->columns = nd.ncol;
+        plan->shared_bytes = shared;
+        plan->state_bytes = (R + 2) * as; /* one row's record of a chunk (split) */
+        plan->pair_nodes = nd.npair;
+        plan->hoisted_outer = nd.nouter;
+        plan->hoisted_inner = nd.ninner;
+    }
+    if (fp) {
+        fp->bvar = bvar;
+        fp->R = R;
+        fp->block = CUDA_FUSED_BS;
+        fp->ti = CUDA_FUSED_TI;
+        fp->tj = tj;
+        fp->rc = CUDA_FUSED_RC;
+        fp->columns = nd.ncol;
+        fp->shared_bytes = shared;
+        fp->pair_nodes = nd.npair;
+    }
+    jit_nodes_free(&nd);
+    return b->oom ? SR_ENOMEM : SR_OK;
+}
