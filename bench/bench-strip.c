@@ -16,6 +16,8 @@
  * library; needs the CPU to have AVX2 and FMA.
  *
  *   bench-strip [--rounds R] [--shapes M:N:K,...]
+ *
+ * bench/strip_torch.py prints torch's sgemm (MKL) on the same shapes, the same way.
  */
 #define _GNU_SOURCE
 #include "bench.h"
