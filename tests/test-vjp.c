@@ -209,14 +209,12 @@ static void check_vs(const struct job *j, unsigned mask, bool native)
 
 static void check(const struct job *j, unsigned mask) { check_vs(j, mask, false); }
 
-Test(vjp, sizes_dims_widths_dtypes)
+/* Every gradient of (q|k)*s with weight v for sizes[ns] x dims[nd], float32 and float64. */
+static void sweep(const int64_t (*sizes)[2], size_t ns, const int (*dims)[2], size_t nd, bool ax0)
 {
-    const int64_t sizes[][2] = {{1, 1}, {13, 7}, {131, 97}, {97, 300}};
-    /* (512, 1): the first pass's tiles are larger than the second's before its copy of dx */
-    const int dims[][2] = {{1, 1}, {17, 16}, {64, 65}, {64, 16}, {512, 1}};
     for (int dt = 0; dt < 2; dt++)
-        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
-            for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {
+        for (size_t s = 0; s < ns; s++)
+            for (size_t d = 0; d < nd; d++) {
                 struct job j = {"(q|k)*s",
                                 "v",
                                 sizes[s][0],
@@ -227,9 +225,17 @@ Test(vjp, sizes_dims_widths_dtypes)
                                 0.3,
                                 -1,
                                 -1,
-                                false};
+                                ax0};
                 check(&j, 0xf);
             }
+}
+
+Test(vjp, sizes_dims_widths_dtypes)
+{
+    const int64_t sizes[][2] = {{1, 1}, {13, 7}, {131, 97}, {97, 300}};
+    /* (512, 1): the first pass's tiles are larger than the second's before its copy of dx */
+    const int dims[][2] = {{1, 1}, {17, 16}, {64, 65}, {64, 16}, {512, 1}};
+    sweep(sizes, sizeof sizes / sizeof *sizes, dims, sizeof dims / sizeof *dims, false);
 }
 
 Test(vjp, axis_0)
@@ -237,22 +243,7 @@ Test(vjp, axis_0)
     /* out_j = sum_i softmax_i((q_j|k_i) s) v_i: the same passes with i and j exchanged */
     const int64_t sizes[][2] = {{1, 1}, {13, 7}, {97, 300}};
     const int dims[][2] = {{1, 1}, {17, 16}, {64, 65}};
-    for (int dt = 0; dt < 2; dt++)
-        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
-            for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {
-                struct job j = {"(q|k)*s",
-                                "v",
-                                sizes[s][0],
-                                sizes[s][1],
-                                dims[d][0],
-                                dims[d][1],
-                                dt ? SR_F64 : SR_F32,
-                                0.3,
-                                -1,
-                                -1,
-                                true};
-                check(&j, 0xf);
-            }
+    sweep(sizes, sizeof sizes / sizeof *sizes, dims, sizeof dims / sizeof *dims, true);
     for (int dt = 0; dt < 2; dt++) {
         struct job j = {"(k|q)", "v", 50, 41, 17, 5, dt ? SR_F64 : SR_F32, 1, -1, -1, true};
         check(&j, 0xb);
