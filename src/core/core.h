@@ -105,6 +105,9 @@ int sr__threads(const sr_ctx *ctx, int64_t per_thread);
  * with rows to read (SR_EINVAL); the message names the argument. Shared by every entry point
  * that takes a kernel's arrays (kernel.c, eval-block.c). */
 sr_status sr__check_arrays(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args);
+/* The argument index of e when it is a variable of k's reduced side (Vj on axis 1, Vi on axis
+ * 0), else -1. */
+int sr__reduced_var(const sr_kernel *k, const sr_expr *e);
 /* Fails with SR_EBUDGET (and the bytes needed) when kernel k's workspace exceeds the budget;
  * kernel.c calls it after the backend's prepare. */
 sr_status sr__budget_check(struct sr_kernel *k);

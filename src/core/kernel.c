@@ -270,6 +270,14 @@ const char *sr_kernel_explain(const sr_kernel *k)
     return k->explain ? k->explain : "(explain text unavailable: out of memory)";
 }
 
+int sr__reduced_var(const sr_kernel *k, const sr_expr *e)
+{
+    const sr_cat cat = k->axis == 1 ? SR_CAT_J : SR_CAT_I;
+    if (e->op != OP_VAR || e->iattr[1] != (int64_t)cat)
+        return -1;
+    return (int)e->iattr[0];
+}
+
 sr_status sr__check_arrays(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args)
 {
     sr_ctx *ctx = k->ctx;

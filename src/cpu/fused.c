@@ -123,34 +123,6 @@ struct fused_kernel {
     int sym_i[FUSED_SYM_MAX], sym_j[FUSED_SYM_MAX];
 };
 
-/* The reduced-axis variable argument that e is, or -1. */
-static int reduced_var_arg(const sr_kernel *k, const sr_expr *e)
-{
-    unsigned cat = k->axis == 1 ? SR_CAT_J : SR_CAT_I;
-    if (e->op != OP_VAR || e->iattr[1] != (int64_t)cat)
-        return -1;
-    return (int)e->iattr[0];
-}
-
-/* The factors of e (dimension 1 or fdim) through products and negations, at most nmax: fac
- * gets them, *neg counts the negations. Returns their number, or -1 when there are more. */
-static int mul_factors(const sr_expr *e, const sr_expr **fac, int n, int nmax, int *neg)
-{
-    if (n < 0)
-        return n;
-    if (e->op == OP_MUL)
-        return mul_factors(e->child[1], fac, mul_factors(e->child[0], fac, n, nmax, neg), nmax,
-                           neg);
-    if (e->op == OP_MINUS) {
-        ++*neg;
-        return mul_factors(e->child[0], fac, n, nmax, neg);
-    }
-    if (n == nmax)
-        return -1;
-    fac[n] = e;
-    return n + 1;
-}
-
 #define FUSED_MAX_TERMS 16
 
 /* What fused_match found: out_o = bsign sum_r F(o, r) B_r + asign A_o sum_r F(o, r), with A an
@@ -173,7 +145,7 @@ static bool reduced_formula(const sr_kernel *k, const sr_expr *e)
 /* Whether e depends on the reduced axis and not on the output axis (a variable or a formula). */
 static bool reduced_side(const sr_kernel *k, const sr_expr *e)
 {
-    return reduced_var_arg(k, e) >= 0 || reduced_formula(k, e);
+    return sr__reduced_var(k, e) >= 0 || reduced_formula(k, e);
 }
 
 /* The width of B in m. */
@@ -199,7 +171,7 @@ static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct fused_for
     m->avar = -1;
     m->asign = 0;
     m->bf = NULL;
-    if ((m->bvar = reduced_var_arg(k, e)) >= 0)
+    if ((m->bvar = sr__reduced_var(k, e)) >= 0)
         return true;
     if (reduced_formula(k, e)) {
         m->bf = e;
@@ -208,7 +180,7 @@ static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct fused_for
     if (e->op != OP_SUB && e->op != OP_ADD)
         return false;
     for (int c = 0; c < 2; c++) {
-        int a = output_var_arg(k, e->child[c]), b = reduced_var_arg(k, e->child[1 - c]);
+        int a = output_var_arg(k, e->child[c]), b = sr__reduced_var(k, e->child[1 - c]);
         if (a < 0 || b < 0 || e->child[0]->dim != e->dim || e->child[1]->dim != e->dim)
             continue;
         m->avar = a;
@@ -229,11 +201,11 @@ static bool fused_match(const sr_kernel *k, struct fused_form *m)
 {
     if (k->red == SR_SUM && !k->weight) {
         const sr_expr *fac[FUSED_MAX_TERMS];
-        int neg = 0, n = mul_factors(k->f, fac, 0, FUSED_MAX_TERMS, &neg), b = -1;
+        int neg = 0, n = simp_mul_factors(k->f, fac, 0, FUSED_MAX_TERMS, &neg), b = -1;
         unsigned inb = 0; /* bit t: fac[t] is a factor of B */
         for (int t = 0; t < n; t++) {
             /* Scalar F (the formula of one value): B is its first reduced-axis variable. */
-            if (fac[t]->dim == 1 && (b >= 0 || k->fdim > 1 || reduced_var_arg(k, fac[t]) < 0))
+            if (fac[t]->dim == 1 && (b >= 0 || k->fdim > 1 || sr__reduced_var(k, fac[t]) < 0))
                 continue;
             if (fac[t]->dim != k->fdim)
                 return false; /* a vector that is not B */
@@ -268,7 +240,7 @@ static bool fused_match(const sr_kernel *k, struct fused_form *m)
         m->bsign = 1;
         m->asign = 0;
         m->bf = reduced_formula(k, k->weight) ? k->weight : NULL;
-        return (m->bvar = reduced_var_arg(k, k->weight)) >= 0 || m->bf != NULL;
+        return (m->bvar = sr__reduced_var(k, k->weight)) >= 0 || m->bf != NULL;
     }
     return false;
 }
@@ -310,7 +282,7 @@ static void split_factors(const sr_kernel *k, struct fused_kernel *fk)
 {
     const sr_expr *fac[FUSED_MAX_TERMS], *S[FUSED_MAX_FACTORS] = {0};
     sr_expr *g[FUSED_MAX_FACTORS] = {0};
-    int neg = 0, n = mul_factors(fk->f, fac, 0, FUSED_MAX_TERMS, &neg);
+    int neg = 0, n = simp_mul_factors(fk->f, fac, 0, FUSED_MAX_TERMS, &neg);
     fk->nfac = 1;
     fk->fac[0].f = fk->f;
     if (n < 2)

@@ -105,6 +105,9 @@ bool simp_nonneg(const sr_expr *e);
 /* e is finite whatever the inputs, NaN and Inf inputs included (comparisons, OneHot, bounded
  * arithmetic on them and on constants). */
 bool simp_always_finite(const sr_expr *e);
+/* The factors of e through products and negations, appended to fac from index n (at most nmax
+ * in all): the new count, or -1 when there are more than nmax; *neg counts the negations. */
+int simp_mul_factors(const sr_expr *e, const sr_expr **fac, int n, int nmax, int *neg);
 
 /* ---- cost model (cost.c) ---- */
 

@@ -542,6 +542,23 @@ static double finite_bound(const sr_expr *e)
 
 bool simp_always_finite(const sr_expr *e) { return finite_bound(e) < 1e300; }
 
+int simp_mul_factors(const sr_expr *e, const sr_expr **fac, int n, int nmax, int *neg)
+{
+    if (n < 0)
+        return n;
+    if (e->op == OP_MUL)
+        return simp_mul_factors(e->child[1], fac, simp_mul_factors(e->child[0], fac, n, nmax, neg),
+                                nmax, neg);
+    if (e->op == OP_MINUS) {
+        ++*neg;
+        return simp_mul_factors(e->child[0], fac, n, nmax, neg);
+    }
+    if (n == nmax)
+        return -1;
+    fac[n] = e;
+    return n + 1;
+}
+
 /* Whether e depends on nothing that changes across pairs on one side: used to keep Exp(a) and
  * Exp(b) apart when merging them would make a hoistable factor per-pair work. */
 static unsigned dep_class(const sr_expr *e) { return e->deps & (DEP_I | DEP_J); }

@@ -231,6 +231,14 @@ sr_status jit_emit_cuda_fused(const struct sr_kernel *k, enum jit_acc acc, struc
 /* The prelude of every generated module (types sr_t and sr_acc, constants, helpers). */
 void jit_cuda_prelude(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b);
 
+/* The start of a kernel body: the argument arrays a<v>, and the block's rows [first, sr_oe) and
+ * intervals [sr_q0, sr_q1): dense, rows [x rows, x rows + rows) of [0, no) (clipped by the
+ * caller) and one interval, the kernel's chunk; with block-sparse ranges (sr_lb non-NULL),
+ * rows [sr_lb[4x], sr_lb[4x + 1]) of one range block and the intervals sr_iv[2q .. 2q + 1] for
+ * q in [sr_lb[4x + 2], sr_lb[4x + 3]). */
+void jit_cuda_emit_block(const struct sr_kernel *k, struct expr_buf *b, const char *rows,
+                         const char *first);
+
 /* The CUDA spellings of the ops that differ from C's (OP_COUNT entries, NULL = C's). */
 const char *const *jit_cuda_spell(void);
 

@@ -58,39 +58,13 @@
  * this count, not measured on a GPU. */
 #define CUDA_FUSED_MIN_WIDTH 16
 
-/* The reduced-axis variable argument that e is, or -1. */
-static int red_var(const sr_kernel *k, const sr_expr *e)
-{
-    unsigned cat = k->axis == 1 ? SR_CAT_J : SR_CAT_I;
-    if (e->op != OP_VAR || e->iattr[1] != (int64_t)cat)
-        return -1;
-    return (int)e->iattr[0];
-}
-
+/* Factors of a Sum's formula the fused form takes at most. */
 #define CUDA_FUSED_TERMS 16
-
-/* The factors of e through products and negations (at most CUDA_FUSED_TERMS; -1 beyond), *neg
- * counting the negations. */
-static int factors(const sr_expr *e, const sr_expr **fac, int n, int *neg)
-{
-    if (n < 0)
-        return n;
-    if (e->op == OP_MUL)
-        return factors(e->child[1], fac, factors(e->child[0], fac, n, neg), neg);
-    if (e->op == OP_MINUS) {
-        ++*neg;
-        return factors(e->child[0], fac, n, neg);
-    }
-    if (n == CUDA_FUSED_TERMS)
-        return -1;
-    fac[n] = e;
-    return n + 1;
-}
 
 bool cuda_fused_form(const sr_kernel *k, const sr_expr **F, int *bvar)
 {
     if (k->red == SR_SUMSOFTMAXWEIGHT) {
-        if (!k->weight || k->fdim != 1 || (*bvar = red_var(k, k->weight)) < 0)
+        if (!k->weight || k->fdim != 1 || (*bvar = sr__reduced_var(k, k->weight)) < 0)
             return false;
         *F = k->f;
         return true;
@@ -98,9 +72,9 @@ bool cuda_fused_form(const sr_kernel *k, const sr_expr **F, int *bvar)
     if (k->red != SR_SUM || k->weight)
         return false;
     const sr_expr *fac[CUDA_FUSED_TERMS];
-    int neg = 0, n = factors(k->f, fac, 0, &neg), b = -1;
+    int neg = 0, n = simp_mul_factors(k->f, fac, 0, CUDA_FUSED_TERMS, &neg), b = -1;
     for (int t = 0; t < n; t++) {
-        bool isb = b < 0 && fac[t]->dim == k->fdim && red_var(k, fac[t]) >= 0;
+        bool isb = b < 0 && fac[t]->dim == k->fdim && sr__reduced_var(k, fac[t]) >= 0;
         if (isb)
             b = t;
         else if (fac[t]->dim != 1)
@@ -113,7 +87,7 @@ bool cuda_fused_form(const sr_kernel *k, const sr_expr **F, int *bvar)
         if (t != b && !(f = f ? sr_mul(k->ctx, f, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
             return false; /* out of memory: not fused */
     *F = neg % 2 ? sr_neg(k->ctx, f) : f;
-    *bvar = red_var(k, fac[b]);
+    *bvar = sr__reduced_var(k, fac[b]);
     return *F != NULL;
 }
 
@@ -218,18 +192,8 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     if (ssmw)
         P("    __shared__ sr_t sr_m[SR_FTI];\n    __shared__ sr_acc sr_s[SR_FTI], "
           "sr_sa[SR_FTI];\n");
-    for (int v = 0; v < k->nargs; v++)
-        if (k->vars[v].dim)
-            P("    const sr_t *__restrict__ a%d = (const sr_t *)sr_a.p[%d];\n", v, v);
+    jit_cuda_emit_block(k, b, "SR_FTI", "sr_o0");
     P("    const int sr_tid = threadIdx.x, sr_tx = sr_tid %% 16, sr_ty = sr_tid / 16;\n"
-      "    /* Dense: rows [x TI, x TI + TI) of [0, no), the whole reduced range. Ranges: rows\n"
-      "     * [sr_lb[4x], sr_lb[4x + 1]) of one range block and its intervals [q0, q1) of sr_iv. "
-      "*/\n"
-      "    long long sr_o0 = (long long)blockIdx.x * SR_FTI, sr_oe = no, sr_q0 = 0, sr_q1 = 1;\n"
-      "    if (sr_lb) {\n"
-      "        sr_o0 = sr_lb[4 * blockIdx.x]; sr_oe = sr_lb[4 * blockIdx.x + 1];\n"
-      "        sr_q0 = sr_lb[4 * blockIdx.x + 2]; sr_q1 = sr_lb[4 * blockIdx.x + 3];\n"
-      "    }\n"
       "    const int sr_c0 = blockIdx.y * SR_FRC;\n"
       "    /* The row whose pairs this thread forms (clamped: rows past the end are formed from\n"
       "     * the last row, and never written). */\n"

@@ -134,20 +134,11 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
       "             const long long *__restrict__ sr_lb, const long long *__restrict__ sr_iv)\n"
       "{\n");
     P("    __shared__ sr_t tb[SR_NCOL * SR_TJ];\n");
-    for (int v = 0; v < k->nargs; v++)
-        if (k->vars[v].dim)
-            P("    const sr_t *__restrict__ a%d = (const sr_t *)sr_a.p[%d];\n", v, v);
     /* Dense: block x covers rows [x BS, x BS + BS) of [0, no) and the chunk y of the reduced
-     * range. Block-sparse ranges (sr_lb non-NULL): block x covers rows [sr_lb[4x],
-     * sr_lb[4x + 1]) of one range block, at most SR_BS of them, and reduces over the intervals
-     * sr_iv[2q .. 2q + 1] for q in [sr_lb[4x + 2], sr_lb[4x + 3]): every thread of a block
-     * sees the same intervals, so the tiles are shared as in the dense case. */
-    P("    long long sr_ob = (long long)blockIdx.x * SR_BS, sr_oe = no, sr_q0 = 0, sr_q1 = 1;\n"
-      "    if (sr_lb) {\n"
-      "        sr_ob = sr_lb[4 * blockIdx.x]; sr_oe = sr_lb[4 * blockIdx.x + 1];\n"
-      "        sr_q0 = sr_lb[4 * blockIdx.x + 2]; sr_q1 = sr_lb[4 * blockIdx.x + 3];\n"
-      "    }\n"
-      "    const long long sr_o = sr_ob + threadIdx.x;\n"
+     * range. Block-sparse ranges: rows of one range block, at most SR_BS of them; every thread
+     * of a block sees the same intervals, so the tiles are shared as in the dense case. */
+    jit_cuda_emit_block(k, b, "SR_BS", "sr_ob");
+    P("    const long long sr_o = sr_ob + threadIdx.x;\n"
       "    const bool sr_active = sr_o < sr_oe;\n"
       "    /* Threads past the block's last row compute that row (so they read valid memory and\n"
       "     * can help load the tiles) and write nothing. */\n"
@@ -254,6 +245,20 @@ sr_status jit_emit_cuda(const struct sr_kernel *k, enum jit_acc acc, struct expr
 }
 
 const char *const *jit_cuda_spell(void) { return cuda_spell; }
+
+void jit_cuda_emit_block(const struct sr_kernel *k, struct expr_buf *b, const char *rows,
+                         const char *first)
+{
+    for (int v = 0; v < k->nargs; v++)
+        if (k->vars[v].dim)
+            P("    const sr_t *__restrict__ a%d = (const sr_t *)sr_a.p[%d];\n", v, v);
+    P("    long long %s = (long long)blockIdx.x * %s, sr_oe = no, sr_q0 = 0, sr_q1 = 1;\n"
+      "    if (sr_lb) {\n"
+      "        %s = sr_lb[4 * blockIdx.x]; sr_oe = sr_lb[4 * blockIdx.x + 1];\n"
+      "        sr_q0 = sr_lb[4 * blockIdx.x + 2]; sr_q1 = sr_lb[4 * blockIdx.x + 3];\n"
+      "    }\n",
+      first, rows, first);
+}
 
 void jit_cuda_prelude(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b)
 {
