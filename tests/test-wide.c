@@ -57,10 +57,15 @@ enum form {
     GAUSS,  /* Sum of Exp(-SqDist(x, y) g) b: F per pair, D = 3 */
     DOTEXP, /* Sum of Exp((x|y) g) b: F from inner products, D = 64 */
     SSMW,   /* SumSoftMaxWeight of (x|y) g with weight b, D = 64 */
-    SSMW3   /* SumSoftMaxWeight of -SqDist(x, y) g with weight b, D = 3 */
+    SSMW3,  /* SumSoftMaxWeight of -SqDist(x, y) g with weight b, D = 3 */
+    SSMWC   /* SumSoftMaxWeight of c (x|y) with weight b, c the constant -0.37, D = 64 */
 };
 
-enum special { NONE, NAN_F, INF_F, NAN_B, INF_B };
+static bool is_ssmw(enum form f) { return f == SSMW || f == SSMW3 || f == SSMWC; }
+
+/* NaN or infinities in x, y or b; or the parameter g other than 2 (D = 3) or 0.5: negative, no
+ * power of two, infinite, NaN. */
+enum special { NONE, NAN_F, INF_F, NAN_B, INF_B, G_NEG, G_ODD, G_INF, G_NAN };
 
 struct wcase {
     enum form form;
@@ -71,6 +76,22 @@ struct wcase {
 };
 
 static int dim_of(enum form f) { return f == GAUSS || f == SSMW3 ? 3 : 64; }
+
+static double g_of(const struct wcase *c)
+{
+    switch (c->sp) {
+    case G_NEG:
+        return -0.7;
+    case G_ODD:
+        return 1.3;
+    case G_INF:
+        return INFINITY;
+    case G_NAN:
+        return NAN;
+    default:
+        return dim_of(c->form) == 3 ? 2.0 : 0.5;
+    }
+}
 
 /* The formula of c: x (arg 0), y (arg 1) of dimension D, b (arg 2) of width R on the reduced
  * axis, g (arg 3) a parameter. */
@@ -89,6 +110,9 @@ static sr_expr *formula(const struct wcase *c, sr_expr **weight)
     case SSMW:
         *weight = b;
         return sr_mul(ctx, sr_scalprod(ctx, x, y), g);
+    case SSMWC:
+        *weight = b;
+        return sr_mul(ctx, sr_const(ctx, -0.37), sr_scalprod(ctx, x, y));
     default:
         *weight = b;
         return sr_neg(ctx, sr_mul(ctx, sr_sqdist(ctx, x, y), g));
@@ -109,8 +133,10 @@ static void compare(const struct wcase *c, sr_kernel *kg, sr_kernel *kr, const s
     int D = dim_of(c->form);
     uint64_t s = 99 + (uint64_t)c->R * 31 + (uint64_t)c->nx * 7 + (uint64_t)c->ny;
     int64_t nb = c->axis == 1 ? c->ny : c->nx; /* B's rows: the reduced axis */
-    /* Inner products of D = 64 values in [-0.3, 0.3] stay within a few units: exp is tame. */
-    double amp = D == 3 ? 1.0 : 0.3;
+    /* Inner products of D = 64 values in [-0.3, 0.3] stay within a few units: exp is tame. With
+     * a scale under test, values in [-3, 3]: F spans more than exp's range in a row, so that only
+     * the row maximum of F keeps the exponentials finite. */
+    double amp = D == 3 ? 1.0 : c->sp >= G_NEG || c->form == SSMWC ? 3.0 : 0.3;
     void *x = fill(c->dt, c->nx * D, -amp, amp, &s), *y = fill(c->dt, c->ny * D, -amp, amp, &s);
     void *b = fill(c->dt, nb * c->R, 0.0, 1.0, &s);
     if (c->sp == NAN_F && c->nx > 2)
@@ -121,7 +147,7 @@ static void compare(const struct wcase *c, sr_kernel *kg, sr_kernel *kr, const s
         tu_set(b, c->dt, 1 * c->R + c->R / 2, NAN);
     if (c->sp == INF_B && nb > 2)
         tu_set(b, c->dt, 2 * c->R, -INFINITY);
-    double g64 = D == 3 ? 2.0 : 0.5;
+    double g64 = g_of(c);
     float g32 = (float)g64;
     const void *args[4] = {x, y, b, c->dt == SR_F64 ? (const void *)&g64 : (const void *)&g32};
     int64_t nout = c->axis == 1 ? c->nx : c->ny;
@@ -129,7 +155,8 @@ static void compare(const struct wcase *c, sr_kernel *kg, sr_kernel *kr, const s
     cr_assert_eq(od, c->R);
     size_t esz = c->dt == SR_F64 ? 8 : 4;
     void *o1 = calloc((size_t)(nout * od + 1), esz), *o2 = calloc((size_t)(nout * od + 1), esz);
-    sr_run_desc r1 = {c->nx, c->ny, 4, args, o1, NULL}, r2 = {c->nx, c->ny, 4, args, o2, NULL};
+    const int na = sr_kernel_nargs(kg); /* 3 where g is not used */
+    sr_run_desc r1 = {c->nx, c->ny, na, args, o1, NULL}, r2 = {c->nx, c->ny, na, args, o2, NULL};
     cr_assert_eq(sr_kernel_run_ranges(kg, &r1, rg), SR_OK, "%s", sr_ctx_error(ctx));
     cr_assert_eq(sr_kernel_run_ranges(kr, &r2, rg), SR_OK, "%s", sr_ctx_error(ctx));
     double rtol = c->dt == SR_F64 ? 1e-11 : 3e-5;
@@ -152,7 +179,7 @@ static void compare(const struct wcase *c, sr_kernel *kg, sr_kernel *kr, const s
 /* Whether the planner's cost model (src/cpu/cost.c) should pick the fused strategy for c. */
 static bool expect_fused(const struct wcase *c)
 {
-    bool ssmw = c->form == SSMW || c->form == SSMW3;
+    bool ssmw = is_ssmw(c->form);
     if (!have_gemm || (c->dt == SR_F32 && getenv("SYMRED_ACC")))
         return false;
     return ssmw || c->R >= 4;
@@ -164,7 +191,7 @@ static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
     sr_expr *f = formula(c, &w);
     cr_assert_not_null(f, "%s", sr_ctx_error(ctx));
     sr_kernel_desc d = sr_kernel_desc_default();
-    d.reduction = c->form == SSMW || c->form == SSMW3 ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+    d.reduction = is_ssmw(c->form) ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
     d.axis = c->axis;
     d.dtype = c->dt;
     d.weight = w;
@@ -183,10 +210,14 @@ static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
         cr_assert(strstr(ex, "workspace") && strstr(ex, "tiles: "), "%s", ex);
     /* float32 with F from inner products, without AVX-512F: the AVX2 strip products unless
      * SYMRED_GEMM_KERNEL=blis. */
-    bool strips = fused && c->dt == SR_F32 && (c->form == SSMW || c->form == DOTEXP) &&
-                  !force_blis && !cpu_avx512_usable() && cpu_avx2_usable();
+    bool strips = fused && c->dt == SR_F32 && c->form != GAUSS && c->form != SSMW3 && !force_blis &&
+                  !cpu_avx512_usable() && cpu_avx2_usable();
     cr_assert_eq(strstr(ex, "AVX2 strip products") != NULL, strips,
                  "expected %s the AVX2 strip products:\n%s", strips ? "" : "no", ex);
+    /* Attention's F = c (x|y) on them: its scale applied inside the exponentials. */
+    bool sdp = strips && (c->form == SSMW || c->form == SSMWC);
+    cr_assert_eq(strstr(ex, "scale applied inside") != NULL, sdp,
+                 "expected %s the scale inside the exponentials:\n%s", sdp ? "" : "not", ex);
     /* BLIS's product takes a width that is no multiple of 4 padded with zero columns. */
     if (fused && strstr(ex, "by the gemm (BLIS") && c->R < 256 && c->R % 4)
         cr_assert(strstr(ex, "padded with zero columns to"), "%s", ex);
@@ -273,6 +304,15 @@ CASE(ssmw_r16_six_rows, SSMW, 16, 1, 6, 256, SR_F32, NONE)
 CASE(ssmw_r17_twelve_rows, SSMW, 17, 1, 12, 513, SR_F32, NONE)
 CASE(ssmw_r33_axis0, SSMW, 33, 0, 257, 25, SR_F32, NONE)
 CASE(ssmw_inf_b, SSMW, 31, 1, 37, 257, SR_F32, INF_B)
+/* Attention's scale c of F = c (x|y), which the AVX2 strip products apply inside the
+ * exponentials: negative (the row maximum of F from the minimum of (x|y)), no power of two, a
+ * constant, infinite and NaN (F formed, as for any F); several tiles of reduced indices. */
+CASE(ssmw_scale_negative, SSMW, 64, 1, 131, 1031, SR_F32, G_NEG)
+CASE(ssmw_scale_odd, SSMW, 17, 1, 131, 1031, SR_F32, G_ODD)
+CASE(ssmw_scale_odd_axis0, SSMW, 17, 0, 1031, 131, SR_F32, G_ODD)
+CASE(ssmw_scale_const, SSMWC, 33, 1, 131, 1031, SR_F32, NONE)
+CASE(ssmw_scale_inf, SSMW, 16, 1, 37, 257, SR_F32, G_INF)
+CASE(ssmw_scale_nan, SSMW, 16, 1, 37, 257, SR_F32, G_NAN)
 
 /* Block-sparse ranges: two row blocks over different intervals, rows outside every block. */
 static void ranges_case(const struct wcase *c)

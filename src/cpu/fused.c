@@ -113,7 +113,13 @@ struct fused_kernel {
     const sr_expr *f; /* the scalar F */
     int nfac;         /* factors of F, each with its module */
     struct fused_factor fac[FUSED_MAX_FACTORS];
-    int ti, tj;         /* output rows per block, reduced indices per tile */
+    int ti, tj; /* output rows per block, reduced indices per tile */
+    /* A SumSoftMaxWeight of F = c (x|y) on the AVX2 strip products (attention): the exponentials
+     * read the tile of inner products, exp(c G - m) with c the parameter sdp_var (of dimension 1)
+     * or, when sdp_var < 0, the constant sdp_c, and F's module is not called (sdp). */
+    bool sdp;
+    int sdp_var;
+    float sdp_c;
     int64_t per_thread; /* workspace bytes per thread */
     const char *why;    /* why this strategy was chosen */
     /* The symmetric driver (fused_run_sym): F(o, r) = F(r, o) with argument sym_i[p] paired with
@@ -481,6 +487,32 @@ static sr_status hoist_module(const sr_kernel *k, struct fused_kernel *fk)
     return st;
 }
 
+/* Sets fk->sdp when k is a float32 SumSoftMaxWeight on the AVX2 strip products whose F is its one
+ * factor's inner product S, or S times a parameter of dimension 1 or a constant, in either order:
+ * then the exponentials scale the tile of inner products themselves (softmax_sdp). */
+static void sdp_match(const sr_kernel *k, struct fused_kernel *fk, const sr_expr *S)
+{
+    fk->sdp = false;
+    if (k->red != SR_SUMSOFTMAXWEIGHT || k->dtype != SR_F32 || fk->kern != KERN_AVX2 ||
+        fk->nfac != 1 || !fk->fac[0].gemm || fk->avar >= 0 || !S)
+        return;
+    const sr_expr *f = fk->fac[0].f, *c = NULL;
+    if (f != S) {
+        if (f->op != OP_MUL || (f->child[0] != S && f->child[1] != S))
+            return;
+        c = f->child[f->child[0] == S ? 1 : 0];
+    }
+    fk->sdp_var = -1;
+    fk->sdp_c = 1;
+    if (c && c->dim == 1 && c->op == OP_VAR && c->iattr[1] == SR_CAT_PARAM)
+        fk->sdp_var = (int)c->iattr[0];
+    else if (c && c->dim == 1 && c->op == OP_CST)
+        fk->sdp_c = (float)c->fattr;
+    else if (c)
+        return;
+    fk->sdp = true;
+}
+
 /* Plans k on the fused strategy with the formulas of km (k's own, or with SqDist expanded for a
  * gemm; with gemm_form, only when a factor of F then comes from a gemm), without compiling or
  * allocating anything: fills fk's form, factors, products' gemm and its tiles before the memory
@@ -541,6 +573,7 @@ static const char *plan_form(const sr_kernel *k, const sr_kernel *km, int acc, b
      * 256 (alternating in one process, median of 7-9, load 9-10). */
     fk->ti = 448;
     fk->tj = fk->kern == KERN_AVX2 ? strip_tj(fk) : 256;
+    sdp_match(k, fk, S[0]);
     if (kern == KERN_AVX512 && fk->tj > cpu_avx512_kc_max(k->dtype == SR_F64))
         fk->tj = (int)cpu_avx512_kc_max(k->dtype == SR_F64); /* one K block per tile */
     return NULL;
@@ -945,18 +978,26 @@ exp_avx2(__m256 a, bool nonpos)
     return e;
 }
 
+/* The exponential's argument: F - m, or with `scaled`, F a - m by one rounding (an FMA). */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) __m256
+exp_arg(__m256 F, __m256 a, __m256 m, bool scaled)
+{
+    return scaled ? _mm256_fmsub_ps(F, a, m) : _mm256_sub_ps(F, m);
+}
+
 /* F[c] = exp(F[c] - m) by exp_avx2, c < n, and their sum; m is not -inf or NaN (F[c] - m would
  * be NaN for F[c] = -inf, whose weight is 0), and with nonpos at least every F[c] that is not NaN.
- * Two vectors at a time; the tail under a mask. */
+ * With `scaled`, exp(F[c] a - m) (m at least every F[c] a then). Two vectors at a time; the tail
+ * under a mask. */
 __attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) double
-expsum_vec(float *F, int64_t n, float m, bool nonpos)
+expsum_vec(float *F, int64_t n, float m, bool nonpos, float a, bool scaled)
 {
-    const __m256 vm = _mm256_set1_ps(m);
+    const __m256 vm = _mm256_set1_ps(m), va = _mm256_set1_ps(a);
     __m256 s0 = _mm256_setzero_ps(), s1 = s0;
     int64_t c = 0;
     for (; c + 16 <= n; c += 16) {
-        const __m256 e0 = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(F + c), vm), nonpos);
-        const __m256 e1 = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(F + c + 8), vm), nonpos);
+        const __m256 e0 = exp_avx2(exp_arg(_mm256_loadu_ps(F + c), va, vm, scaled), nonpos);
+        const __m256 e1 = exp_avx2(exp_arg(_mm256_loadu_ps(F + c + 8), va, vm, scaled), nonpos);
         _mm256_storeu_ps(F + c, e0);
         _mm256_storeu_ps(F + c + 8, e1);
         s0 = _mm256_add_ps(s0, e0);
@@ -966,7 +1007,7 @@ expsum_vec(float *F, int64_t n, float m, bool nonpos)
         const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         const int64_t left = n - c < 8 ? n - c : 8;
         const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), idx);
-        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(F + c, mk), vm), nonpos);
+        __m256 e = exp_avx2(exp_arg(_mm256_maskload_ps(F + c, mk), va, vm, scaled), nonpos);
         e = _mm256_and_ps(e, _mm256_castsi256_ps(mk));
         _mm256_maskstore_ps(F + c, mk, e);
         s0 = _mm256_add_ps(s0, e);
@@ -981,13 +1022,50 @@ expsum_vec(float *F, int64_t n, float m, bool nonpos)
 
 __attribute__((target("avx2,fma"))) static double expsum_avx2(float *F, int64_t n, float m)
 {
-    return expsum_vec(F, n, m, false);
+    return expsum_vec(F, n, m, false, 1, false);
 }
 
 /* expsum_avx2 where m is at least every F[c] that is not NaN (the online softmax's row maximum). */
 __attribute__((target("avx2,fma"))) static double expsum_max_avx2(float *F, int64_t n, float m)
 {
-    return expsum_vec(F, n, m, true);
+    return expsum_vec(F, n, m, true, 1, false);
+}
+
+/* F[c] = exp(F[c] a - m), c < n, and their sum; m is finite and at least every F[c] a that is not
+ * NaN, but for the rounding of one product (the row maximum of the scaled tile). */
+__attribute__((target("avx2,fma"))) static double expsum_scaled_avx2(float *F, int64_t n, float a,
+                                                                     float m)
+{
+    return expsum_vec(F, n, m, true, a, true);
+}
+
+/* The largest and the smallest value of F[c], c < n, in *hi and *lo (-inf and +inf when n is 0 or
+ * every F[c] is NaN: a NaN never wins). */
+__attribute__((target("avx2,fma"))) static void minmax_avx2(const float *F, int64_t n, float *hi,
+                                                            float *lo)
+{
+    __m256 h0 = _mm256_set1_ps(-INFINITY), h1 = h0, l0 = _mm256_set1_ps(INFINITY), l1 = l0;
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) {
+        const __m256 f0 = _mm256_loadu_ps(F + c), f1 = _mm256_loadu_ps(F + c + 8);
+        h0 = _mm256_max_ps(f0, h0);
+        h1 = _mm256_max_ps(f1, h1);
+        l0 = _mm256_min_ps(f0, l0);
+        l1 = _mm256_min_ps(f1, l1);
+    }
+    float lh[8], ll[8], th = -INFINITY, tl = INFINITY;
+    _mm256_storeu_ps(lh, _mm256_max_ps(h0, h1));
+    _mm256_storeu_ps(ll, _mm256_min_ps(l0, l1));
+    for (int l = 0; l < 8; l++) {
+        th = lh[l] > th ? lh[l] : th;
+        tl = ll[l] < tl ? ll[l] : tl;
+    }
+    for (; c < n; c++) {
+        th = F[c] > th ? F[c] : th;
+        tl = F[c] < tl ? F[c] : tl;
+    }
+    *hi = th;
+    *lo = tl;
 }
 
 /* The largest value of F[c], c < n, at least lo; a NaN never wins (as tm = F > tm ? F : tm): the
@@ -1043,6 +1121,31 @@ double cpu_expsum_f32(float *F, int64_t n, float m) { return expsum_f32(F, n, m,
 
 float cpu_rowmax_f32(const float *F, int64_t n) { return rowmax_f32(F, n); }
 
+/* The online softmax's running maximum *wm of a float32 row grown to tm, the row's maximum in
+ * this tile: the row's output (cols values) and sum *wsum rescaled by exp(m_old - m) when it
+ * grows. Returns the new maximum. */
+static float grow_max_f32(double *wm, double *wsum, float *orow, int cols, float tm)
+{
+    const float mo = (float)*wm, mn = tm > mo ? tm : mo;
+    if (mn > mo && mo > -INFINITY) {
+        const float sa = expf(mo - mn);
+        for (int c = 0; c < cols; c++)
+            orow[c] *= sa;
+        *wsum *= sa;
+    }
+    *wm = mn;
+    return mn;
+}
+
+/* The online softmax of one float32 row F of the tile (n values): the maximum grown
+ * (grow_max_f32) and F replaced by exp(F - m), its sum added to *wsum. */
+static void softmax_row_f32(int kern, float *F, int64_t n, double *wm, double *wsum, float *orow,
+                            int cols)
+{
+    const float mn = grow_max_f32(wm, wsum, orow, cols, rowmax_f32(F, n));
+    *wsum += kern == KERN_AVX512 ? cpu_avx512_expsum_f32(F, F, n, mn) : expsum_f32(F, n, mn, true);
+}
+
 /* The online softmax of rows [0, no) of the tile (row stride nj), rows [s0, s0 + no) of the block:
  * the running maximum, the rescaling of the row's output (cols values, row stride ldo) and sum, and
  * the tile replaced by exp(F - m). */
@@ -1072,19 +1175,35 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
             }
             wsum[o] += ts;
         } else {
-            float *F = (float *)w->F + o * nj, tm = rowmax_f32(F, nj);
-            float mo = (float)wm[o], mn = tm > mo ? tm : mo;
-            if (mn > mo && mo > -INFINITY) {
-                float sa = expf(mo - mn);
-                float *orow = (float *)out + o * ldo;
-                for (int c = 0; c < cols; c++)
-                    orow[c] *= sa;
-                wsum[o] *= sa;
-            }
-            wm[o] = mn;
-            wsum[o] += fk->kern == KERN_AVX512 ? cpu_avx512_expsum_f32(F, F, nj, mn)
-                                               : expsum_f32(F, nj, mn, true);
+            softmax_row_f32(fk->kern, (float *)w->F + o * nj, nj, wm + o, wsum + o,
+                            (float *)out + o * ldo, cols);
         }
+    }
+}
+
+/* softmax_tile for fk->sdp: the tile of inner products G (row stride tj) replaced by
+ * exp(G a - m), a the scale of F = a G, without forming F: m from G's maximum (its minimum when
+ * a < 0), which the scale's rounding keeps F's maximum. A row whose maximum is not finite, or a
+ * scale that is not, takes F = G a and softmax_row_f32. */
+static void softmax_sdp(const struct fused_kernel *fk, struct fused_ws *w, int64_t s0, char *out,
+                        int64_t ldo, int64_t no, int64_t nj, int cols, float a)
+{
+    double *wm = w->m + s0, *wsum = w->s + s0;
+    for (int64_t o = 0; o < no; o++) {
+        float *G = (float *)w->G[0] + o * fk->tj, *orow = (float *)out + o * ldo;
+#if defined(__x86_64__) && defined(__GNUC__)
+        float hi, lo;
+        minmax_avx2(G, nj, &hi, &lo);
+        const float tm = a >= 0 ? hi * a : lo * a;
+        if (isfinite(tm) && isfinite(a)) {
+            const float mn = grow_max_f32(wm + o, wsum + o, orow, cols, tm);
+            wsum[o] += expsum_scaled_avx2(G, nj, a, mn);
+            continue;
+        }
+#endif
+        for (int64_t c = 0; c < nj; c++)
+            G[c] *= a;
+        softmax_row_f32(fk->kern, G, nj, wm + o, wsum + o, orow, cols);
     }
 }
 
@@ -1111,6 +1230,8 @@ static int factor_tiles(const sr_kernel *k, const struct fused_kernel *fk, const
                 cpu_avx2_strip_abt(no, D, (const float *)Q, D, (const float *)w->Kuse[q], nj,
                                    (float *)w->G[q], fk->tj);
         }
+        if (fk->sdp)
+            return 0; /* the exponentials read G (softmax_sdp) */
         w->args[k->nargs] = w->G[q];
         if (fc->m->block(o0, o1, rt, rt + nj, w->args, q ? w->F2 : w->F, nj, 1))
             return 1;
@@ -1198,6 +1319,9 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
     const int f64 = k->dtype == SR_F64, R = fk->R;
     const int64_t es = f64 ? 8 : 4, no = o1 - o0;
     const bool ssmw = k->red == SR_SUMSOFTMAXWEIGHT;
+    const float sc = !fk->sdp           ? 0
+                     : fk->sdp_var >= 0 ? *(const float *)r->args[fk->sdp_var]
+                                        : fk->sdp_c;
     char *dst = (char *)r->out + (o0 * R + c0) * es;
     /* The pass's block of the output: in place, or in Cb with a stride of no power of two. */
     char *out = w->Cb ? w->Cb : dst;
@@ -1252,7 +1376,9 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                     return 1;
                 if (fk->avar >= 0)
                     row_sums(f64, w, s0, h, nj);
-                if (ssmw)
+                if (fk->sdp)
+                    softmax_sdp(fk, w, s0, os, ldo, h, nj, cols, sc);
+                else if (ssmw)
                     softmax_tile(k, fk, w, s0, os, ldo, h, nj, cols);
                 /* os (h x cols, row stride ldo) += F (h x nj) Vt (nj x cols, row stride ldv). */
                 if (avx) {
@@ -1261,8 +1387,10 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                 } else if (!strips) {
                     cpu_blis_gemm(f64, h, pcols, nj, w->F, nj, 1, Vt, ldv, 1, 1, os, ldo);
                 } else {
-                    cpu_avx2_strip_av(h, nj, (const float *)w->F, nj, (const float *)Vp, cols,
-                                      (float *)os, ldo);
+                    /* The weights: the tile of F, or the tile of inner products with sdp. */
+                    const char *P = fk->sdp ? w->G[0] : w->F;
+                    cpu_avx2_strip_av(h, nj, (const float *)P, fk->sdp ? fk->tj : nj,
+                                      (const float *)Vp, cols, (float *)os, ldo);
                 }
             }
         }
@@ -1627,8 +1755,10 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
             expr_buf_printf(b, ", scalar, its tile ");
         }
         expr_buf_printf(b, "%s\n",
-                        fc->gemm ? "from a tile of inner products and the generated epilogue"
-                                 : "by generated code per pair (sr_block)");
+                        fk->sdp    ? "the tile of inner products, its scale applied inside the "
+                                     "softmax's exponentials"
+                        : fc->gemm ? "from a tile of inner products and the generated epilogue"
+                                   : "by generated code per pair (sr_block)");
         if (fc->gemm && fk->kern == KERN_AVX512) {
             char d[160];
             cpu_avx512_describe(k->dtype == SR_F64, fc->dim, d, sizeof d);
