@@ -140,48 +140,77 @@ static void ssmw_fold(mpi_state *st, int64_t r, double l, const void *w, int64_t
         acc[c] = acc[c] * scale + e * load(w, wr * dim + c, dtype);
 }
 
+/* Where a block's row br lands: the block's values, indices and LogSumExp of F (SSMW), its K
+ * (KSEL) and the offset of its indices. */
+struct block {
+    const void *vals;
+    const int64_t *idx;
+    const void *lse;
+    int kb;
+    int64_t offset;
+    sr_dtype dtype;
+};
+
+/* The folds of a block's row br into row r, one per family. */
+static void fold_sum(mpi_state *st, int64_t r, int64_t br, const struct block *bk)
+{
+    double *v = st->val + (size_t)r * st->dim;
+    for (int c = 0; c < st->dim; c++)
+        v[c] += load(bk->vals, br * st->dim + c, bk->dtype);
+}
+
+/* EXT and ARGEXT: the block's extreme replaces the row's when it ranks before it. */
+static void fold_ext(mpi_state *st, int64_t r, int64_t br, const struct block *bk)
+{
+    double *v = st->val + (size_t)r * st->dim;
+    int64_t *ix = st->idx + (size_t)r * st->dim;
+    for (int c = 0; c < st->dim; c++) {
+        const int64_t e = br * st->dim + c;
+        const double bv = load(bk->vals, e, bk->dtype);
+        const int64_t bi = bk->idx[e] + bk->offset;
+        if (st->filled == 0 || sr_red_before(st->rules->order, sr_red_family_nan(st->rules->family),
+                                             bv, bi, v[c], ix[c])) {
+            v[c] = bv;
+            ix[c] = bi;
+        }
+    }
+}
+
+static void fold_ksel(mpi_state *st, int64_t r, int64_t br, const struct block *bk)
+{
+    for (int c = 0; c < st->dim; c++)
+        kmin_merge(st, r, c, bk->vals, bk->idx, br, bk->kb, bk->offset, bk->dtype);
+}
+
+static void fold_lse(mpi_state *st, int64_t r, int64_t br, const struct block *bk)
+{
+    double *v = st->val + (size_t)r * st->dim;
+    for (int c = 0; c < st->dim; c++) {
+        const double bv = load(bk->vals, br * st->dim + c, bk->dtype);
+        v[c] = st->filled == 0 ? bv : logaddexp(v[c], bv);
+    }
+}
+
+static void fold_ssmw(mpi_state *st, int64_t r, int64_t br, const struct block *bk)
+{
+    ssmw_fold(st, r, load(bk->lse, br, bk->dtype), bk->vals, br, bk->dtype);
+}
+
+static void (*const fold_of[SR_RED_FAM_COUNT])(mpi_state *, int64_t, int64_t,
+                                               const struct block *) = {
+    [SR_RED_FAM_SUM] = fold_sum,   [SR_RED_FAM_EXT] = fold_ext, [SR_RED_FAM_ARGEXT] = fold_ext,
+    [SR_RED_FAM_KSEL] = fold_ksel, [SR_RED_FAM_LSE] = fold_lse, [SR_RED_FAM_SSMW] = fold_ssmw,
+};
+
 void mpi_state_fold(mpi_state *st, int64_t r0, int64_t nr, const void *vals, const int64_t *idx,
                     const void *lse, int kb, int64_t offset, sr_dtype dtype)
 {
-    int dim = st->dim;
-    for (int64_t br = 0; br < nr; br++) {
-        int64_t r = r0 + br;
-        double *v = st->val + (size_t)r * st->k * dim;
-        int64_t *ix = st->idx ? st->idx + (size_t)r * st->k * dim : NULL;
-        for (int c = 0; c < dim; c++) {
-            int64_t e = br * dim + c;
-            switch (st->rules->family) {
-            case SR_RED_FAM_SUM:
-                v[c] += load(vals, e, dtype);
-                break;
-            case SR_RED_FAM_EXT:
-            case SR_RED_FAM_ARGEXT: {
-                double bv = load(vals, e, dtype);
-                int64_t bi = idx[e] + offset;
-                if (st->filled == 0 ||
-                    sr_red_before(st->rules->order, sr_red_family_nan(st->rules->family), bv, bi,
-                                  v[c], ix[c])) {
-                    v[c] = bv;
-                    ix[c] = bi;
-                }
-                break;
-            }
-            case SR_RED_FAM_KSEL:
-                kmin_merge(st, r, c, vals, idx, br, kb, offset, dtype);
-                break;
-            case SR_RED_FAM_LSE:
-                v[c] =
-                    st->filled == 0 ? load(vals, e, dtype) : logaddexp(v[c], load(vals, e, dtype));
-                break;
-            case SR_RED_FAM_SSMW:
-                if (c == 0)
-                    ssmw_fold(st, r, load(lse, br, dtype), vals, br, dtype);
-                break;
-            default:
-                break;
-            }
-        }
-    }
+    const struct block bk = {vals, idx, lse, kb, offset, dtype};
+    const enum sr_red_family fam = st->rules->family;
+    if ((int)fam < 0 || fam >= SR_RED_FAM_COUNT || !fold_of[fam])
+        return;
+    for (int64_t br = 0; br < nr; br++)
+        fold_of[fam](st, r0 + br, br, &bk);
 }
 
 void mpi_state_next_block(mpi_state *st, int kb)
