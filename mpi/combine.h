@@ -54,7 +54,8 @@ typedef struct mpi_state {
     int64_t *ti;    /* KSEL: merge scratch, k indices */
 } mpi_state;
 
-/* Allocates the state of n rows (the identity: nothing folded yet). SR_ENOMEM or SR_OK. */
+/* Allocates the state of n rows (the identity: nothing folded yet). SR_ENOMEM, SR_EINVAL for a
+ * family combine.c has no rules for, or SR_OK. */
 sr_status mpi_state_init(mpi_state *st, const mpi_rules *rules, int64_t n, int dim, int k);
 void mpi_state_free(mpi_state *st);
 

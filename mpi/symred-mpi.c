@@ -513,8 +513,11 @@ static sr_status run_alloc(sr_mpi_kernel *k, ring *r)
     if (fam == SR_RED_FAM_SSMW &&
         !(r->tmp_lse = malloc((size_t)(r->chunk ? r->chunk : 1) * r->esz)))
         return fail(m, SR_ENOMEM, "out of memory");
-    if (mpi_state_init(&r->state, mpi_rules_of(k->desc.reduction), r->n_own, k->fdim, k->desc.k) !=
-        SR_OK)
+    const sr_status sst =
+        mpi_state_init(&r->state, mpi_rules_of(k->desc.reduction), r->n_own, k->fdim, k->desc.k);
+    if (sst == SR_EINVAL)
+        return fail(m, sst, "no rule combines the blocks of this reduction");
+    if (sst != SR_OK)
         return fail(m, SR_ENOMEM, "out of memory for the partial results of %lld rows",
                     (long long)r->n_own);
     /* Blocks shorter than K need kernels of their own, made now, before the ring starts. */

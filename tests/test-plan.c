@@ -5,7 +5,7 @@
  * at D = 64 where a tile gemm exists, the direct strategy for a D = 3 Gaussian mat-vec with one
  * right-hand side, the fused two-product for 64), unless an option forces one (SYMRED_GEMM);
  * a plan whose smallest tiles do not fit in the memory budget is rejected, saying how much it
- * needs.
+ * needs; a kernel whose reduction the simplifier rewrote lists its inner kernel's plans.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -239,5 +239,25 @@ Test(plan, reference_lists_no_plans)
     sr_kernel *k;
     cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
     cr_assert(strstr(sr_kernel_explain(k), "plans (") == NULL, "%s", sr_kernel_explain(k));
+    sr_kernel_free(k);
+}
+
+/* A kernel whose reduction the simplifier rewrote (a Sum of an output-row factor times the rest:
+ * sum-factor) runs an inner kernel on the CPU: explain lists that kernel's plans, the chosen one
+ * and the alternatives it beat with their estimated costs. */
+Test(plan, sum_factor_rewrite_lists_inner_plans)
+{
+    sr_expr *x = sr_vi(ctx, 0, 3), *y = sr_vj(ctx, 1, 3), *a = sr_vi(ctx, 2, 1);
+    sr_expr *f = sr_mul(ctx, sr_exp(ctx, a), sr_exp(ctx, sr_neg(ctx, sr_sqdist(ctx, x, y))));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.device = SR_DEVICE_CPU;
+    sr_kernel *k;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    const char *ex = jit_explain(k);
+    cr_assert(strstr(ex, "sum-factor") && strstr(ex, "reduction rewrite applied"), "%s", ex);
+    cr_assert(strstr(ex, "plans (the feasible one of least estimated time chosen"), "%s", ex);
+    assert_costed(plan_line(ex, "chosen:", "direct"), ex);
+    assert_least(ex);
+    cr_assert_not_null(plan_line(ex, "rejected:", "fused two-product"), "%s", ex);
     sr_kernel_free(k);
 }

@@ -182,6 +182,8 @@ static void post_explain(const sr_kernel *k, struct expr_buf *b)
                     d->inner->backend->name);
     if (d->inner->backend->explain)
         d->inner->backend->explain(d->inner, b);
+    /* The candidates the inner kernel chose among (k itself has none: it runs the inner one). */
+    sr__plan_explain(d->inner, b);
 }
 
 const struct sr_backend_i simp_post_backend = {

@@ -7,8 +7,8 @@
  * row to SR_RED_FAMILY_MAP and the family's rules in each user below.
  *
  * Readers: core (kernel.c builds sr_reductions from it), the emitters (emit-state.c spells each
- * family's state, init, merge and final for the C and CUDA kernels; emit-c.c and emit-cuda.c
- * fold values by family), the CPU rules (cpu.h, reference.c) and the MPI companion library
+ * family's state, init, folds of a value and of a tile, merge and final for the C and CUDA
+ * kernels), the CPU rules (cpu.h, reference.c) and the MPI companion library
  * (mpi/combine.c), which sits above the public API: this header is macros and small inline
  * functions and needs no other internal header, so mpi/ compiles it in too without seeing the
  * rest of core.

@@ -669,7 +669,7 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
     }
     if (fused_sum)
         rpp = rows_per_pass(E, need, ncol, &row_regs, &shared_regs);
-    int nfb = fused_sum ? 0 : D + DG + (E->loops && fam == SR_RED_FAM_SSMW ? 2 : 0);
+    int nfb = fused_sum ? 0 : D + DG + jit_tile_rows(k, E->loops);
     /* The split pair loop (loop mode without pair arrays, a wide F or weight): one vectorised
      * loop computes the pair nodes and keeps the small ones in scratch rows after the buffered
      * values; then per wide component a vectorised loop reloads them and stores the component.
@@ -729,10 +729,6 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
     P("const int sr_abi_version = %d;\n", JIT_ABI_VERSION);
     P("const int64_t sr_state_bytes = (int64_t)sizeof(sr_state);\n");
     P("const int64_t sr_rows_per_block = %d;\n\n", RB);
-
-    /* "v is better than w" for the min/max families, NaN first. */
-    const bool is_max = sr_reductions[red].order == SR_RED_DESC;
-    const char *cmp = is_max ? ">" : "<";
 
     /* ---- merge and final over ranges of rows ---- */
     if (sr_reductions[red].uses_k)
@@ -882,128 +878,8 @@ static sr_status emit_c(const struct sr_kernel *k, enum jit_acc acc, struct expr
             emit_fb_store(E, k->weight, D);
             P("        }\n");
         }
-        /* Tile extreme with a NaN flag, vectorised: used by all the value-picking reductions. */
-        const char *tcmp = (is_max || fam == SR_RED_FAM_LSE || fam == SR_RED_FAM_SSMW) ? ">" : "<";
-        const char *tinit = *tcmp == '>' ? "-SR_INF" : "SR_INF";
-        const char *rclause = *tcmp == '>' ? "max" : "min";
-        if (fam == SR_RED_FAM_SUM) {
-            /* Loop mode: each component's tile sum, folded into the state as the fused sum's. */
-            P("        for (int c = 0; c < SR_D; c++) {\n"
-              "          const sr_t *fv = fb + c * SR_TJ;\n"
-              "          sr_acc p = 0;\n"
-              "#pragma omp simd reduction(+:p)\n"
-              "          for (int jj = 0; jj < nj; jj++) p += (sr_acc)fv[jj];\n"
-              "          ");
-            jit_emit_fold(k, acc, b, "s->", "c", "p", NULL);
-            P("\n        }\n");
-        } else if (fam != SR_RED_FAM_KSEL) {
-            int nc = fam == SR_RED_FAM_SSMW ? 1 : D;
-            P("        for (int c = 0; c < %d; c++) {\n", nc);
-            P("          const sr_t *fv = fb + c * SR_TJ;\n");
-            P("          sr_t tm = %s; int tn = 0;\n", tinit);
-            P("#pragma omp simd reduction(%s:tm) reduction(|:tn)\n", rclause);
-            P("          for (int jj = 0; jj < nj; jj++) { const sr_t v = fv[jj]; tm = v %s tm ? v "
-              ": tm; "
-              "tn |= v != v; }\n",
-              tcmp);
-            switch (fam) {
-            case SR_RED_FAM_EXT:
-                P("          if (tn) tm = SR_NAN;\n          ");
-                jit_emit_fold(k, acc, b, "s->", "c", "tm", NULL);
-                P("\n");
-                break;
-            case SR_RED_FAM_ARGEXT:
-                /* Scan only a tile that can improve the state: the first extreme (or NaN). */
-                P("          sr_t m = s->m[c]; int64_t bi = s->i[c];\n"
-                  "          if (bi < 0 || (m == m && (tn || tm %s m))) {\n"
-                  "            for (int jj = 0; jj < nj; jj++) {\n"
-                  "              const sr_t v = fv[jj];\n"
-                  "              if (bi < 0 || (m == m && (v %s m || v != v))) { m = v; bi = rt + "
-                  "jj; }\n"
-                  "            }\n"
-                  "            s->m[c] = m; s->i[c] = bi;\n"
-                  "          }\n",
-                  cmp, cmp);
-                break;
-            case SR_RED_FAM_LSE:
-                P("          if (tn) { s->m[c] = SR_NAN; continue; }\n"
-                  "          if (tm == -SR_INF) continue;\n"
-                  "          if (tm == SR_INF) { lse_fold(&s->m[c], &s->s[c], tm, 1); continue; }\n"
-                  "          sr_acc ts = 0;\n"
-                  "#pragma omp simd reduction(+:ts)\n"
-                  "          for (int jj = 0; jj < nj; jj++) ts += (sr_acc)sr_exp(fv[jj] - tm);\n"
-                  "          lse_fold(&s->m[c], &s->s[c], tm, ts);\n");
-                break;
-            default: /* SR_RED_FAM_SSMW */
-                if (E->loops) {
-                    /* The tile's weights exp(F - max) once, then one pass per component. */
-                    P("          (void)tn;\n"
-                      "          sr_acc *eb = (sr_acc *)(fb + %d * SR_TJ), ts = 0, wt[SR_DG];\n"
-                      "#pragma omp simd reduction(+:ts)\n"
-                      "          for (int jj = 0; jj < nj; jj++) {\n"
-                      "            eb[jj] = fv[jj] == -SR_INF ? (sr_acc)0 : (sr_acc)sr_exp(fv[jj] "
-                      "- "
-                      "tm);\n"
-                      "            ts += eb[jj];\n"
-                      "          }\n"
-                      "          for (int g = 0; g < SR_DG; g++) {\n"
-                      "            const sr_t *gv = fb + (1 + g) * SR_TJ;\n"
-                      "            sr_acc w = 0;\n"
-                      "#pragma omp simd reduction(+:w)\n"
-                      "            for (int jj = 0; jj < nj; jj++) w += eb[jj] * (sr_acc)gv[jj];\n"
-                      "            wt[g] = w;\n"
-                      "          }\n"
-                      "          ssmw_fold(s, tm, ts, wt);\n",
-                      D + DG);
-                    break;
-                }
-                P("          (void)tn;\n          sr_acc ts = 0");
-                for (int g = 0; g < DG; g++)
-                    P(", w%d = 0", g);
-                P(";\n#pragma omp simd reduction(+:ts");
-                for (int g = 0; g < DG; g++)
-                    P(",w%d", g);
-                P(")\n          for (int jj = 0; jj < nj; jj++) {\n"
-                  "            const sr_acc e = fv[jj] == -SR_INF ? (sr_acc)0 : "
-                  "(sr_acc)sr_exp(fv[jj] - tm);\n"
-                  "            ts += e;\n");
-                for (int g = 0; g < DG; g++)
-                    P("            w%d += e * (sr_acc)fb[%d * SR_TJ + jj];\n", g, 1 + g);
-                P("          }\n          sr_acc wt[SR_DG] = {");
-                for (int g = 0; g < DG; g++)
-                    P("%sw%d", g ? ", " : "", g);
-                P("};\n          ssmw_fold(s, tm, ts, wt);\n");
-                break;
-            }
-            P("        }\n");
-        } else {
-            P("        for (int c = 0; c < SR_D; c++) {\n"
-              "          const sr_t *fv = fb + c * SR_TJ;\n"
-              "          sr_t *M = s->m[c]; int64_t *I = s->i[c];\n");
-            /* Most values lose to the current K-th one once the state is full (it persists
-             * across the tiles of a row): reject blocks of 64 with one vectorised comparison
-             * against it and scan only a block holding a candidate. A NaN v never enters a full
-             * state with a number as K-th value, so v < thr is exact. */
-            P("          for (int jb = 0; jb < nj; jb += 64) {\n"
-              "          const int je = jb + 64 < nj ? jb + 64 : nj;\n"
-              "          if (I[SR_K - 1] >= 0 && M[SR_K - 1] == M[SR_K - 1]) {\n"
-              "            const sr_t thr = M[SR_K - 1]; int any = 0;\n"
-              "#pragma omp simd reduction(|:any)\n"
-              "            for (int jj = jb; jj < je; jj++) any |= fv[jj] < thr;\n"
-              "            if (!any) continue;\n"
-              "          }\n"
-              "          for (int jj = jb; jj < je; jj++) {\n");
-            P("            const sr_t v = fv[jj];\n"
-              "            if (!SR_KLT(v, M[SR_K - 1], I[SR_K - 1])) continue;\n"
-              "            int p = SR_K - 1;\n"
-              "            while (p > 0 && SR_KLT(v, M[p - 1], I[p - 1])) { M[p] = M[p - 1]; I[p] "
-              "= "
-              "I[p - 1]; p--; }\n"
-              "            M[p] = v; I[p] = rt + jj;\n"
-              "          }\n"
-              "          }\n"
-              "        }\n");
-        }
+        /* The family's vectorised fold of the tile (emit-state.c). */
+        jit_emit_tile_fold(k, acc, E->loops, b);
     }
     P("        }\n      }\n      }\n    }\n    free(tb);\n    return 0;\n}\n\n");
     if (plan && plan->block_only && !E->b->oom) { /* sr_part_iv, written above, is cut */

@@ -17,10 +17,18 @@
  *   $v  the value folded in                                  $r  its reduced index
  *   $<  the family's comparison ("<" ascending, ">" descending)
  *   $f  the suffix of the dtype's libm functions ("f" for float)
- * are replaced by the caller's names.
+ * are replaced by the caller's names. The tile folds of the C kernels (family_rules.tile) also use
+ *   $D  dim(F), as a number                 $e  dim(F) + dim(weight), as a number
+ *   $i  the start of a tile's extreme ("SR_INF" ascending, "-SR_INF" descending)
+ *   $m  the OpenMP reduction of that extreme ("min", "max")
+ *   $F{p}  the family's fold (Kahan's where the accumulation asks for it) of value p into
+ *          component $c of state $S
+ *   $( ... $)  the text between, once per component g of the weight, in which $g is g, $h is
+ *          g + 1 and $, is ", " but for g = 0.
  */
 #include "jit.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* One slot of SR_RED_SLOT_MAP. */
@@ -46,14 +54,21 @@ struct family_rules {
     /* Functions the rules below call, emitted once after st_init. */
     const char *helpers;
     /* Folds $v (reduced index $r) into component $c of state $S: one statement. The CUDA
-     * kernels fold every value with it; the C kernels fold a tile's partial sum or extreme
-     * with it, and the other families' tiles by vectorised rules of their own (emit-c.c). */
+     * kernels fold every value with it; the C kernels fold their register sums with it, and
+     * the tiles of the other paths with the tile rules below ($F{...} in them). */
     const char *fold;
     const char *fold_kahan; /* Sum with the Kahan accumulation */
     /* The body of st_merge(d, s, tm, ti): s covers reduced indices after d's (ties keep d's
      * lower indices); the K-reductions merge through the scratch tm[SR_K], ti[SR_K]. */
     const char *merge;
     const char *merge_kahan;
+    /* The C kernels' vectorised fold of a tile into row state s: F's component c holds its nj
+     * values at fb + c * SR_TJ (the weight's component g at fb + (dim(F) + g) * SR_TJ), of
+     * reduced indices rt, rt + 1, ...; sr_exp is the prelude's exp. tile_loops replaces tile
+     * when the kernel computes F in loop mode, and uses tile_rows scratch rows of the tile
+     * buffer after the weight's. */
+    const char *tile, *tile_loops;
+    int tile_rows;
     /* st_final: a loop over the outputs of the row, then each value's and each index's store
      * (ov, oi: the row's outputs). */
     const char *final_loop, *final_v, *final_i;
@@ -62,6 +77,16 @@ struct family_rules {
 #define SUM_KAHAN_                                                                                 \
     "{ sr_acc y = $v - $Sc[$c]; sr_acc t = $Ss[$c] + y; $Sc[$c] = t - t == 0 ? (t - $Ss[$c]) - y " \
     ": 0; $Ss[$c] = t; }"
+
+/* The head of the tile folds that start from the tile's extreme tm (comparison cmp, start value
+ * init, OpenMP reduction clause) and whether it holds a NaN (tn), per component c < nc. */
+#define TILE_EXTREME_(nc, cmp, init, clause)                                                       \
+    "        for (int c = 0; c < " nc "; c++) {\n"                                                 \
+    "          const sr_t *fv = fb + c * SR_TJ;\n"                                                 \
+    "          sr_t tm = " init "; int tn = 0;\n"                                                  \
+    "#pragma omp simd reduction(" clause ":tm) reduction(|:tn)\n"                                  \
+    "          for (int jj = 0; jj < nj; jj++) { const sr_t v = fv[jj]; tm = v " cmp " tm ? v : "  \
+    "tm; tn |= v != v; }\n"
 
 static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
     [SR_RED_FAM_SUM] =
@@ -78,6 +103,14 @@ static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
                            "        sr_acc t = d->s[c] + y;\n"
                            "        d->c[c] = t - t == 0 ? (t - d->s[c]) - y : 0;\n"
                            "        d->s[c] = t;\n    }\n",
+            /* F goes through the tile in loop mode only: each component's tile sum, folded in
+             * as the fused sums of the direct loop are. */
+            .tile = "        for (int c = 0; c < SR_D; c++) {\n"
+                    "          const sr_t *fv = fb + c * SR_TJ;\n"
+                    "          sr_acc p = 0;\n"
+                    "#pragma omp simd reduction(+:p)\n"
+                    "          for (int jj = 0; jj < nj; jj++) p += (sr_acc)fv[jj];\n"
+                    "          $F{p}\n        }\n",
             .final_loop = "    for (int c = 0; c < SR_D; c++)",
             .final_v = " ov[c] = SR_ST((sr_t)s->s[c]);",
         },
@@ -87,6 +120,8 @@ static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
             .merge = "    for (int c = 0; c < SR_D; c++) {\n"
                      "        sr_t v = s->m[c], m = d->m[c];\n"
                      "        if (m == m && (v $< m || v != v)) d->m[c] = v;\n    }\n",
+            .tile = TILE_EXTREME_("$D", "$<", "$i", "$m") "          if (tn) tm = SR_NAN;\n"
+                                                          "          $F{tm}\n        }\n",
             .final_loop = "    for (int c = 0; c < SR_D; c++)",
             .final_v = " ov[c] = SR_ST(s->m[c]);",
         },
@@ -99,6 +134,18 @@ static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
                      "        if (s->i[c] >= 0 && (d->i[c] < 0 || (m == m && (v $< m || v != v)))) "
                      "{\n"
                      "            d->m[c] = v; d->i[c] = s->i[c];\n        }\n    }\n",
+            /* Scans only a tile that can improve the state: the first extreme (or NaN). */
+            .tile = TILE_EXTREME_("$D", "$<", "$i",
+                                  "$m") "          sr_t m = s->m[c]; int64_t bi = s->i[c];\n"
+                                        "          if (bi < 0 || (m == m && (tn || tm $< m))) {\n"
+                                        "            for (int jj = 0; jj < nj; jj++) {\n"
+                                        "              const sr_t v = fv[jj];\n"
+                                        "              if (bi < 0 || (m == m && (v $< m || v != "
+                                        "v))) { m = v; bi = rt + "
+                                        "jj; }\n"
+                                        "            }\n"
+                                        "            s->m[c] = m; s->i[c] = bi;\n"
+                                        "          }\n        }\n",
             .final_loop = "    for (int c = 0; c < SR_D; c++)",
             .final_v = " ov[c] = SR_ST(s->m[c]);",
             .final_i = " oi[c] = s->i[c];",
@@ -134,6 +181,31 @@ static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
                      "        for (int q = 0; q < SR_K; q++) { d->m[c][q] = tm[q]; d->i[c][q] = "
                      "ti[q]; }\n"
                      "    }\n",
+            /* Most values lose to the current K-th one once the state is full (it persists
+             * across the tiles of a row): blocks of 64 are rejected with one vectorised
+             * comparison against it and only a block holding a candidate is scanned. A NaN v
+             * never enters a full state with a number as K-th value, so v < thr is exact. */
+            .tile = "        for (int c = 0; c < SR_D; c++) {\n"
+                    "          const sr_t *fv = fb + c * SR_TJ;\n"
+                    "          sr_t *M = s->m[c]; int64_t *I = s->i[c];\n"
+                    "          for (int jb = 0; jb < nj; jb += 64) {\n"
+                    "          const int je = jb + 64 < nj ? jb + 64 : nj;\n"
+                    "          if (I[SR_K - 1] >= 0 && M[SR_K - 1] == M[SR_K - 1]) {\n"
+                    "            const sr_t thr = M[SR_K - 1]; int any = 0;\n"
+                    "#pragma omp simd reduction(|:any)\n"
+                    "            for (int jj = jb; jj < je; jj++) any |= fv[jj] < thr;\n"
+                    "            if (!any) continue;\n"
+                    "          }\n"
+                    "          for (int jj = jb; jj < je; jj++) {\n"
+                    "            const sr_t v = fv[jj];\n"
+                    "            if (!SR_KLT(v, M[SR_K - 1], I[SR_K - 1])) continue;\n"
+                    "            int p = SR_K - 1;\n"
+                    "            while (p > 0 && SR_KLT(v, M[p - 1], I[p - 1])) { M[p] = M[p - 1]; "
+                    "I[p] = I[p - 1]; p--; }\n"
+                    "            M[p] = v; I[p] = rt + jj;\n"
+                    "          }\n"
+                    "          }\n"
+                    "        }\n",
             .final_loop = "    for (int q = 0; q < SR_K; q++) for (int c = 0; c < SR_D; c++)",
             .final_v = " ov[q * SR_D + c] = SR_ST(s->m[c][q]);",
             .final_i = " oi[q * SR_D + c] = s->i[c][q];",
@@ -160,6 +232,17 @@ static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
                     "        else lse_fold(&$Sm[$c], &$Ss[$c], $v, (sr_acc)1);",
             .merge = "    for (int c = 0; c < SR_D; c++) lse_fold(&d->m[c], &d->s[c], s->m[c], "
                      "s->s[c]);\n",
+            .tile =
+                TILE_EXTREME_("$D", ">", "-SR_INF",
+                              "max") "          if (tn) { s->m[c] = SR_NAN; continue; }\n"
+                                     "          if (tm == -SR_INF) continue;\n"
+                                     "          if (tm == SR_INF) { lse_fold(&s->m[c], &s->s[c], "
+                                     "tm, 1); continue; }\n"
+                                     "          sr_acc ts = 0;\n"
+                                     "#pragma omp simd reduction(+:ts)\n"
+                                     "          for (int jj = 0; jj < nj; jj++) ts += "
+                                     "(sr_acc)sr_exp(fv[jj] - tm);\n"
+                                     "          lse_fold(&s->m[c], &s->s[c], tm, ts);\n        }\n",
             .final_loop = "    for (int c = 0; c < SR_D; c++)",
             .final_v = " const sr_t m = s->m[c]; ov[c] = SR_ST((m != m || m == SR_INF || m == "
                        "-SR_INF) ? m : m + (sr_t)log$f((sr_t)s->s[c]));",
@@ -197,6 +280,41 @@ static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
                     "          for (int g = 0; g < SR_DG; g++) $Sw[g] += e * sr_g[g];\n"
                     "        }",
             .merge = "    ssmw_fold(d, s->m, s->s, s->w);\n",
+            /* F is scalar; the tile's weights exp(F - max), with exp(-inf) = 0. The direct
+             * loop sums them and their products with each weight component in registers. */
+            .tile =
+                TILE_EXTREME_("1", ">", "-SR_INF",
+                              "max") "          (void)tn;\n          sr_acc ts = 0$(, w$g = 0$);\n"
+                                     "#pragma omp simd reduction(+:ts$(,w$g$))\n"
+                                     "          for (int jj = 0; jj < nj; jj++) {\n"
+                                     "            const sr_acc e = fv[jj] == -SR_INF ? (sr_acc)0 : "
+                                     "(sr_acc)sr_exp(fv[jj] "
+                                     "- tm);\n"
+                                     "            ts += e;\n"
+                                     "$(            w$g += e * (sr_acc)fb[$h * SR_TJ + jj];\n$)"
+                                     "          }\n          sr_acc wt[SR_DG] = {$($,w$g$)};\n"
+                                     "          ssmw_fold(s, tm, ts, wt);\n        }\n",
+            /* Loop mode: the tile's weights once, into the scratch rows, then one pass per
+             * weight component. */
+            .tile_loops = TILE_EXTREME_(
+                "1", ">", "-SR_INF",
+                "max") "          (void)tn;\n"
+                       "          sr_acc *eb = (sr_acc *)(fb + $e * SR_TJ), ts = 0, wt[SR_DG];\n"
+                       "#pragma omp simd reduction(+:ts)\n"
+                       "          for (int jj = 0; jj < nj; jj++) {\n"
+                       "            eb[jj] = fv[jj] == -SR_INF ? (sr_acc)0 : (sr_acc)sr_exp(fv[jj] "
+                       "- tm);\n"
+                       "            ts += eb[jj];\n"
+                       "          }\n"
+                       "          for (int g = 0; g < SR_DG; g++) {\n"
+                       "            const sr_t *gv = fb + (1 + g) * SR_TJ;\n"
+                       "            sr_acc w = 0;\n"
+                       "#pragma omp simd reduction(+:w)\n"
+                       "            for (int jj = 0; jj < nj; jj++) w += eb[jj] * (sr_acc)gv[jj];\n"
+                       "            wt[g] = w;\n"
+                       "          }\n"
+                       "          ssmw_fold(s, tm, ts, wt);\n        }\n",
+            .tile_rows = 2,
             .final_loop = "    for (int c = 0; c < SR_DG; c++)",
             .final_v = " ov[c] = SR_ST((sr_t)(s->w[c] / s->s));",
         },
@@ -205,31 +323,76 @@ static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
 /* The names a template's placeholders stand for. */
 struct names {
     const char *S, *c, *v, *r, *cmp, *f;
+    /* The tile folds' ($D, $e, $i, $m as text; $F's template; $( ... $)'s count and, inside,
+     * the current component, -1 outside). */
+    const char *D, *e, *init, *clause, *fold;
+    int ng, g;
 };
 
-/* Appends template t with its placeholders replaced. */
-static void put(struct expr_buf *b, const char *t, const struct names *n)
+/* Appends the text of template t up to end with its placeholders replaced. */
+static void put_n(struct expr_buf *b, const char *t, const char *end, const struct names *n)
 {
-    while (*t) {
-        const char *d = strchr(t, '$');
-        if (!d) {
-            expr_buf_printf(b, "%s", t);
+    while (t < end) {
+        const char *d = memchr(t, '$', (size_t)(end - t));
+        if (!d || d + 1 == end) {
+            expr_buf_printf(b, "%.*s", (int)(end - t), t);
             return;
         }
         expr_buf_printf(b, "%.*s", (int)(d - t), t);
-        const char *by = d[1] == 'S'   ? n->S
-                         : d[1] == 'c' ? n->c
-                         : d[1] == 'v' ? n->v
-                         : d[1] == 'r' ? n->r
-                         : d[1] == '<' ? n->cmp
-                         : d[1] == 'f' ? n->f
-                                       : NULL;
+        const char x = d[1];
+        t = d + 2;
+        if (x == '(') { /* $( ... $): once per weight component */
+            const char *close = strstr(t, "$)");
+            const char *stop = close && close < end ? close : end;
+            for (int g = 0; g < n->ng; g++) {
+                struct names in = *n;
+                in.g = g;
+                put_n(b, t, stop, &in);
+            }
+            t = stop < end ? stop + 2 : end;
+            continue;
+        }
+        if (x == 'F' && t < end && *t == '{' && n->fold) { /* $F{value} */
+            const char *close = memchr(t, '}', (size_t)(end - t));
+            if (close) {
+                char v[32];
+                snprintf(v, sizeof v, "%.*s", (int)(close - t - 1), t + 1);
+                struct names in = *n;
+                in.v = v;
+                put_n(b, n->fold, n->fold + strlen(n->fold), &in);
+                t = close + 1;
+                continue;
+            }
+        }
+        if (n->g >= 0 && (x == 'g' || x == 'h' || x == ',')) {
+            if (x == ',')
+                expr_buf_printf(b, "%s", n->g ? ", " : "");
+            else
+                expr_buf_printf(b, "%d", x == 'g' ? n->g : n->g + 1);
+            continue;
+        }
+        const char *by = x == 'S'   ? n->S
+                         : x == 'c' ? n->c
+                         : x == 'v' ? n->v
+                         : x == 'r' ? n->r
+                         : x == '<' ? n->cmp
+                         : x == 'f' ? n->f
+                         : x == 'D' ? n->D
+                         : x == 'e' ? n->e
+                         : x == 'i' ? n->init
+                         : x == 'm' ? n->clause
+                                    : NULL;
         if (by)
             expr_buf_printf(b, "%s", by);
         else
             expr_buf_printf(b, "%.2s", d);
-        t = d + (d[1] ? 2 : 1);
     }
+}
+
+/* Appends template t with its placeholders replaced. */
+static void put(struct expr_buf *b, const char *t, const struct names *n)
+{
+    put_n(b, t, t + strlen(t), n);
 }
 
 static const char *cmp_of(const struct sr_kernel *k)
@@ -239,12 +402,47 @@ static const char *cmp_of(const struct sr_kernel *k)
 
 static const char *fsuffix(const struct sr_kernel *k) { return k->dtype == SR_F32 ? "f" : ""; }
 
+/* The family's fold for accumulation acc. */
+static const char *fold_of(const struct family_rules *fr, enum jit_acc acc)
+{
+    return acc == JIT_ACC_KAHAN && fr->fold_kahan ? fr->fold_kahan : fr->fold;
+}
+
 void jit_emit_fold(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
                    const char *state, const char *c, const char *v, const char *r)
 {
     const struct family_rules *fr = &family_rules[sr_reductions[k->red].family];
-    const struct names n = {state, c, v, r, cmp_of(k), fsuffix(k)};
-    put(b, acc == JIT_ACC_KAHAN && fr->fold_kahan ? fr->fold_kahan : fr->fold, &n);
+    const struct names n = {
+        .S = state, .c = c, .v = v, .r = r, .cmp = cmp_of(k), .f = fsuffix(k), .g = -1};
+    put(b, fold_of(fr, acc), &n);
+}
+
+void jit_emit_tile_fold(const struct sr_kernel *k, enum jit_acc acc, bool loops, struct expr_buf *b)
+{
+    const struct family_rules *fr = &family_rules[sr_reductions[k->red].family];
+    const bool desc = sr_reductions[k->red].order == SR_RED_DESC;
+    const int DG = k->weight ? k->weight->dim : 0;
+    char D[16], e[16];
+    snprintf(D, sizeof D, "%d", k->fdim);
+    snprintf(e, sizeof e, "%d", k->fdim + DG);
+    const struct names n = {.S = "s->",
+                            .c = "c",
+                            .cmp = cmp_of(k),
+                            .f = fsuffix(k),
+                            .D = D,
+                            .e = e,
+                            .init = desc ? "-SR_INF" : "SR_INF",
+                            .clause = desc ? "max" : "min",
+                            .fold = fold_of(fr, acc),
+                            .ng = DG,
+                            .g = -1};
+    put(b, loops && fr->tile_loops ? fr->tile_loops : fr->tile, &n);
+}
+
+int jit_tile_rows(const struct sr_kernel *k, bool loops)
+{
+    const struct family_rules *fr = &family_rules[sr_reductions[k->red].family];
+    return loops && fr->tile_loops ? fr->tile_rows : 0;
 }
 
 /* The scalar count of a slot's extent. */
@@ -322,7 +520,8 @@ sr_status jit_emit_state(const struct sr_kernel *k, enum jit_acc acc, struct exp
         return SR_EINTERNAL;
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
     const struct family_rules *fr = &family_rules[ri->family];
-    const struct names n = {"s->", "c", "v", "r", cmp_of(k), fsuffix(k)};
+    const struct names n = {
+        .S = "s->", .c = "c", .v = "v", .r = "r", .cmp = cmp_of(k), .f = fsuffix(k), .g = -1};
     static const char *const type_name[] = {"sr_acc", "sr_t", "int64_t"};
     static const char *const dims[] = {[SR_RED_N_D] = "[SR_D]",
                                        [SR_RED_N_DK] = "[SR_D][SR_K]",

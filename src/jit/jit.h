@@ -137,6 +137,14 @@ sr_status jit_emit_state(const struct sr_kernel *k, enum jit_acc acc, struct exp
  * (emit-state.c) */
 void jit_emit_fold(const struct sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
                    const char *state, const char *c, const char *v, const char *r);
+/* Appends the C kernels' vectorised fold of a tile of F (and of the weight) into row state s
+ * for kernel k with accumulation acc (emit-state.c's family_rules.tile): a loop over the
+ * components; F's component c holds nj values at fb + c * SR_TJ, the weight's component g at
+ * fb + (dim(F) + g) * SR_TJ, for the reduced indices from rt. loops: F is computed in loop
+ * mode; the fold then uses jit_tile_rows(k, true) scratch rows of the tile after the weight's. */
+void jit_emit_tile_fold(const struct sr_kernel *k, enum jit_acc acc, bool loops,
+                        struct expr_buf *b);
+int jit_tile_rows(const struct sr_kernel *k, bool loops);
 /* sizeof(sr_state) of kernel k with accumulation acc, on every target. */
 int64_t jit_state_bytes(const struct sr_kernel *k, enum jit_acc acc);
 
