@@ -17,6 +17,7 @@
 
 #include "symred.h"
 #include "util.h"
+#include "core/core.h"
 
 static sr_ctx *ctx;
 static void setup(void)
@@ -323,4 +324,98 @@ Test(split, fused_whole_is_not_split)
         cr_assert(strstr(ex, "fused two-product: est"), "%s", ex);
         sr_kernel_free(k);
     }
+}
+
+/* float16 arrays: widened to float32 around the split kernel as around the reference's. */
+Test(split, float16)
+{
+    for (int axis = 0; axis < 2; axis++) {
+        sr_expr *f = simple(axis, 16);
+        sr_kernel *kc = mk(f, axis, SR_F16, SR_DEVICE_CPU);
+        sr_kernel *kr = mk(f, axis, SR_F16, SR_DEVICE_REFERENCE);
+        assert_split(kc);
+        uint64_t rng = 5;
+        int64_t nout = 13, nred = 131;
+        struct arrays a;
+        arrays_new(&a, kc, axis, SR_F32, nout, nred, &rng);
+        for (int v = 0; v < a.nargs; v++) { /* the same values as float16, in place */
+            int dim;
+            sr_cat cat;
+            sr_kernel_var(kc, v, &cat, &dim);
+            int64_t n = (cat == SR_CAT_PARAM                        ? 1
+                         : cat == (axis == 1 ? SR_CAT_I : SR_CAT_J) ? nout
+                                                                    : nred) *
+                        dim;
+            for (int64_t t = 0; t < n; t++)
+                ((uint16_t *)a.buf[v])[t] = sr__f32_to_f16(((float *)a.buf[v])[t]);
+        }
+        int od = sr_kernel_out_dim(kc);
+        uint16_t *oc = malloc((size_t)(nout * od) * 2), *orf = malloc((size_t)(nout * od) * 2);
+        int64_t nx = axis == 1 ? nout : nred, ny = axis == 1 ? nred : nout;
+        cr_assert_eq(sr_kernel_run(kc, nx, ny, a.args, oc), SR_OK, "%s", sr_ctx_error(ctx));
+        cr_assert_eq(sr_kernel_run(kr, nx, ny, a.args, orf), SR_OK, "%s", sr_ctx_error(ctx));
+        float *fc = malloc((size_t)(nout * od) * 4), *fr = malloc((size_t)(nout * od) * 4);
+        for (int64_t t = 0; t < nout * od; t++) {
+            fc[t] = sr__f16_to_f32(oc[t]);
+            fr[t] = sr__f16_to_f32(orf[t]);
+        }
+        compare(fc, fr, SR_F32, nout * od, "float16"); /* rounding to float16 apart: 1e-4 rel */
+        free(fc);
+        free(fr);
+        free(oc);
+        free(orf);
+        arrays_free(&a);
+        sr_kernel_free(kc);
+        sr_kernel_free(kr);
+    }
+}
+
+/* sr_kernel_eval_block of a split kernel: F's values, as the reference's. */
+Test(split, eval_block)
+{
+    sr_expr *f = sgpr(1);
+    sr_kernel *kc = mk(f, 1, SR_F64, SR_DEVICE_CPU);
+    sr_kernel *kr = mk(f, 1, SR_F64, SR_DEVICE_REFERENCE);
+    assert_split(kc);
+    uint64_t rng = 3;
+    struct arrays a;
+    arrays_new(&a, kc, 1, SR_F64, 9, 17, &rng);
+    size_t n = (size_t)(4 * 5 * M);
+    double *oc = malloc(n * 8), *orf = malloc(n * 8);
+    cr_assert_eq(sr_kernel_eval_block(kc, 9, 17, a.args, 2, 4, 11, 5, oc), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_eval_block(kr, 9, 17, a.args, 2, 4, 11, 5, orf), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    compare(oc, orf, SR_F64, (int64_t)n, "eval_block");
+    free(oc);
+    free(orf);
+    arrays_free(&a);
+    sr_kernel_free(kc);
+    sr_kernel_free(kr);
+}
+
+/* Under a memory budget: a kernel that splits states a workspace within it (the parts' and the
+ * chunk's) and computes the same values with chunks of a few rows. */
+Test(split, memory_budget)
+{
+    int nsplit = 0;
+    for (int64_t lim = (int64_t)3 << 20; lim >= (int64_t)1 << 19; lim -= (int64_t)1 << 18) {
+        cr_assert_eq(sr_ctx_set_mem_limit(ctx, lim), SR_OK);
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.reduction = SR_SUM;
+        d.axis = 1;
+        d.dtype = SR_F64;
+        sr_kernel *k;
+        sr_status st = sr_kernel_new(ctx, sgpr(1), &d, &k);
+        if (st == SR_EBUDGET)
+            continue;
+        cr_assert_eq(st, SR_OK, "%s", sr_ctx_error(ctx));
+        cr_assert_leq(sr_kernel_workspace_bytes(k), lim, "%s", sr_kernel_explain(k));
+        if (strstr(sr_kernel_explain(k), "sum split applied")) {
+            nsplit++;
+            check(sgpr(1), 1, SR_F64, 131, 67, false, -1);
+        }
+        sr_kernel_free(k);
+    }
+    cr_assert(nsplit > 0, "no budget split the kernel");
 }
