@@ -172,14 +172,15 @@ static void check(sr_expr *f, int axis, sr_dtype dt, int64_t nout, int64_t nred,
         .nargs = a.nargs,
         .args = a.args,
     };
-    /* Blocks of 5 output rows; block c reduces over [0, nred / 2) and [3 nred / 4, nred), every
-     * third block over nothing. */
-    int64_t nblk = (nout + 4) / 5, rr[2 * 64], sl[64], red[2 * 128];
+    /* Blocks of bs output rows (5, or a 60th of many rows); block c reduces over [0, nred / 2)
+     * and [3 nred / 4, nred), every third block over nothing. */
+    int64_t bs = nout > 300 ? (nout + 59) / 60 : 5;
+    int64_t nblk = (nout + bs - 1) / bs, rr[2 * 64], sl[64], red[2 * 128];
     int64_t nint = 0;
     cr_assert(nblk <= 64);
     for (int64_t c = 0; c < nblk; c++) {
-        rr[2 * c] = 5 * c;
-        rr[2 * c + 1] = 5 * c + 5 < nout ? 5 * c + 5 : nout;
+        rr[2 * c] = bs * c;
+        rr[2 * c + 1] = bs * c + bs < nout ? bs * c + bs : nout;
         if (c % 3 != 2) {
             red[2 * nint] = 0;
             red[2 * nint + 1] = nred / 2;
@@ -249,6 +250,16 @@ Test(split, ranges)
             check(sgpr(axis), axis, dt ? SR_F64 : SR_F32, 131, 67, true, -1);
             check(simple(axis, 16), axis, dt ? SR_F64 : SR_F32, 13, 131, true, -1);
         }
+}
+
+/* More output rows than one chunk of the second part's output (4 MiB: 8192 rows of 64 float64
+ * values), dense and with ranges whose blocks straddle the chunks. */
+Test(split, several_chunks)
+{
+    for (int axis = 0; axis < 2; axis++) {
+        check(sgpr(axis), axis, SR_F64, 9000, 5, false, -1);
+        check(sgpr(axis), axis, SR_F64, 9000, 5, true, -1);
+    }
 }
 
 /* A NaN in q's zn (a column of the second part's B) and in c (a reduced row of it). */
