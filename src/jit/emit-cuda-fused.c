@@ -61,12 +61,46 @@
 /* Factors of a Sum's formula the fused form takes at most. */
 #define CUDA_FUSED_TERMS 16
 
-bool cuda_fused_form(const sr_kernel *k, const sr_expr **F, int *bvar)
+/* The output-side variable argument that e is, or -1. */
+static int output_var(const sr_kernel *k, const sr_expr *e)
+{
+    const sr_cat cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    return e->op == OP_VAR && e->iattr[1] == (int64_t)cat ? (int)e->iattr[0] : -1;
+}
+
+/* Whether the vector factor e is B, or A - B, B - A, A + B; sets m's variables and signs. */
+static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct cuda_form *m)
+{
+    m->avar = -1;
+    m->asign = 0;
+    m->bsign = 1;
+    if ((m->bvar = sr__reduced_var(k, e)) >= 0)
+        return true;
+    if (e->op != OP_SUB && e->op != OP_ADD)
+        return false;
+    for (int c = 0; c < 2; c++) {
+        const sr_expr *a = e->child[c], *bb = e->child[1 - c];
+        if (a->dim != e->dim || bb->dim != e->dim || output_var(k, a) < 0 ||
+            sr__reduced_var(k, bb) < 0)
+            continue;
+        m->avar = output_var(k, a);
+        m->bvar = sr__reduced_var(k, bb);
+        m->asign = e->op == OP_SUB && c == 1 ? -1 : 1;
+        m->bsign = e->op == OP_SUB && c == 0 ? -1 : 1;
+        return true;
+    }
+    return false;
+}
+
+bool cuda_fused_form(const sr_kernel *k, struct cuda_form *m)
 {
     if (k->red == SR_SUMSOFTMAXWEIGHT) {
-        if (!k->weight || k->fdim != 1 || (*bvar = sr__reduced_var(k, k->weight)) < 0)
+        if (!k->weight || k->fdim != 1 || (m->bvar = sr__reduced_var(k, k->weight)) < 0)
             return false;
-        *F = k->f;
+        m->f = k->f;
+        m->avar = -1;
+        m->asign = 0;
+        m->bsign = 1;
         return true;
     }
     if (k->red != SR_SUM || k->weight)
@@ -74,8 +108,7 @@ bool cuda_fused_form(const sr_kernel *k, const sr_expr **F, int *bvar)
     const sr_expr *fac[CUDA_FUSED_TERMS];
     int neg = 0, n = simp_mul_factors(k->f, fac, 0, CUDA_FUSED_TERMS, &neg), b = -1;
     for (int t = 0; t < n; t++) {
-        bool isb = b < 0 && fac[t]->dim == k->fdim && sr__reduced_var(k, fac[t]) >= 0;
-        if (isb)
+        if (b < 0 && fac[t]->dim == k->fdim && vector_factor(k, fac[t], m))
             b = t;
         else if (fac[t]->dim != 1)
             return false; /* a vector that is not B */
@@ -86,9 +119,8 @@ bool cuda_fused_form(const sr_kernel *k, const sr_expr **F, int *bvar)
     for (int t = 0; t < n; t++)
         if (t != b && !(f = f ? sr_mul(k->ctx, f, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
             return false; /* out of memory: not fused */
-    *F = neg % 2 ? sr_neg(k->ctx, f) : f;
-    *bvar = sr__reduced_var(k, fac[b]);
-    return *F != NULL;
+    m->f = neg % 2 ? sr_neg(k->ctx, f) : f;
+    return m->f != NULL;
 }
 
 int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
@@ -97,17 +129,17 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     memset(out, 0, CUDA_PLAN_COUNT * sizeof *out);
     f->strategy = "fused two-product";
     d->strategy = "direct";
-    const sr_expr *F;
-    int bvar;
-    bool form = cuda_fused_form(k, &F, &bvar);
-    int R = form ? k->vars[bvar].dim : 0;
+    struct cuda_form m;
+    bool form = cuda_fused_form(k, &m);
+    int R = form ? k->vars[m.bvar].dim : 0;
     f->ti = CUDA_FUSED_TI;
     f->flops = k->simp.cost.flops_pair;
     f->gemm_flops = 2.0 * R;
     if (!form)
         snprintf(f->why, sizeof f->why,
-                 "not a Sum of a scalar F times a reduced-side variable, nor SumSoftMaxWeight of a "
-                 "scalar F with a reduced-side variable as weight");
+                 "not a Sum of a scalar F times a reduced-side variable B (or A - B with A of the "
+                 "output side), nor SumSoftMaxWeight of a scalar F with a reduced-side variable "
+                 "as weight");
     else if (R < CUDA_FUSED_MIN_WIDTH)
         snprintf(f->why, sizeof f->why, "B has %d columns, fewer than %d: the direct kernel", R,
                  CUDA_FUSED_MIN_WIDTH);
@@ -139,10 +171,11 @@ static int fused_shared(int ncol, int tj, int ts, int as, bool ssmw)
 sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
                               struct cuda_plan *plan, struct cuda_fused *fp)
 {
-    const sr_expr *F;
-    int bvar;
-    if (!cuda_fused_form(k, &F, &bvar))
+    struct cuda_form m;
+    if (!cuda_fused_form(k, &m))
         return SR_ENOTSUP;
+    const int bvar = m.bvar;
+    const bool ab = m.avar >= 0; /* out = bsign sum F B + asign A sum F */
     const bool f32 = k->dtype == SR_F32, ssmw = k->red == SR_SUMSOFTMAXWEIGHT;
     if (acc == JIT_ACC_KAHAN)
         return SR_ENOTSUP;
@@ -151,7 +184,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
 
     /* F alone, as a Sum of one value: its nodes by the C emitter. */
     sr_kernel kf = *k;
-    kf.f = F;
+    kf.f = m.f;
     kf.weight = NULL;
     kf.red = SR_SUM;
     kf.fdim = kf.out_dim = 1;
@@ -205,6 +238,9 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     P("    sr_acc sr_w[4][4];\n"
       "SR_UNROLL\n    for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
       "        for (int q = 0; q < 4; q++) sr_w[p][q] = 0;\n");
+    if (ab)
+        P("    /* the rows' sums of F, for A's term, and whether the block saw a reduced index */\n"
+          "    sr_acc sr_fs[4] = {0, 0, 0, 0};\n    bool sr_any = false;\n");
     if (ssmw)
         P("    if (sr_tid < SR_FTI) { sr_m[sr_tid] = -SR_INF; sr_s[sr_tid] = 0; }\n");
     P("    for (long long sr_q = sr_q0; sr_q < sr_q1; sr_q++) {\n"
@@ -212,7 +248,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "    const long long sr_r1 = sr_lb ? sr_iv[2 * sr_q + 1]\n"
       "                                  : (nr < sr_r0 + chunk ? nr : sr_r0 + chunk);\n"
       "    for (long long rt = sr_r0; rt < sr_r1; rt += SR_TJ) {\n"
-      "      const int nj = (int)(sr_r1 - rt < SR_TJ ? sr_r1 - rt : SR_TJ);\n"
+      "      const int nj = (int)(sr_r1 - rt < SR_TJ ? sr_r1 - rt : SR_TJ);\n%s"
       "      __syncthreads();\n"
       "      for (int jj = threadIdx.x; jj < nj; jj += SR_FBS) {\n"
       "        const long long r = rt + jj;\n        (void)r;\n%s"
@@ -226,7 +262,8 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "        sr_F[sr_fi * SR_FLD + jj] = (sr_t)(%s);\n"
       "      }\n"
       "      __syncthreads();\n",
-      nd.inner.data ? nd.inner.data : "", bvar, nd.pair.data ? nd.pair.data : "", nd.f[0]);
+      ab ? "      sr_any = true;\n" : "", nd.inner.data ? nd.inner.data : "", bvar,
+      nd.pair.data ? nd.pair.data : "", nd.f[0]);
     if (ssmw)
         P("      if (sr_tid < SR_FTI) { /* the online softmax of row sr_tid of the tile */\n"
           "        sr_t *sr_fr = sr_F + sr_tid * SR_FLD, sr_tm = -SR_INF;\n"
@@ -245,17 +282,20 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
           "      __syncthreads();\n");
     P("      sr_acc sr_p[4][4];\n"
       "SR_UNROLL\n      for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
-      "        for (int q = 0; q < 4; q++) sr_p[p][q] = 0;\n"
+      "        for (int q = 0; q < 4; q++) sr_p[p][q] = 0;\n%s"
       "      for (int jj = 0; jj < nj; jj++) {\n"
       "        sr_acc sr_f[4], sr_g[4];\n"
       "SR_UNROLL\n        for (int p = 0; p < 4; p++) sr_f[p] = (sr_acc)sr_F[(sr_ty + 16 * p) * "
-      "SR_FLD + jj];\n"
+      "SR_FLD + jj];\n%s"
       "SR_UNROLL\n        for (int q = 0; q < 4; q++) sr_g[q] = (sr_acc)sr_B[jj * SR_FRC + sr_tx + "
       "16 * q];\n"
       "SR_UNROLL\n        for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
       "          for (int q = 0; q < 4; q++) sr_p[p][q] = fma(sr_f[p], sr_g[q], sr_p[p][q]);\n"
       "      }\n"
-      "SR_UNROLL\n      for (int p = 0; p < 4; p++) {\n");
+      "SR_UNROLL\n      for (int p = 0; p < 4; p++) {\n%s",
+      ab ? "      sr_acc sr_ps[4] = {0, 0, 0, 0};\n" : "",
+      ab ? "SR_UNROLL\n        for (int p = 0; p < 4; p++) sr_ps[p] += sr_f[p];\n" : "",
+      ab ? "        sr_fs[p] += sr_ps[p];\n" : "");
     if (ssmw)
         P("        const sr_acc sr_r1 = sr_sa[sr_ty + 16 * p];\n"
           "SR_UNROLL\n        for (int q = 0; q < 4; q++) sr_w[p][q] = sr_w[p][q] * sr_r1 + "
@@ -278,8 +318,14 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
           "        sr_rec[SR_FR + 1] = sr_den;\n      }\n");
     P("SR_UNROLL\n      for (int q = 0; q < 4; q++) {\n"
       "        const int sr_c = sr_c0 + sr_tx + 16 * q;\n"
-      "        if (sr_c >= SR_FR) continue;\n"
-      "        if (sr_rec) sr_rec[sr_c] = sr_w[p][q];\n"
+      "        if (sr_c >= SR_FR) continue;\n");
+    /* A's term, linear in the row's sum of F (so that the chunks' records add up); none where
+     * the block saw no reduced index, whose sum is 0 whatever A is. */
+    if (ab)
+        P("        if (sr_any) sr_w[p][q] = %ssr_w[p][q] %c (sr_acc)a%d[sr_row * SR_FR + sr_c] * "
+          "sr_fs[p];\n",
+          m.bsign < 0 ? "-" : "", m.asign < 0 ? '-' : '+', m.avar);
+    P("        if (sr_rec) sr_rec[sr_c] = sr_w[p][q];\n"
       "        else out[sr_row * SR_FR + sr_c] = (sr_t)(sr_w[p][q]%s);\n"
       "      }\n    }\n}\n\n",
       ssmw ? " / sr_den" : "");
@@ -324,6 +370,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     }
     if (fp) {
         fp->bvar = bvar;
+        fp->avar = m.avar;
         fp->R = R;
         fp->block = CUDA_FUSED_BS;
         fp->ti = CUDA_FUSED_TI;
