@@ -564,9 +564,9 @@ Test(cuda, ranges_in_passes)
 /* ---- the fused two-product strategy -------------------------------------------------------- */
 
 /* Sum of the formula form (NULL: Exp(-g |x - y|^2) b, a Gaussian times R right-hand sides) or
- * SumSoftMaxWeight of -g |x - y|^2 with weight b (attention's shape), b of width R on the
- * reduced side, on CUDA (*kc) and on the reference (*kr). Arguments: x (3), y (3), g (1), b (R),
- * a (R, on the output side). */
+ * SumSoftMaxWeight of -g |x - y|^2 with weight form (NULL: b; attention's shape), b of width R
+ * on the reduced side, on CUDA (*kc) and on the reference (*kr). Arguments: x (3), y (3), g (1),
+ * b (R), a (R, on the output side). */
 static void fused_form_kernels(const char *form, sr_reduction red, int R, sr_dtype dt, int axis,
                                sr_kernel **kc, sr_kernel **kr)
 {
@@ -584,7 +584,7 @@ static void fused_form_kernels(const char *form, sr_reduction red, int R, sr_dty
     d.reduction = red;
     d.axis = axis;
     d.dtype = dt;
-    d.weight = ssmw ? diff_parse(ctx, "b", al, 5) : NULL;
+    d.weight = ssmw ? diff_parse(ctx, form ? form : "b", al, 5) : NULL;
     *kc = diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
     *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
 }
@@ -666,7 +666,9 @@ Test(cuda, fused_a_minus_b_every_width)
  * categories swapped), both dtypes, sizes 0, 1, primes: the gradient with respect to a variable
  * of at least 16 values runs the fused kernel (explain) — d/dx and d/dy as A sum F - sum F B
  * (x_i - y_j), d/db and dv with the incoming gradient as B, dq and dk with k and q as B (or
- * q_i - k_j) — the others (a parameter's, narrow variables') the direct one. */
+ * q_i - k_j), the weight's variable inside a formula (Exp(v)) with the incoming gradient as B
+ * times Exp(v) of the output side — the others (a parameter's, narrow variables') the direct
+ * one. */
 Test(cuda, fused_gradient_kernels)
 {
     need_gpu();
@@ -676,7 +678,8 @@ Test(cuda, fused_gradient_kernels)
     } cases[] = {{"Exp(-SqDist(x,y)*g)*b", NULL, 17, 1},
                  {"Exp(-SqDist(x,y)*g)*b", NULL, 33, 65},
                  {"(x|y)*g", "b", 16, 17},
-                 {"-SqDist(x,y)*g", "b", 65, 16}};
+                 {"-SqDist(x,y)*g", "b", 65, 16},
+                 {"(x|y)*g", "Exp(b)", 16, 17}};
     static const int64_t sizes[][2] = {{0, 7}, {1, 1}, {7, 0}, {1, 131}, {67, 131}, {257, 211}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
         for (int axis = 1; axis >= 0; axis--)
@@ -714,6 +717,20 @@ Test(cuda, fused_gradient_kernels)
                 sr_kernel_free(kc);
                 sr_kernel_free(kr);
             }
+}
+
+/* B a formula of the reduced side (the product of two vector factors), a weight that is one,
+ * and the sums times C, a formula of the output side, componentwise. */
+Test(cuda, fused_formula_b_and_c_every_width)
+{
+    need_gpu();
+    fused_widths("Exp(-SqDist(x,y)*g)*Exp(-b)*b", SR_SUM, DIFF_UNIFORM, 0, fused_all_widths,
+                 NWIDTHS);
+    fused_widths("Exp(b)*g", SR_SUMSOFTMAXWEIGHT, DIFF_UNIFORM, -1, fused_all_widths, NWIDTHS);
+    fused_widths("Exp(-SqDist(x,y)*g)*b*Exp(-a)", SR_SUM, DIFF_UNIFORM, 0, fused_all_widths,
+                 NWIDTHS);
+    static const int w[] = {16, 65};
+    fused_widths("-(Sin(b)*(a*a))*g*Exp(-SqDist(x,y)*g)", SR_SUM, DIFF_UNIFORM, 0, w, 2);
 }
 
 /* float16 and bfloat16 arrays (computed in float32): the fused kernels on core's copies. */

@@ -1,7 +1,9 @@
 /*
  * emit-cuda-fused.c — the CUDA fused two-product strategy for wide outputs:
  * out_o = sum_r F(o, r) B_r with F a scalar formula and B a reduced-side variable of width R
- * (a kernel matrix times R right-hand sides), and SumSoftMaxWeight of a scalar F with a
+ * (a kernel matrix times R right-hand sides), the same with A - B, B - A or A + B in place of B,
+ * A an output-side variable (the radial kernel's gradient x_i - y_j, done as
+ * A_o sum_r F - sum_r F B_r from the rows' sums of F), and SumSoftMaxWeight of a scalar F with a
  * reduced-side variable G of width R as weight (attention).
  *
  * A block of CUDA_FUSED_BS threads owns CUDA_FUSED_TI output rows and CUDA_FUSED_RC columns of
@@ -68,14 +70,9 @@ static int output_var(const sr_kernel *k, const sr_expr *e)
     return e->op == OP_VAR && e->iattr[1] == (int64_t)cat ? (int)e->iattr[0] : -1;
 }
 
-/* Whether the vector factor e is B, or A - B, B - A, A + B; sets m's variables and signs. */
-static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct cuda_form *m)
+/* Whether the vector factor e is A - B, B - A or A + B; sets m's variables and signs. */
+static bool a_and_b(const sr_kernel *k, const sr_expr *e, struct cuda_form *m)
 {
-    m->avar = -1;
-    m->asign = 0;
-    m->bsign = 1;
-    if ((m->bvar = sr__reduced_var(k, e)) >= 0)
-        return true;
     if (e->op != OP_SUB && e->op != OP_ADD)
         return false;
     for (int c = 0; c < 2; c++) {
@@ -92,35 +89,71 @@ static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct cuda_form
     return false;
 }
 
+/* The sides a formula depends on. */
+enum side { SIDE_OUT, SIDE_RED, SIDE_PAIR };
+
+/* SIDE_OUT: not on the reduced side (the output side's variables, parameters, constants);
+ * SIDE_RED: on the reduced side only; SIDE_PAIR: on both. */
+static enum side side_of(const sr_kernel *k, const sr_expr *e)
+{
+    unsigned out = k->axis == 1 ? DEP_I : DEP_J, red = k->axis == 1 ? DEP_J : DEP_I;
+    return !(e->deps & red) ? SIDE_OUT : e->deps & out ? SIDE_PAIR : SIDE_RED;
+}
+
+/* *p times e (e when *p is NULL); false when out of memory. */
+static bool times(sr_ctx *ctx, sr_expr **p, const sr_expr *e)
+{
+    return (*p = *p ? sr_mul(ctx, *p, (sr_expr *)e) : (sr_expr *)e) != NULL;
+}
+
 bool cuda_fused_form(const sr_kernel *k, struct cuda_form *m)
 {
+    *m = (struct cuda_form){.bvar = -1, .avar = -1, .bsign = 1};
     if (k->red == SR_SUMSOFTMAXWEIGHT) {
-        if (!k->weight || k->fdim != 1 || (m->bvar = sr__reduced_var(k, k->weight)) < 0)
+        if (!k->weight || k->fdim != 1 || side_of(k, k->weight) != SIDE_RED)
             return false;
         m->f = k->f;
-        m->avar = -1;
-        m->asign = 0;
-        m->bsign = 1;
+        if ((m->bvar = sr__reduced_var(k, k->weight)) < 0)
+            m->bf = k->weight;
         return true;
     }
     if (k->red != SR_SUM || k->weight)
         return false;
     const sr_expr *fac[CUDA_FUSED_TERMS];
-    int neg = 0, n = simp_mul_factors(k->f, fac, 0, CUDA_FUSED_TERMS, &neg), b = -1;
+    int neg = 0, n = simp_mul_factors(k->f, fac, 0, CUDA_FUSED_TERMS, &neg);
+    sr_expr *f = NULL, *B = NULL, *C = NULL;
+    bool ab = false;
     for (int t = 0; t < n; t++) {
-        if (b < 0 && fac[t]->dim == k->fdim && vector_factor(k, fac[t], m))
-            b = t;
-        else if (fac[t]->dim != 1)
-            return false; /* a vector that is not B */
+        const sr_expr *e = fac[t];
+        enum side sd = side_of(k, e);
+        /* Scalar F: B is its first reduced-side variable. */
+        if (e->dim == 1 && (k->fdim > 1 || B || sr__reduced_var(k, e) < 0)) {
+            if (!times(k->ctx, &f, e))
+                return false; /* out of memory: not fused */
+        } else if (e->dim != k->fdim) {
+            return false;
+        } else if (sd == SIDE_RED || sd == SIDE_OUT) {
+            if (!times(k->ctx, sd == SIDE_RED ? &B : &C, e))
+                return false;
+        } else if (ab || !a_and_b(k, e, m)) {
+            return false; /* a vector of the pair that is not A - B */
+        } else {
+            ab = true;
+        }
     }
-    if (n < 2 || b < 0)
+    if (!f || ab == (B != NULL) || (ab && C))
         return false;
-    sr_expr *f = NULL;
-    for (int t = 0; t < n; t++)
-        if (t != b && !(f = f ? sr_mul(k->ctx, f, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
-            return false; /* out of memory: not fused */
+    if (B && (m->bvar = sr__reduced_var(k, B)) < 0)
+        m->bf = B;
+    m->cf = C;
     m->f = neg % 2 ? sr_neg(k->ctx, f) : f;
     return m->f != NULL;
+}
+
+/* The width of B in m. */
+static int form_width(const sr_kernel *k, const struct cuda_form *m)
+{
+    return m->bf ? m->bf->dim : k->vars[m->bvar].dim;
 }
 
 int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
@@ -131,15 +164,15 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     d->strategy = "direct";
     struct cuda_form m;
     bool form = cuda_fused_form(k, &m);
-    int R = form ? k->vars[m.bvar].dim : 0;
+    int R = form ? form_width(k, &m) : 0;
     f->ti = CUDA_FUSED_TI;
     f->flops = k->simp.cost.flops_pair;
     f->gemm_flops = 2.0 * R;
     if (!form)
         snprintf(f->why, sizeof f->why,
-                 "not a Sum of a scalar F times a reduced-side variable B (or A - B with A of the "
-                 "output side), nor SumSoftMaxWeight of a scalar F with a reduced-side variable "
-                 "as weight");
+                 "not a Sum of a scalar F times B of the reduced side (or A - B with A of the "
+                 "output side), nor SumSoftMaxWeight of a scalar F with a weight of the reduced "
+                 "side");
     else if (R < CUDA_FUSED_MIN_WIDTH)
         snprintf(f->why, sizeof f->why, "B has %d columns, fewer than %d: the direct kernel", R,
                  CUDA_FUSED_MIN_WIDTH);
@@ -156,6 +189,44 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     for (int i = 0; i < CUDA_PLAN_COUNT; i++)
         out[i].id = i;
     return CUDA_PLAN_COUNT;
+}
+
+/* The nodes of e, a formula of one side's variables and parameters (B's or C's of struct
+ * cuda_form), as the output-row nodes of index o: a formula of the reduced side is emitted as if
+ * its side were the output's. SR_ENOTSUP when some node is not of that scope. */
+static sr_status side_nodes(const sr_kernel *k, const sr_expr *e, bool reduced,
+                            struct jit_nodes *nd)
+{
+    sr_kernel ke = *k;
+    ke.f = e;
+    ke.weight = NULL;
+    ke.red = SR_SUM;
+    ke.fdim = ke.out_dim = e->dim;
+    ke.k = 1;
+    if (reduced)
+        ke.axis = 1 - k->axis;
+    sr_status st = jit_emit_nodes(&ke, jit_cuda_spell(), nd);
+    if (st == SR_OK && (nd->inner.len || nd->pair.len || (!nd->floop && !nd->f[0]))) {
+        jit_nodes_free(nd);
+        return SR_ENOTSUP;
+    }
+    return st;
+}
+
+/* A block that evaluates the side formula of nd at index idx, then, in the loop that head opens
+ * (it defines the column sr_c), runs stmt with component sr_c of the formula in sr_v. */
+static void side_eval(struct expr_buf *b, const struct jit_nodes *nd, const char *idx,
+                      const char *head, const char *stmt)
+{
+    P("      {\n        const long long o = %s;\n        (void)o;\n%s%s      %s\n"
+      "          const sr_acc sr_v = (sr_acc)(",
+      idx, nd->uniform.data ? nd->uniform.data : "", nd->outer.data ? nd->outer.data : "", head);
+    if (nd->floop)
+        P("%s", nd->floop);
+    else
+        for (int c = 0; nd->f[c]; c++)
+            P("sr_c == %d ? %s : ", c, nd->f[c]);
+    P("%s);\n          %s\n        }\n      }\n", nd->floop ? "" : "(sr_t)0", stmt);
 }
 
 /* Shared memory of the fused kernel with ncol columns of F's inner nodes and tiles of tj. */
@@ -179,7 +250,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     const bool f32 = k->dtype == SR_F32, ssmw = k->red == SR_SUMSOFTMAXWEIGHT;
     if (acc == JIT_ACC_KAHAN)
         return SR_ENOTSUP;
-    const int R = k->vars[bvar].dim, ts = f32 ? 4 : 8;
+    const int R = form_width(k, &m), ts = f32 ? 4 : 8;
     const int as = f32 && acc != JIT_ACC_F64 ? 4 : 8;
 
     /* F alone, as a Sum of one value: its nodes by the C emitter. */
@@ -189,16 +260,22 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     kf.red = SR_SUM;
     kf.fdim = kf.out_dim = 1;
     kf.k = 1;
-    struct jit_nodes nd;
+    struct jit_nodes nd, nb = {0}, nc = {0};
     sr_status st = jit_emit_nodes(&kf, jit_cuda_spell(), &nd);
     if (st != SR_OK)
         return st;
+    if (m.bf)
+        st = side_nodes(k, m.bf, true, &nb);
+    if (st == SR_OK && m.cf)
+        st = side_nodes(k, m.cf, false, &nc);
     int tj = CUDA_FUSED_TJ, shared;
     while ((shared = fused_shared(nd.ncol, tj, ts, as, ssmw)) < 0 && tj > 1)
         tj /= 2;
-    if (shared < 0 || !nd.f || !nd.f[0]) {
+    if (st != SR_OK || shared < 0 || !nd.f || !nd.f[0]) {
         jit_nodes_free(&nd);
-        return SR_ENOTSUP;
+        jit_nodes_free(&nb);
+        jit_nodes_free(&nc);
+        return st != SR_OK ? st : SR_ENOTSUP;
     }
     P("/* symred generated CUDA kernel: fused two-product, F formed in tiles of %d x %d, times B\n"
       " * formula: ",
@@ -239,8 +316,9 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "SR_UNROLL\n    for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
       "        for (int q = 0; q < 4; q++) sr_w[p][q] = 0;\n");
     if (ab)
-        P("    /* the rows' sums of F, for A's term, and whether the block saw a reduced index */\n"
-          "    sr_acc sr_fs[4] = {0, 0, 0, 0};\n    bool sr_any = false;\n");
+        P("    sr_acc sr_fs[4] = {0, 0, 0, 0}; /* the rows' sums of F, for A's term */\n");
+    if (ab || m.cf)
+        P("    bool sr_any = false; /* whether the block saw a reduced index */\n");
     if (ssmw)
         P("    if (sr_tid < SR_FTI) { sr_m[sr_tid] = -SR_INF; sr_s[sr_tid] = 0; }\n");
     P("    for (long long sr_q = sr_q0; sr_q < sr_q1; sr_q++) {\n"
@@ -255,14 +333,25 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "      }\n"
       "      for (int sr_e = threadIdx.x; sr_e < SR_TJ * SR_FRC; sr_e += SR_FBS) {\n"
       "        const int jj = sr_e / SR_FRC, sr_c = sr_c0 + sr_e %% SR_FRC;\n"
-      "        sr_B[sr_e] = jj < nj && sr_c < SR_FR ? a%d[(rt + jj) * SR_FR + sr_c] : (sr_t)0;\n"
-      "      }\n"
-      "      __syncthreads();\n"
+      "        (void)jj, (void)sr_c;\n",
+      ab || m.cf ? "      sr_any = true;\n" : "", nd.inner.data ? nd.inner.data : "");
+    if (m.bf) {
+        /* B's formula: per reduced index of the tile, its nodes once, then the block's columns */
+        P("        if (jj >= nj || sr_c >= SR_FR) sr_B[sr_e] = (sr_t)0;\n      }\n"
+          "      for (int jj = threadIdx.x; jj < nj; jj += SR_FBS)\n");
+        side_eval(b, &nb, "rt + jj",
+                  "for (int sr_c = sr_c0; sr_c < SR_FR && sr_c < sr_c0 + SR_FRC; sr_c++) {",
+                  "sr_B[jj * SR_FRC + sr_c - sr_c0] = (sr_t)sr_v;");
+    } else {
+        P("        sr_B[sr_e] = jj < nj && sr_c < SR_FR ? a%d[(rt + jj) * SR_FR + sr_c] : "
+          "(sr_t)0;\n      }\n",
+          bvar);
+    }
+    P("      __syncthreads();\n"
       "      for (int jj = sr_fj; jj < nj; jj += SR_FBS / SR_FTI) {\n%s"
       "        sr_F[sr_fi * SR_FLD + jj] = (sr_t)(%s);\n"
       "      }\n"
       "      __syncthreads();\n",
-      ab ? "      sr_any = true;\n" : "", nd.inner.data ? nd.inner.data : "", bvar,
       nd.pair.data ? nd.pair.data : "", nd.f[0]);
     if (ssmw)
         P("      if (sr_tid < SR_FTI) { /* the online softmax of row sr_tid of the tile */\n"
@@ -316,9 +405,19 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
           "      if (sr_rec && blockIdx.y == 0 && sr_tx == 0) {\n"
           "        sr_rec[SR_FR] = (sr_acc)sr_m[sr_ty + 16 * p];\n"
           "        sr_rec[SR_FR + 1] = sr_den;\n      }\n");
+    /* C's values in the thread's columns of the row (1 where the block saw no reduced index:
+     * the sum is 0 whatever C is) */
+    if (m.cf) {
+        P("      sr_acc sr_cv[4] = {1, 1, 1, 1};\n      if (sr_any)\n");
+        side_eval(b, &nc, "sr_row",
+                  "for (int q = 0; q < 4; q++) {\n          const int sr_c = sr_c0 + sr_tx + 16 * "
+                  "q;\n          if (sr_c >= SR_FR) continue;",
+                  "sr_cv[q] = sr_v;");
+    }
     P("SR_UNROLL\n      for (int q = 0; q < 4; q++) {\n"
       "        const int sr_c = sr_c0 + sr_tx + 16 * q;\n"
-      "        if (sr_c >= SR_FR) continue;\n");
+      "        if (sr_c >= SR_FR) continue;\n%s",
+      m.cf ? "        sr_w[p][q] *= sr_cv[q];\n" : "");
     /* A's term, linear in the row's sum of F (so that the chunks' records add up); none where
      * the block saw no reduced index, whose sum is 0 whatever A is. */
     if (ab)
@@ -371,6 +470,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     if (fp) {
         fp->bvar = bvar;
         fp->avar = m.avar;
+        fp->cfactor = m.cf != NULL;
         fp->R = R;
         fp->block = CUDA_FUSED_BS;
         fp->ti = CUDA_FUSED_TI;
@@ -381,5 +481,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
         fp->pair_nodes = nd.npair;
     }
     jit_nodes_free(&nd);
+    jit_nodes_free(&nb);
+    jit_nodes_free(&nc);
     return b->oom ? SR_ENOMEM : SR_OK;
 }
