@@ -1,10 +1,13 @@
 /*
  * emit-cuda-fused.c — the CUDA fused two-product strategy for wide outputs:
- * out_o = sum_r F(o, r) B_r with F a scalar formula and B a reduced-side variable of width R
- * (a kernel matrix times R right-hand sides), the same with A - B, B - A or A + B in place of B,
- * A an output-side variable (the radial kernel's gradient x_i - y_j, done as
- * A_o sum_r F - sum_r F B_r from the rows' sums of F), and SumSoftMaxWeight of a scalar F with a
- * reduced-side variable G of width R as weight (attention).
+ * out_o = sum_r F(o, r) B_r with F a scalar formula and B of width R of the reduced side, a
+ * variable or a formula (a kernel matrix times R right-hand sides), the same with A - B, B - A or
+ * A + B in place of B, A an output-side variable (the radial kernel's gradient x_i - y_j, done as
+ * A_o sum_r F - sum_r F B_r from the rows' sums of F), the sums times C_o componentwise, C a
+ * formula of the output side (evaluated per output row at the end), and SumSoftMaxWeight of a
+ * scalar F with a weight G of width R of the reduced side (attention). A formula B or G is
+ * evaluated once per reduced index of each tile, its nodes emitted by the C emitter as those of
+ * an output row of the other axis.
  *
  * A block of CUDA_FUSED_BS threads owns CUDA_FUSED_TI output rows and CUDA_FUSED_RC columns of
  * B (blockIdx.y: columns [y RC, y RC + RC) of R). Per tile of TJ reduced indices:
@@ -13,10 +16,11 @@
  *   2. the TI x TJ tile of F formed cooperatively into shared memory: each thread forms pairs of
  *      one fixed row, whose outer nodes it computed once, with the C emitter's node code
  *      (jit_emit_nodes on F alone);
- *   3. SumSoftMaxWeight: one thread per row takes the tile's maximum, the running maximum m, the
- *      rescale factor exp(m_old - m) when it grows, replaces the tile by exp(F - m) (0 where F is
- *      -inf) and adds it to the row's running sum; m, the sum and the factor live in shared
- *      memory;
+ *   3. SumSoftMaxWeight: four threads per row (BS / TI) take the tile's maximum, the running
+ *      maximum m, the rescale factor exp(m_old - m) when it grows, replace the tile by
+ *      exp(F - m) (0 where F is -inf) and add it to the row's running sum, each on every fourth
+ *      index of the tile, combining their partial maxima and sums through shared memory; m, the
+ *      sum and the factor live in shared memory;
  *   4. the product: each thread owns a 4 x 4 micro-tile of the TI x RC output tile (rows
  *      ty + 16 p, columns tx + 16 q), sums the tile's TJ products in registers (the "block"
  *      accumulation, in sr_acc: double when float64 accumulation is asked for), then adds the
@@ -235,7 +239,7 @@ static int fused_shared(int ncol, int tj, int ts, int as, bool ssmw)
     int64_t n = (int64_t)(ncol > 0 ? ncol : 1) * tj * ts + (int64_t)CUDA_FUSED_TI * (tj + 1) * ts +
                 (int64_t)tj * CUDA_FUSED_RC * ts;
     if (ssmw)
-        n += (int64_t)CUDA_FUSED_TI * (ts + 2 * as);
+        n += (int64_t)CUDA_FUSED_TI * (ts + 2 * as) + (int64_t)CUDA_FUSED_BS * as;
     return n > CUDA_FUSED_SHARED ? -1 : (int)n;
 }
 
@@ -290,7 +294,8 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     jit_cuda_prelude(k, acc, b);
     P("struct sr_args { const void *p[%d]; };\n", k->nargs + 1);
     P("#define SR_TJ %d\n#define SR_FBS %d\n#define SR_FTI %d\n#define SR_FRC %d\n"
-      "#define SR_FR %d\n#define SR_FNCOL %d\n#define SR_FLD (SR_TJ + 1)\n\n",
+      "#define SR_FR %d\n#define SR_FNCOL %d\n#define SR_FLD (SR_TJ + 1)\n"
+      "#define SR_FSP (SR_FBS / SR_FTI)\n\n",
       tj, CUDA_FUSED_BS, CUDA_FUSED_TI, CUDA_FUSED_RC, R, nd.ncol > 0 ? nd.ncol : 1);
     P("extern \"C\" __global__ void __launch_bounds__(SR_FBS)\n" CUDA_KERNEL_FUSED
       "(const sr_args sr_a, const long long no, const long long nr, const long long chunk,\n"
@@ -301,7 +306,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "    __shared__ sr_t sr_B[SR_TJ * SR_FRC];\n");
     if (ssmw)
         P("    __shared__ sr_t sr_m[SR_FTI];\n    __shared__ sr_acc sr_s[SR_FTI], "
-          "sr_sa[SR_FTI];\n");
+          "sr_sa[SR_FTI], sr_pr[SR_FBS];\n");
     jit_cuda_emit_block(k, b, "SR_FTI", "sr_o0");
     P("    const int sr_tid = threadIdx.x, sr_tx = sr_tid %% 16, sr_ty = sr_tid / 16;\n"
       "    const int sr_c0 = blockIdx.y * SR_FRC;\n"
@@ -354,20 +359,37 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "      __syncthreads();\n",
       nd.pair.data ? nd.pair.data : "", nd.f[0]);
     if (ssmw)
-        P("      if (sr_tid < SR_FTI) { /* the online softmax of row sr_tid of the tile */\n"
-          "        sr_t *sr_fr = sr_F + sr_tid * SR_FLD, sr_tm = -SR_INF;\n"
-          "        for (int jj = 0; jj < nj; jj++) sr_tm = sr_fr[jj] > sr_tm ? sr_fr[jj] : sr_tm;\n"
-          "        const sr_t sr_mo = sr_m[sr_tid], sr_mn = sr_tm > sr_mo ? sr_tm : sr_mo;\n"
+        /* The online softmax of the tile, SR_FBS / SR_FTI threads per row, each on every
+         * such index of the tile: the partial maxima, then the row's maximum and the partial
+         * sums of exp(F - m) through sr_pr; the row's first thread adds the partial sums in
+         * order and updates the row's state once every thread has read it. */
+        P("      {\n"
+          "        const int sr_sr = sr_tid / SR_FSP, sr_sp = sr_tid %% SR_FSP;\n"
+          "        sr_t *sr_fr = sr_F + sr_sr * SR_FLD, sr_tm = -SR_INF;\n"
+          "        for (int jj = sr_sp; jj < nj; jj += SR_FSP)\n"
+          "          sr_tm = sr_fr[jj] > sr_tm ? sr_fr[jj] : sr_tm;\n"
+          "        sr_pr[sr_tid] = (sr_acc)sr_tm;\n"
+          "        __syncthreads();\n"
+          "        for (int t = 0; t < SR_FSP; t++) {\n"
+          "          const sr_t sr_x = (sr_t)sr_pr[sr_sr * SR_FSP + t];\n"
+          "          sr_tm = sr_x > sr_tm ? sr_x : sr_tm;\n        }\n"
+          "        const sr_t sr_mo = sr_m[sr_sr], sr_mn = sr_tm > sr_mo ? sr_tm : sr_mo;\n"
           "        const sr_acc sr_a1 = sr_mn > sr_mo && sr_mo > -SR_INF ? (sr_acc)sr_exp(sr_mo - "
           "sr_mn) : (sr_acc)1;\n"
           "        sr_acc sr_ts = 0;\n"
-          "        for (int jj = 0; jj < nj; jj++) {\n"
+          "        for (int jj = sr_sp; jj < nj; jj += SR_FSP) {\n"
           "          const sr_t sr_x = sr_fr[jj] == -SR_INF ? (sr_t)0 : sr_exp(sr_fr[jj] - "
           "sr_mn);\n"
           "          sr_fr[jj] = sr_x;\n          sr_ts += (sr_acc)sr_x;\n        }\n"
-          "        sr_m[sr_tid] = sr_mn;\n"
-          "        sr_s[sr_tid] = sr_s[sr_tid] * sr_a1 + sr_ts;\n"
-          "        sr_sa[sr_tid] = sr_a1;\n      }\n"
+          "        __syncthreads();\n"
+          "        sr_pr[sr_tid] = sr_ts;\n"
+          "        __syncthreads();\n"
+          "        if (sr_sp == 0) {\n"
+          "          sr_acc sr_s1 = 0;\n"
+          "          for (int t = 0; t < SR_FSP; t++) sr_s1 += sr_pr[sr_tid + t];\n"
+          "          sr_m[sr_sr] = sr_mn;\n"
+          "          sr_s[sr_sr] = sr_s[sr_sr] * sr_a1 + sr_s1;\n"
+          "          sr_sa[sr_sr] = sr_a1;\n        }\n      }\n"
           "      __syncthreads();\n");
     P("      sr_acc sr_p[4][4];\n"
       "SR_UNROLL\n      for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
