@@ -834,7 +834,8 @@ Test(cuda, fused_memory_budget)
 }
 
 /* Block-sparse ranges on the fused kernel: blocks out of order, an empty one, uncovered rows,
- * empty and touching intervals, a block longer than a CUDA block's 64 rows. */
+ * empty and touching intervals, a block longer than a CUDA block's 64 rows; Sum, SumSoftMaxWeight
+ * and Sum of F (A - B) (inputs in [0, 1): A's rows read at the range blocks' rows). */
 Test(cuda, fused_ranges)
 {
     need_gpu();
@@ -842,12 +843,14 @@ Test(cuda, fused_ranges)
     static const int64_t rg[] = {100, 240, 0, 5, 5, 5, 5, 100, 240, 250};
     static const int64_t sl[] = {3, 4, 4, 7, 8};
     static const int64_t red_iv[] = {0, 10, 10, 200, 300, 400, 3, 4, 0, 5, 5, 5, 17, 400, 150, 151};
-    for (int red = 0; red < 2; red++)
+    for (int red = 0; red < 3; red++)
         for (int axis = 1; axis >= 0; axis--)
             for (int dt = 0; dt < 2; dt++) {
-                sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                sr_reduction rd = red == 1 ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                const int nargs = red == 2 ? 5 : 4;
                 sr_kernel *kc, *kr;
-                fused_kernels(rd, R, (sr_dtype)dt, axis, &kc, &kr);
+                fused_form_kernels(red == 2 ? "Exp(-SqDist(x,y)*g)*(a-b)" : NULL, rd, R,
+                                   (sr_dtype)dt, axis, &kc, &kr);
                 cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
                 sr_ranges rr = {0};
                 if (axis == 1)
@@ -863,18 +866,21 @@ Test(cuda, fused_ranges)
                                      .nredranges_i = 8,
                                      .redranges_i = red_iv};
                 int64_t nx = axis ? NO : NR, ny = axis ? NR : NO;
-                int64_t n[4] = {nx * 3, ny * 3, 1, (axis ? ny : nx) * R};
+                int64_t n[5] = {nx * 3, ny * 3, 1, (axis ? ny : nx) * R, (axis ? nx : ny) * R};
                 size_t es = sr_dtype_size((sr_dtype)dt);
                 uint64_t seed = 11;
-                void *buf[4];
-                for (int v = 0; v < 4; v++) {
+                void *buf[5];
+                for (int v = 0; v < nargs; v++) {
                     buf[v] = malloc((size_t)n[v] * es);
                     cr_assert(buf[v]);
-                    tu_fill(buf[v], (sr_dtype)dt, n[v], -1, 1, &seed);
+                    tu_fill(buf[v], (sr_dtype)dt, n[v], red == 2 ? 0 : -1, 1, &seed);
                 }
                 void *vc = calloc((size_t)NO * R, 8), *vr = calloc((size_t)NO * R, 8);
-                sr_run_desc r = {
-                    .nx = nx, .ny = ny, .nargs = 4, .args = (const void *const *)buf, .out = vc};
+                sr_run_desc r = {.nx = nx,
+                                 .ny = ny,
+                                 .nargs = nargs,
+                                 .args = (const void *const *)buf,
+                                 .out = vc};
                 cr_assert_eq(sr_kernel_run_ranges(kc, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
                 r.out = vr;
                 cr_assert_eq(sr_kernel_run_ranges(kr, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
@@ -883,10 +889,10 @@ Test(cuda, fused_ranges)
                     double a = dt ? ((double *)vc)[t] : ((float *)vc)[t];
                     double b = dt ? ((double *)vr)[t] : ((float *)vr)[t];
                     cr_assert(tu_close(a, b, tl.rtol, tl.atol),
-                              "%s axis %d %s: value %lld: %g, ref %g", sr_reduction_name(rd), axis,
-                              dt ? "f64" : "f32", (long long)t, a, b);
+                              "%s %d axis %d %s: value %lld: %g, ref %g", sr_reduction_name(rd),
+                              red, axis, dt ? "f64" : "f32", (long long)t, a, b);
                 }
-                for (int v = 0; v < 4; v++)
+                for (int v = 0; v < nargs; v++)
                     free(buf[v]);
                 free(vc);
                 free(vr);
