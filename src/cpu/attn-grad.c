@@ -44,10 +44,14 @@
  * indices per tile of the second pass and of the first, rows per block of the first (and of the
  * forward: each block packs the tiles of y and w again, so larger blocks pack less; the forward
  * ran 0.86-1.01x the fused strategy's with 192, 1.16-1.36x with 96, N = M = 4096, D = 64,
- * alternating, load 4-5), rows per strip (two 8 x 8 blocks of the transposition). With float32,
- * TI = 96 and TJ = 128, a thread's tiles of the second pass (the packed y and w tiles, P^T, dS^T,
- * the packed x and G blocks: about 250 KiB at D = 64) stay in L2. */
-enum { TI = 96, TJ = 128, TL = 512, TB = 192, STRIP = 16 };
+ * alternating, load 4-5), rows per strip of the first pass (two 8 x 8 blocks of the
+ * transposition) and of the second: a multiple of the micro-kernel's CPU_AVX2_MR = 6 rows, so
+ * that no micro-strip computes rows it throws away (16 rows cost 18; the second pass took 0.6-0.8x
+ * the CPU time with 24 rows, N = M = 4096, D = 64, alternating, load 4-5) and of 8 (three 8 x 8
+ * blocks of the transposition). With float32, TI = 96 and TJ = 128, a thread's tiles of the
+ * second pass (the packed y and w tiles, P^T, dS^T, the packed x and G blocks: about 250 KiB at
+ * D = 64) stay in L2. */
+enum { TI = 96, TJ = 128, TL = 512, TB = 192, STRIP = 16, PSTRIP = 24 };
 
 struct attn {
     int x, y, w, c; /* argument indices; c = -1 for a constant or no factor */
@@ -392,8 +396,8 @@ static int64_t pass_bytes(const struct attn *a, char *t, struct pass_ws *p)
     const int64_t sizes[] = {cpu_avx2_pack_bt_bytes(TJ, a->D),
                              cpu_avx2_pack_bt_bytes(TJ, a->Dw),
                              cpu_avx2_pack_bt_bytes(a->D, TJ),
-                             4 * STRIP * TJ,
-                             4 * STRIP * TJ,
+                             4 * PSTRIP * TJ,
+                             4 * PSTRIP * TJ,
                              4 * TJ * TI,
                              4 * TJ * TI,
                              cpu_avx2_pack_bt_bytes(a->D, TI),
@@ -470,8 +474,8 @@ static void avx2_pass(const struct attn *a, const float *lam, const float *dlt, 
                 memset(gw, 0, sizeof(float) * (size_t)(tj * Dw));
             for (int64_t b0 = 0; b0 < a->n; b0 += TI) {
                 const int64_t bh = a->n - b0 < TI ? a->n - b0 : TI;
-                for (int64_t u = 0; u < bh; u += STRIP)
-                    avx2_strip(a, &p, lam, dlt, b0 + u, bh - u < STRIP ? bh - u : STRIP, u, tj);
+                for (int64_t u = 0; u < bh; u += PSTRIP)
+                    avx2_strip(a, &p, lam, dlt, b0 + u, bh - u < PSTRIP ? bh - u : PSTRIP, u, tj);
                 if (gw) {
                     cpu_avx2_pack_v(bh, Dw, G + b0 * Dw, Dw, p.Gp);
                     cpu_avx2_strip_av(tj, bh, p.PT, TI, p.Gp, Dw, gw, Dw);
