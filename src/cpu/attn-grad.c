@@ -51,14 +51,15 @@
  * indices per tile of the second pass and of the first, rows per block of the first (and of the
  * forward: each block packs the tiles of y and w again, so larger blocks pack less; the forward
  * ran 0.86-1.01x the fused strategy's with 192, 1.16-1.36x with 96, N = M = 4096, D = 64,
- * alternating, load 4-5), rows per strip of the first pass (two 8 x 8 blocks of the
- * transposition) and of the second: a multiple of the micro-kernel's CPU_AVX2_MR = 6 rows, so
- * that no micro-strip computes rows it throws away (16 rows cost 18; the second pass took 0.6-0.8x
- * the CPU time with 24 rows, N = M = 4096, D = 64, alternating, load 4-5) and of 8 (three 8 x 8
- * blocks of the transposition). With float32, TI = 96 and TJ = 128, a thread's tiles of the
+ * alternating, load 4-5), rows per strip of the first pass and of the second: multiples of the
+ * micro-kernel's CPU_AVX2_MR = 6 rows, so that no micro-strip computes rows it throws away (16
+ * rows cost 18). The first pass's strip of F (STRIP x TL) stays in L1 with 12 rows (its forward
+ * took 0.6-1.1x the CPU time of 16 rows, mean 0.84x, N = M = 4096, D = 64, alternating, load
+ * 3-5); the second pass's strips, 24 rows (also three 8 x 8 blocks of the transposition), took
+ * 0.6-0.8x the CPU time of 16 rows. With float32, TI = 96 and TJ = 128, a thread's tiles of the
  * second pass (the packed y and w tiles, P^T, dS^T, the packed x and G blocks: about 250 KiB at
  * D = 64) stay in L2. */
-enum { TI = 96, TJ = 128, TL = 512, TB = 192, STRIP = 16, PSTRIP = 24 };
+enum { TI = 96, TJ = 128, TL = 512, TB = 192, STRIP = 12, PSTRIP = 24 };
 
 struct attn {
     int x, y, w, c; /* argument indices; c = -1 for a constant or no factor */
