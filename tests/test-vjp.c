@@ -617,6 +617,20 @@ Test(vjp, ranges_empty_and_errors)
     cr_assert_eq(sr_kernel_vjp_ranges(k, &r, &bad, G, out, NULL, grads), SR_EINVAL);
     cr_assert(strstr(sr_ctx_error(ctx), "ranges_i[0]"), "%s", sr_ctx_error(ctx));
     cr_assert_eq(sr_kernel_run_lse_ranges(k, &r, &bad, lse), SR_EINVAL);
+    /* one block per row: the block lists (16 bytes per block and tile) count against the budget */
+    int64_t rows[12], sl[6];
+    for (int i = 0; i < 6; i++)
+        rows[2 * i] = i, rows[2 * i + 1] = i + 1, sl[i] = i + 1;
+    const int64_t alls[12] = {0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5};
+    sr_ranges each = {6, rows, sl, 6, alls, 0, NULL, NULL, 0, NULL};
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 200), SR_OK);
+    cr_assert_eq(sr_kernel_vjp_ranges(k, &r, &each, G, out, NULL, grads), SR_EBUDGET);
+    cr_assert(strstr(sr_ctx_error(ctx), "block lists"), "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run_lse_ranges(k, &r, &each, lse), SR_EBUDGET);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    cr_assert_eq(sr_kernel_run_lse_ranges(k, &r, &each, lse), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_vjp_ranges(k, &r, &each, G, out, lse, grads), SR_OK, "%s",
+                 sr_ctx_error(ctx));
     /* the reference backend has no fused backward, with or without ranges */
     sr_kernel *ref = make(&j, SR_SUMSOFTMAXWEIGHT, SR_F32, SR_DEVICE_REFERENCE);
     cr_assert_eq(sr_kernel_vjp_ranges(ref, &r, &none, G, out, NULL, grads), SR_ENOTSUP);

@@ -115,9 +115,11 @@ static void tile_fill(int64_t t, int64_t c, int64_t q, void *ctx)
     pt->tent[2 * e + 1] = q;
 }
 
-/* The pattern of plan p, or of every pair when p is NULL (n output rows, m reduced): SR_ENOMEM
- * when its lists do not fit in memory. */
-static sr_status pattern_new(const struct attn *a, const struct sr_rplan *p, struct pattern *pt)
+/* The pattern of plan p, or of every pair when p is NULL (n output rows, m reduced): SR_EBUDGET
+ * when its lists take more than limit bytes (limit > 0; *bytes: how many), SR_ENOMEM when they do
+ * not fit in memory. */
+static sr_status pattern_new(const struct attn *a, const struct sr_rplan *p, int64_t limit,
+                             int64_t *bytes, struct pattern *pt)
 {
     memset(pt, 0, sizeof *pt);
     if (p) {
@@ -146,6 +148,12 @@ static sr_status pattern_new(const struct attn *a, const struct sr_rplan *p, str
     pattern_walk(pt, last, tile_count, pt->toff);
     for (int64_t t = 0; t < pt->ntiles; t++)
         pt->toff[t + 1] += pt->toff[t];
+    *bytes =
+        (int64_t)sizeof(int64_t) * (3 * pt->nchunk + 2 * pt->ntiles + 2 * pt->toff[pt->ntiles]);
+    if (limit > 0 && *bytes > limit) {
+        free(m0);
+        return SR_EBUDGET;
+    }
     pt->tent = malloc(sizeof(int64_t) * (size_t)(2 * pt->toff[pt->ntiles] + 1));
     if (!pt->tent) {
         free(m0);
@@ -700,11 +708,19 @@ static sr_status attn_alloc(const sr_kernel *k, struct attn *a, const char *name
     return SR_OK;
 }
 
-/* The pattern of the call (pt), or SR_ENOMEM with name's message. */
+/* The pattern of the call (pt), or SR_EBUDGET or SR_ENOMEM with name's message. */
 static sr_status attn_pattern(const sr_kernel *k, const struct attn *a, const struct sr_rplan *p,
                               const char *name, struct pattern *pt)
 {
-    if (pattern_new(a, p, pt) != SR_OK)
+    int64_t bytes = 0;
+    const int64_t limit = k->ctx->mem_limit;
+    sr_status st = pattern_new(a, p, limit, &bytes, pt);
+    if (st == SR_EBUDGET)
+        return sr__error(k->ctx, SR_EBUDGET,
+                         "%s: the block lists of the fused backward (%lld blocks) take %lld bytes, "
+                         "over the memory budget of %lld bytes",
+                         name, (long long)(p ? p->nblocks : 1), (long long)bytes, (long long)limit);
+    if (st != SR_OK)
         return sr__error(k->ctx, SR_ENOMEM, "%s: out of memory for the lists of %lld blocks", name,
                          (long long)(p ? p->nblocks : 1));
     return SR_OK;
