@@ -638,7 +638,8 @@ SR_API sr_status sr_kernel_run_lse(const sr_kernel *kernel, const sr_run_desc *r
  * gradient kernels' run on the same ranges summed (an uncovered row's values do not enter
  * them, and its gradient dx is 0). lse, when given, must come from sr_kernel_run_lse_ranges
  * with the same ranges. Errors: those of sr_kernel_vjp and sr_kernel_run_ranges (SR_EINVAL for
- * bad ranges).
+ * bad ranges); SR_EBUDGET also when the lists of the blocks per tile of 128 reduced indices (16
+ * bytes per block and tile it meets) exceed the memory budget.
  */
 SR_API sr_status sr_kernel_vjp_ranges(const sr_kernel *kernel, const sr_run_desc *run,
                                       const sr_ranges *ranges, const void *gout, const void *out,
