@@ -608,7 +608,8 @@ SR_API sr_status sr_kernel_grad(const sr_kernel *kernel, int var_index, sr_kerne
  * y one of the reduced side and c a parameter of dimension 1 or a constant, the weight a
  * variable of the reduced side other than y; float32 or float64 (docs/gradients.md).
  * It writes every wanted gradient from one pass over the pairs (five tile products per tile of
- * pairs), after a pass that forms the log-normalizer when lse is NULL; no block-sparse ranges.
+ * pairs), after a pass that forms the log-normalizer when lse is NULL; with block-sparse ranges
+ * through sr_kernel_vjp_ranges.
  * Errors: SR_EINVAL (NULL kernel, run, or gout/out with rows; the checks of sr_kernel_run_ex),
  * SR_ENOTSUP with the reason for any other kernel (use sr_kernel_grad), SR_EBUDGET when its
  * workspace (per thread: a copy of dx, nx x dim(x), and tiles) exceeds the memory budget.
@@ -626,6 +627,25 @@ SR_API sr_status sr_kernel_vjp(const sr_kernel *kernel, const sr_run_desc *run, 
  * with rows).
  */
 SR_API sr_status sr_kernel_run_lse(const sr_kernel *kernel, const sr_run_desc *run, void *lse);
+
+/*
+ * sr_kernel_vjp and sr_kernel_run_lse on block-sparse ranges (sr_kernel_run_ranges; ranges NULL
+ * is the call without them): the pairs of the ranges' blocks only, from the triple of the
+ * kernel's axis (the other triple is not read: the passes over the reduced side transpose the
+ * pattern themselves). sr_kernel_run_lse_ranges writes the values that sr_kernel_run_ranges
+ * writes, and lse[o] = -inf for an output row that no block covers (or whose block's intervals
+ * are all empty); sr_kernel_vjp_ranges gives the gradients of the loss of those values, the
+ * gradient kernels' run on the same ranges summed (an uncovered row's values do not enter
+ * them, and its gradient dx is 0). lse, when given, must come from sr_kernel_run_lse_ranges
+ * with the same ranges. Errors: those of sr_kernel_vjp and sr_kernel_run_ranges (SR_EINVAL for
+ * bad ranges); SR_EBUDGET also when the lists of the blocks per tile of 128 reduced indices (16
+ * bytes per block and tile it meets) exceed the memory budget.
+ */
+SR_API sr_status sr_kernel_vjp_ranges(const sr_kernel *kernel, const sr_run_desc *run,
+                                      const sr_ranges *ranges, const void *gout, const void *out,
+                                      const void *lse, void *const *grads);
+SR_API sr_status sr_kernel_run_lse_ranges(const sr_kernel *kernel, const sr_run_desc *run,
+                                          const sr_ranges *ranges, void *lse);
 
 /*
  * The kernel of a reduction's directional derivative (forward mode, a Jacobian-vector

@@ -563,24 +563,36 @@ Test(cuda, ranges_in_passes)
 
 /* ---- the fused two-product strategy -------------------------------------------------------- */
 
-/* Sum of Exp(-g |x - y|^2) b (a Gaussian times R right-hand sides) or SumSoftMaxWeight of
- * -g |x - y|^2 with weight b (attention's shape), b of width R on the reduced side, on CUDA
- * (*kc) and on the reference (*kr). Arguments: x (3), y (3), g (1), b (R). */
-static void fused_kernels(sr_reduction red, int R, sr_dtype dt, int axis, sr_kernel **kc,
-                          sr_kernel **kr)
+/* Sum of the formula form (NULL: Exp(-g |x - y|^2) b, a Gaussian times R right-hand sides) or
+ * SumSoftMaxWeight of -g |x - y|^2 with weight form (NULL: b; attention's shape), b of width R
+ * on the reduced side, on CUDA (*kc) and on the reference (*kr). Arguments: x (3), y (3), g (1),
+ * b (R), a (R, on the output side). */
+static void fused_form_kernels(const char *form, sr_reduction red, int R, sr_dtype dt, int axis,
+                               sr_kernel **kc, sr_kernel **kr)
 {
-    char bal[32];
+    char bal[32], aal[32];
     snprintf(bal, sizeof bal, "b=V%c(%d)", axis ? 'j' : 'i', R);
-    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "g=Pm(1)", bal};
+    snprintf(aal, sizeof aal, "a=V%c(%d)", axis ? 'i' : 'j', R);
+    const char *al[] = {"x=Vi(3)", "y=Vj(3)", "g=Pm(1)", bal, aal};
     bool ssmw = red == SR_SUMSOFTMAXWEIGHT;
-    sr_expr *f = diff_parse(ctx, ssmw ? "-SqDist(x,y)*g" : "Exp(-SqDist(x,y)*g)*b", al, 4);
+    sr_expr *f = diff_parse(ctx,
+                            ssmw   ? "-SqDist(x,y)*g"
+                            : form ? form
+                                   : "Exp(-SqDist(x,y)*g)*b",
+                            al, 5);
     sr_kernel_desc d = sr_kernel_desc_default();
     d.reduction = red;
     d.axis = axis;
     d.dtype = dt;
-    d.weight = ssmw ? diff_parse(ctx, "b", al, 4) : NULL;
+    d.weight = ssmw ? diff_parse(ctx, form ? form : "b", al, 5) : NULL;
     *kc = diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
     *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
+}
+
+static void fused_kernels(sr_reduction red, int R, sr_dtype dt, int axis, sr_kernel **kc,
+                          sr_kernel **kr)
+{
+    fused_form_kernels(NULL, red, R, dt, axis, kc, kr);
 }
 
 /* Whether kernel k runs the fused kernel (its explain says so). */
@@ -593,7 +605,8 @@ static bool runs_fused(sr_kernel *k)
 /* Every width on both axes in both dtypes, at sizes 0, 1, primes and sizes no tile divides
  * (64 rows per block, 32 or 16 reduced indices per tile, 64 columns of B per block); from 16
  * columns on the kernels are the fused ones (explain), below the direct ones. */
-static void fused_widths(sr_reduction red, enum diff_gen gen, double lo, const int *widths, int nw)
+static void fused_widths(const char *form, sr_reduction red, enum diff_gen gen, double lo,
+                         const int *widths, int nw)
 {
     static const int64_t sizes[][2] = {{0, 7},    {1, 1},    {7, 0},    {1, 131},
                                        {67, 131}, {131, 67}, {257, 211}};
@@ -601,16 +614,16 @@ static void fused_widths(sr_reduction red, enum diff_gen gen, double lo, const i
         for (int axis = 1; axis >= 0; axis--)
             for (int dt = 0; dt < 2; dt++) {
                 sr_kernel *kc, *kr;
-                fused_kernels(red, widths[w], (sr_dtype)dt, axis, &kc, &kr);
+                fused_form_kernels(form, red, widths[w], (sr_dtype)dt, axis, &kc, &kr);
                 cr_assert_eq(runs_fused(kc), widths[w] >= 16, "R = %d: %s", widths[w],
                              sr_kernel_explain(kc));
                 const char *plan = widths[w] >= 16 ? "chosen: fused two-product" : "chosen: direct";
                 cr_assert(strstr(sr_kernel_explain(kc), plan), "R = %d: %s", widths[w],
                           sr_kernel_explain(kc));
                 for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
-                    char what[96];
-                    snprintf(what, sizeof what, "%s R %d axis %d %s", sr_reduction_name(red),
-                             widths[w], axis, dt ? "f64" : "f32");
+                    char what[160];
+                    snprintf(what, sizeof what, "%s %s R %d axis %d %s", sr_reduction_name(red),
+                             form ? form : "", widths[w], axis, dt ? "f64" : "f32");
                     int64_t no = sizes[s][0], nr = sizes[s][1];
                     diff_run(ctx, kc, kr, axis ? no : nr, axis ? nr : no, gen, lo, 1, 100 + s,
                              diff_tol_of((sr_dtype)dt), what);
@@ -627,13 +640,97 @@ Test(cuda, fused_sum_every_width)
 {
     need_gpu();
     /* inputs in [0, 1): positive terms, whose sums the tolerance is relative to */
-    fused_widths(SR_SUM, DIFF_UNIFORM, 0, fused_all_widths, NWIDTHS);
+    fused_widths(NULL, SR_SUM, DIFF_UNIFORM, 0, fused_all_widths, NWIDTHS);
 }
 
 Test(cuda, fused_softmax_every_width)
 {
     need_gpu();
-    fused_widths(SR_SUMSOFTMAXWEIGHT, DIFF_UNIFORM, -1, fused_all_widths, NWIDTHS);
+    fused_widths(NULL, SR_SUMSOFTMAXWEIGHT, DIFF_UNIFORM, -1, fused_all_widths, NWIDTHS);
+}
+
+/* Sum of F (A - B), F (B - A), F (A + B) with A on the output side (the gradient of a radial
+ * kernel: x_i - y_j): done as A sum F - sum F B from the rows' sums of F. Inputs in [0, 1). */
+Test(cuda, fused_a_minus_b_every_width)
+{
+    need_gpu();
+    fused_widths("Exp(-SqDist(x,y)*g)*(a-b)", SR_SUM, DIFF_UNIFORM, 0, fused_all_widths, NWIDTHS);
+    static const int w[] = {16, 65};
+    fused_widths("(b-a)*g*Exp(-SqDist(x,y)*g)", SR_SUM, DIFF_UNIFORM, 0, w, 2);
+    fused_widths("-Exp(-SqDist(x,y)*g)*(b+a)", SR_SUM, DIFF_UNIFORM, 0, w, 2);
+}
+
+/* The gradient kernels (sr_kernel_grad) of the Gaussian mat-vec Sum(Exp(-g |x - y|^2) b) with
+ * points of D values and b of width R, and of attention SumSoftMaxWeight(F, v) with F = (q|k) s
+ * or -|q - k|^2 s and v of width R, on CUDA against the reference's, both axes (axis 0: the
+ * categories swapped), both dtypes, sizes 0, 1, primes: the gradient with respect to a variable
+ * of at least 16 values runs the fused kernel (explain) — d/dx and d/dy as A sum F - sum F B
+ * (x_i - y_j), d/db and dv with the incoming gradient as B, dq and dk with k and q as B (or
+ * q_i - k_j), the weight's variable inside a formula (Exp(v)) with the incoming gradient as B
+ * times Exp(v) of the output side — the others (a parameter's, narrow variables') the direct
+ * one. */
+Test(cuda, fused_gradient_kernels)
+{
+    need_gpu();
+    static const struct {
+        const char *f, *w; /* F and the weight (SumSoftMaxWeight), over x, y, g, b */
+        int D, R;
+    } cases[] = {{"Exp(-SqDist(x,y)*g)*b", NULL, 17, 1},
+                 {"Exp(-SqDist(x,y)*g)*b", NULL, 33, 65},
+                 {"(x|y)*g", "b", 16, 17},
+                 {"-SqDist(x,y)*g", "b", 65, 16},
+                 {"(x|y)*g", "Exp(b)", 16, 17}};
+    static const int64_t sizes[][2] = {{0, 7}, {1, 1}, {7, 0}, {1, 131}, {67, 131}, {257, 211}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int dt = 0; dt < 2; dt++) {
+                char o = axis ? 'i' : 'j', r = axis ? 'j' : 'i', al[3][32];
+                snprintf(al[0], sizeof al[0], "x=V%c(%d)", o, cases[c].D);
+                snprintf(al[1], sizeof al[1], "y=V%c(%d)", r, cases[c].D);
+                snprintf(al[2], sizeof al[2], "b=V%c(%d)", r, cases[c].R);
+                const char *alias[] = {al[0], al[1], "g=Pm(1)", al[2]};
+                sr_kernel_desc d = sr_kernel_desc_default();
+                d.reduction = cases[c].w ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                d.axis = axis;
+                d.dtype = (sr_dtype)dt;
+                d.weight = cases[c].w ? diff_parse(ctx, cases[c].w, alias, 4) : NULL;
+                sr_expr *f = diff_parse(ctx, cases[c].f, alias, 4);
+                sr_kernel *kc = diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
+                sr_kernel *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
+                for (int v = 0; v < 4; v++) {
+                    sr_kernel *gc = NULL, *gr = NULL;
+                    cr_assert_eq(sr_kernel_grad(kc, v, &gc), SR_OK, "%s", sr_ctx_error(ctx));
+                    cr_assert_eq(sr_kernel_grad(kr, v, &gr), SR_OK, "%s", sr_ctx_error(ctx));
+                    int width = v == 2 ? 1 : v == 3 ? cases[c].R : cases[c].D;
+                    char what[160];
+                    snprintf(what, sizeof what, "gradient %d of %s (D %d, R %d) axis %d %s", v,
+                             cases[c].f, cases[c].D, cases[c].R, axis, dt ? "f64" : "f32");
+                    cr_assert_eq(runs_fused(gc), width >= 16, "%s: %s", what,
+                                 sr_kernel_explain(gc));
+                    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+                        diff_run(ctx, gc, gr, axis ? sizes[s][0] : sizes[s][1],
+                                 axis ? sizes[s][1] : sizes[s][0], DIFF_UNIFORM, 0.1, 1, 31 + s,
+                                 diff_tol_of(d.dtype), what);
+                    sr_kernel_free(gc);
+                    sr_kernel_free(gr);
+                }
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
+/* B a formula of the reduced side (the product of two vector factors), a weight that is one,
+ * and the sums times C, a formula of the output side, componentwise. */
+Test(cuda, fused_formula_b_and_c_every_width)
+{
+    need_gpu();
+    fused_widths("Exp(-SqDist(x,y)*g)*Exp(-b)*b", SR_SUM, DIFF_UNIFORM, 0, fused_all_widths,
+                 NWIDTHS);
+    fused_widths("Exp(b)*g", SR_SUMSOFTMAXWEIGHT, DIFF_UNIFORM, -1, fused_all_widths, NWIDTHS);
+    fused_widths("Exp(-SqDist(x,y)*g)*b*Exp(-a)", SR_SUM, DIFF_UNIFORM, 0, fused_all_widths,
+                 NWIDTHS);
+    static const int w[] = {16, 65};
+    fused_widths("-(Sin(b)*(a*a))*g*Exp(-SqDist(x,y)*g)", SR_SUM, DIFF_UNIFORM, 0, w, 2);
 }
 
 /* float16 and bfloat16 arrays (computed in float32): the fused kernels on core's copies. */
@@ -662,8 +759,10 @@ Test(cuda, fused_nan_inf)
 {
     need_gpu();
     static const int w[] = {16, 65};
-    fused_widths(SR_SUM, DIFF_SPECIAL, 0, w, 2);
-    fused_widths(SR_SUMSOFTMAXWEIGHT, DIFF_SPECIAL, 0, w, 2);
+    fused_widths(NULL, SR_SUM, DIFF_SPECIAL, 0, w, 2);
+    fused_widths(NULL, SR_SUMSOFTMAXWEIGHT, DIFF_SPECIAL, 0, w, 2);
+    /* A - B with A in F too (the radial kernel's gradient): an infinite A makes F 0 on its row */
+    fused_widths("Exp(-SqDist(a,b)*g)*(a-b)", SR_SUM, DIFF_SPECIAL, 0, w, 2);
 }
 
 /* Few output rows and a long reduced range: the fused kernel splits the reduced range over
@@ -735,7 +834,8 @@ Test(cuda, fused_memory_budget)
 }
 
 /* Block-sparse ranges on the fused kernel: blocks out of order, an empty one, uncovered rows,
- * empty and touching intervals, a block longer than a CUDA block's 64 rows. */
+ * empty and touching intervals, a block longer than a CUDA block's 64 rows; Sum, SumSoftMaxWeight
+ * and Sum of F (A - B) (inputs in [0, 1): A's rows read at the range blocks' rows). */
 Test(cuda, fused_ranges)
 {
     need_gpu();
@@ -743,12 +843,14 @@ Test(cuda, fused_ranges)
     static const int64_t rg[] = {100, 240, 0, 5, 5, 5, 5, 100, 240, 250};
     static const int64_t sl[] = {3, 4, 4, 7, 8};
     static const int64_t red_iv[] = {0, 10, 10, 200, 300, 400, 3, 4, 0, 5, 5, 5, 17, 400, 150, 151};
-    for (int red = 0; red < 2; red++)
+    for (int red = 0; red < 3; red++)
         for (int axis = 1; axis >= 0; axis--)
             for (int dt = 0; dt < 2; dt++) {
-                sr_reduction rd = red ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                sr_reduction rd = red == 1 ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                const int nargs = red == 2 ? 5 : 4;
                 sr_kernel *kc, *kr;
-                fused_kernels(rd, R, (sr_dtype)dt, axis, &kc, &kr);
+                fused_form_kernels(red == 2 ? "Exp(-SqDist(x,y)*g)*(a-b)" : NULL, rd, R,
+                                   (sr_dtype)dt, axis, &kc, &kr);
                 cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
                 sr_ranges rr = {0};
                 if (axis == 1)
@@ -764,18 +866,21 @@ Test(cuda, fused_ranges)
                                      .nredranges_i = 8,
                                      .redranges_i = red_iv};
                 int64_t nx = axis ? NO : NR, ny = axis ? NR : NO;
-                int64_t n[4] = {nx * 3, ny * 3, 1, (axis ? ny : nx) * R};
+                int64_t n[5] = {nx * 3, ny * 3, 1, (axis ? ny : nx) * R, (axis ? nx : ny) * R};
                 size_t es = sr_dtype_size((sr_dtype)dt);
                 uint64_t seed = 11;
-                void *buf[4];
-                for (int v = 0; v < 4; v++) {
+                void *buf[5];
+                for (int v = 0; v < nargs; v++) {
                     buf[v] = malloc((size_t)n[v] * es);
                     cr_assert(buf[v]);
-                    tu_fill(buf[v], (sr_dtype)dt, n[v], -1, 1, &seed);
+                    tu_fill(buf[v], (sr_dtype)dt, n[v], red == 2 ? 0 : -1, 1, &seed);
                 }
                 void *vc = calloc((size_t)NO * R, 8), *vr = calloc((size_t)NO * R, 8);
-                sr_run_desc r = {
-                    .nx = nx, .ny = ny, .nargs = 4, .args = (const void *const *)buf, .out = vc};
+                sr_run_desc r = {.nx = nx,
+                                 .ny = ny,
+                                 .nargs = nargs,
+                                 .args = (const void *const *)buf,
+                                 .out = vc};
                 cr_assert_eq(sr_kernel_run_ranges(kc, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
                 r.out = vr;
                 cr_assert_eq(sr_kernel_run_ranges(kr, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
@@ -784,10 +889,10 @@ Test(cuda, fused_ranges)
                     double a = dt ? ((double *)vc)[t] : ((float *)vc)[t];
                     double b = dt ? ((double *)vr)[t] : ((float *)vr)[t];
                     cr_assert(tu_close(a, b, tl.rtol, tl.atol),
-                              "%s axis %d %s: value %lld: %g, ref %g", sr_reduction_name(rd), axis,
-                              dt ? "f64" : "f32", (long long)t, a, b);
+                              "%s %d axis %d %s: value %lld: %g, ref %g", sr_reduction_name(rd),
+                              red, axis, dt ? "f64" : "f32", (long long)t, a, b);
                 }
-                for (int v = 0; v < 4; v++)
+                for (int v = 0; v < nargs; v++)
                     free(buf[v]);
                 free(vc);
                 free(vr);

@@ -708,6 +708,79 @@ Test(nvrtc, cuda_plan_picks_fused_for_wide_b)
     sr_ctx_free(ctx);
 }
 
+/* The fused forms beyond F * B: F (A - B), F (B - A), F (A + B) with A of the output side (the
+ * radial kernel's gradient), B a formula of the reduced side, the sums times C of the output
+ * side, and SumSoftMaxWeight with a weight formula: the plan picks the fused kernel from 16
+ * columns, explain says so, the emitter names A's and B's arguments (B's -1 for a formula) and
+ * C, and the module compiles for both architectures, both dtypes, both axes. */
+Test(nvrtc, fused_forms)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    static const struct {
+        const char *f, *w;
+        int bvar, avar;
+        bool cfactor;
+    } forms[] = {{"Exp(-SqDist(x,y)*g)*(a-b)", NULL, 3, 4, false},
+                 {"(b-a)*Exp(-SqDist(x,y)*g)", NULL, 3, 4, false},
+                 {"-g*(b+a)*Exp(-SqDist(x,y)*g)", NULL, 3, 4, false},
+                 {"Exp(-SqDist(x,y)*g)*Exp(-b)*b", NULL, -1, -1, false},
+                 {"Exp(-SqDist(x,y)*g)*b*Exp(-a)", NULL, 3, -1, true},
+                 {"-(Sin(b)*(a*a))*g*Exp(-SqDist(x,y)*g)", NULL, -1, -1, true},
+                 {"-SqDist(x,y)*g", "Exp(b)*g", -1, -1, false}};
+    enum { NF = sizeof forms / sizeof *forms };
+    static const int widths[] = {15, 16, 65, 300};
+    for (int w = 0; w < 4; w++)
+        for (int c = 0; c < NF; c++)
+            for (int dt = 0; dt < 2; dt++) {
+                int axis = (w + c) % 2;
+                char bal[32], aal[32];
+                snprintf(bal, sizeof bal, "b=V%c(%d)", axis ? 'j' : 'i', widths[w]);
+                snprintf(aal, sizeof aal, "a=V%c(%d)", axis ? 'i' : 'j', widths[w]);
+                const char *al[] = {"x=Vi(3)", "y=Vj(3)", "g=Pm(1)", bal, aal};
+                sr_expr *f, *wt = NULL;
+                cr_assert_eq(sr_parse(ctx, forms[c].f, al, 5, &f), SR_OK, "%s", sr_ctx_error(ctx));
+                if (forms[c].w)
+                    cr_assert_eq(sr_parse(ctx, forms[c].w, al, 5, &wt), SR_OK, "%s",
+                                 sr_ctx_error(ctx));
+                sr_kernel_desc d = sr_kernel_desc_default();
+                d.axis = axis;
+                d.dtype = (sr_dtype)dt;
+                d.weight = wt;
+                d.reduction = wt ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+                sr_kernel *k = ref_kernel(ctx, f, d);
+                sr_kernel kc = *k;
+                kc.nplans = cuda_plans(&kc, JIT_ACC_BLOCK, kc.plans);
+                bool wide = widths[w] >= 16;
+                cr_assert_eq(sr__plan_choose(&kc)->id, wide ? CUDA_PLAN_FUSED : CUDA_PLAN_DIRECT,
+                             "%s R %d", forms[c].f, widths[w]);
+                struct expr_buf b = {0};
+                sr__plan_explain(&kc, &b);
+                cr_assert(b.data && strstr(b.data, wide ? "chosen: fused two-product"
+                                                        : "rejected: fused two-product"),
+                          "%s R %d: explain:\n%s", forms[c].f, widths[w], b.data);
+                free(b.data);
+                b = (struct expr_buf){0};
+                struct cuda_plan plan;
+                struct cuda_fused fp;
+                cr_assert_eq(jit_emit_cuda_fused(k, JIT_ACC_BLOCK, &b, &plan, &fp), SR_OK);
+                cr_assert_eq(fp.avar, forms[c].avar, "%s: A is argument %d", forms[c].f, fp.avar);
+                cr_assert_eq(fp.bvar, forms[c].bvar, "%s: B is argument %d", forms[c].f, fp.bvar);
+                cr_assert_eq(fp.cfactor, forms[c].cfactor, "%s: C", forms[c].f);
+                struct nvrtc_out o;
+                const char *arch = archs[(w + dt) % 2];
+                sr_status st = jit_nvrtc_compile(b.data, "t.cu", arch, false, &o);
+                cr_assert_eq(st, SR_OK, "%s R %d for %s: %s\nsource:\n%s", forms[c].f, widths[w],
+                             arch, o.log ? o.log : "", b.data);
+                free(o.image);
+                free(o.log);
+                free(b.data);
+                sr_kernel_free(k);
+            }
+    sr_ctx_free(ctx);
+}
+
 /* An F whose reduced-index terms exceed shared memory even with tiles of one index (float64
  * inner product of dimension 6000): the fused emitter declines, so the plan falls back. */
 Test(nvrtc, fused_declines_beyond_shared_memory)

@@ -4,7 +4,9 @@
  * not multiples of the tiles, D = 1, 17, 64, weights of width 1, 16, 65, float32 and float64,
  * the forms of F it takes (a parameter or a constant factor on either side, the inner product's
  * operands in either order), NaN and infinities, the kernels it declines (SR_ENOTSUP), the
- * memory budget (SR_EBUDGET) and the argument errors; axis 0, where i and j exchange roles.
+ * memory budget (SR_EBUDGET) and the argument errors; axis 0, where i and j exchange roles;
+ * block-sparse ranges (sr_kernel_vjp_ranges, sr_kernel_run_lse_ranges) against the gradient
+ * kernels run on the same ranges (sr_kernel_run_ranges).
  */
 #include <criterion/criterion.h>
 
@@ -87,6 +89,15 @@ static void fill(const struct job *j, struct arrays *x, uint64_t *seed)
     for (int v = 0; v < NV; v++)
         for (int64_t i = 0; i < len[v]; i++)
             x->d[v][i] = tu_get(x->a[v], j->dt, i);
+}
+
+/* Job j's arrays (filled from seed) in x and args, and its kernel on the CPU JIT. */
+static sr_kernel *fixture(const struct job *j, uint64_t seed, struct arrays *x, const void **args)
+{
+    fill(j, x, &seed);
+    for (int v = 0; v < NV; v++)
+        args[v] = x->a[v];
+    return make(j, SR_SUMSOFTMAXWEIGHT, j->dt, SR_DEVICE_CPU);
 }
 
 static void release(struct arrays *x)
@@ -375,10 +386,8 @@ Test(vjp, budget_and_argument_errors)
 {
     struct job j = {"(q|k)*s", "v", 300, 20, 64, 4, SR_F32, 1.0, -1, -1, false};
     struct arrays x;
-    uint64_t seed = 3;
-    fill(&j, &x, &seed);
-    sr_kernel *k = make(&j, SR_SUMSOFTMAXWEIGHT, SR_F32, SR_DEVICE_CPU);
-    const void *args[NV] = {x.a[0], x.a[1], x.a[2], x.a[3]};
+    const void *args[NV];
+    sr_kernel *k = fixture(&j, 3, &x, args);
     float *G = calloc(300 * 4, 4), *out = calloc(300 * 4, 4), *gq = calloc(300 * 64, 4);
     void *grads[NV] = {gq, NULL, NULL, NULL};
     sr_run_desc r = {.nx = 300, .ny = 20, .nargs = NV, .args = args};
@@ -409,5 +418,223 @@ Test(vjp, budget_and_argument_errors)
     cr_assert_eq(sr_kernel_vjp(k, &bad, G, out, NULL, grads), SR_EINVAL);
     sr_kernel_free(k);
     free(G), free(out), free(gq);
+    release(&x);
+}
+
+/* ---- block-sparse ranges ---- */
+
+enum { MAXB = 40 };
+
+/* A block pattern of job j: the n output rows in blocks of bo rows, the m reduced rows in
+ * blocks of br, pairs where keep(a, b) for output block a and reduced block b. Output block 1
+ * has no pair (listed with no interval) and block 2 is in no range (a gap): both uncovered. The
+ * triple of the output side (blocks of output rows, reduced intervals) and its transpose. */
+struct pattern {
+    int64_t ob[2 * MAXB], os[MAXB], oi[2 * MAXB * MAXB], no, noi;
+    int64_t rb[2 * MAXB], rs[MAXB], ri[2 * MAXB * MAXB], nr, nri;
+    sr_ranges R;
+};
+
+static bool keep(int64_t a, int64_t b) { return a != 1 && a != 2 && (a * 7 + b * 3) % 5 < 3; }
+
+/* Block a of size b of [0, n) into d[0], d[1]. */
+static void span(int64_t a, int64_t b, int64_t n, int64_t *d)
+{
+    d[0] = a * b, d[1] = a * b + b < n ? a * b + b : n;
+}
+
+/* The triple of one side (n rows in blocks of bn) against the other (m rows in blocks of bm):
+ * blocks, slices, intervals and their counts; out: the output side (else keep transposed). */
+static void triple(int64_t n, int64_t bn, int64_t m, int64_t bm, bool out, int64_t *blk,
+                   int64_t *sl, int64_t *iv, int64_t *nblk, int64_t *niv)
+{
+    for (int64_t a = 0; a < (n + bn - 1) / bn; a++) {
+        if (out && a == 2)
+            continue;
+        span(a, bn, n, blk + 2 * *nblk);
+        for (int64_t b = 0; b < (m + bm - 1) / bm; b++)
+            if (out ? keep(a, b) : keep(b, a))
+                span(b, bm, m, iv + 2 * (*niv)++);
+        sl[(*nblk)++] = *niv;
+    }
+}
+
+static void make_pattern(const struct job *j, int64_t bo, int64_t br, struct pattern *p)
+{
+    memset(p, 0, sizeof *p);
+    cr_assert((j->n + bo - 1) / bo <= MAXB && (j->m + br - 1) / br <= MAXB);
+    triple(j->n, bo, j->m, br, true, p->ob, p->os, p->oi, &p->no, &p->noi);
+    triple(j->m, br, j->n, bo, false, p->rb, p->rs, p->ri, &p->nr, &p->nri);
+    sr_ranges out = {p->no, p->ob, p->os, p->noi, p->oi, p->nr, p->rb, p->rs, p->nri, p->ri};
+    sr_ranges red = {p->nr, p->rb, p->rs, p->nri, p->ri, p->no, p->ob, p->os, p->noi, p->oi};
+    p->R = j->ax0 ? red : out; /* axis 0: the output side is j's, read from ranges_j */
+}
+
+/* Runs k on job j's arrays with ranges R. */
+static void run_ranges(const sr_kernel *k, const struct job *j, const void *const *args, void *out,
+                       const sr_ranges *R)
+{
+    sr_run_desc r = job_run(k, j, args, out);
+    cr_assert_eq(sr_kernel_run_ranges(k, &r, R), SR_OK, "%s", sr_ctx_error(ctx));
+}
+
+/* sr_kernel_run_lse_ranges and sr_kernel_vjp_ranges (every variable, lse formed and given)
+ * against the forward and the gradient kernels on the reference backend in float64, all with
+ * the ranges of make_pattern(j, bo, br). */
+static void check_ranges(const struct job *j, int64_t bo, int64_t br)
+{
+    struct pattern *p = malloc(sizeof *p);
+    make_pattern(j, bo, br, p);
+    uint64_t seed = 0x7a6e + (uint64_t)(j->n * 31 + j->m * 7 + bo * 3 + br);
+    struct arrays x;
+    fill(j, &x, &seed);
+    const size_t es = esize(j->dt);
+    const int64_t no = j->n * j->Dw;
+    sr_kernel *k = make(j, SR_SUMSOFTMAXWEIGHT, j->dt, SR_DEVICE_CPU);
+    sr_kernel *f = make(j, SR_SUMSOFTMAXWEIGHT, SR_F64, SR_DEVICE_REFERENCE);
+    sr_kernel *lk = make(j, SR_LOGSUMEXP, SR_F64, SR_DEVICE_REFERENCE);
+    void *G = calloc((size_t)no + 1, es), *out = calloc((size_t)no + 1, es);
+    void *lse = calloc((size_t)j->n + 1, es);
+    double *Gd = calloc((size_t)no + 1, 8), *outd = calloc((size_t)no + 1, 8);
+    double *lamd = calloc((size_t)j->n + 1, 8);
+    tu_fill(G, j->dt, no, -1, 1, &seed);
+    for (int64_t i = 0; i < no; i++)
+        Gd[i] = tu_get(G, j->dt, i);
+    const void *args[NV] = {x.a[0], x.a[1], x.a[2], x.a[3]};
+    const void *argd[NV] = {x.d[0], x.d[1], x.d[2], x.d[3]};
+    run_ranges(f, j, argd, outd, &p->R);
+    run_ranges(lk, j, argd, lamd, &p->R);
+    sr_run_desc r = job_run(k, j, args, out);
+    cr_assert_eq(sr_kernel_run_lse_ranges(k, &r, &p->R, lse), SR_OK, "%s", sr_ctx_error(ctx));
+    const double rtol = j->dt == SR_F64 ? 1e-10 : 2e-4;
+    for (int64_t i = 0; i < no; i++)
+        cr_assert(tu_close(tu_get(out, j->dt, i), outd[i], rtol, rtol),
+                  "n %lld m %lld blocks %lld x %lld: value [%lld] = %.10g, the reference's %.10g",
+                  (long long)j->n, (long long)j->m, (long long)bo, (long long)br, (long long)i,
+                  tu_get(out, j->dt, i), outd[i]);
+    for (int64_t i = 0; i < j->n; i++)
+        cr_assert(tu_close(tu_get(lse, j->dt, i), lamd[i], rtol, rtol),
+                  "lse [%lld] = %.10g, the LogSumExp kernel's %.10g", (long long)i,
+                  tu_get(lse, j->dt, i), lamd[i]);
+    const int64_t glen[NV] = {x.len[0], x.len[1], 1, x.len[3]};
+    for (int pass = 0; pass < 2; pass++) {
+        void *grads[NV];
+        for (int v = 0; v < NV; v++) {
+            grads[v] = malloc(es * (size_t)glen[v] + 1);
+            memset(grads[v], 0x7f, es * (size_t)glen[v] + 1); /* overwritten, zeros too */
+        }
+        cr_assert_eq(sr_kernel_vjp_ranges(k, &r, &p->R, G, out, pass ? lse : NULL, grads), SR_OK,
+                     "%s", sr_ctx_error(ctx));
+        for (int v = 0; v < NV; v++) {
+            sr_kernel *g;
+            cr_assert_eq(sr_kernel_grad(f, v, &g), SR_OK, "%s", sr_ctx_error(ctx));
+            const void *ga[NV + 3] = {x.d[0], x.d[1], x.d[2], x.d[3], Gd, outd, lamd};
+            const int64_t rows = v == 1 || v == 3 ? j->m : j->n;
+            const int dim = v == 0 || v == 1 ? j->D : v == 2 ? 1 : j->Dw;
+            double *res = calloc((size_t)(rows * dim) + 1, 8), want0 = 0, big = 0;
+            run_ranges(g, j, ga, res, &p->R);
+            for (int64_t i = 0; v == 2 && i < rows; i++)
+                want0 += res[i];
+            const double *want = v == 2 ? &want0 : res;
+            for (int64_t i = 0; i < glen[v]; i++)
+                big = fabs(want[i]) > big ? fabs(want[i]) : big;
+            for (int64_t i = 0; i < glen[v]; i++) {
+                double got = tu_get(grads[v], j->dt, i);
+                cr_assert(tu_close(got, want[i], rtol, rtol * (big > 1 ? big : 1)),
+                          "n %lld m %lld D %d Dw %d %s axis %d blocks %lld x %lld, lse %s: "
+                          "variable %d [%lld] = %.10g, the gradient kernel gives %.10g",
+                          (long long)j->n, (long long)j->m, j->D, j->Dw,
+                          j->dt == SR_F64 ? "f64" : "f32", j->ax0 ? 0 : 1, (long long)bo,
+                          (long long)br, pass ? "given" : "formed", v, (long long)i, got, want[i]);
+            }
+            free(res), free(grads[v]);
+            sr_kernel_free(g);
+        }
+    }
+    sr_kernel_free(k), sr_kernel_free(f), sr_kernel_free(lk);
+    free(G), free(out), free(lse), free(Gd), free(outd), free(lamd), free(p);
+    release(&x);
+}
+
+Test(vjp, block_sparse_ranges)
+{
+    /* n, m, D, Dw, output and reduced block sizes: one pair; primes; blocks across the tiles of
+     * both passes (96 and 192 rows, 128 and 512 reduced indices) and intervals that do not
+     * cover a tile */
+    const int64_t cases[][6] = {{1, 1, 1, 1, 1, 1},
+                                {13, 7, 3, 2, 2, 3},
+                                {131, 97, 17, 16, 13, 11},
+                                {200, 300, 64, 65, 97, 37},
+                                {250, 700, 8, 5, 100, 150}};
+    for (int ax = 0; ax < 2; ax++)
+        for (int dt = 0; dt < 2; dt++)
+            for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+                struct job j = {"(q|k)*s",
+                                "v",
+                                cases[c][0],
+                                cases[c][1],
+                                (int)cases[c][2],
+                                (int)cases[c][3],
+                                dt ? SR_F64 : SR_F32,
+                                0.3,
+                                -1,
+                                -1,
+                                ax == 1};
+                check_ranges(&j, cases[c][4], cases[c][5]);
+            }
+}
+
+Test(vjp, ranges_empty_and_errors)
+{
+    struct job j = {"(q|k)*s", "v", 6, 5, 3, 2, SR_F32, 1.0, -1, -1, false};
+    struct arrays x;
+    const void *args[NV];
+    sr_kernel *k = fixture(&j, 4, &x, args);
+    float G[12] = {0}, out[12], lse[6], gq[18], gk[15], gs[1], gv[10];
+    void *grads[NV] = {gq, gk, gs, gv};
+    sr_run_desc r = {.nx = 6, .ny = 5, .nargs = NV, .args = args, .out = out};
+    /* no block: every row uncovered, the values of sr_kernel_run_ranges, every gradient 0 */
+    sr_ranges none = {0};
+    cr_assert_eq(sr_kernel_run_lse_ranges(k, &r, &none, lse), SR_OK, "%s", sr_ctx_error(ctx));
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(lse[i], -INFINITY);
+        cr_assert(isnan(out[2 * i]) && isnan(out[2 * i + 1]));
+    }
+    memset(gq, 0x7f, sizeof gq), memset(gk, 0x7f, sizeof gk);
+    memset(gs, 0x7f, sizeof gs), memset(gv, 0x7f, sizeof gv);
+    cr_assert_eq(sr_kernel_vjp_ranges(k, &r, &none, G, out, NULL, grads), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    for (int i = 0; i < 18; i++)
+        cr_assert_eq(gq[i], 0.0f);
+    for (int i = 0; i < 15; i++)
+        cr_assert_eq(gk[i], 0.0f);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(gv[i], 0.0f);
+    cr_assert_eq(gs[0], 0.0f);
+    /* bad ranges: the message of sr_kernel_run_ranges */
+    const int64_t ri[] = {0, 7}, si[] = {1}, rj[] = {0, 5};
+    sr_ranges bad = {1, ri, si, 1, rj, 0, NULL, NULL, 0, NULL};
+    cr_assert_eq(sr_kernel_vjp_ranges(k, &r, &bad, G, out, NULL, grads), SR_EINVAL);
+    cr_assert(strstr(sr_ctx_error(ctx), "ranges_i[0]"), "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run_lse_ranges(k, &r, &bad, lse), SR_EINVAL);
+    /* one block per row: the block lists (16 bytes per block and tile) count against the budget */
+    int64_t rows[12], sl[6];
+    for (int i = 0; i < 6; i++)
+        rows[2 * i] = i, rows[2 * i + 1] = i + 1, sl[i] = i + 1;
+    const int64_t alls[12] = {0, 5, 0, 5, 0, 5, 0, 5, 0, 5, 0, 5};
+    sr_ranges each = {6, rows, sl, 6, alls, 0, NULL, NULL, 0, NULL};
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 200), SR_OK);
+    cr_assert_eq(sr_kernel_vjp_ranges(k, &r, &each, G, out, NULL, grads), SR_EBUDGET);
+    cr_assert(strstr(sr_ctx_error(ctx), "block lists"), "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run_lse_ranges(k, &r, &each, lse), SR_EBUDGET);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    cr_assert_eq(sr_kernel_run_lse_ranges(k, &r, &each, lse), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_vjp_ranges(k, &r, &each, G, out, lse, grads), SR_OK, "%s",
+                 sr_ctx_error(ctx));
+    /* the reference backend has no fused backward, with or without ranges */
+    sr_kernel *ref = make(&j, SR_SUMSOFTMAXWEIGHT, SR_F32, SR_DEVICE_REFERENCE);
+    cr_assert_eq(sr_kernel_vjp_ranges(ref, &r, &none, G, out, NULL, grads), SR_ENOTSUP);
+    sr_kernel_free(ref);
+    sr_kernel_free(k);
     release(&x);
 }

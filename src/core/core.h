@@ -217,10 +217,12 @@ struct sr_backend_i {
     /* sr_kernel_vjp: all the wanted gradients in one call, for the kernels that have a fused
      * backward (NULL, or SR_ENOTSUP with the reason: the caller uses sr_kernel_grad); lse may
      * be NULL. run_lse: sr_kernel_run_lse, the forward with its log-normalizer, for the same
-     * kernels. The arguments are checked by core. */
-    sr_status (*vjp)(const struct sr_kernel *k, const sr_run_desc *run, const void *gout,
-                     const void *out, const void *lse, void *const *grads);
-    sr_status (*run_lse)(const struct sr_kernel *k, const sr_run_desc *run, void *lse);
+     * kernels. p: NULL, or the block-sparse plan of sr_kernel_vjp_ranges / _run_lse_ranges
+     * (only the pairs of its blocks). The arguments are checked by core. */
+    sr_status (*vjp)(const struct sr_kernel *k, const sr_run_desc *run, const struct sr_rplan *p,
+                     const void *gout, const void *out, const void *lse, void *const *grads);
+    sr_status (*run_lse)(const struct sr_kernel *k, const sr_run_desc *run,
+                         const struct sr_rplan *p, void *lse);
     /* The candidate plans of a kernel that has not been prepared (simplified, backend set),
      * without side effects, as its prepare would offer them; returns their number (0: none,
      * e.g. no compiler). NULL: the backend offers none (the sum split, split.c, needs them). */

@@ -17,6 +17,7 @@
 #include "core.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* What the gradient kernel of a reduction reads beyond the forward arrays. */
 struct grad_extra {
@@ -211,42 +212,75 @@ static sr_status vjp_check(const sr_kernel *k, const sr_run_desc *r, const char 
     return sr__check_arrays(k, r->nx, r->ny, r->args);
 }
 
-sr_status sr_kernel_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gout, const void *out,
-                        const void *lse, void *const *grads)
+/* The block-sparse plan of ranges R for the call (p->mem NULL when R is NULL). */
+static sr_status vjp_plan(const sr_kernel *k, const sr_run_desc *r, const sr_ranges *R,
+                          struct sr_rplan *p)
+{
+    memset(p, 0, sizeof *p);
+    return R ? sr__rplan_new(k, r, R, p) : SR_OK;
+}
+
+sr_status sr_kernel_vjp_ranges(const sr_kernel *k, const sr_run_desc *r, const sr_ranges *R,
+                               const void *gout, const void *out, const void *lse,
+                               void *const *grads)
 {
     if (!k)
         return SR_EINVAL;
     sr_ctx *ctx = k->ctx;
-    sr_status st = vjp_check(k, r, "sr_kernel_vjp");
+    const char *name = R ? "sr_kernel_vjp_ranges" : "sr_kernel_vjp";
+    sr_status st = vjp_check(k, r, name);
     if (st != SR_OK)
         return st;
     if (!grads)
-        return sr__error(ctx, SR_EINVAL, "sr_kernel_vjp: grads is NULL");
+        return sr__error(ctx, SR_EINVAL, "%s: grads is NULL", name);
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     if (nout > 0 && (!gout || !out))
-        return sr__error(ctx, SR_EINVAL, "sr_kernel_vjp: %s is NULL", gout ? "out" : "gout");
+        return sr__error(ctx, SR_EINVAL, "%s: %s is NULL", name, gout ? "out" : "gout");
     if (!k->backend->vjp)
         return sr__error(ctx, SR_ENOTSUP,
-                         "sr_kernel_vjp: the %s backend has no fused backward (use sr_kernel_grad)",
+                         "%s: the %s backend has no fused backward (use sr_kernel_grad)", name,
                          k->backend->name);
-    return k->backend->vjp(k, r, gout, out, lse, grads);
+    struct sr_rplan p;
+    if ((st = vjp_plan(k, r, R, &p)) != SR_OK)
+        return st;
+    st = k->backend->vjp(k, r, R ? &p : NULL, gout, out, lse, grads);
+    sr__rplan_free(&p);
+    return st;
 }
 
-sr_status sr_kernel_run_lse(const sr_kernel *k, const sr_run_desc *r, void *lse)
+sr_status sr_kernel_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gout, const void *out,
+                        const void *lse, void *const *grads)
+{
+    return sr_kernel_vjp_ranges(k, r, NULL, gout, out, lse, grads);
+}
+
+sr_status sr_kernel_run_lse_ranges(const sr_kernel *k, const sr_run_desc *r, const sr_ranges *R,
+                                   void *lse)
 {
     if (!k)
         return SR_EINVAL;
     sr_ctx *ctx = k->ctx;
-    sr_status st = vjp_check(k, r, "sr_kernel_run_lse");
+    const char *name = R ? "sr_kernel_run_lse_ranges" : "sr_kernel_run_lse";
+    sr_status st = vjp_check(k, r, name);
     if (st != SR_OK)
         return st;
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     if (nout > 0 && (!r->out || !lse))
-        return sr__error(ctx, SR_EINVAL, "sr_kernel_run_lse: %s is NULL", lse ? "out" : "lse");
+        return sr__error(ctx, SR_EINVAL, "%s: %s is NULL", name, lse ? "out" : "lse");
     if (!k->backend->run_lse)
         return sr__error(ctx, SR_ENOTSUP,
-                         "sr_kernel_run_lse: the %s backend has no fused backward (run the kernel "
+                         "%s: the %s backend has no fused backward (run the kernel "
                          "and a LogSumExp kernel)",
-                         k->backend->name);
-    return k->backend->run_lse(k, r, lse);
+                         name, k->backend->name);
+    struct sr_rplan p;
+    if ((st = vjp_plan(k, r, R, &p)) != SR_OK)
+        return st;
+    st = k->backend->run_lse(k, r, R ? &p : NULL, lse);
+    sr__rplan_free(&p);
+    return st;
+}
+
+sr_status sr_kernel_run_lse(const sr_kernel *k, const sr_run_desc *r, void *lse)
+{
+    return sr_kernel_run_lse_ranges(k, r, NULL, lse);
 }

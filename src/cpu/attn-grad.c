@@ -24,6 +24,13 @@
  * of x makes lam_i NaN, and with it that row's dx and every dy and dw.
  *
  * On axis 0 (out_j = sum_i P_ji w_i) the same passes run with the roles of i and j exchanged.
+ *
+ * With block-sparse ranges (a plan of ranges.c: blocks of output rows, each with its reduced
+ * intervals) the passes visit only the blocks' pairs: the first goes over each block's rows
+ * and, for each, over its intervals; the second, still over tiles of TJ reduced indices, over
+ * the blocks that have pairs in the tile (the pattern transposed here, so that only the triple
+ * of the kernel's axis is read), with P and dS zeroed outside the block's intervals when these
+ * do not cover the tile. Without ranges the pattern is one block of every pair.
  */
 #include "cpu.h"
 
@@ -44,10 +51,15 @@
  * indices per tile of the second pass and of the first, rows per block of the first (and of the
  * forward: each block packs the tiles of y and w again, so larger blocks pack less; the forward
  * ran 0.86-1.01x the fused strategy's with 192, 1.16-1.36x with 96, N = M = 4096, D = 64,
- * alternating, load 4-5), rows per strip (two 8 x 8 blocks of the transposition). With float32,
- * TI = 96 and TJ = 128, a thread's tiles of the second pass (the packed y and w tiles, P^T, dS^T,
- * the packed x and G blocks: about 250 KiB at D = 64) stay in L2. */
-enum { TI = 96, TJ = 128, TL = 512, TB = 192, STRIP = 16 };
+ * alternating, load 4-5), rows per strip of the first pass and of the second: multiples of the
+ * micro-kernel's CPU_AVX2_MR = 6 rows, so that no micro-strip computes rows it throws away (16
+ * rows cost 18). The first pass's strip of F (STRIP x TL) stays in L1 with 12 rows (its forward
+ * took 0.6-1.1x the CPU time of 16 rows, mean 0.84x, N = M = 4096, D = 64, alternating, load
+ * 3-5); the second pass's strips, 24 rows (also three 8 x 8 blocks of the transposition), took
+ * 0.6-0.8x the CPU time of 16 rows. With float32, TI = 96 and TJ = 128, a thread's tiles of the
+ * second pass (the packed y and w tiles, P^T, dS^T, the packed x and G blocks: about 250 KiB at
+ * D = 64) stay in L2. */
+enum { TI = 96, TJ = 128, TL = 512, TB = 192, STRIP = 12, PSTRIP = 24 };
 
 struct attn {
     int x, y, w, c; /* argument indices; c = -1 for a constant or no factor */
@@ -58,6 +70,129 @@ struct attn {
     void *gx, *gy, *gw, *gc; /* the wanted gradients, NULL for the others */
     int nth;
 };
+
+/* The pairs the passes visit: blocks of output rows, each with its reduced intervals (the
+ * arrays of a block-sparse plan, struct sr_rplan; without ranges one block of every row with one
+ * interval of every reduced index); for the first pass the blocks cut in chunks of TB rows
+ * (chunk[3u] the block, [chunk[3u + 1], chunk[3u + 2]) the rows); for the second, per tile t of
+ * TJ reduced indices, the blocks that have pairs in it: for e in [toff[t], toff[t + 1]),
+ * tent[2e] the block and tent[2e + 1] its first interval that meets the tile. */
+struct pattern {
+    int64_t nb;
+    const int64_t *blk, *ivoff, *iv;
+    int64_t dense[6]; /* blk, ivoff and iv of the pattern without ranges */
+    int64_t nchunk, *chunk, ntiles, *toff, *tent;
+    void *mem;
+};
+
+/* Calls fn(t, c, q, ctx) once for each tile t and block c with pairs in t, with q the first
+ * interval of c that meets t, in increasing c for each t (last: ntiles scratch values). */
+static void pattern_walk(const struct pattern *pt, int64_t *last,
+                         void (*fn)(int64_t t, int64_t c, int64_t q, void *ctx), void *ctx)
+{
+    for (int64_t t = 0; t < pt->ntiles; t++)
+        last[t] = -1;
+    for (int64_t c = 0; c < pt->nb; c++)
+        for (int64_t q = pt->ivoff[c]; q < pt->ivoff[c + 1]; q++)
+            for (int64_t t = pt->iv[2 * q] / TJ; t <= (pt->iv[2 * q + 1] - 1) / TJ; t++)
+                if (last[t] != c) {
+                    last[t] = c;
+                    fn(t, c, q, ctx);
+                }
+}
+
+static void tile_count(int64_t t, int64_t c, int64_t q, void *ctx)
+{
+    (void)c, (void)q;
+    ((int64_t *)ctx)[t + 1]++;
+}
+
+static void tile_fill(int64_t t, int64_t c, int64_t q, void *ctx)
+{
+    struct pattern *pt = ctx;
+    int64_t e = pt->toff[t]++;
+    pt->tent[2 * e] = c;
+    pt->tent[2 * e + 1] = q;
+}
+
+/* The pattern of plan p, or of every pair when p is NULL (n output rows, m reduced): SR_EBUDGET
+ * when its lists take more than limit bytes (limit > 0; *bytes: how many), SR_ENOMEM when they do
+ * not fit in memory. */
+static sr_status pattern_new(const struct attn *a, const struct sr_rplan *p, int64_t limit,
+                             int64_t *bytes, struct pattern *pt)
+{
+    memset(pt, 0, sizeof *pt);
+    if (p) {
+        pt->nb = p->nblocks, pt->blk = p->blk, pt->ivoff = p->ivoff, pt->iv = p->iv;
+    } else {
+        int64_t *d = pt->dense;
+        d[0] = 0, d[1] = a->n, d[2] = 0, d[3] = 1, d[4] = 0, d[5] = a->m;
+        pt->nb = a->n > 0 && a->m > 0, pt->blk = d, pt->ivoff = d + 2, pt->iv = d + 4;
+    }
+    for (int64_t c = 0; c < pt->nb; c++)
+        pt->nchunk += (pt->blk[2 * c + 1] - pt->blk[2 * c] + TB - 1) / TB;
+    pt->ntiles = (a->m + TJ - 1) / TJ;
+    /* chunk, toff and the scratch of the walk, then tent once its size is known */
+    int64_t *m0 = malloc(sizeof(int64_t) * (size_t)(3 * pt->nchunk + 2 * pt->ntiles + 1));
+    if (!m0)
+        return SR_ENOMEM;
+    pt->chunk = m0, pt->toff = m0 + 3 * pt->nchunk;
+    int64_t u = 0;
+    for (int64_t c = 0; c < pt->nb; c++)
+        for (int64_t r = pt->blk[2 * c]; r < pt->blk[2 * c + 1]; r += TB, u++) {
+            pt->chunk[3 * u] = c, pt->chunk[3 * u + 1] = r;
+            pt->chunk[3 * u + 2] = pt->blk[2 * c + 1] - r < TB ? pt->blk[2 * c + 1] : r + TB;
+        }
+    memset(pt->toff, 0, sizeof(int64_t) * (size_t)(pt->ntiles + 1));
+    int64_t *last = pt->toff + pt->ntiles + 1;
+    pattern_walk(pt, last, tile_count, pt->toff);
+    for (int64_t t = 0; t < pt->ntiles; t++)
+        pt->toff[t + 1] += pt->toff[t];
+    *bytes =
+        (int64_t)sizeof(int64_t) * (3 * pt->nchunk + 2 * pt->ntiles + 2 * pt->toff[pt->ntiles]);
+    if (limit > 0 && *bytes > limit) {
+        free(m0);
+        return SR_EBUDGET;
+    }
+    pt->tent = malloc(sizeof(int64_t) * (size_t)(2 * pt->toff[pt->ntiles] + 1));
+    if (!pt->tent) {
+        free(m0);
+        return SR_ENOMEM;
+    }
+    pattern_walk(pt, last, tile_fill, pt); /* toff[t] moves to tile t's end: toff[t + 1] */
+    for (int64_t t = pt->ntiles; t > 0; t--)
+        pt->toff[t] = pt->toff[t - 1];
+    pt->toff[0] = 0;
+    pt->mem = m0;
+    return SR_OK;
+}
+
+static void pattern_free(struct pattern *pt)
+{
+    free(pt->mem);
+    free(pt->tent);
+}
+
+/* Zeroes, in rows [0, h) of A (row stride lda), the columns of the tile [j0, j0 + tj) outside
+ * the intervals [q, q1) of a block, when they do not cover the tile whole. */
+static void mask_cols(const struct pattern *pt, int64_t q, int64_t q1, int64_t j0, int64_t tj,
+                      float *A, int64_t lda, int64_t h)
+{
+    if (pt->iv[2 * q] <= j0 && pt->iv[2 * q + 1] >= j0 + tj)
+        return;
+    for (int64_t r = 0; r < h; r++) {
+        float *row = A + r * lda;
+        int64_t pos = 0;
+        for (int64_t v = q; v < q1 && pt->iv[2 * v] < j0 + tj; v++) {
+            const int64_t b = pt->iv[2 * v] - j0, e = pt->iv[2 * v + 1] - j0;
+            if (b > pos)
+                memset(row + pos, 0, sizeof(float) * (size_t)(b - pos));
+            pos = e < tj ? e : tj;
+        }
+        if (tj > pos)
+            memset(row + pos, 0, sizeof(float) * (size_t)(tj - pos));
+    }
+}
 
 static bool var_of(const sr_expr *e, sr_cat cat, int *idx)
 {
@@ -191,74 +326,97 @@ static void finish_dx(const struct attn *a, int f64, const char *acc, int64_t st
 
 /* lam_i and, when out is not NULL, the forward's values (ws: per thread, stride bytes apart,
  * dim(w) doubles). */
-static void generic_lam(const struct attn *a, int f64, double *lam, void *out, char *ws,
-                        int64_t stride)
+static void generic_lam(const struct attn *a, const struct pattern *pt, int f64, double *lam,
+                        void *out, char *ws, int64_t stride)
 {
     const int Dw = a->Dw;
 #pragma omp parallel num_threads(a->nth)
     {
         double *acc = (double *)(ws + (int64_t)thread_id() * stride);
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < a->n; i++) {
-            double mx = -INFINITY, s = 0;
-            for (int t = 0; out && t < Dw; t++)
-                acc[t] = 0;
-            for (int64_t j = 0; j < a->m; j++) {
-                double f = a->cval * dot(a->X, i * a->D, a->Y, j * a->D, f64, a->D), p = 0;
-                if (f > mx) {
-                    const double scale = exp(mx - f);
-                    s *= scale;
-                    for (int t = 0; out && t < Dw; t++)
-                        acc[t] *= scale;
-                    mx = f;
-                    p = 1;
-                } else if (f != -INFINITY)
-                    p = exp(f - mx); /* a NaN makes the sum NaN */
-                s += p;
+        for (int64_t u = 0; u < pt->nchunk; u++)
+            for (int64_t i = pt->chunk[3 * u + 1]; i < pt->chunk[3 * u + 2]; i++) {
+                const int64_t c = pt->chunk[3 * u];
+                double mx = -INFINITY, s = 0;
                 for (int t = 0; out && t < Dw; t++)
-                    acc[t] += p * ld(a->W, f64, j * Dw + t);
+                    acc[t] = 0;
+                for (int64_t q = pt->ivoff[c]; q < pt->ivoff[c + 1]; q++)
+                    for (int64_t j = pt->iv[2 * q]; j < pt->iv[2 * q + 1]; j++) {
+                        double f = a->cval * dot(a->X, i * a->D, a->Y, j * a->D, f64, a->D), p = 0;
+                        if (f > mx) {
+                            const double scale = exp(mx - f);
+                            s *= scale;
+                            for (int t = 0; out && t < Dw; t++)
+                                acc[t] *= scale;
+                            mx = f;
+                            p = 1;
+                        } else if (f != -INFINITY)
+                            p = exp(f - mx); /* a NaN makes the sum NaN */
+                        s += p;
+                        for (int t = 0; out && t < Dw; t++)
+                            acc[t] += p * ld(a->W, f64, j * Dw + t);
+                    }
+                lam[i] = mx + log(s);
+                for (int t = 0; out && t < Dw; t++)
+                    st(out, f64, i * Dw + t, acc[t] / s);
             }
-            lam[i] = mx + log(s);
-            for (int t = 0; out && t < Dw; t++)
-                st(out, f64, i * Dw + t, acc[t] / s);
-        }
     }
 }
 
-/* ws: per thread (stride bytes apart) n * D + D + Dw doubles, the first n * D (the thread's dx)
- * zero. */
-static void generic_pass(const struct attn *a, int f64, const double *lam, const double *dlt,
-                         char *ws, int64_t stride)
+/* The pairs of rows [i0, i1) with reduced index j: the thread's dx (ax), and dy_j and dw_j into
+ * ay and aw (D and Dw doubles). */
+static void generic_pairs(const struct attn *a, int f64, const double *lam, const double *dlt,
+                          int64_t i0, int64_t i1, int64_t j, double *ax, double *ay, double *aw)
 {
     const int D = a->D, Dw = a->Dw;
     const bool wdx = a->gx || a->gc, wds = wdx || a->gy;
+    for (int64_t i = i0; i < i1; i++) {
+        const double s = dot(a->X, i * D, a->Y, j * D, f64, D), f = a->cval * s;
+        const double p = f == -INFINITY ? 0 : exp(f - lam[i]);
+        if (a->gw)
+            for (int t = 0; t < Dw; t++)
+                aw[t] += p * ld(a->G, f64, i * Dw + t);
+        if (!wds)
+            continue;
+        const double ds = p * (dot(a->G, i * Dw, a->W, j * Dw, f64, Dw) - dlt[i]);
+        for (int t = 0; t < D && a->gy; t++)
+            ay[t] += ds * ld(a->X, f64, i * D + t);
+        for (int t = 0; t < D && wdx; t++)
+            ax[i * D + t] += ds * ld(a->Y, f64, j * D + t);
+    }
+}
+
+/* ws: per thread (stride bytes apart) n * D + TJ * (D + Dw) doubles, the first n * D (the
+ * thread's dx) zero. */
+static void generic_pass(const struct attn *a, const struct pattern *pt, int f64, const double *lam,
+                         const double *dlt, char *ws, int64_t stride)
+{
+    const int D = a->D, Dw = a->Dw;
 #pragma omp parallel num_threads(a->nth)
     {
         double *ax = (double *)(ws + (int64_t)thread_id() * stride), *ay = ax + a->n * D,
-               *aw = ay + D;
+               *aw = ay + TJ * D;
         /* static: each thread's copy of dx sums the same reduced indices in every call, so the
          * gradients do not vary from one call to the next */
 #pragma omp for schedule(static)
-        for (int64_t j = 0; j < a->m; j++) {
-            memset(ay, 0, sizeof(double) * (size_t)(D + Dw));
-            for (int64_t i = 0; i < a->n; i++) {
-                const double s = dot(a->X, i * D, a->Y, j * D, f64, D), f = a->cval * s;
-                const double p = f == -INFINITY ? 0 : exp(f - lam[i]);
-                if (a->gw)
-                    for (int t = 0; t < Dw; t++)
-                        aw[t] += p * ld(a->G, f64, i * Dw + t);
-                if (!wds)
-                    continue;
-                const double ds = p * (dot(a->G, i * Dw, a->W, j * Dw, f64, Dw) - dlt[i]);
-                for (int t = 0; t < D && a->gy; t++)
-                    ay[t] += ds * ld(a->X, f64, i * D + t);
-                for (int t = 0; t < D && wdx; t++)
-                    ax[i * D + t] += ds * ld(a->Y, f64, j * D + t);
+        for (int64_t t = 0; t < pt->ntiles; t++) {
+            const int64_t j0 = t * TJ, j1 = a->m - j0 < TJ ? a->m : j0 + TJ;
+            memset(ay, 0, sizeof(double) * (size_t)(TJ * (D + Dw)));
+            for (int64_t e = pt->toff[t]; e < pt->toff[t + 1]; e++) {
+                const int64_t c = pt->tent[2 * e];
+                for (int64_t q = pt->tent[2 * e + 1]; q < pt->ivoff[c + 1] && pt->iv[2 * q] < j1;
+                     q++)
+                    for (int64_t j = pt->iv[2 * q] > j0 ? pt->iv[2 * q] : j0;
+                         j < pt->iv[2 * q + 1] && j < j1; j++)
+                        generic_pairs(a, f64, lam, dlt, pt->blk[2 * c], pt->blk[2 * c + 1], j, ax,
+                                      ay + (j - j0) * D, aw + (j - j0) * Dw);
             }
-            for (int t = 0; t < D && a->gy; t++)
-                st(a->gy, f64, j * D + t, a->cval * ay[t]);
-            for (int t = 0; t < Dw && a->gw; t++)
-                st(a->gw, f64, j * Dw + t, aw[t]);
+            for (int64_t j = j0; j < j1; j++) {
+                for (int t2 = 0; t2 < D && a->gy; t2++)
+                    st(a->gy, f64, j * D + t2, a->cval * ay[(j - j0) * D + t2]);
+                for (int t2 = 0; t2 < Dw && a->gw; t2++)
+                    st(a->gw, f64, j * Dw + t2, aw[(j - j0) * Dw + t2]);
+            }
         }
     }
 }
@@ -278,12 +436,12 @@ static int64_t lam_bytes(const struct attn *a, bool with_w)
 
 /* lam_i and, when out is not NULL, the forward's values out_i = sum_j P_ij w_j (the online
  * softmax: each row rescaled when its maximum grows, divided by its sum at the end). */
-static void avx2_lam(const struct attn *a, float *lam, float *out, char *ws, int64_t stride)
+static void avx2_lam(const struct attn *a, const struct pattern *pt, float *lam, float *out,
+                     char *ws, int64_t stride)
 {
     const float *X = a->X, *Y = a->Y, *W = a->W;
     const float c = (float)a->cval;
     const int D = a->D, Dw = a->Dw;
-    const int64_t nb = (a->n + TB - 1) / TB;
 #pragma omp parallel num_threads(a->nth)
     {
         char *t = ws + (int64_t)thread_id() * stride;
@@ -291,40 +449,42 @@ static void avx2_lam(const struct attn *a, float *lam, float *out, char *ws, int
         double *M = (double *)((char *)S + al64(4 * STRIP * TL)), *L = M + TB;
         float *Wp = (float *)((char *)M + al64(16 * TB));
 #pragma omp for schedule(dynamic)
-        for (int64_t b = 0; b < nb; b++) {
-            const int64_t b0 = b * TB, bh = a->n - b0 < TB ? a->n - b0 : TB;
+        for (int64_t b = 0; b < pt->nchunk; b++) {
+            const int64_t blk = pt->chunk[3 * b], b0 = pt->chunk[3 * b + 1],
+                          bh = pt->chunk[3 * b + 2] - b0;
             for (int64_t r = 0; r < bh; r++)
                 M[r] = -INFINITY, L[r] = 0;
             if (out)
                 memset(out + b0 * Dw, 0, sizeof(float) * (size_t)(bh * Dw));
-            for (int64_t j0 = 0; j0 < a->m; j0 += TL) {
-                const int64_t tj = a->m - j0 < TL ? a->m - j0 : TL;
-                cpu_avx2_pack_bt(tj, D, Y + j0 * D, D, Kt);
-                if (out)
-                    cpu_avx2_pack_v(tj, Dw, W + j0 * Dw, Dw, Wp);
-                for (int64_t u = 0; u < bh; u += STRIP) {
-                    const int64_t h = bh - u < STRIP ? bh - u : STRIP;
-                    cpu_avx2_strip_abt(h, D, X + (b0 + u) * D, D, Kt, tj, S, TL);
-                    for (int64_t r = 0; r < h; r++) {
-                        float *F = S + r * TL;
-                        for (int64_t q = 0; q < tj; q++)
-                            F[q] *= c;
-                        const double tm = cpu_rowmax_f32(F, tj), mo = M[u + r];
-                        const double mn = tm > mo ? tm : mo;
-                        if (mn == -INFINITY) { /* every value so far is -inf: weights 0 */
-                            memset(F, 0, sizeof(float) * (size_t)tj);
-                            continue;
-                        }
-                        const double scale = exp(mo - mn);
-                        for (int64_t q = 0; out && scale != 1 && q < Dw; q++)
-                            out[(b0 + u + r) * Dw + q] *= (float)scale;
-                        L[u + r] = L[u + r] * scale + cpu_expsum_f32(F, tj, (float)mn);
-                        M[u + r] = mn;
-                    }
+            for (int64_t v = pt->ivoff[blk]; v < pt->ivoff[blk + 1]; v++)
+                for (int64_t j0 = pt->iv[2 * v]; j0 < pt->iv[2 * v + 1]; j0 += TL) {
+                    const int64_t tj = pt->iv[2 * v + 1] - j0 < TL ? pt->iv[2 * v + 1] - j0 : TL;
+                    cpu_avx2_pack_bt(tj, D, Y + j0 * D, D, Kt);
                     if (out)
-                        cpu_avx2_strip_av(h, tj, S, TL, Wp, Dw, out + (b0 + u) * Dw, Dw);
+                        cpu_avx2_pack_v(tj, Dw, W + j0 * Dw, Dw, Wp);
+                    for (int64_t u = 0; u < bh; u += STRIP) {
+                        const int64_t h = bh - u < STRIP ? bh - u : STRIP;
+                        cpu_avx2_strip_abt(h, D, X + (b0 + u) * D, D, Kt, tj, S, TL);
+                        for (int64_t r = 0; r < h; r++) {
+                            float *F = S + r * TL;
+                            for (int64_t q = 0; q < tj; q++)
+                                F[q] *= c;
+                            const double tm = cpu_rowmax_f32(F, tj), mo = M[u + r];
+                            const double mn = tm > mo ? tm : mo;
+                            if (mn == -INFINITY) { /* every value so far is -inf: weights 0 */
+                                memset(F, 0, sizeof(float) * (size_t)tj);
+                                continue;
+                            }
+                            const double scale = exp(mo - mn);
+                            for (int64_t q = 0; out && scale != 1 && q < Dw; q++)
+                                out[(b0 + u + r) * Dw + q] *= (float)scale;
+                            L[u + r] = L[u + r] * scale + cpu_expsum_f32(F, tj, (float)mn);
+                            M[u + r] = mn;
+                        }
+                        if (out)
+                            cpu_avx2_strip_av(h, tj, S, TL, Wp, Dw, out + (b0 + u) * Dw, Dw);
+                    }
                 }
-            }
             for (int64_t r = 0; r < bh; r++) {
                 lam[b0 + r] = (float)(M[r] + log(L[r]));
                 for (int64_t q = 0; out && q < Dw; q++)
@@ -392,8 +552,8 @@ static int64_t pass_bytes(const struct attn *a, char *t, struct pass_ws *p)
     const int64_t sizes[] = {cpu_avx2_pack_bt_bytes(TJ, a->D),
                              cpu_avx2_pack_bt_bytes(TJ, a->Dw),
                              cpu_avx2_pack_bt_bytes(a->D, TJ),
-                             4 * STRIP * TJ,
-                             4 * STRIP * TJ,
+                             4 * PSTRIP * TJ,
+                             4 * PSTRIP * TJ,
                              4 * TJ * TI,
                              4 * TJ * TI,
                              cpu_avx2_pack_bt_bytes(a->D, TI),
@@ -410,11 +570,19 @@ static int64_t pass_bytes(const struct attn *a, char *t, struct pass_ws *p)
     return off;
 }
 
-/* Rows [i0, i0 + h) against the tile [j0, j0 + tj): P into S, dS into dP (row stride TJ), their
- * transposes into columns [u, u + h) of PT and dST, and dS y into the thread's dx. */
-static void avx2_strip(const struct attn *a, const struct pass_ws *p, const float *lam,
-                       const float *dlt, int64_t i0, int64_t h, int64_t u, int64_t tj)
+/* The tile [j0, j0 + tj) and the intervals [q, q1) of the rows' block that meet it. */
+struct tile {
+    int64_t j0, tj, q, q1;
+};
+
+/* Rows [i0, i0 + h) against the tile: P into S, dS into dP (row stride TJ), 0 outside the
+ * intervals, their transposes into columns [u, u + h) of PT and dST, and dS y into the thread's
+ * dx. */
+static void avx2_strip(const struct attn *a, const struct pattern *pt, const struct pass_ws *p,
+                       const float *lam, const float *dlt, int64_t i0, int64_t h, int64_t u,
+                       const struct tile *tl)
 {
+    const int64_t tj = tl->tj;
     const float *X = a->X, *G = a->G;
     const float c = (float)a->cval;
     const bool wdx = a->gx || a->gc, wds = wdx || a->gy;
@@ -425,6 +593,7 @@ static void avx2_strip(const struct attn *a, const struct pass_ws *p, const floa
             F[q] *= c;
         cpu_expsum_f32(F, tj, lam[i0 + r]);
     }
+    mask_cols(pt, tl->q, tl->q1, tl->j0, tj, p->S, TJ, h);
     if (wds) {
         cpu_avx2_strip_abt(h, a->Dw, G + i0 * a->Dw, a->Dw, p->Vt, tj, p->dP, TJ);
         for (int64_t r = 0; r < h; r++) {
@@ -433,6 +602,7 @@ static void avx2_strip(const struct attn *a, const struct pass_ws *p, const floa
             for (int64_t q = 0; q < tj; q++)
                 dS[q] = P[q] * (dS[q] - d);
         }
+        mask_cols(pt, tl->q, tl->q1, tl->j0, tj, p->dP, TJ, h);
     }
     if (a->gw)
         transpose(p->S, TJ, h, tj, p->PT + u, TI);
@@ -442,13 +612,13 @@ static void avx2_strip(const struct attn *a, const struct pass_ws *p, const floa
         cpu_avx2_strip_av(h, tj, p->dP, TJ, p->Kv, a->D, p->ax + i0 * a->D, a->D);
 }
 
-static void avx2_pass(const struct attn *a, const float *lam, const float *dlt, char *ws,
-                      int64_t stride)
+static void avx2_pass(const struct attn *a, const struct pattern *pt, const float *lam,
+                      const float *dlt, char *ws, int64_t stride)
 {
     const float *X = a->X, *Y = a->Y, *W = a->W, *G = a->G;
     const int D = a->D, Dw = a->Dw;
     const bool wdx = a->gx || a->gc, wds = wdx || a->gy;
-    const int64_t nt = (a->m + TJ - 1) / TJ;
+    const int64_t nt = pt->ntiles;
 #pragma omp parallel num_threads(a->nth)
     {
         struct pass_ws p;
@@ -468,17 +638,22 @@ static void avx2_pass(const struct attn *a, const float *lam, const float *dlt, 
                 memset(gy, 0, sizeof(float) * (size_t)(tj * D));
             if (gw)
                 memset(gw, 0, sizeof(float) * (size_t)(tj * Dw));
-            for (int64_t b0 = 0; b0 < a->n; b0 += TI) {
-                const int64_t bh = a->n - b0 < TI ? a->n - b0 : TI;
-                for (int64_t u = 0; u < bh; u += STRIP)
-                    avx2_strip(a, &p, lam, dlt, b0 + u, bh - u < STRIP ? bh - u : STRIP, u, tj);
-                if (gw) {
-                    cpu_avx2_pack_v(bh, Dw, G + b0 * Dw, Dw, p.Gp);
-                    cpu_avx2_strip_av(tj, bh, p.PT, TI, p.Gp, Dw, gw, Dw);
-                }
-                if (gy) {
-                    cpu_avx2_pack_v(bh, D, X + b0 * D, D, p.Xp);
-                    cpu_avx2_strip_av(tj, bh, p.dST, TI, p.Xp, D, gy, D);
+            for (int64_t e = pt->toff[t]; e < pt->toff[t + 1]; e++) {
+                const int64_t c = pt->tent[2 * e], i1 = pt->blk[2 * c + 1];
+                const struct tile tl = {j0, tj, pt->tent[2 * e + 1], pt->ivoff[c + 1]};
+                for (int64_t b0 = pt->blk[2 * c]; b0 < i1; b0 += TI) {
+                    const int64_t bh = i1 - b0 < TI ? i1 - b0 : TI;
+                    for (int64_t u = 0; u < bh; u += PSTRIP)
+                        avx2_strip(a, pt, &p, lam, dlt, b0 + u, bh - u < PSTRIP ? bh - u : PSTRIP,
+                                   u, &tl);
+                    if (gw) {
+                        cpu_avx2_pack_v(bh, Dw, G + b0 * Dw, Dw, p.Gp);
+                        cpu_avx2_strip_av(tj, bh, p.PT, TI, p.Gp, Dw, gw, Dw);
+                    }
+                    if (gy) {
+                        cpu_avx2_pack_v(bh, D, X + b0 * D, D, p.Xp);
+                        cpu_avx2_strip_av(tj, bh, p.dST, TI, p.Xp, D, gy, D);
+                    }
                 }
             }
             for (int64_t q = 0; gy && q < tj * D; q++)
@@ -533,40 +708,86 @@ static sr_status attn_alloc(const sr_kernel *k, struct attn *a, const char *name
     return SR_OK;
 }
 
-sr_status cpu_attn_run_lse(const sr_kernel *k, const sr_run_desc *r, void *lse)
+/* The pattern of the call (pt), or SR_EBUDGET or SR_ENOMEM with name's message. */
+static sr_status attn_pattern(const sr_kernel *k, const struct attn *a, const struct sr_rplan *p,
+                              const char *name, struct pattern *pt)
 {
+    int64_t bytes = 0;
+    const int64_t limit = k->ctx->mem_limit;
+    sr_status st = pattern_new(a, p, limit, &bytes, pt);
+    if (st == SR_EBUDGET)
+        return sr__error(k->ctx, SR_EBUDGET,
+                         "%s: the block lists of the fused backward (%lld blocks) take %lld bytes, "
+                         "over the memory budget of %lld bytes",
+                         name, (long long)(p ? p->nblocks : 1), (long long)bytes, (long long)limit);
+    if (st != SR_OK)
+        return sr__error(k->ctx, SR_ENOMEM, "%s: out of memory for the lists of %lld blocks", name,
+                         (long long)(p ? p->nblocks : 1));
+    return SR_OK;
+}
+
+/* The output rows that no block of p covers: the values of sr_kernel_run_ranges and lse -inf. */
+static void fill_gaps(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p, int64_t n,
+                      void *lse)
+{
+    int64_t o = 0;
+    for (int64_t c = 0; c <= p->nblocks; c++) {
+        const int64_t next = c < p->nblocks ? p->blk[2 * c] : n;
+        if (next > o)
+            sr__fill_identity(k, r, o, next);
+        for (int64_t i = o; i < next; i++)
+            st(lse, k->dtype == SR_F64, i, -INFINITY);
+        if (c < p->nblocks)
+            o = p->blk[2 * c + 1];
+    }
+}
+
+sr_status cpu_attn_run_lse(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
+                           void *lse)
+{
+    const char *name = p ? "sr_kernel_run_lse_ranges" : "sr_kernel_run_lse";
     struct attn a;
-    sr_status status = attn_setup(k, r, "sr_kernel_run_lse", &a);
+    sr_status status = attn_setup(k, r, name, &a);
     if (status != SR_OK || a.n == 0)
         return status;
     const int f64 = k->dtype == SR_F64;
-    if (a.m == 0) { /* no pairs: the values 0 and lam = -inf, as the reductions give */
+    if (a.m == 0 && !p) { /* no pairs: the values 0 and lam = -inf, as the reductions give */
         memset(r->out, 0, (f64 ? 8 : 4) * (size_t)(a.n * a.Dw));
         for (int64_t i = 0; i < a.n; i++)
             st(lse, f64, i, -INFINITY);
         return SR_OK;
     }
+    struct pattern pt;
+    if ((status = attn_pattern(k, &a, p, name, &pt)) != SR_OK)
+        return status;
     const bool avx2 = !f64 && cpu_avx2_usable();
     char *ws;
     const int64_t per_thread = avx2 ? lam_bytes(&a, true) : al64(8 * a.Dw);
-    if ((status = attn_alloc(k, &a, "sr_kernel_run_lse", per_thread, 8 * a.n, &ws)) != SR_OK)
+    if ((status = attn_alloc(k, &a, name, per_thread, 8 * a.n, &ws)) != SR_OK) {
+        pattern_free(&pt);
         return status;
-    if (avx2)
-        avx2_lam(&a, lse, r->out, ws + al64(8 * a.n), per_thread);
-    else {
-        generic_lam(&a, f64, (double *)ws, r->out, ws + al64(8 * a.n), per_thread);
-        for (int64_t i = 0; i < a.n; i++)
-            st(lse, f64, i, ((double *)ws)[i]);
     }
+    if (avx2)
+        avx2_lam(&a, &pt, lse, r->out, ws + al64(8 * a.n), per_thread);
+    else {
+        generic_lam(&a, &pt, f64, (double *)ws, r->out, ws + al64(8 * a.n), per_thread);
+        for (int64_t c = 0; c < pt.nb; c++)
+            for (int64_t i = pt.blk[2 * c]; i < pt.blk[2 * c + 1]; i++)
+                st(lse, f64, i, ((double *)ws)[i]);
+    }
+    if (p)
+        fill_gaps(k, r, p, a.n, lse);
     free(ws);
+    pattern_free(&pt);
     return SR_OK;
 }
 
-sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gout, const void *out,
-                       const void *lse, void *const *grads)
+sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
+                       const void *gout, const void *out, const void *lse, void *const *grads)
 {
+    const char *name = p ? "sr_kernel_vjp_ranges" : "sr_kernel_vjp";
     struct attn a;
-    sr_status status = attn_setup(k, r, "sr_kernel_vjp", &a);
+    sr_status status = attn_setup(k, r, name, &a);
     if (status != SR_OK)
         return status;
     const int f64 = k->dtype == SR_F64;
@@ -578,18 +799,23 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gou
     for (int q = 0; q < 4; q++)
         if (zero[q])
             memset(zero[q], 0, es * (size_t)rows[q]);
-    if (a.n == 0 || a.m == 0 || !(a.gx || a.gy || a.gw || a.gc))
+    if (a.n == 0 || a.m == 0 || !(a.gx || a.gy || a.gw || a.gc) || (p && p->nblocks == 0))
         return SR_OK;
+    struct pattern pt;
+    if ((status = attn_pattern(k, &a, p, name, &pt)) != SR_OK)
+        return status;
     const bool avx2 = !f64 && cpu_avx2_usable();
     int64_t per_thread;
     if (avx2) {
         int64_t pb = pass_bytes(&a, NULL, &(struct pass_ws){0}), lb = lam_bytes(&a, false);
         per_thread = pb > lb ? pb : lb;
     } else
-        per_thread = al64(8 * (a.n * a.D + a.D + a.Dw));
+        per_thread = al64(8 * (a.n * a.D + TJ * (a.D + a.Dw)));
     char *ws;
-    if ((status = attn_alloc(k, &a, "sr_kernel_vjp", per_thread, 16 * a.n, &ws)) != SR_OK)
+    if ((status = attn_alloc(k, &a, name, per_thread, 16 * a.n, &ws)) != SR_OK) {
+        pattern_free(&pt);
         return status;
+    }
     double *dlt = (double *)ws, *lam = dlt + a.n;
     char *tws = ws + al64(16 * a.n);
     /* Each thread's copy of dx: the end of its second pass's workspace, which the first pass
@@ -604,20 +830,21 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const void *gou
         if (lse)
             memcpy(lam32, lse, sizeof(float) * (size_t)a.n);
         else
-            avx2_lam(&a, lam32, NULL, tws, per_thread);
+            avx2_lam(&a, &pt, lam32, NULL, tws, per_thread);
         zero_dx(&a, tws + ax_off, per_thread, es);
-        avx2_pass(&a, lam32, dlt32, tws, per_thread);
+        avx2_pass(&a, &pt, lam32, dlt32, tws, per_thread);
     } else {
         if (lse)
             for (int64_t i = 0; i < a.n; i++)
                 lam[i] = ld(lse, f64, i);
         else
-            generic_lam(&a, f64, lam, NULL, tws, per_thread);
+            generic_lam(&a, &pt, f64, lam, NULL, tws, per_thread);
         zero_dx(&a, tws + ax_off, per_thread, es);
-        generic_pass(&a, f64, lam, dlt, tws, per_thread);
+        generic_pass(&a, &pt, f64, lam, dlt, tws, per_thread);
     }
     if (a.gx || a.gc)
         finish_dx(&a, f64, tws + ax_off, per_thread, !avx2);
     free(ws);
+    pattern_free(&pt);
     return SR_OK;
 }

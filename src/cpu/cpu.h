@@ -347,13 +347,15 @@ float cpu_rowmax_f32(const float *F, int64_t n);
 
 /* ---- the fused backward of attention (src/cpu/attn-grad.c) ---- */
 
-/* The vjp member of the CPU JIT's backends (sr_kernel_vjp): the gradients of a SumSoftMaxWeight
- * of (x|y) or (x|y) c with a reduced-axis weight, in one pass over the pairs (after one forming
- * lam when lse is NULL). SR_ENOTSUP with the reason for any other kernel. */
-sr_status cpu_attn_vjp(const struct sr_kernel *k, const sr_run_desc *r, const void *gout,
-                       const void *out, const void *lse, void *const *grads);
-/* The run_lse member (sr_kernel_run_lse): the forward of the same kernels with lam. */
-sr_status cpu_attn_run_lse(const struct sr_kernel *k, const sr_run_desc *r, void *lse);
+/* The vjp member of the CPU JIT's backends (sr_kernel_vjp, _ranges with plan p): the gradients
+ * of a SumSoftMaxWeight of (x|y) or (x|y) c with a reduced-axis weight, in one pass over the
+ * pairs (after one forming lam when lse is NULL). SR_ENOTSUP with the reason for any other
+ * kernel. */
+sr_status cpu_attn_vjp(const struct sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
+                       const void *gout, const void *out, const void *lse, void *const *grads);
+/* The run_lse member (sr_kernel_run_lse, _ranges): the forward of the same kernels with lam. */
+sr_status cpu_attn_run_lse(const struct sr_kernel *k, const sr_run_desc *r,
+                           const struct sr_rplan *p, void *lse);
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 

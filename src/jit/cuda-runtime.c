@@ -662,17 +662,26 @@ static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
     const struct cuda_kernel *ck = k->backend_data;
     const struct cuda_plan *p = &ck->plan;
     const struct cuda_fused *f = &ck->fplan;
+    char bterm[48] = "a formula of the reduced side", aterm[96] = "";
+    if (f->bvar >= 0)
+        snprintf(bterm, sizeof bterm, "argument %d", f->bvar);
+    if (ck->fused && f->avar >= 0)
+        snprintf(aterm, sizeof aterm, " and the rows' sums of F times A (argument %d)", f->avar);
+    if (ck->fused && f->cfactor)
+        snprintf(aterm, sizeof aterm,
+                 ", the sums times C (a formula of the output side) componentwise");
     if (ck->fused)
         expr_buf_printf(b,
                         "cuda: %s (%s, %d SMs); strategy fused two-product: blocks "
-                        "of %d threads own %d output rows x %d of the %d columns of B (argument "
-                        "%d), tiles of %d reduced indices; per tile F's inner nodes (%d columns), "
+                        "of %d threads own %d output rows x %d of the %d columns of B (%s)%s, "
+                        "tiles of %d reduced indices; per tile F's inner nodes (%d "
+                        "columns), "
                         "the %d x %d tile of F and the %d x %d tile of B in shared memory (%d "
                         "bytes), 4 x 4 outputs per thread; %d nodes per pair; block-sparse "
                         "ranges: a block takes at most %d rows of one range block; accumulation "
                         "%s\n",
                         ck->dev->name, ck->info.arch, ck->dev->sm_count, f->block, f->ti, f->rc,
-                        f->R, f->bvar, f->tj, f->columns, f->ti, f->tj, f->tj, f->rc,
+                        f->R, bterm, aterm, f->tj, f->columns, f->ti, f->tj, f->tj, f->rc,
                         f->shared_bytes, f->pair_nodes, f->ti,
                         k->dtype == SR_F64 ? "float64" : jit_acc_names[ck->acc]);
     else

@@ -188,7 +188,9 @@ enum { CUDA_PLAN_FUSED, CUDA_PLAN_DIRECT, CUDA_PLAN_COUNT };
 
 /* What the fused emitter decided, for launch and explain. */
 struct cuda_fused {
-    int bvar;         /* the argument index of B (SumSoftMaxWeight: of the weight) */
+    int bvar;         /* the argument index of B (SumSoftMaxWeight: of the weight); -1: a formula */
+    int avar;         /* the argument index of A (struct cuda_form), or -1 */
+    bool cfactor;     /* C multiplies the sums (struct cuda_form) */
     int R;            /* its width: values per output row */
     int block;        /* threads per block */
     int ti, tj, rc;   /* output rows per block, reduced indices per tile, columns per block */
@@ -200,10 +202,26 @@ struct cuda_fused {
 #define CUDA_KERNEL_FUSED         "sr_cuda_fused"
 #define CUDA_KERNEL_FUSED_COMBINE "sr_cuda_fused_combine"
 
-/* Whether k is out_o = sum_r F(o, r) B_r (Sum of a product of scalar factors, negations, and
- * one reduced-side variable B of dimension dim(F)) or SumSoftMaxWeight of a scalar F with a
- * reduced-side variable as weight; sets the scalar F (built in k's context) and B's argument. */
-bool cuda_fused_form(const struct sr_kernel *k, const sr_expr **F, int *bvar);
+/* A kernel of the fused form: out_o = C_o (bsign sum_r F(o, r) B_r + asign A_o sum_r F(o, r)),
+ * componentwise, with F scalar, B of the reduced side (a variable or a formula), A an
+ * output-side variable of B's width or none, C a formula of the output side or none (1). */
+struct cuda_form {
+    const sr_expr *f;  /* the scalar F (built in the kernel's context) */
+    int bvar;          /* the argument index of B (SumSoftMaxWeight: of the weight); -1: bf */
+    const sr_expr *bf; /* B as a formula of the reduced side's variables and parameters */
+    int avar;          /* the argument index of A, or -1 */
+    int asign, bsign;  /* 0 when there is no A */
+    const sr_expr *cf; /* C, a formula of the output side's variables and parameters, or NULL */
+};
+
+/* Whether k is of the fused form: a Sum of a product of scalar factors, negations, and vector
+ * factors of dimension dim(F): one or more of the reduced side only (B, their product: a
+ * variable or a formula such as b_j * c_j), and any of the output side only (C: the gradient
+ * with respect to a variable inside B's formula); or one vector factor A - B, B - A, A + B with
+ * A an output-side and B a reduced-side variable (the gradient of a radial kernel: x_i - y_j);
+ * or SumSoftMaxWeight of a scalar F with a weight of the reduced side only (a variable or a
+ * formula); sets m. */
+bool cuda_fused_form(const struct sr_kernel *k, struct cuda_form *m);
 
 /* Fills out[0 .. CUDA_PLAN_COUNT) with the fused and the direct plans of k (accumulation acc,
  * an enum jit_acc); nothing is compiled. The fused plan is feasible for the forms above with B

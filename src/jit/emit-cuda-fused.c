@@ -1,8 +1,13 @@
 /*
  * emit-cuda-fused.c — the CUDA fused two-product strategy for wide outputs:
- * out_o = sum_r F(o, r) B_r with F a scalar formula and B a reduced-side variable of width R
- * (a kernel matrix times R right-hand sides), and SumSoftMaxWeight of a scalar F with a
- * reduced-side variable G of width R as weight (attention).
+ * out_o = sum_r F(o, r) B_r with F a scalar formula and B of width R of the reduced side, a
+ * variable or a formula (a kernel matrix times R right-hand sides), the same with A - B, B - A or
+ * A + B in place of B, A an output-side variable (the radial kernel's gradient x_i - y_j, done as
+ * A_o sum_r F - sum_r F B_r from the rows' sums of F), the sums times C_o componentwise, C a
+ * formula of the output side (evaluated per output row at the end), and SumSoftMaxWeight of a
+ * scalar F with a weight G of width R of the reduced side (attention). A formula B or G is
+ * evaluated once per reduced index of each tile, its nodes emitted by the C emitter as those of
+ * an output row of the other axis.
  *
  * A block of CUDA_FUSED_BS threads owns CUDA_FUSED_TI output rows and CUDA_FUSED_RC columns of
  * B (blockIdx.y: columns [y RC, y RC + RC) of R). Per tile of TJ reduced indices:
@@ -11,10 +16,11 @@
  *   2. the TI x TJ tile of F formed cooperatively into shared memory: each thread forms pairs of
  *      one fixed row, whose outer nodes it computed once, with the C emitter's node code
  *      (jit_emit_nodes on F alone);
- *   3. SumSoftMaxWeight: one thread per row takes the tile's maximum, the running maximum m, the
- *      rescale factor exp(m_old - m) when it grows, replaces the tile by exp(F - m) (0 where F is
- *      -inf) and adds it to the row's running sum; m, the sum and the factor live in shared
- *      memory;
+ *   3. SumSoftMaxWeight: four threads per row (BS / TI) take the tile's maximum, the running
+ *      maximum m, the rescale factor exp(m_old - m) when it grows, replace the tile by
+ *      exp(F - m) (0 where F is -inf) and add it to the row's running sum, each on every fourth
+ *      index of the tile, combining their partial maxima and sums through shared memory; m, the
+ *      sum and the factor live in shared memory;
  *   4. the product: each thread owns a 4 x 4 micro-tile of the TI x RC output tile (rows
  *      ty + 16 p, columns tx + 16 q), sums the tile's TJ products in registers (the "block"
  *      accumulation, in sr_acc: double when float64 accumulation is asked for), then adds the
@@ -61,34 +67,97 @@
 /* Factors of a Sum's formula the fused form takes at most. */
 #define CUDA_FUSED_TERMS 16
 
-bool cuda_fused_form(const sr_kernel *k, const sr_expr **F, int *bvar)
+/* The output-side variable argument that e is, or -1. */
+static int output_var(const sr_kernel *k, const sr_expr *e)
 {
+    const sr_cat cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    return e->op == OP_VAR && e->iattr[1] == (int64_t)cat ? (int)e->iattr[0] : -1;
+}
+
+/* Whether the vector factor e is A - B, B - A or A + B; sets m's variables and signs. */
+static bool a_and_b(const sr_kernel *k, const sr_expr *e, struct cuda_form *m)
+{
+    if (e->op != OP_SUB && e->op != OP_ADD)
+        return false;
+    for (int c = 0; c < 2; c++) {
+        const sr_expr *a = e->child[c], *bb = e->child[1 - c];
+        if (a->dim != e->dim || bb->dim != e->dim || output_var(k, a) < 0 ||
+            sr__reduced_var(k, bb) < 0)
+            continue;
+        m->avar = output_var(k, a);
+        m->bvar = sr__reduced_var(k, bb);
+        m->asign = e->op == OP_SUB && c == 1 ? -1 : 1;
+        m->bsign = e->op == OP_SUB && c == 0 ? -1 : 1;
+        return true;
+    }
+    return false;
+}
+
+/* The sides a formula depends on. */
+enum side { SIDE_OUT, SIDE_RED, SIDE_PAIR };
+
+/* SIDE_OUT: not on the reduced side (the output side's variables, parameters, constants);
+ * SIDE_RED: on the reduced side only; SIDE_PAIR: on both. */
+static enum side side_of(const sr_kernel *k, const sr_expr *e)
+{
+    unsigned out = k->axis == 1 ? DEP_I : DEP_J, red = k->axis == 1 ? DEP_J : DEP_I;
+    return !(e->deps & red) ? SIDE_OUT : e->deps & out ? SIDE_PAIR : SIDE_RED;
+}
+
+/* *p times e (e when *p is NULL); false when out of memory. */
+static bool times(sr_ctx *ctx, sr_expr **p, const sr_expr *e)
+{
+    return (*p = *p ? sr_mul(ctx, *p, (sr_expr *)e) : (sr_expr *)e) != NULL;
+}
+
+bool cuda_fused_form(const sr_kernel *k, struct cuda_form *m)
+{
+    *m = (struct cuda_form){.bvar = -1, .avar = -1, .bsign = 1};
     if (k->red == SR_SUMSOFTMAXWEIGHT) {
-        if (!k->weight || k->fdim != 1 || (*bvar = sr__reduced_var(k, k->weight)) < 0)
+        if (!k->weight || k->fdim != 1 || side_of(k, k->weight) != SIDE_RED)
             return false;
-        *F = k->f;
+        m->f = k->f;
+        if ((m->bvar = sr__reduced_var(k, k->weight)) < 0)
+            m->bf = k->weight;
         return true;
     }
     if (k->red != SR_SUM || k->weight)
         return false;
     const sr_expr *fac[CUDA_FUSED_TERMS];
-    int neg = 0, n = simp_mul_factors(k->f, fac, 0, CUDA_FUSED_TERMS, &neg), b = -1;
+    int neg = 0, n = simp_mul_factors(k->f, fac, 0, CUDA_FUSED_TERMS, &neg);
+    sr_expr *f = NULL, *B = NULL, *C = NULL;
+    bool ab = false;
     for (int t = 0; t < n; t++) {
-        bool isb = b < 0 && fac[t]->dim == k->fdim && sr__reduced_var(k, fac[t]) >= 0;
-        if (isb)
-            b = t;
-        else if (fac[t]->dim != 1)
-            return false; /* a vector that is not B */
+        const sr_expr *e = fac[t];
+        enum side sd = side_of(k, e);
+        /* Scalar F: B is its first reduced-side variable. */
+        if (e->dim == 1 && (k->fdim > 1 || B || sr__reduced_var(k, e) < 0)) {
+            if (!times(k->ctx, &f, e))
+                return false; /* out of memory: not fused */
+        } else if (e->dim != k->fdim) {
+            return false;
+        } else if (sd == SIDE_RED || sd == SIDE_OUT) {
+            if (!times(k->ctx, sd == SIDE_RED ? &B : &C, e))
+                return false;
+        } else if (ab || !a_and_b(k, e, m)) {
+            return false; /* a vector of the pair that is not A - B */
+        } else {
+            ab = true;
+        }
     }
-    if (n < 2 || b < 0)
+    if (!f || ab == (B != NULL) || (ab && C))
         return false;
-    sr_expr *f = NULL;
-    for (int t = 0; t < n; t++)
-        if (t != b && !(f = f ? sr_mul(k->ctx, f, (sr_expr *)fac[t]) : (sr_expr *)fac[t]))
-            return false; /* out of memory: not fused */
-    *F = neg % 2 ? sr_neg(k->ctx, f) : f;
-    *bvar = sr__reduced_var(k, fac[b]);
-    return *F != NULL;
+    if (B && (m->bvar = sr__reduced_var(k, B)) < 0)
+        m->bf = B;
+    m->cf = C;
+    m->f = neg % 2 ? sr_neg(k->ctx, f) : f;
+    return m->f != NULL;
+}
+
+/* The width of B in m. */
+static int form_width(const sr_kernel *k, const struct cuda_form *m)
+{
+    return m->bf ? m->bf->dim : k->vars[m->bvar].dim;
 }
 
 int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
@@ -97,17 +166,17 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     memset(out, 0, CUDA_PLAN_COUNT * sizeof *out);
     f->strategy = "fused two-product";
     d->strategy = "direct";
-    const sr_expr *F;
-    int bvar;
-    bool form = cuda_fused_form(k, &F, &bvar);
-    int R = form ? k->vars[bvar].dim : 0;
+    struct cuda_form m;
+    bool form = cuda_fused_form(k, &m);
+    int R = form ? form_width(k, &m) : 0;
     f->ti = CUDA_FUSED_TI;
     f->flops = k->simp.cost.flops_pair;
     f->gemm_flops = 2.0 * R;
     if (!form)
         snprintf(f->why, sizeof f->why,
-                 "not a Sum of a scalar F times a reduced-side variable, nor SumSoftMaxWeight of a "
-                 "scalar F with a reduced-side variable as weight");
+                 "not a Sum of a scalar F times B of the reduced side (or A - B with A of the "
+                 "output side), nor SumSoftMaxWeight of a scalar F with a weight of the reduced "
+                 "side");
     else if (R < CUDA_FUSED_MIN_WIDTH)
         snprintf(f->why, sizeof f->why, "B has %d columns, fewer than %d: the direct kernel", R,
                  CUDA_FUSED_MIN_WIDTH);
@@ -126,46 +195,91 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     return CUDA_PLAN_COUNT;
 }
 
+/* The nodes of e, a formula of one side's variables and parameters (B's or C's of struct
+ * cuda_form), as the output-row nodes of index o: a formula of the reduced side is emitted as if
+ * its side were the output's. SR_ENOTSUP when some node is not of that scope. */
+static sr_status side_nodes(const sr_kernel *k, const sr_expr *e, bool reduced,
+                            struct jit_nodes *nd)
+{
+    sr_kernel ke = *k;
+    ke.f = e;
+    ke.weight = NULL;
+    ke.red = SR_SUM;
+    ke.fdim = ke.out_dim = e->dim;
+    ke.k = 1;
+    if (reduced)
+        ke.axis = 1 - k->axis;
+    sr_status st = jit_emit_nodes(&ke, jit_cuda_spell(), nd);
+    if (st == SR_OK && (nd->inner.len || nd->pair.len || (!nd->floop && !nd->f[0]))) {
+        jit_nodes_free(nd);
+        return SR_ENOTSUP;
+    }
+    return st;
+}
+
+/* A block that evaluates the side formula of nd at index idx, then, in the loop that head opens
+ * (it defines the column sr_c), runs stmt with component sr_c of the formula in sr_v. */
+static void side_eval(struct expr_buf *b, const struct jit_nodes *nd, const char *idx,
+                      const char *head, const char *stmt)
+{
+    P("      {\n        const long long o = %s;\n        (void)o;\n%s%s      %s\n"
+      "          const sr_acc sr_v = (sr_acc)(",
+      idx, nd->uniform.data ? nd->uniform.data : "", nd->outer.data ? nd->outer.data : "", head);
+    if (nd->floop)
+        P("%s", nd->floop);
+    else
+        for (int c = 0; nd->f[c]; c++)
+            P("sr_c == %d ? %s : ", c, nd->f[c]);
+    P("%s);\n          %s\n        }\n      }\n", nd->floop ? "" : "(sr_t)0", stmt);
+}
+
 /* Shared memory of the fused kernel with ncol columns of F's inner nodes and tiles of tj. */
 static int fused_shared(int ncol, int tj, int ts, int as, bool ssmw)
 {
     int64_t n = (int64_t)(ncol > 0 ? ncol : 1) * tj * ts + (int64_t)CUDA_FUSED_TI * (tj + 1) * ts +
                 (int64_t)tj * CUDA_FUSED_RC * ts;
     if (ssmw)
-        n += (int64_t)CUDA_FUSED_TI * (ts + 2 * as);
+        n += (int64_t)CUDA_FUSED_TI * (ts + 2 * as) + (int64_t)CUDA_FUSED_BS * as;
     return n > CUDA_FUSED_SHARED ? -1 : (int)n;
 }
 
 sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
                               struct cuda_plan *plan, struct cuda_fused *fp)
 {
-    const sr_expr *F;
-    int bvar;
-    if (!cuda_fused_form(k, &F, &bvar))
+    struct cuda_form m;
+    if (!cuda_fused_form(k, &m))
         return SR_ENOTSUP;
+    const int bvar = m.bvar;
+    const bool ab = m.avar >= 0; /* out = bsign sum F B + asign A sum F */
     const bool f32 = k->dtype == SR_F32, ssmw = k->red == SR_SUMSOFTMAXWEIGHT;
     if (acc == JIT_ACC_KAHAN)
         return SR_ENOTSUP;
-    const int R = k->vars[bvar].dim, ts = f32 ? 4 : 8;
+    const int R = form_width(k, &m), ts = f32 ? 4 : 8;
     const int as = f32 && acc != JIT_ACC_F64 ? 4 : 8;
 
     /* F alone, as a Sum of one value: its nodes by the C emitter. */
     sr_kernel kf = *k;
-    kf.f = F;
+    kf.f = m.f;
     kf.weight = NULL;
     kf.red = SR_SUM;
     kf.fdim = kf.out_dim = 1;
     kf.k = 1;
-    struct jit_nodes nd;
+    struct jit_nodes nd, nb = {0}, nc = {0};
     sr_status st = jit_emit_nodes(&kf, jit_cuda_spell(), &nd);
     if (st != SR_OK)
         return st;
+    if (m.bf)
+        st = side_nodes(k, m.bf, true, &nb);
+    if (st == SR_OK && m.cf)
+        st = side_nodes(k, m.cf, false, &nc);
     int tj = CUDA_FUSED_TJ, shared;
     while ((shared = fused_shared(nd.ncol, tj, ts, as, ssmw)) < 0 && tj > 1)
         tj /= 2;
-    if (shared < 0 || !nd.f || !nd.f[0]) {
+    if (st != SR_OK || shared < 0 || !nd.f || !nd.f[0]) {
         jit_nodes_free(&nd);
-        return SR_ENOTSUP;
+        jit_nodes_free(&nb);
+        jit_nodes_free(&nc);
+        return st != SR_OK ? st : SR_ENOTSUP;
     }
     P("/* symred generated CUDA kernel: fused two-product, F formed in tiles of %d x %d, times B\n"
       " * formula: ",
@@ -180,7 +294,8 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     jit_cuda_prelude(k, acc, b);
     P("struct sr_args { const void *p[%d]; };\n", k->nargs + 1);
     P("#define SR_TJ %d\n#define SR_FBS %d\n#define SR_FTI %d\n#define SR_FRC %d\n"
-      "#define SR_FR %d\n#define SR_FNCOL %d\n#define SR_FLD (SR_TJ + 1)\n\n",
+      "#define SR_FR %d\n#define SR_FNCOL %d\n#define SR_FLD (SR_TJ + 1)\n"
+      "#define SR_FSP (SR_FBS / SR_FTI)\n\n",
       tj, CUDA_FUSED_BS, CUDA_FUSED_TI, CUDA_FUSED_RC, R, nd.ncol > 0 ? nd.ncol : 1);
     P("extern \"C\" __global__ void __launch_bounds__(SR_FBS)\n" CUDA_KERNEL_FUSED
       "(const sr_args sr_a, const long long no, const long long nr, const long long chunk,\n"
@@ -191,7 +306,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "    __shared__ sr_t sr_B[SR_TJ * SR_FRC];\n");
     if (ssmw)
         P("    __shared__ sr_t sr_m[SR_FTI];\n    __shared__ sr_acc sr_s[SR_FTI], "
-          "sr_sa[SR_FTI];\n");
+          "sr_sa[SR_FTI], sr_pr[SR_FBS];\n");
     jit_cuda_emit_block(k, b, "SR_FTI", "sr_o0");
     P("    const int sr_tid = threadIdx.x, sr_tx = sr_tid %% 16, sr_ty = sr_tid / 16;\n"
       "    const int sr_c0 = blockIdx.y * SR_FRC;\n"
@@ -205,6 +320,10 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     P("    sr_acc sr_w[4][4];\n"
       "SR_UNROLL\n    for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
       "        for (int q = 0; q < 4; q++) sr_w[p][q] = 0;\n");
+    if (ab)
+        P("    sr_acc sr_fs[4] = {0, 0, 0, 0}; /* the rows' sums of F, for A's term */\n");
+    if (ab || m.cf)
+        P("    bool sr_any = false; /* whether the block saw a reduced index */\n");
     if (ssmw)
         P("    if (sr_tid < SR_FTI) { sr_m[sr_tid] = -SR_INF; sr_s[sr_tid] = 0; }\n");
     P("    for (long long sr_q = sr_q0; sr_q < sr_q1; sr_q++) {\n"
@@ -212,50 +331,82 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "    const long long sr_r1 = sr_lb ? sr_iv[2 * sr_q + 1]\n"
       "                                  : (nr < sr_r0 + chunk ? nr : sr_r0 + chunk);\n"
       "    for (long long rt = sr_r0; rt < sr_r1; rt += SR_TJ) {\n"
-      "      const int nj = (int)(sr_r1 - rt < SR_TJ ? sr_r1 - rt : SR_TJ);\n"
+      "      const int nj = (int)(sr_r1 - rt < SR_TJ ? sr_r1 - rt : SR_TJ);\n%s"
       "      __syncthreads();\n"
       "      for (int jj = threadIdx.x; jj < nj; jj += SR_FBS) {\n"
       "        const long long r = rt + jj;\n        (void)r;\n%s"
       "      }\n"
       "      for (int sr_e = threadIdx.x; sr_e < SR_TJ * SR_FRC; sr_e += SR_FBS) {\n"
       "        const int jj = sr_e / SR_FRC, sr_c = sr_c0 + sr_e %% SR_FRC;\n"
-      "        sr_B[sr_e] = jj < nj && sr_c < SR_FR ? a%d[(rt + jj) * SR_FR + sr_c] : (sr_t)0;\n"
-      "      }\n"
-      "      __syncthreads();\n"
+      "        (void)jj, (void)sr_c;\n",
+      ab || m.cf ? "      sr_any = true;\n" : "", nd.inner.data ? nd.inner.data : "");
+    if (m.bf) {
+        /* B's formula: per reduced index of the tile, its nodes once, then the block's columns */
+        P("        if (jj >= nj || sr_c >= SR_FR) sr_B[sr_e] = (sr_t)0;\n      }\n"
+          "      for (int jj = threadIdx.x; jj < nj; jj += SR_FBS)\n");
+        side_eval(b, &nb, "rt + jj",
+                  "for (int sr_c = sr_c0; sr_c < SR_FR && sr_c < sr_c0 + SR_FRC; sr_c++) {",
+                  "sr_B[jj * SR_FRC + sr_c - sr_c0] = (sr_t)sr_v;");
+    } else {
+        P("        sr_B[sr_e] = jj < nj && sr_c < SR_FR ? a%d[(rt + jj) * SR_FR + sr_c] : "
+          "(sr_t)0;\n      }\n",
+          bvar);
+    }
+    P("      __syncthreads();\n"
       "      for (int jj = sr_fj; jj < nj; jj += SR_FBS / SR_FTI) {\n%s"
       "        sr_F[sr_fi * SR_FLD + jj] = (sr_t)(%s);\n"
       "      }\n"
       "      __syncthreads();\n",
-      nd.inner.data ? nd.inner.data : "", bvar, nd.pair.data ? nd.pair.data : "", nd.f[0]);
+      nd.pair.data ? nd.pair.data : "", nd.f[0]);
     if (ssmw)
-        P("      if (sr_tid < SR_FTI) { /* the online softmax of row sr_tid of the tile */\n"
-          "        sr_t *sr_fr = sr_F + sr_tid * SR_FLD, sr_tm = -SR_INF;\n"
-          "        for (int jj = 0; jj < nj; jj++) sr_tm = sr_fr[jj] > sr_tm ? sr_fr[jj] : sr_tm;\n"
-          "        const sr_t sr_mo = sr_m[sr_tid], sr_mn = sr_tm > sr_mo ? sr_tm : sr_mo;\n"
+        /* The online softmax of the tile, SR_FBS / SR_FTI threads per row, each on every
+         * such index of the tile: the partial maxima, then the row's maximum and the partial
+         * sums of exp(F - m) through sr_pr; the row's first thread adds the partial sums in
+         * order and updates the row's state once every thread has read it. */
+        P("      {\n"
+          "        const int sr_sr = sr_tid / SR_FSP, sr_sp = sr_tid %% SR_FSP;\n"
+          "        sr_t *sr_fr = sr_F + sr_sr * SR_FLD, sr_tm = -SR_INF;\n"
+          "        for (int jj = sr_sp; jj < nj; jj += SR_FSP)\n"
+          "          sr_tm = sr_fr[jj] > sr_tm ? sr_fr[jj] : sr_tm;\n"
+          "        sr_pr[sr_tid] = (sr_acc)sr_tm;\n"
+          "        __syncthreads();\n"
+          "        for (int t = 0; t < SR_FSP; t++) {\n"
+          "          const sr_t sr_x = (sr_t)sr_pr[sr_sr * SR_FSP + t];\n"
+          "          sr_tm = sr_x > sr_tm ? sr_x : sr_tm;\n        }\n"
+          "        const sr_t sr_mo = sr_m[sr_sr], sr_mn = sr_tm > sr_mo ? sr_tm : sr_mo;\n"
           "        const sr_acc sr_a1 = sr_mn > sr_mo && sr_mo > -SR_INF ? (sr_acc)sr_exp(sr_mo - "
           "sr_mn) : (sr_acc)1;\n"
           "        sr_acc sr_ts = 0;\n"
-          "        for (int jj = 0; jj < nj; jj++) {\n"
+          "        for (int jj = sr_sp; jj < nj; jj += SR_FSP) {\n"
           "          const sr_t sr_x = sr_fr[jj] == -SR_INF ? (sr_t)0 : sr_exp(sr_fr[jj] - "
           "sr_mn);\n"
           "          sr_fr[jj] = sr_x;\n          sr_ts += (sr_acc)sr_x;\n        }\n"
-          "        sr_m[sr_tid] = sr_mn;\n"
-          "        sr_s[sr_tid] = sr_s[sr_tid] * sr_a1 + sr_ts;\n"
-          "        sr_sa[sr_tid] = sr_a1;\n      }\n"
+          "        __syncthreads();\n"
+          "        sr_pr[sr_tid] = sr_ts;\n"
+          "        __syncthreads();\n"
+          "        if (sr_sp == 0) {\n"
+          "          sr_acc sr_s1 = 0;\n"
+          "          for (int t = 0; t < SR_FSP; t++) sr_s1 += sr_pr[sr_tid + t];\n"
+          "          sr_m[sr_sr] = sr_mn;\n"
+          "          sr_s[sr_sr] = sr_s[sr_sr] * sr_a1 + sr_s1;\n"
+          "          sr_sa[sr_sr] = sr_a1;\n        }\n      }\n"
           "      __syncthreads();\n");
     P("      sr_acc sr_p[4][4];\n"
       "SR_UNROLL\n      for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
-      "        for (int q = 0; q < 4; q++) sr_p[p][q] = 0;\n"
+      "        for (int q = 0; q < 4; q++) sr_p[p][q] = 0;\n%s"
       "      for (int jj = 0; jj < nj; jj++) {\n"
       "        sr_acc sr_f[4], sr_g[4];\n"
       "SR_UNROLL\n        for (int p = 0; p < 4; p++) sr_f[p] = (sr_acc)sr_F[(sr_ty + 16 * p) * "
-      "SR_FLD + jj];\n"
+      "SR_FLD + jj];\n%s"
       "SR_UNROLL\n        for (int q = 0; q < 4; q++) sr_g[q] = (sr_acc)sr_B[jj * SR_FRC + sr_tx + "
       "16 * q];\n"
       "SR_UNROLL\n        for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
       "          for (int q = 0; q < 4; q++) sr_p[p][q] = fma(sr_f[p], sr_g[q], sr_p[p][q]);\n"
       "      }\n"
-      "SR_UNROLL\n      for (int p = 0; p < 4; p++) {\n");
+      "SR_UNROLL\n      for (int p = 0; p < 4; p++) {\n%s",
+      ab ? "      sr_acc sr_ps[4] = {0, 0, 0, 0};\n" : "",
+      ab ? "SR_UNROLL\n        for (int p = 0; p < 4; p++) sr_ps[p] += sr_f[p];\n" : "",
+      ab ? "        sr_fs[p] += sr_ps[p];\n" : "");
     if (ssmw)
         P("        const sr_acc sr_r1 = sr_sa[sr_ty + 16 * p];\n"
           "SR_UNROLL\n        for (int q = 0; q < 4; q++) sr_w[p][q] = sr_w[p][q] * sr_r1 + "
@@ -276,10 +427,26 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
           "      if (sr_rec && blockIdx.y == 0 && sr_tx == 0) {\n"
           "        sr_rec[SR_FR] = (sr_acc)sr_m[sr_ty + 16 * p];\n"
           "        sr_rec[SR_FR + 1] = sr_den;\n      }\n");
+    /* C's values in the thread's columns of the row (1 where the block saw no reduced index:
+     * the sum is 0 whatever C is) */
+    if (m.cf) {
+        P("      sr_acc sr_cv[4] = {1, 1, 1, 1};\n      if (sr_any)\n");
+        side_eval(b, &nc, "sr_row",
+                  "for (int q = 0; q < 4; q++) {\n          const int sr_c = sr_c0 + sr_tx + 16 * "
+                  "q;\n          if (sr_c >= SR_FR) continue;",
+                  "sr_cv[q] = sr_v;");
+    }
     P("SR_UNROLL\n      for (int q = 0; q < 4; q++) {\n"
       "        const int sr_c = sr_c0 + sr_tx + 16 * q;\n"
-      "        if (sr_c >= SR_FR) continue;\n"
-      "        if (sr_rec) sr_rec[sr_c] = sr_w[p][q];\n"
+      "        if (sr_c >= SR_FR) continue;\n%s",
+      m.cf ? "        sr_w[p][q] *= sr_cv[q];\n" : "");
+    /* A's term, linear in the row's sum of F (so that the chunks' records add up); none where
+     * the block saw no reduced index, whose sum is 0 whatever A is. */
+    if (ab)
+        P("        if (sr_any) sr_w[p][q] = %ssr_w[p][q] %c (sr_acc)a%d[sr_row * SR_FR + sr_c] * "
+          "sr_fs[p];\n",
+          m.bsign < 0 ? "-" : "", m.asign < 0 ? '-' : '+', m.avar);
+    P("        if (sr_rec) sr_rec[sr_c] = sr_w[p][q];\n"
       "        else out[sr_row * SR_FR + sr_c] = (sr_t)(sr_w[p][q]%s);\n"
       "      }\n    }\n}\n\n",
       ssmw ? " / sr_den" : "");
@@ -324,6 +491,8 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     }
     if (fp) {
         fp->bvar = bvar;
+        fp->avar = m.avar;
+        fp->cfactor = m.cf != NULL;
         fp->R = R;
         fp->block = CUDA_FUSED_BS;
         fp->ti = CUDA_FUSED_TI;
@@ -334,5 +503,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
         fp->pair_nodes = nd.npair;
     }
     jit_nodes_free(&nd);
+    jit_nodes_free(&nb);
+    jit_nodes_free(&nc);
     return b->oom ? SR_ENOMEM : SR_OK;
 }

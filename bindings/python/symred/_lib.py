@@ -252,6 +252,9 @@ def _declare(lib):
         "sr_kernel_vjp": (c_int, [c_void_p, P(RunDesc), c_void_p, c_void_p, c_void_p,
                                   P(c_void_p)]),
         "sr_kernel_run_lse": (c_int, [c_void_p, P(RunDesc), c_void_p]),
+        "sr_kernel_vjp_ranges": (c_int, [c_void_p, P(RunDesc), P(Ranges), c_void_p, c_void_p,
+                                         c_void_p, P(c_void_p)]),
+        "sr_kernel_run_lse_ranges": (c_int, [c_void_p, P(RunDesc), P(Ranges), c_void_p]),
         "sr_kernel_explain": (c_char_p, [c_void_p]),
         "sr_kernel_eval_block": (
             c_int,

@@ -328,13 +328,14 @@ def _autograd_function(name, doc, forward, setup_context, backward, vmap=None, j
 
 def _fused_applies(kern, ranges, values):
     """Whether sr_kernel_vjp / sr_kernel_run_lse may take this call (they decline the rest)."""
-    return (kern.red == "SumSoftMaxWeight" and kern.fused_vjp and ranges is None
+    return (kern.red == "SumSoftMaxWeight" and kern.fused_vjp
             and values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64))
 
 
-def _run_lse(kern, nx, ny, args):
-    """The forward of attention with its log-normalizer (sr_kernel_run_lse), for the fused
-    backward: (values, lse), or None where the library declines (then the kernel runs)."""
+def _run_lse(kern, nx, ny, ranges, args):
+    """The forward of attention with its log-normalizer (sr_kernel_run_lse, or _ranges with
+    block-sparse ranges), for the fused backward: (values, lse), or None where the library
+    declines (then the kernel runs)."""
     args = [a.contiguous() if a is not None else None for a in args[: kern.nargs]]
     args += [None] * max(0, kern.nargs - len(args))
     first = next(a for a in args if a is not None)
@@ -344,7 +345,11 @@ def _run_lse(kern, nx, ny, args):
     ptrs = (ctypes.c_void_p * max(1, kern.nargs))(*[_pointer(a) for a in args])
     run = RunDesc(nx=nx, ny=ny, nargs=kern.nargs, args=ptrs, out=_pointer(values), out_idx=None)
     with _omp_threads():
-        st = lib.sr_kernel_run_lse(kern.ptr, ctypes.byref(run), _pointer(lse))
+        if ranges is None:
+            st = lib.sr_kernel_run_lse(kern.ptr, ctypes.byref(run), _pointer(lse))
+        else:
+            st = lib.sr_kernel_run_lse_ranges(kern.ptr, ctypes.byref(run),
+                                              ctypes.byref(ranges[0]), _pointer(lse))
     if st in (_lib.SR_ENOTSUP, _lib.SR_EBUDGET):
         if st == _lib.SR_ENOTSUP:
             kern.fused_vjp = False
@@ -359,7 +364,7 @@ def _reduce_forward(kern, nx, ny, ranges, *args):
             and any(a is not None and a.requires_grad for a in args)):
         # A gradient may follow: the forward keeps its log-normalizer for the fused backward,
         # handed to setup_context on the output (and removed from it there).
-        res = _run_lse(kern, nx, ny, args)
+        res = _run_lse(kern, nx, ny, ranges, args)
         if res is not None:
             res[0]._symred_lse = res[1]
             return res[0]
@@ -433,7 +438,7 @@ def _reduce_backward(ctx, *grads):
 
 def _fused_vjp(kern, nx, ny, ranges, fwd, G, values, lse, args, needed):
     """The gradients by sr_kernel_vjp, the fused backward (attention, docs/gradients.md), or
-    None where it does not apply: block-sparse ranges, CUDA or 16-bit tensors, a backward that
+    None where it does not apply: CUDA or 16-bit tensors, a backward that
     must itself be differentiable (create_graph: the gradient kernels run through _Reduce), or
     a kernel that sr_kernel_vjp declines (remembered). ``lse``: the forward's log-normalizer
     when it kept one (sr_kernel_run_lse), else None and sr_kernel_vjp forms it."""
@@ -454,8 +459,12 @@ def _fused_vjp(kern, nx, ny, ranges, fwd, G, values, lse, args, needed):
     gptrs = (ctypes.c_void_p * max(1, n))(*[_pointer(o) for o in out[:n]])
     run = RunDesc(nx=nx, ny=ny, nargs=n, args=ptrs, out=None, out_idx=None)
     with _omp_threads():
-        st = lib.sr_kernel_vjp(kern.ptr, ctypes.byref(run), _pointer(G), _pointer(values),
-                               _pointer(lse), gptrs)
+        if ranges is None:
+            st = lib.sr_kernel_vjp(kern.ptr, ctypes.byref(run), _pointer(G), _pointer(values),
+                                   _pointer(lse), gptrs)
+        else:
+            st = lib.sr_kernel_vjp_ranges(kern.ptr, ctypes.byref(run), ctypes.byref(ranges[0]),
+                                          _pointer(G), _pointer(values), _pointer(lse), gptrs)
     if st in (_lib.SR_ENOTSUP, _lib.SR_EBUDGET):
         if st == _lib.SR_ENOTSUP:
             kern.fused_vjp = False

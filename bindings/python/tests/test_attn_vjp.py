@@ -126,3 +126,75 @@ def test_axis_0_runs_the_fused_backward(fused_calls, n, m):
     assert fused_calls == [True]
     assert torch.autograd.gradcheck(
         lambda kk, qq, ss, vv: fn(qq, kk, ss, vv, backend="CPU"), ins)
+
+
+def _block_ranges(n, m, bn, bm, axis):
+    """pykeops-style ranges (from_matrix, as torch int32 tensors) of n rows in clusters of bn
+    and m columns in clusters of bm; row cluster 1 keeps no column cluster (its rows get no
+    pair) and the others a diagonal band, so that intervals end inside the tiles. The dense
+    mask of the kept pairs (n x m) beside them; axis 0: the same with rows and columns swapped
+    (the output rows are then the m columns)."""
+    import numpy as np
+    from symred.cluster import from_matrix, swap_axes
+
+    ri = np.array([[a, min(a + bn, n)] for a in range(0, n, bn)])
+    rj = np.array([[b, min(b + bm, m)] for b in range(0, m, bm)])
+    keep = np.array([[a != 1 and abs(a - b) <= 1 for b in range(len(rj))] for a in range(len(ri))])
+    mask = np.zeros((n, m), dtype=bool)
+    for a, (i0, i1) in enumerate(ri):
+        for b, (j0, j1) in enumerate(rj):
+            mask[i0:i1, j0:j1] = keep[a, b]
+    ranges = from_matrix(ri, rj, keep)
+    if axis == 0:
+        ranges = swap_axes(ranges)
+    return tuple(torch.from_numpy(r) for r in ranges), torch.from_numpy(mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, m, bn, bm", [(130, 301, 17, 41), (1, 1, 1, 1), (97, 13, 10, 3)])
+def test_block_sparse_ranges_run_the_fused_backward(fused_calls, monkeypatch, dtype, n, m, bn,
+                                                    bm):
+    fn = _attention(16, 5)
+    ins = _inputs(n, m, 16, 5, dtype, seed=m)
+    ranges, mask = _block_ranges(n, m, bn, bm, 1)
+    G = torch.randn(n, 5, dtype=dtype, generator=torch.Generator().manual_seed(2))
+
+    def grads():
+        x = [t.clone().requires_grad_(True) for t in ins]
+        return torch.autograd.grad(fn(*x, backend="CPU", ranges=ranges), x, G)
+
+    fused = grads()
+    assert fused_calls == [True]
+    monkeypatch.setattr(st, "_fused_vjp", lambda *a: None)
+    kernels = grads()
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for a, b in zip(fused, kernels):
+        assert float((a - b).abs().max()) <= tol * max(1.0, float(b.abs().max()))
+    # the masked softmax on the rows that have pairs (the others: no gradient)
+    q, k, s, v = (t.clone().requires_grad_(True) for t in ins)
+    rows = mask.any(1)
+    w = torch.softmax(((q @ k.T) * s).masked_fill(~mask, float("-inf"))[rows], dim=1)
+    want = torch.autograd.grad(w @ v, (q, k, s, v), G[rows])
+    for a, b in zip(fused, want):
+        assert float((a - b).abs().max()) <= tol * max(1.0, float(b.abs().max()))
+
+
+def test_block_sparse_ranges_axis_0_gradcheck(fused_calls):
+    fn = st.Genred("(q|k)*s", ["q=Vj(4)", "k=Vi(4)", "s=Pm(1)", "v=Vi(3)"],
+                   reduction_op="SumSoftMaxWeight", axis=0, formula2="v")
+    n, m = 19, 23  # n rows of k and v (i, reduced), m of q (j, the output)
+    ranges, mask = _block_ranges(m, n, 5, 4, 0)
+    q, k, s, v = _inputs(m, n, 4, 3, torch.float64)
+    ins = [t.requires_grad_(True) for t in (q, k, s, v)]
+    out = fn(*ins, backend="CPU", ranges=ranges)
+    rows = mask.any(1)
+    w = torch.softmax(((ins[0] @ ins[1].T) * ins[2]).masked_fill(~mask, float("-inf"))[rows],
+                      dim=1)
+    assert torch.allclose(out[rows], w @ ins[3], atol=1e-10)
+    got = torch.autograd.grad(out[rows].sum(), ins)
+    want = torch.autograd.grad((w @ ins[3]).sum(), ins)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, atol=1e-10)
+    assert fused_calls == [True]
+    assert torch.autograd.gradcheck(
+        lambda *a: fn(*a, backend="CPU", ranges=ranges)[rows], ins)
