@@ -64,15 +64,15 @@ def _genreds(M):
     wide_aliases = ["z = Vi(3)", "x = Vj(3)", "g = Pm(1)", f"Zt = Pm({3 * M})", f"zn = Pm({M})"]
     wide = sjax.Genred(f"Exp(-g * SqDist(z, x)) * Exp(-g * {q})", wide_aliases,
                        reduction_op="Sum", axis=1)
-    # d/dg of the M-wide Sum, -(SqDist(z, x) + q) k e, as two Sums of F * B whose B (e, q e)
-    # depends on the point only: each runs as a tile of F times B's tile (B hoisted).
-    dwide_d = sjax.Genred(f"SqDist(z, x) * Exp(-g * SqDist(z, x)) * Exp(-g * {q})",
-                          wide_aliases, reduction_op="Sum", axis=1)
-    dwide_q = sjax.Genred(f"Exp(-g * SqDist(z, x)) * ({q} * Exp(-g * {q}))",
-                          wide_aliases, reduction_op="Sum", axis=1)
+    # d/dg of the M-wide Sum, -(SqDist(z, x) + q) k e. symred's sum split runs it as two Sums
+    # of F * B whose B (e, q e) depends on the point only, each a tile of F times B's tile (B
+    # hoisted), where the planner estimates that cheaper than the direct strategy (M >= 20;
+    # docs/simplifier.md).
+    dwide_sum = sjax.Genred(f"(SqDist(z, x) + {q}) * Exp(-g * SqDist(z, x)) * Exp(-g * {q})",
+                            wide_aliases, reduction_op="Sum", axis=1)
 
     def dwide(*args):
-        return -(dwide_d(*args) + dwide_q(*args))
+        return -dwide_sum(*args)
 
     kuf_y = sjax.Genred("Exp(-g * SqDist(z, x)) * y",
                         ["z = Vi(3)", "x = Vj(3)", "y = Vj(1)", "g = Pm(1)"],
@@ -88,12 +88,12 @@ def _sqdist(a, b):
 
 def terms_symred(X, y, Z, g):
     """P = E E^T and r = E y for E_ai = exp(-g |z_a - x_i|^2), through symred.jax: one M-row,
-    M-wide Sum over the points for P, one Sum for r. P's derivative in g is two more M-wide
-    Sums (a jax.custom_jvp: symred's own gradient kernel of the M-wide Sum with respect to a
-    parameter runs per pair over the M-wide cotangent, 9x the forward at M = 100); X and Z
-    are data and fixed inducing points, not differentiated. Each of these Sums is a tile of a
-    scalar F times the tile of a B that depends on the point only, evaluated once per tile of
-    points (docs/wide.md)."""
+    M-wide Sum over the points for P, one Sum for r. P's derivative in g is one more M-wide
+    Sum, which symred's sum split runs as two (a jax.custom_jvp: symred's own gradient kernel
+    of the M-wide Sum with respect to a parameter runs per pair over the M-wide cotangent, 9x
+    the forward at M = 100); X and Z are data and fixed inducing points, not differentiated.
+    Each of these Sums is a tile of a scalar F times the tile of a B that depends on the point
+    only, evaluated once per tile of points (docs/wide.md)."""
     jax = _jax()
     M = Z.shape[0]
     wide, dwide, kuf_y, _ = _genreds(M)

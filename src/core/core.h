@@ -200,6 +200,7 @@ void sr__fill_identity(const struct sr_kernel *k, const sr_run_desc *r, int64_t 
  *                  inner kernel on this backend plus the post formula (simp_post_backend); false:
  *                  the backend runs the kernel's formula whole
  */
+struct sr_plan;
 struct sr_backend_i {
     const char *name;
     sr_status (*prepare)(struct sr_kernel *k);
@@ -222,6 +223,10 @@ struct sr_backend_i {
                      const void *gout, const void *out, const void *lse, void *const *grads);
     sr_status (*run_lse)(const struct sr_kernel *k, const sr_run_desc *run,
                          const struct sr_rplan *p, void *lse);
+    /* The candidate plans of a kernel that has not been prepared (simplified, backend set),
+     * without side effects, as its prepare would offer them; returns their number (0: none,
+     * e.g. no compiler). NULL: the backend offers none (the sum split, split.c, needs them). */
+    int (*offer)(const struct sr_kernel *k, struct sr_plan *out);
 };
 
 /* The registered backends' interface objects (SR_BACKEND_MAP), by id (registry.c). */
@@ -351,6 +356,28 @@ extern const struct sr_backend_i simp_post_backend;
  * the chunk of R (for the memory budget, src/core/budget.c; k->backend->run equals
  * simp_post_backend.run for these kernels). */
 int64_t simp_post_workspace(const sr_kernel *k);
+/* The most bytes of a chunk of reduction results that post.c and split.c hold at once. */
+#define SR_POST_CHUNK_BYTES ((int64_t)4 << 20)
+/* args[0 .. k->nargs) = r's arrays, those of the output index advanced to output row o0 (a
+ * chunk of output rows run as its own reduction; r in the kernel's computing dtype). */
+void sr__chunk_args(const sr_kernel *k, const sr_run_desc *r, int64_t o0, const void **args);
+/* The sum split of a Sum kernel (simp-kernel.c): Sum F with F = (A + C) P, A the addends of a
+ * factor that depend on the output index and C the others, as F1 = A P and F2 = C P, each a
+ * product of the factors of P that depend on the output index and of those that do not (with C
+ * or A among the latter or the former). false: no such factor, or the parts' dimension is not
+ * F's. */
+bool simp_split_sum(const sr_kernel *k, const sr_expr **f1, const sr_expr **f2);
+/* Runs k as two Sum kernels of simp_split_sum's parts whose outputs add (split.c) when both
+ * run the fused two-product strategy and their estimated times add up to less than k's best
+ * plan's: k->backend becomes the split backend, ready to run. Otherwise k is left as it was
+ * (SR_OK either way; an error only when out of memory). */
+sr_status sr__split_sum(sr_kernel *k);
+/* The chosen candidate plan of a Sum kernel of f under desc on backend be (be->offer), without
+ * preparing it: nothing is compiled. SR_ENOTSUP: no candidate, or be offers none. */
+/* A Sum over k's axis in k's computing dtype, on k's device with k's accumulation. */
+sr_kernel_desc sr__sum_desc(const sr_kernel *k);
+sr_status sr__kernel_offer(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
+                           const struct sr_backend_i *be, struct sr_plan *best);
 
 static inline size_t sr_dtype_size(sr_dtype t)
 {

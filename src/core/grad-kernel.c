@@ -193,12 +193,7 @@ sr_status sr_kernel_jvp(const sr_kernel *k, uint64_t var_mask, sr_kernel **out)
         .aux = sr_var(ctx, 2 * n + 1, 1, selecting ? red_cat : out_cat),
     };
     sr_expr *body = x.o && x.aux ? jvp_body(ctx, k, var_mask, &x) : NULL;
-    sr_kernel_desc d = sr_kernel_desc_default();
-    d.reduction = SR_SUM;
-    d.axis = k->axis;
-    d.dtype = k->dtype;
-    d.device = k->device;
-    d.acc = k->acc;
+    sr_kernel_desc d = sr__sum_desc(k);
     return sr_kernel_new(ctx, body, &d, out);
 }
 

@@ -167,6 +167,72 @@ static void build_explain(sr_kernel *k)
         free(b.data);
 }
 
+/* A new kernel of f (checked) with its variables and simplified formulas, no backend yet; *out
+ * is NULL when out of memory. */
+static sr_status kernel_init(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
+                             sr_kernel **out)
+{
+    sr_kernel *k = calloc(1, sizeof *k);
+    *out = k;
+    if (!k)
+        return sr__error(ctx, SR_ENOMEM, "sr_kernel_new: out of memory");
+    k->ctx = ctx;
+    k->f = f;
+    k->weight = desc->weight;
+    k->red = desc->reduction;
+    k->axis = desc->axis;
+    k->k = sr_reductions[desc->reduction].uses_k ? desc->k : 1;
+    k->io = desc->dtype;
+    k->dtype = desc->dtype == SR_F64 ? SR_F64 : SR_F32;
+    k->device = desc->device;
+    k->acc = desc->acc;
+    k->fdim = f->dim;
+    k->out_dim = k->weight ? k->weight->dim : k->k * k->fdim;
+    const sr_expr *roots[2] = {f, desc->weight};
+    sr_status st = expr_collect_vars(ctx, roots, 2, &k->vars, &k->nargs);
+    if (st == SR_OK)
+        st = simp_kernel(k); /* k->f and k->weight become the simplified formulas */
+    return st;
+}
+
+sr_kernel_desc sr__sum_desc(const sr_kernel *k)
+{
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_SUM;
+    d.axis = k->axis;
+    d.dtype = k->dtype;
+    d.device = k->device;
+    d.acc = k->acc;
+    return d;
+}
+
+sr_status sr__kernel_offer(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
+                           const struct sr_backend_i *be, struct sr_plan *best)
+{
+    memset(best, 0, sizeof *best);
+    if (!be->offer)
+        return SR_ENOTSUP;
+    sr_status st = desc_check(ctx, f, desc);
+    sr_kernel *k = NULL;
+    if (st == SR_OK)
+        st = kernel_init(ctx, f, desc, &k);
+    if (st == SR_OK) {
+        k->backend = be;
+        k->nplans = be->offer(k, k->plans);
+        const struct sr_plan *c = sr__plan_choose(k);
+        if (c)
+            *best = *c;
+        else
+            st = SR_ENOTSUP;
+    }
+    if (k) {
+        simp_kernel_release(k);
+        free(k->vars);
+        free(k);
+    }
+    return st;
+}
+
 sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc, sr_kernel **out)
 {
     if (out)
@@ -193,25 +259,10 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
     if (st != SR_OK)
         return st;
 
-    sr_kernel *k = calloc(1, sizeof *k);
+    sr_kernel *k = NULL;
+    st = kernel_init(ctx, f, desc, &k);
     if (!k)
-        return sr__error(ctx, SR_ENOMEM, "sr_kernel_new: out of memory");
-    k->ctx = ctx;
-    k->f = f;
-    k->weight = desc->weight;
-    k->red = desc->reduction;
-    k->axis = desc->axis;
-    k->k = sr_reductions[desc->reduction].uses_k ? desc->k : 1;
-    k->io = desc->dtype;
-    k->dtype = desc->dtype == SR_F64 ? SR_F64 : SR_F32;
-    k->device = desc->device;
-    k->acc = desc->acc;
-    k->fdim = f->dim;
-    k->out_dim = k->weight ? k->weight->dim : k->k * k->fdim;
-    const sr_expr *roots[2] = {f, desc->weight};
-    st = expr_collect_vars(ctx, roots, 2, &k->vars, &k->nargs);
-    if (st == SR_OK)
-        st = simp_kernel(k); /* k->f and k->weight become the simplified formulas */
+        return st;
     if (st == SR_OK)
         k->backend = pick_backend(ctx, desc->device, &st);
     /* A reduction rewrite of the simplifier: a kernel on the chosen backend reduces the inner
@@ -220,6 +271,10 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
      * post_rewrite is false). */
     if (st == SR_OK && k->simp.post && k->backend->post_rewrite)
         k->backend = &simp_post_backend;
+    /* A Sum of a sum that runs faster as two kernels (src/core/split.c): the split backend,
+     * with both kernels prepared; otherwise the kernel stays as it is. */
+    if (st == SR_OK && !k->simp.post && k->backend->post_rewrite && k->backend->offer)
+        st = sr__split_sum(k);
     if (st == SR_OK && k->backend->prepare)
         st = k->backend->prepare(k);
     /* The backends plan under the memory budget; this check is the guarantee. */

@@ -58,15 +58,14 @@ static sr_status post_prepare(sr_kernel *k)
     return SR_OK;
 }
 
-/* Output rows per chunk: the temporary R stays within POST_CHUNK_BYTES (and a quarter of the
+/* Output rows per chunk: the temporary R stays within SR_POST_CHUNK_BYTES (and a quarter of the
  * context's memory budget, when there is one), so the rewrite costs no O(output) memory. */
-#define POST_CHUNK_BYTES ((int64_t)4 << 20)
 
 /* Output rows of R per chunk for nout output rows (at least 1). */
 static int64_t post_chunk(const sr_kernel *k, int64_t rdim, int64_t nout)
 {
     int64_t esz = (int64_t)sr_dtype_size(k->dtype);
-    int64_t cap = POST_CHUNK_BYTES;
+    int64_t cap = SR_POST_CHUNK_BYTES;
     if (k->ctx->mem_limit > 0 && k->ctx->mem_limit / 4 < cap)
         cap = k->ctx->mem_limit / 4;
     int64_t chunk = cap / (rdim * esz);
@@ -83,6 +82,19 @@ int64_t simp_post_workspace(const sr_kernel *k)
     int64_t rdim = d->inner->out_dim;
     return sr_kernel_workspace_bytes(d->inner) + sr_kernel_workspace_bytes(d->post) +
            post_chunk(k, rdim, INT64_MAX / 2) * rdim * (int64_t)sr_dtype_size(k->dtype);
+}
+
+void sr__chunk_args(const sr_kernel *k, const sr_run_desc *r, int64_t o0, const void **args)
+{
+    /* The variables of the output index advance with the chunk; the others stay. */
+    sr_cat out_cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    int64_t esz = (int64_t)sr_dtype_size(k->dtype);
+    for (int v = 0; v < k->nargs; v++) {
+        const struct expr_var *var = &k->vars[v];
+        args[v] = r->args[v];
+        if (var->dim && var->cat == out_cat && r->args[v])
+            args[v] = (const char *)r->args[v] + o0 * var->dim * esz;
+    }
 }
 
 /* plan: block-sparse ranges (NULL: dense). The inner kernel reduces each chunk's blocks (the plan
@@ -105,17 +117,10 @@ static sr_status post_reduce(const sr_kernel *k, const sr_run_desc *r, const str
         return sr__error(k->ctx, SR_ENOMEM, "out of memory for the %lld x %lld reduction result",
                          (long long)chunk, (long long)rdim);
     }
-    /* The variables of the output index advance with the chunk; the others stay. */
-    sr_cat out_cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
     sr_status st = SR_OK;
     for (int64_t o0 = 0; o0 < nout && st == SR_OK; o0 += chunk) {
         int64_t n = nout - o0 < chunk ? nout - o0 : chunk;
-        for (int v = 0; v < k->nargs; v++) {
-            const struct expr_var *var = &k->vars[v];
-            args[v] = r->args[v];
-            if (var->dim && var->cat == out_cat && r->args[v])
-                args[v] = (const char *)r->args[v] + o0 * var->dim * esz;
-        }
+        sr__chunk_args(k, r, o0, args);
         args[k->nargs] = red;
         sr_run_desc ri = {
             .nx = k->axis == 1 ? n : r->nx,

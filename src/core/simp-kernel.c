@@ -276,6 +276,66 @@ static void plan_reduction(sr_kernel *k)
     k->simp.post_rule = rule;
 }
 
+/* The product of the factors of ts other than skip that depend on dep (want) or not (!want),
+ * times acc (acc first). */
+static sr_expr *mul_factors(sr_ctx *ctx, sr_expr *acc, const struct terms *ts, int skip,
+                            unsigned dep, bool want, bool *fail)
+{
+    for (int i = 0; i < ts->n; i++)
+        if (i != skip && ((ts->t[i]->deps & dep) != 0) == want)
+            acc = mul_acc(ctx, acc, ts->t[i], fail);
+    return acc;
+}
+
+bool simp_split_sum(const sr_kernel *k, const sr_expr **f1, const sr_expr **f2)
+{
+    sr_ctx *ctx = k->ctx;
+    unsigned out_dep = k->axis == 1 ? DEP_I : DEP_J, red_dep = k->axis == 1 ? DEP_J : DEP_I;
+    sr_expr *f = (sr_expr *)k->f;
+    if (k->red != SR_SUM || k->weight || f->op != OP_MUL || !(f->deps & red_dep))
+        return false;
+    struct terms ts = {.n = 0};
+    collect_factors(f, &ts);
+    if (ts.overflow)
+        return false;
+    /* The first factor that is a sum of addends of both kinds. */
+    for (int s = 0; s < ts.n; s++) {
+        sr_expr *t = ts.t[s];
+        if (t->op != OP_ADD && t->op != OP_SUB)
+            continue;
+        struct terms as = {.n = 0};
+        collect_addends(t, false, &as);
+        sr_expr *a = NULL, *c = NULL;
+        bool fail = as.overflow;
+        /* Positive addends first, so that each side starts without a negation when it can. */
+        for (int pass = 0; pass < 2 && !fail; pass++)
+            for (int i = 0; i < as.n; i++) {
+                if (as.neg[i] != (pass == 1))
+                    continue;
+                if (as.t[i]->deps & out_dep)
+                    a = add_acc(ctx, a, as.t[i], as.neg[i], &fail);
+                else
+                    c = add_acc(ctx, c, as.t[i], as.neg[i], &fail);
+            }
+        if (fail || !a || !c)
+            continue;
+        /* F1 = A P_out P_rest; F2 = P_out (C P_rest): the factors of the output index stay
+         * together, and C joins the factors that do not depend on it (the side B of the fused
+         * strategy's F * B). */
+        sr_expr *p1 = mul_factors(ctx, a, &ts, s, out_dep, true, &fail);
+        p1 = mul_factors(ctx, p1, &ts, s, out_dep, false, &fail);
+        sr_expr *b2 = mul_factors(ctx, c, &ts, s, out_dep, false, &fail);
+        sr_expr *p2 = mul_factors(ctx, NULL, &ts, s, out_dep, true, &fail);
+        p2 = p2 ? mul_acc(ctx, p2, b2, &fail) : b2;
+        if (fail || !p1 || !p2 || p1->dim != k->fdim || p2->dim != k->fdim)
+            return false;
+        *f1 = p1;
+        *f2 = p2;
+        return true;
+    }
+    return false;
+}
+
 static bool trivial(const sr_expr *e) { return e->op == OP_VAR || !e->deps; }
 
 /* Maximal non-trivial subexpressions that do not depend on the pair, children of pair nodes

@@ -1840,4 +1840,5 @@ const struct sr_backend_i cpu_fused_backend = {
     /* .post_rewrite = */ false,
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ cpu_attn_run_lse,
+    /* .offer = */ NULL,
 };

@@ -887,6 +887,7 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .post_rewrite = */ false,
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ cpu_attn_run_lse,
+    /* .offer = */ NULL,
 };
 
 void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)

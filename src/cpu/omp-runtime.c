@@ -157,6 +157,15 @@ int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     return CPU_PLAN_COUNT;
 }
 
+/* k's candidates as jit_prepare would offer them (none without a compiler). */
+static int jit_offer(const sr_kernel *k, struct sr_plan *out)
+{
+    struct jit_ctx *jc = NULL;
+    if (jit_ctx_get(k->ctx, &jc) != SR_OK || jit_no_compiler(jc))
+        return 0;
+    return cpu_plans(k, k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc, out);
+}
+
 static sr_status jit_prepare(sr_kernel *k)
 {
     sr_ctx *ctx = k->ctx;
@@ -422,4 +431,5 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .post_rewrite = */ true,
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ cpu_attn_run_lse,
+    /* .offer = */ jit_offer,
 };

@@ -847,4 +847,5 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .post_rewrite = */ false,
     /* .vjp = */ NULL,
     /* .run_lse = */ NULL,
+    /* .offer = */ NULL,
 };

@@ -721,4 +721,5 @@ const struct sr_backend_i cuda_backend = {
     /* .post_rewrite = */ false,
     /* .vjp = */ NULL,
     /* .run_lse = */ NULL,
+    /* .offer = */ NULL,
 };
