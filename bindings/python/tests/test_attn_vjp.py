@@ -38,6 +38,25 @@ def _inputs(n, m, d, r, dtype, seed=0):
     return q, k, s, v
 
 
+def _fused_matches_kernels(fused_calls, monkeypatch, fn, ins, G, dtype, **kw):
+    """The gradients of fn(*ins, **kw) along G by the fused backward (asserted taken) equal
+    those of the gradient kernels (the path when sr_kernel_vjp declines); returns the fused
+    ones."""
+
+    def grads():
+        x = [t.clone().requires_grad_(True) for t in ins]
+        return torch.autograd.grad(fn(*x, backend="CPU", **kw), x, G)
+
+    fused = grads()
+    assert fused_calls == [True]
+    monkeypatch.setattr(st, "_fused_vjp", lambda *a: None)
+    kernels = grads()
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for a, b in zip(fused, kernels):
+        assert float((a - b).abs().max()) <= tol * max(1.0, float(b.abs().max()))
+    return fused
+
+
 def test_gradcheck_float64_runs_the_fused_backward(fused_calls):
     fn = _attention(5, 3)
     ins = [t.requires_grad_(True) for t in _inputs(7, 11, 5, 3, torch.float64)]
@@ -52,17 +71,7 @@ def test_same_gradients_as_the_gradient_kernels(fused_calls, monkeypatch, dtype,
     ins = _inputs(n, m, d, r, dtype, seed=n)
     G = torch.randn(n, r, dtype=dtype, generator=torch.Generator().manual_seed(1))
 
-    def grads():
-        x = [t.clone().requires_grad_(True) for t in ins]
-        return torch.autograd.grad(fn(*x, backend="CPU"), x, G)
-
-    fused = grads()
-    assert fused_calls == [True]
-    monkeypatch.setattr(st, "_fused_vjp", lambda *a: None)
-    kernels = grads()
-    tol = 1e-10 if dtype == torch.float64 else 1e-4
-    for a, b in zip(fused, kernels):
-        assert float((a - b).abs().max()) <= tol * max(1.0, float(b.abs().max()))
+    _fused_matches_kernels(fused_calls, monkeypatch, fn, ins, G, dtype)
 
 
 def test_declined_kernels_fall_back_to_the_gradient_kernels(fused_calls):
@@ -159,17 +168,8 @@ def test_block_sparse_ranges_run_the_fused_backward(fused_calls, monkeypatch, dt
     ranges, mask = _block_ranges(n, m, bn, bm, 1)
     G = torch.randn(n, 5, dtype=dtype, generator=torch.Generator().manual_seed(2))
 
-    def grads():
-        x = [t.clone().requires_grad_(True) for t in ins]
-        return torch.autograd.grad(fn(*x, backend="CPU", ranges=ranges), x, G)
-
-    fused = grads()
-    assert fused_calls == [True]
-    monkeypatch.setattr(st, "_fused_vjp", lambda *a: None)
-    kernels = grads()
+    fused = _fused_matches_kernels(fused_calls, monkeypatch, fn, ins, G, dtype, ranges=ranges)
     tol = 1e-10 if dtype == torch.float64 else 1e-4
-    for a, b in zip(fused, kernels):
-        assert float((a - b).abs().max()) <= tol * max(1.0, float(b.abs().max()))
     # the masked softmax on the rows that have pairs (the others: no gradient)
     q, k, s, v = (t.clone().requires_grad_(True) for t in ins)
     rows = mask.any(1)
