@@ -321,6 +321,8 @@ struct sr_kernel {
     /* Why the kernel runs on a fallback (the reference interpreter while the JIT was asked
      * for): a static string that explain prints, NULL otherwise. */
     const char *fallback_why;
+    /* Why a sum split that the formula admits was not applied (split.c), or empty. */
+    char split_why[160];
     char *explain;
     struct sr_simp_info simp;
     struct sr_plan plans[SR_MAX_PLANS]; /* the backend's candidates (plan.c) */

@@ -158,6 +158,8 @@ static void build_explain(sr_kernel *k)
     expr_buf_printf(&b, "\ndevice: %s\nbackend: %s\n", device_names[k->device], k->backend->name);
     if (k->fallback_why)
         expr_buf_printf(&b, "why this backend: %s\n", k->fallback_why);
+    if (k->split_why[0])
+        expr_buf_printf(&b, "sum split not applied: %s\n", k->split_why);
     if (k->backend->explain)
         k->backend->explain(k, &b);
     sr__plan_explain(k, &b);

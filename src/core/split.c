@@ -14,6 +14,7 @@
  */
 #include "core.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,16 @@ static const struct sr_plan *chosen(const sr_kernel *k)
     return NULL;
 }
 
+/* Records in k why the split its formula admits is not applied (explain prints it); SR_OK. */
+__attribute__((format(printf, 2, 3))) static sr_status declined(sr_kernel *k, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->split_why, sizeof k->split_why, fmt, ap);
+    va_end(ap);
+    return SR_OK;
+}
+
 sr_status sr__split_sum(sr_kernel *k)
 {
     sr_ctx *ctx = k->ctx;
@@ -199,24 +210,32 @@ sr_status sr__split_sum(sr_kernel *k)
     const struct sr_plan *bw = NULL;
     for (int i = 0; i < nw; i++) {
         if (whole[i].feasible && whole[i].forced)
-            return SR_OK; /* an option forces a strategy on F */
+            return declined(k, "an option forces the %s strategy",
+                            whole[i].strategy ? whole[i].strategy : "?");
         if (whole[i].feasible && (!bw || whole[i].est_ns < bw->est_ns))
             bw = &whole[i];
     }
     if (!bw || !(bw->est_ns > 0))
-        return SR_OK;
+        return declined(k, "no estimated plan of F whole");
     /* The parts' best plans, before compiling them. */
     sr_kernel_desc desc = sr__sum_desc(k);
     double est[2];
     for (int i = 0; i < 2; i++) {
         struct sr_plan p;
-        if (sr__kernel_offer(ctx, f[i], &desc, be, &p) != SR_OK || !fused_plan(&p) ||
-            !(p.est_ns > 0))
-            return SR_OK;
+        sr_status pst = sr__kernel_offer(ctx, f[i], &desc, be, &p);
+        expr_ctx(ctx)->err.pending = pending;
+        if (pst != SR_OK || !(p.est_ns > 0))
+            return declined(k, "part F%d has no estimated plan", i + 1);
+        if (!fused_plan(&p))
+            return declined(k, "part F%d would run %s, not the fused two-product", i + 1,
+                            p.strategy ? p.strategy : "?");
         est[i] = p.est_ns;
     }
     if (est[0] + est[1] >= bw->est_ns)
-        return SR_OK;
+        return declined(k,
+                        "est. %.3g + %.3g ns per pair for its parts, not below %.3g for F whole "
+                        "(%s)",
+                        est[0], est[1], bw->est_ns, bw->strategy ? bw->strategy : "?");
     struct split_data *d = calloc(1, sizeof *d);
     if (!d)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
@@ -245,7 +264,9 @@ sr_status sr__split_sum(sr_kernel *k)
         sr_kernel_free(d->part[0]);
         sr_kernel_free(d->part[1]);
         free(d);
-        return SR_OK;
+        expr_ctx(ctx)->err.pending = pending;
+        return declined(k, "its parts, once built, did not both run the fused two-product within "
+                           "the memory budget");
     }
     d->chunk_cap -= d->chunk_cap % row;
     d->vt = (struct sr_backend_i){
