@@ -38,12 +38,12 @@ static sr_expr *side(int axis, bool out, int idx, int dim)
     return (axis == 1) == out ? sr_vi(ctx, idx, dim) : sr_vj(ctx, idx, dim);
 }
 
-/* SGPR's d/dg of the M-wide Sum: (SqDist(z,x) + q) Exp(-g SqDist(z,x)) Exp(-g q), z of the
- * output index, x of the reduced one, q = SqNorm2(x) - 2 Zt x + zn (M wide). */
-static sr_expr *sgpr(int axis)
+/* SGPR's d/dg of the m-wide Sum: (SqDist(z,x) + q) Exp(-g SqDist(z,x)) Exp(-g q), z of the
+ * output index, x of the reduced one, q = SqNorm2(x) - 2 Zt x + zn (m wide). */
+static sr_expr *sgpr_m(int axis, int m)
 {
     sr_expr *z = side(axis, true, 0, 3), *x = side(axis, false, 1, 3);
-    sr_expr *g = sr_pm(ctx, 2, 1), *zt = sr_pm(ctx, 3, 3 * M), *zn = sr_pm(ctx, 4, M);
+    sr_expr *g = sr_pm(ctx, 2, 1), *zt = sr_pm(ctx, 3, 3 * m), *zn = sr_pm(ctx, 4, m);
     sr_expr *q = sr_add(
         ctx,
         sr_sub(ctx, sr_sqnorm2(ctx, x), sr_mul(ctx, sr_const(ctx, 2), sr_matvecmult(ctx, zt, x))),
@@ -52,6 +52,9 @@ static sr_expr *sgpr(int axis)
     return sr_mul(ctx, sr_mul(ctx, sr_add(ctx, d, q), sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, g, d)))),
                   sr_exp(ctx, sr_neg(ctx, sr_mul(ctx, g, q))));
 }
+
+static sr_expr *sgpr(int axis) { return sgpr_m(axis, M); }
+static sr_expr *sgpr10(int axis) { return sgpr_m(axis, 10); }
 
 /* (SqDist(x,y) + c) Exp(-SqDist(x,y)) b with c and b of the reduced index, w wide. */
 static sr_expr *simple(int axis, int w)
@@ -236,6 +239,24 @@ static sr_expr *simple16(int axis) { return simple(axis, 16); }
 static sr_expr *simple64(int axis) { return simple(axis, 64); }
 
 Test(split, sgpr_dense) { check_sizes(sgpr); }
+
+/* With q 10 wide the direct plan of F whole holds more accumulators than the vector registers
+ * do: the two fused parts are estimated (and measured) faster, and compute F's sums. */
+Test(split, sgpr_ten_wide_splits) { check_sizes(sgpr10); }
+
+/* With q 5 wide the direct plan of F whole stays, estimated below the two parts. */
+Test(split, sgpr_five_wide_stays_direct)
+{
+    for (int axis = 0; axis < 2; axis++)
+        for (int dt = 0; dt < 2; dt++) {
+            sr_kernel *k = mk(sgpr_m(axis, 5), axis, dt ? SR_F64 : SR_F32, SR_DEVICE_CPU);
+            const char *ex = sr_kernel_explain(k);
+            cr_assert_null(strstr(ex, "sum split applied"), "split:\n%s", ex);
+            cr_assert(strstr(ex, "not below"), "%s", ex);
+            cr_assert(strstr(ex, "chosen: direct"), "%s", ex);
+            sr_kernel_free(k);
+        }
+}
 
 Test(split, simple_dense)
 {

@@ -17,7 +17,8 @@
  *        + NS_PACK x values packed per pair (operands' panels, once per block of rows)
  *        + NS_TILE / (ti tj) (a tile's calls and bookkeeping)
  *        + the direct strategy's accumulators: NS_OUT per output value per pair for the first
- *                    16 values, NS_OUT_WIDE for the others (the registers are spent)
+ *                    OUT_REGS = 8 values, NS_OUT_WIDE for the others (AVX2's 16 vector registers
+ *                    hold the accumulators beside F's values: past 8 they spill)
  *        + NS_FOLD_SOFTMAX (+ NS_FOLD_WEIGHT per weight value) for the SumSoftMaxWeight and
  *                    LogSumExp folds of generated code (the direct strategy's, which is also the
  *                    gemm-epilogue's): F and the weight buffered, Exp in a second pass
@@ -33,7 +34,14 @@
  * candidates of one kernel, which compute the same F: it puts the Gaussian's direct / fused
  * crossover at R = 4 (with SYMRED_GEMM=off and =on, n = m = 4000: direct 2.1-2.4, 2.4-2.7,
  * 2.5-3.2, 3.2-3.4 ns at R = 1, 2, 3, 4; fused 3.0-3.1, 2.9-3.5, 3.4, 3.0-3.1) and the
- * attention's fused two-product ahead of the gemm-epilogue from R = 1.
+ * attention's fused two-product ahead of the gemm-epilogue from R = 1. The accumulators past 8
+ * are fitted to SGPR's derivative form (SqDist(z,x) + q) Exp(-g SqDist(z,x)) Exp(-g q), q an M-wide
+ * formula of x, one thread, 640 x 4000 pairs (x 2000 at M = 20, 100), load 0.4-1: direct at M = 5,
+ * 10, 20, 100 (float64) 4.4-4.5, 12.3-12.5, 41.8, 69.2 ns (at M = 100 the emitter's loop mode); at
+ * M = 5, 10 (float32) 1.8-2.2, 4.0-4.4; its sum split's two fused parts together at M = 5, 10
+ * (float64) 6.0-6.1, 6.7-7.1, (float32) 2.8-3.5, 3.0-3.3, at M = 20, 100 (float64) 8.5, 17.4. So
+ * the split wins from M = 10 (estimates 7.8 + 7.7 against 16.4 direct) and the direct plan stays at
+ * M = 5 (9.35).
  */
 #include "../formulas/formulas.h"
 #include "cpu.h"
@@ -49,10 +57,10 @@
 #define NS_PACK         0.3   /* per value packed */
 #define NS_TILE         2000  /* per tile: the module's call, the micro-kernels' start-up */
 #define NS_OUT          0.55  /* per output value per pair accumulated by the direct strategy */
-#define NS_OUT_WIDE     1.0   /* the same past 16 values per pair */
+#define NS_OUT_WIDE     2.0   /* the same past OUT_REGS values per pair */
 #define NS_FOLD_SOFTMAX 8.0   /* SumSoftMaxWeight's and LogSumExp's buffered second pass */
 #define NS_FOLD_WEIGHT  0.5   /* the same per weight value */
-#define OUT_REGS        16
+#define OUT_REGS        8     /* accumulators that AVX2's 16 vector registers hold beside F */
 #define PANEL           16
 
 /* Whether e is a transcendental function (the simplifier counts 10 or more flops per value). */
