@@ -335,6 +335,9 @@ struct sr_kernel {
  * of those the one of least estimated time (est_ns; the earlier in the list on a tie or where
  * either has no estimate). Marks it chosen and returns it; NULL when none is feasible. */
 const struct sr_plan *sr__plan_choose(sr_kernel *k);
+/* The plan sr__plan_choose would choose among p[0 .. n), without marking it; NULL when none is
+ * feasible. */
+const struct sr_plan *sr__plan_best(const struct sr_plan *p, int n);
 /* Rejects the chosen plan (its realisation declined, for why) and chooses again. */
 const struct sr_plan *sr__plan_reject(sr_kernel *k, const char *why);
 /* Appends the candidates, chosen first, with their costs, tiles, workspace and reasons. */
@@ -374,10 +377,10 @@ bool simp_split_sum(const sr_kernel *k, const sr_expr **f1, const sr_expr **f2);
  * plan's: k->backend becomes the split backend, ready to run. Otherwise k is left as it was
  * (SR_OK either way; an error only when out of memory). */
 sr_status sr__split_sum(sr_kernel *k);
-/* The chosen candidate plan of a Sum kernel of f under desc on backend be (be->offer), without
- * preparing it: nothing is compiled. SR_ENOTSUP: no candidate, or be offers none. */
 /* A Sum over k's axis in k's computing dtype, on k's device with k's accumulation. */
 sr_kernel_desc sr__sum_desc(const sr_kernel *k);
+/* The chosen candidate plan of a Sum kernel of f under desc on backend be (be->offer), without
+ * preparing it: nothing is compiled. SR_ENOTSUP: no candidate, or be offers none. */
 sr_status sr__kernel_offer(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
                            const struct sr_backend_i *be, struct sr_plan *best);
 

@@ -22,16 +22,24 @@ static bool plan_beats(const struct sr_plan *p, const struct sr_plan *b)
     return p->est_ns > 0 && b->est_ns > 0 && p->est_ns < b->est_ns;
 }
 
+const struct sr_plan *sr__plan_best(const struct sr_plan *p, int n)
+{
+    const struct sr_plan *c = NULL;
+    for (int i = 0; i < n; i++)
+        if (p[i].feasible && (!c || plan_beats(&p[i], c)))
+            c = &p[i];
+    return c;
+}
+
 const struct sr_plan *sr__plan_choose(sr_kernel *k)
 {
-    struct sr_plan *c = NULL;
-    for (int i = 0; i < k->nplans; i++) {
+    for (int i = 0; i < k->nplans; i++)
         k->plans[i].chosen = false;
-        if (k->plans[i].feasible && (!c || plan_beats(&k->plans[i], c)))
-            c = &k->plans[i];
-    }
-    if (c)
-        c->chosen = true;
+    const struct sr_plan *best = sr__plan_best(k->plans, k->nplans);
+    if (!best)
+        return NULL;
+    struct sr_plan *c = &k->plans[best - k->plans];
+    c->chosen = true;
     return c;
 }
 

@@ -58,10 +58,9 @@ static sr_status post_prepare(sr_kernel *k)
     return SR_OK;
 }
 
-/* Output rows per chunk: the temporary R stays within SR_POST_CHUNK_BYTES (and a quarter of the
- * context's memory budget, when there is one), so the rewrite costs no O(output) memory. */
-
-/* Output rows of R per chunk for nout output rows (at least 1). */
+/* Output rows of R per chunk for nout output rows (at least 1): the temporary R stays within
+ * SR_POST_CHUNK_BYTES (and a quarter of the context's memory budget, when there is one), so the
+ * rewrite costs no O(output) memory. */
 static int64_t post_chunk(const sr_kernel *k, int64_t rdim, int64_t nout)
 {
     int64_t esz = (int64_t)sr_dtype_size(k->dtype);

@@ -204,17 +204,11 @@ sr_status sr__split_sum(sr_kernel *k)
     expr_ctx(ctx)->err.pending = pending;
     if (!split)
         return SR_OK;
-    /* F whole: its backend's best plan (nothing compiled). */
+    /* F whole: the plan its backend would choose (nothing compiled). */
     struct sr_plan whole[SR_MAX_PLANS];
-    int nw = be->offer(k, whole);
-    const struct sr_plan *bw = NULL;
-    for (int i = 0; i < nw; i++) {
-        if (whole[i].feasible && whole[i].forced)
-            return declined(k, "an option forces the %s strategy",
-                            whole[i].strategy ? whole[i].strategy : "?");
-        if (whole[i].feasible && (!bw || whole[i].est_ns < bw->est_ns))
-            bw = &whole[i];
-    }
+    const struct sr_plan *bw = sr__plan_best(whole, be->offer(k, whole));
+    if (bw && bw->forced)
+        return declined(k, "an option forces the %s strategy", bw->strategy ? bw->strategy : "?");
     if (!bw || !(bw->est_ns > 0))
         return declined(k, "no estimated plan of F whole");
     /* The parts' best plans, before compiling them. */
