@@ -108,6 +108,11 @@ sr_status sr__check_arrays(const sr_kernel *k, int64_t nx, int64_t ny, const voi
 /* The argument index of e when it is a variable of k's reduced side (Vj on axis 1, Vi on axis
  * 0), else -1. */
 int sr__reduced_var(const sr_kernel *k, const sr_expr *e);
+/* Whether e is A - B, B - A or A + B with A a variable of k's output side and B one of its
+ * reduced side, both of e's dimension (the gradient of a radial kernel: x_i - y_j): sets their
+ * argument indices and signs (e = asign A + bsign B). */
+bool sr__a_and_b(const sr_kernel *k, const sr_expr *e, int *avar, int *asign, int *bvar,
+                 int *bsign);
 /* Fails with SR_EBUDGET (and the bytes needed) when kernel k's workspace exceeds the budget;
  * kernel.c calls it after the backend's prepare. */
 sr_status sr__budget_check(struct sr_kernel *k);

@@ -335,6 +335,26 @@ int sr__reduced_var(const sr_kernel *k, const sr_expr *e)
     return (int)e->iattr[0];
 }
 
+bool sr__a_and_b(const sr_kernel *k, const sr_expr *e, int *avar, int *asign, int *bvar, int *bsign)
+{
+    if (e->op != OP_SUB && e->op != OP_ADD)
+        return false;
+    const sr_cat out_cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    for (int c = 0; c < 2; c++) {
+        const sr_expr *a = e->child[c], *b = e->child[1 - c];
+        int bv = sr__reduced_var(k, b);
+        if (a->dim != e->dim || b->dim != e->dim || a->op != OP_VAR ||
+            a->iattr[1] != (int64_t)out_cat || bv < 0)
+            continue;
+        *avar = (int)a->iattr[0];
+        *bvar = bv;
+        *asign = e->op == OP_SUB && c == 1 ? -1 : 1;
+        *bsign = e->op == OP_SUB && c == 0 ? -1 : 1;
+        return true;
+    }
+    return false;
+}
+
 sr_status sr__check_arrays(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args)
 {
     sr_ctx *ctx = k->ctx;

@@ -160,15 +160,6 @@ static int form_width(const sr_kernel *k, const struct fused_form *m)
     return m->bf ? m->bf->dim : k->vars[m->bvar].dim;
 }
 
-/* The output-axis variable argument that e is, or -1. */
-static int output_var_arg(const sr_kernel *k, const sr_expr *e)
-{
-    unsigned cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
-    if (e->op != OP_VAR || e->iattr[1] != (int64_t)cat)
-        return -1;
-    return (int)e->iattr[0];
-}
-
 /* Whether the vector factor e is B, or A - B, B - A, A + B (the gradient of a radial kernel:
  * x_i - y_j); sets m's variables and signs. */
 static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct fused_form *m)
@@ -183,19 +174,7 @@ static bool vector_factor(const sr_kernel *k, const sr_expr *e, struct fused_for
         m->bf = e;
         return true;
     }
-    if (e->op != OP_SUB && e->op != OP_ADD)
-        return false;
-    for (int c = 0; c < 2; c++) {
-        int a = output_var_arg(k, e->child[c]), b = sr__reduced_var(k, e->child[1 - c]);
-        if (a < 0 || b < 0 || e->child[0]->dim != e->dim || e->child[1]->dim != e->dim)
-            continue;
-        m->avar = a;
-        m->bvar = b;
-        m->asign = e->op == OP_SUB && c == 1 ? -1 : 1;
-        m->bsign = e->op == OP_SUB && c == 0 ? -1 : 1;
-        return true;
-    }
-    return false;
+    return sr__a_and_b(k, e, &m->avar, &m->asign, &m->bvar, &m->bsign);
 }
 
 /* Whether k is a fused two-product: Sum of a product of scalars and one vector factor (B, or

@@ -67,32 +67,6 @@
 /* Factors of a Sum's formula the fused form takes at most. */
 #define CUDA_FUSED_TERMS 16
 
-/* The output-side variable argument that e is, or -1. */
-static int output_var(const sr_kernel *k, const sr_expr *e)
-{
-    const sr_cat cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
-    return e->op == OP_VAR && e->iattr[1] == (int64_t)cat ? (int)e->iattr[0] : -1;
-}
-
-/* Whether the vector factor e is A - B, B - A or A + B; sets m's variables and signs. */
-static bool a_and_b(const sr_kernel *k, const sr_expr *e, struct cuda_form *m)
-{
-    if (e->op != OP_SUB && e->op != OP_ADD)
-        return false;
-    for (int c = 0; c < 2; c++) {
-        const sr_expr *a = e->child[c], *bb = e->child[1 - c];
-        if (a->dim != e->dim || bb->dim != e->dim || output_var(k, a) < 0 ||
-            sr__reduced_var(k, bb) < 0)
-            continue;
-        m->avar = output_var(k, a);
-        m->bvar = sr__reduced_var(k, bb);
-        m->asign = e->op == OP_SUB && c == 1 ? -1 : 1;
-        m->bsign = e->op == OP_SUB && c == 0 ? -1 : 1;
-        return true;
-    }
-    return false;
-}
-
 /* The sides a formula depends on. */
 enum side { SIDE_OUT, SIDE_RED, SIDE_PAIR };
 
@@ -139,7 +113,7 @@ bool cuda_fused_form(const sr_kernel *k, struct cuda_form *m)
         } else if (sd == SIDE_RED || sd == SIDE_OUT) {
             if (!times(k->ctx, sd == SIDE_RED ? &B : &C, e))
                 return false;
-        } else if (ab || !a_and_b(k, e, m)) {
+        } else if (ab || !sr__a_and_b(k, e, &m->avar, &m->asign, &m->bvar, &m->bsign)) {
             return false; /* a vector of the pair that is not A - B */
         } else {
             ab = true;
