@@ -912,6 +912,8 @@ static sr_expr *perturb_formula(sr_ctx *ctx, const sr_expr *e, double rel, uint6
             n = sr_mul(ctx, kid[0], sr_rsqrt(ctx, f32_range(ctx, sr_sqnorm2(ctx, kid[0]))));
         else if (e->op == OP_NORM2)
             n = sr_sqrt(ctx, f32_range(ctx, sr_sqnorm2(ctx, kid[0])));
+        else if (e->op == OP_CABS) /* sqrt(re^2 + im^2): re^2 overflows first */
+            n = sr_sqrt(ctx, f32_range(ctx, sr_complex_squareabs(ctx, kid[0])));
         else
             n = expr_make(ctx, (enum expr_op)e->op, kid, e->iattr, e->dim, e->fattr);
         return n ? f32_range(ctx, n) : NULL;

@@ -143,7 +143,11 @@
     X(compact_source,                                                                              \
       "TensorProd(Var(3,2,1),Less(MatVecMult((ComplexExp1j(ComplexReal(Var(1,550,0)))+"            \
       "ComplexAbs((Var(2,1100,1)*Var(2,1100,1)))),Var(0,1,0)),RatCst(1,5)))",                      \
-      "", SR_ARGMAX, 1, 1, SR_F16, SR_ACC_DEFAULT, 3, 13, "GEPU", 0x7922a69128c291b3ULL, 0)
+      "", SR_ARGMAX, 1, 1, SR_F16, SR_ACC_DEFAULT, 3, 13, "GEPU", 0x7922a69128c291b3ULL, 0)        \
+    /* the fuzzer's float32 oracle: ComplexAbs is sqrt(re^2 + im^2), which overflows where re^2    \
+     * does (docs/semantics.md), so a finite double value may be inf in float32 */                 \
+    X(complex_abs_overflow, "ComplexAbs(Pow(ComplexImag(Var(0,256,1)),-2))", "", SR_LOGSUMEXP, 0,  \
+      1, SR_BF16, SR_ACC_DEFAULT, 1, 1, "E", 0xbdb650a6216e2770ULL, 1)
 
 static struct fz_opts quiet_opts(void)
 {
