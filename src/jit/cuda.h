@@ -197,6 +197,9 @@ struct cuda_fused {
     int columns;      /* scalars per reduced index of F's inner nodes kept in the tile */
     int shared_bytes; /* static shared memory of the fused kernel */
     int pair_nodes;
+    /* F's inner product (u | w) computed as a tile product: its width (0: none) and the
+     * argument indices of u (output side) and w (reduced side) */
+    int dot, uvar, wvar;
 };
 
 #define CUDA_KERNEL_FUSED         "sr_cuda_fused"
