@@ -789,6 +789,30 @@ Test(cuda, fused_dot_gaussian_gradients)
     dot_gradients(DIFF_UNIFORM, 0.1, w, (int)(sizeof w / sizeof *w));
 }
 
+/* Arrays for the arguments of kernel k (at most 8; rows no on the output side of k's axis, nr
+ * on the reduced side), uniform in [0.1, 1); *gv and *bv get the arguments of R values on the
+ * output and the reduced side (the Gaussian's gradient: G and b). Returns their number. */
+static int gauss_grad_args(sr_kernel *k, int axis, int64_t no, int64_t nr, sr_dtype dt, int R,
+                           void **buf, int *gv, int *bv)
+{
+    const int n = sr_kernel_nargs(k);
+    uint64_t seed = 5;
+    cr_assert(n <= 8);
+    for (int v = 0; v < n; v++) {
+        sr_cat cat;
+        int dim;
+        cr_assert_eq(sr_kernel_var(k, v, &cat, &dim), SR_OK);
+        int64_t rows = cat == SR_CAT_PARAM ? 1 : (cat == SR_CAT_I) == (axis == 1) ? no : nr;
+        int64_t len = rows * (dim > 0 ? dim : 1);
+        buf[v] = malloc((size_t)len * sr_dtype_size(dt));
+        cr_assert(buf[v]);
+        tu_fill(buf[v], dt, len, 0.1, 1, &seed);
+        if (dim == R && cat != SR_CAT_PARAM)
+            *(rows == no ? gv : bv) = v;
+    }
+    return n;
+}
+
 /* NaN and infinities in G and in b, with x, y and g finite (so that F's other factors do not
  * make every row NaN): the gradients d/dx (axis 1: of the rows' side) on CUDA and on the
  * reference with G of rows 3, 10, 11 holding NaN, +inf, -inf (those rows non-finite, the others
@@ -810,28 +834,10 @@ Test(cuda, fused_dot_gaussian_gradients_nan_inf)
                 cr_assert_eq(sr_kernel_grad(kc, 0, &gc), SR_OK, "%s", sr_ctx_error(ctx));
                 cr_assert_eq(sr_kernel_grad(kr, 0, &gr), SR_OK, "%s", sr_ctx_error(ctx));
                 cr_assert(runs_dot_tile(gc, R), "%s", sr_kernel_explain(gc));
-                const int n = sr_kernel_nargs(gc);
                 const int64_t no = axis ? NO_ROWS : NR_ROWS, nr = axis ? NR_ROWS : NO_ROWS;
-                const size_t es = sr_dtype_size((sr_dtype)dt);
-                void *buf[8] = {0};
-                int64_t len[8] = {0};
+                void *buf[8];
                 int gv = -1, bv = -1; /* G (output side) and b (reduced side), R wide */
-                uint64_t seed = 5;
-                cr_assert(n <= 8);
-                for (int v = 0; v < n; v++) {
-                    sr_cat cat;
-                    int dim;
-                    cr_assert_eq(sr_kernel_var(gc, v, &cat, &dim), SR_OK);
-                    int64_t rows = cat == SR_CAT_PARAM                ? 1
-                                   : (cat == SR_CAT_I) == (axis == 1) ? no
-                                                                      : nr;
-                    len[v] = rows * (dim > 0 ? dim : 1);
-                    buf[v] = malloc((size_t)len[v] * es);
-                    cr_assert(buf[v]);
-                    tu_fill(buf[v], (sr_dtype)dt, len[v], 0.1, 1, &seed);
-                    if (dim == R && cat != SR_CAT_PARAM)
-                        *(rows == no ? &gv : &bv) = v;
-                }
+                const int n = gauss_grad_args(gc, axis, no, nr, (sr_dtype)dt, R, buf, &gv, &bv);
                 cr_assert(gv >= 0 && bv >= 0);
                 void *vc = calloc((size_t)no * 3, 8), *vr = calloc((size_t)no * 3, 8);
                 for (int run = 0; run < 2; run++) {
@@ -870,6 +876,90 @@ Test(cuda, fused_dot_gaussian_gradients_nan_inf)
                     free(buf[v]);
                 free(vc);
                 free(vr);
+                sr_kernel_free(gc);
+                sr_kernel_free(gr);
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
+/* Block-sparse ranges of the ranges tests: blocks out of order, an empty one, uncovered rows,
+ * empty and touching intervals, a block longer than a CUDA block's 64 rows (300 output rows, 400
+ * reduced indices). */
+static const int64_t ranges_rg[] = {100, 240, 0, 5, 5, 5, 5, 100, 240, 250};
+static const int64_t ranges_sl[] = {3, 4, 4, 7, 8};
+static const int64_t ranges_iv[] = {0, 10, 10, 200, 300, 400, 3, 4, 0, 5, 5, 5, 17, 400, 150, 151};
+
+/* Runs kc (CUDA) and kr (the reference) of the given axis with the ranges above on the arrays
+ * buf (no output rows, nr reduced indices, nargs arrays, outw values per output row) and compares
+ * the outputs; scaled: float32's absolute tolerance relative to the largest output. */
+static void ranges_compare(sr_kernel *kc, sr_kernel *kr, int axis, int64_t no, int64_t nr,
+                           void **buf, int nargs, int outw, bool scaled, const char *what)
+{
+    sr_ranges rr = axis ? (sr_ranges){.nranges_i = 5,
+                                      .ranges_i = ranges_rg,
+                                      .slices_i = ranges_sl,
+                                      .nredranges_j = 8,
+                                      .redranges_j = ranges_iv}
+                        : (sr_ranges){.nranges_j = 5,
+                                      .ranges_j = ranges_rg,
+                                      .slices_j = ranges_sl,
+                                      .nredranges_i = 8,
+                                      .redranges_i = ranges_iv};
+    const bool f64 = kc->dtype == SR_F64;
+    const int64_t nout = no * outw;
+    void *vc = calloc((size_t)nout, 8), *vr = calloc((size_t)nout, 8);
+    cr_assert(vc && vr);
+    sr_run_desc r = {.nx = axis ? no : nr,
+                     .ny = axis ? nr : no,
+                     .nargs = nargs,
+                     .args = (const void *const *)buf,
+                     .out = vc};
+    cr_assert_eq(sr_kernel_run_ranges(kc, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
+    r.out = vr;
+    cr_assert_eq(sr_kernel_run_ranges(kr, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
+    struct diff_tol tl = diff_tol_of(kc->dtype);
+    double big = 1;
+    for (int64_t t = 0; t < nout && scaled && !f64; t++)
+        big = fmax(big, fabs(((float *)vr)[t]));
+    for (int64_t t = 0; t < nout; t++) {
+        double a = f64 ? ((double *)vc)[t] : ((float *)vc)[t];
+        double b = f64 ? ((double *)vr)[t] : ((float *)vr)[t];
+        cr_assert(tu_close(a, b, tl.rtol, tl.atol * big), "%s: value %lld: %g, ref %g", what,
+                  (long long)t, a, b);
+    }
+    free(vc);
+    free(vr);
+}
+
+/* Block-sparse ranges on the Gaussian's d/dx and d/dy at D = 3 with b of 65 values (F's inner
+ * product a tile product): blocks out of order, an empty one, uncovered rows, empty and touching
+ * intervals, a block longer than a CUDA block's 64 rows, against the reference. */
+Test(cuda, fused_dot_ranges)
+{
+    need_gpu();
+    enum { NO_ROWS = 300, NR_ROWS = 400, R = 65 };
+    for (int v = 0; v < 2; v++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int dt = 0; dt < 2; dt++) {
+                sr_kernel *kc, *kr, *gc = NULL, *gr = NULL;
+                xyb_kernels("Exp(-SqDist(x,y)*g)*b", NULL, 3, R, axis, (sr_dtype)dt, &kc, &kr);
+                cr_assert_eq(sr_kernel_grad(kc, v, &gc), SR_OK, "%s", sr_ctx_error(ctx));
+                cr_assert_eq(sr_kernel_grad(kr, v, &gr), SR_OK, "%s", sr_ctx_error(ctx));
+                cr_assert(runs_dot_tile(gc, R), "%s", sr_kernel_explain(gc));
+                const int ga = v ? 1 - axis : axis; /* d/dy: one result per y, the other axis */
+                void *buf[8];
+                int gv = -1, bv = -1;
+                const int n =
+                    gauss_grad_args(gc, ga, NO_ROWS, NR_ROWS, (sr_dtype)dt, R, buf, &gv, &bv);
+                char what[64];
+                snprintf(what, sizeof what, "d/d%c axis %d %s", v ? 'y' : 'x', axis,
+                         dt ? "f64" : "f32");
+                /* float32: A sum F - sum F B cancels (x and y in [0.1, 1), up to 300 terms of F
+                 * about 10): the absolute tolerance is relative to the largest output */
+                ranges_compare(gc, gr, ga, NO_ROWS, NR_ROWS, buf, n, 3, true, what);
+                for (int a = 0; a < n; a++)
+                    free(buf[a]);
                 sr_kernel_free(gc);
                 sr_kernel_free(gr);
                 sr_kernel_free(kc);
@@ -1036,9 +1126,6 @@ Test(cuda, fused_ranges)
 {
     need_gpu();
     enum { NO = 300, NR = 400, R = 65 };
-    static const int64_t rg[] = {100, 240, 0, 5, 5, 5, 5, 100, 240, 250};
-    static const int64_t sl[] = {3, 4, 4, 7, 8};
-    static const int64_t red_iv[] = {0, 10, 10, 200, 300, 400, 3, 4, 0, 5, 5, 5, 17, 400, 150, 151};
     for (int red = 0; red < 3; red++)
         for (int axis = 1; axis >= 0; axis--)
             for (int dt = 0; dt < 2; dt++) {
@@ -1048,19 +1135,6 @@ Test(cuda, fused_ranges)
                 fused_form_kernels(red == 2 ? "Exp(-SqDist(x,y)*g)*(a-b)" : NULL, rd, R,
                                    (sr_dtype)dt, axis, &kc, &kr);
                 cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
-                sr_ranges rr = {0};
-                if (axis == 1)
-                    rr = (sr_ranges){.nranges_i = 5,
-                                     .ranges_i = rg,
-                                     .slices_i = sl,
-                                     .nredranges_j = 8,
-                                     .redranges_j = red_iv};
-                else
-                    rr = (sr_ranges){.nranges_j = 5,
-                                     .ranges_j = rg,
-                                     .slices_j = sl,
-                                     .nredranges_i = 8,
-                                     .redranges_i = red_iv};
                 int64_t nx = axis ? NO : NR, ny = axis ? NR : NO;
                 int64_t n[5] = {nx * 3, ny * 3, 1, (axis ? ny : nx) * R, (axis ? nx : ny) * R};
                 size_t es = sr_dtype_size((sr_dtype)dt);
@@ -1071,27 +1145,12 @@ Test(cuda, fused_ranges)
                     cr_assert(buf[v]);
                     tu_fill(buf[v], (sr_dtype)dt, n[v], red == 2 ? 0 : -1, 1, &seed);
                 }
-                void *vc = calloc((size_t)NO * R, 8), *vr = calloc((size_t)NO * R, 8);
-                sr_run_desc r = {.nx = nx,
-                                 .ny = ny,
-                                 .nargs = nargs,
-                                 .args = (const void *const *)buf,
-                                 .out = vc};
-                cr_assert_eq(sr_kernel_run_ranges(kc, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
-                r.out = vr;
-                cr_assert_eq(sr_kernel_run_ranges(kr, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
-                struct diff_tol tl = diff_tol_of((sr_dtype)dt);
-                for (int64_t t = 0; t < (int64_t)NO * R; t++) {
-                    double a = dt ? ((double *)vc)[t] : ((float *)vc)[t];
-                    double b = dt ? ((double *)vr)[t] : ((float *)vr)[t];
-                    cr_assert(tu_close(a, b, tl.rtol, tl.atol),
-                              "%s %d axis %d %s: value %lld: %g, ref %g", sr_reduction_name(rd),
-                              red, axis, dt ? "f64" : "f32", (long long)t, a, b);
-                }
+                char what[64];
+                snprintf(what, sizeof what, "%s %d axis %d %s", sr_reduction_name(rd), red, axis,
+                         dt ? "f64" : "f32");
+                ranges_compare(kc, kr, axis, NO, NR, buf, nargs, R, false, what);
                 for (int v = 0; v < nargs; v++)
                     free(buf[v]);
-                free(vc);
-                free(vr);
                 sr_kernel_free(kc);
                 sr_kernel_free(kr);
             }

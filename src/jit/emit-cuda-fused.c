@@ -15,7 +15,11 @@
  *      of B into shared memory (zeros past the last column);
  *   2. the TI x TJ tile of F formed cooperatively into shared memory: each thread forms pairs of
  *      one fixed row, whose outer nodes it computed once, with the C emitter's node code
- *      (jit_emit_nodes on F alone);
+ *      (jit_emit_nodes on F alone). When F holds an inner product (u_o | w_r) of an output-side
+ *      and a reduced-side variable of CUDA_FUSED_MIN_DOT values or more, the block first
+ *      computes its TI x TJ tile as a tile product (chunks of u and w in shared memory, 4 x TJ / 16
+ *      micro-tiles in registers: emit_dot_tile) into the tile of F, and F's node code reads the
+ *      inner product from there (jit_emit_nodes_gemm) before writing F's value over it;
  *   3. SumSoftMaxWeight: four threads per row (BS / TI) take the tile's maximum, the running
  *      maximum m, the rescale factor exp(m_old - m) when it grows, replace the tile by
  *      exp(F - m) (0 where F is -inf) and add it to the row's running sum, each on every fourth
