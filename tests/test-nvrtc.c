@@ -790,7 +790,8 @@ Test(nvrtc, fused_forms)
 }
 
 /* An F whose reduced-index terms exceed shared memory even with tiles of one index (float64
- * squared distance of dimension 6000): the fused emitter declines, so the plan falls back. */
+ * squared distance of dimension 6000, alone or beside an inner product of the same variables):
+ * the plan is the fused one, and its emitter declines, so the runtime falls back. */
 Test(nvrtc, fused_declines_beyond_shared_memory)
 {
     need_nvrtc();
@@ -798,14 +799,24 @@ Test(nvrtc, fused_declines_beyond_shared_memory)
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
     const char *al[] = {"q=Vi(6000)", "k=Vj(6000)", "v=Vj(64)"};
     sr_expr *f, *w;
-    cr_assert_eq(sr_parse(ctx, "-SqDist(q,k)", al, 3, &f), SR_OK);
     cr_assert_eq(sr_parse(ctx, "v", al, 3, &w), SR_OK);
     sr_kernel_desc d = sr_kernel_desc_default();
     d.reduction = SR_SUMSOFTMAXWEIGHT;
     d.weight = w;
     d.dtype = SR_F64;
-    sr_kernel *k = ref_kernel(ctx, f, d);
-    fused_declines(k);
+    /* the second with a wide inner product (a tile product) beside the squared distance */
+    static const char *const fs[] = {"-SqDist(q,k)", "(q|k)-SqDist(q,k)"};
+    for (int c = 0; c < 2; c++) {
+        cr_assert_eq(sr_parse(ctx, fs[c], al, 3, &f), SR_OK);
+        sr_kernel *k = ref_kernel(ctx, f, d);
+        sr_kernel kc = *k;
+        kc.nplans = cuda_plans(&kc, JIT_ACC_BLOCK, kc.plans);
+        const struct sr_plan *p = sr__plan_choose(&kc);
+        cr_assert_eq(p->id, CUDA_PLAN_FUSED, "%s", fs[c]);
+        cr_assert_eq(strstr(p->why, "inner product of 6000 values") != NULL, c == 1, "%s: %s",
+                     fs[c], p->why);
+        fused_declines(k);
+    }
     sr_ctx_free(ctx);
 }
 
