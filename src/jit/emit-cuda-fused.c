@@ -190,7 +190,7 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     const int dd = dot ? dot->child[0]->dim : 0;
     f->ti = CUDA_FUSED_TI;
     /* The inner product's 2 dd flops per pair move from the generated code to a tile product. */
-    f->flops = k->simp.cost.flops_pair - 2.0 * dd;
+    f->flops = k->simp.cost.flops_pair > 2.0 * dd ? k->simp.cost.flops_pair - 2.0 * dd : 0;
     f->gemm_flops = 2.0 * R + 2.0 * dd;
     if (!form)
         snprintf(f->why, sizeof f->why,
