@@ -660,6 +660,28 @@ Test(cuda, fused_a_minus_b_every_width)
     fused_widths("-Exp(-SqDist(x,y)*g)*(b+a)", SR_SUM, DIFF_UNIFORM, 0, w, 2);
 }
 
+/* Sum of f (SumSoftMaxWeight of f with weight w when w is not NULL) over x, y of D values, a
+ * parameter g, b of R on the reduced side and a of R on the output side, on CUDA (*kc) and on the
+ * reference (*kr), on the given axis. */
+static void xyb_kernels(const char *f, const char *w, int D, int R, int axis, sr_dtype dt,
+                        sr_kernel **kc, sr_kernel **kr)
+{
+    char o = axis ? 'i' : 'j', r = axis ? 'j' : 'i', al[4][32];
+    snprintf(al[0], sizeof al[0], "x=V%c(%d)", o, D);
+    snprintf(al[1], sizeof al[1], "y=V%c(%d)", r, D);
+    snprintf(al[2], sizeof al[2], "b=V%c(%d)", r, R);
+    snprintf(al[3], sizeof al[3], "a=V%c(%d)", o, R);
+    const char *alias[] = {al[0], al[1], "g=Pm(1)", al[2], al[3]};
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = w ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+    d.axis = axis;
+    d.dtype = dt;
+    d.weight = w ? diff_parse(ctx, w, alias, 5) : NULL;
+    sr_expr *e = diff_parse(ctx, f, alias, 5);
+    *kc = diff_kernel(ctx, e, d, SR_DEVICE_CUDA);
+    *kr = diff_kernel(ctx, e, d, SR_DEVICE_REFERENCE);
+}
+
 /* The gradient kernels (sr_kernel_grad) of the Gaussian mat-vec Sum(Exp(-g |x - y|^2) b) with
  * points of D values and b of width R, and of attention SumSoftMaxWeight(F, v) with F = (q|k) s
  * or -|q - k|^2 s and v of width R, on CUDA against the reference's, both axes (axis 0: the
@@ -667,8 +689,9 @@ Test(cuda, fused_a_minus_b_every_width)
  * of at least 16 values runs the fused kernel (explain) — d/dx and d/dy as A sum F - sum F B
  * (x_i - y_j), d/db and dv with the incoming gradient as B, dq and dk with k and q as B (or
  * q_i - k_j), the weight's variable inside a formula (Exp(v)) with the incoming gradient as B
- * times Exp(v) of the output side — the others (a parameter's, narrow variables') the direct
- * one. */
+ * times Exp(v) of the output side; also d/dx, d/dy, dq, dk of narrow points where F holds the
+ * inner product (G|b) or (G|v) of R >= 16 values (computed as a tile product) — the others (a
+ * parameter's, narrow variables') the direct one. */
 Test(cuda, fused_gradient_kernels)
 {
     need_gpu();
@@ -679,24 +702,16 @@ Test(cuda, fused_gradient_kernels)
                  {"Exp(-SqDist(x,y)*g)*b", NULL, 33, 65},
                  {"(x|y)*g", "b", 16, 17},
                  {"-SqDist(x,y)*g", "b", 65, 16},
-                 {"(x|y)*g", "Exp(b)", 16, 17}};
+                 {"(x|y)*g", "Exp(b)", 16, 17},
+                 {"(x|y)*g", "b", 3, 17},
+                 {"-SqDist(x,y)*g", "b", 3, 16}};
     static const int64_t sizes[][2] = {{0, 7}, {1, 1}, {7, 0}, {1, 131}, {67, 131}, {257, 211}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
         for (int axis = 1; axis >= 0; axis--)
             for (int dt = 0; dt < 2; dt++) {
-                char o = axis ? 'i' : 'j', r = axis ? 'j' : 'i', al[3][32];
-                snprintf(al[0], sizeof al[0], "x=V%c(%d)", o, cases[c].D);
-                snprintf(al[1], sizeof al[1], "y=V%c(%d)", r, cases[c].D);
-                snprintf(al[2], sizeof al[2], "b=V%c(%d)", r, cases[c].R);
-                const char *alias[] = {al[0], al[1], "g=Pm(1)", al[2]};
-                sr_kernel_desc d = sr_kernel_desc_default();
-                d.reduction = cases[c].w ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
-                d.axis = axis;
-                d.dtype = (sr_dtype)dt;
-                d.weight = cases[c].w ? diff_parse(ctx, cases[c].w, alias, 4) : NULL;
-                sr_expr *f = diff_parse(ctx, cases[c].f, alias, 4);
-                sr_kernel *kc = diff_kernel(ctx, f, d, SR_DEVICE_CUDA);
-                sr_kernel *kr = diff_kernel(ctx, f, d, SR_DEVICE_REFERENCE);
+                sr_kernel *kc, *kr;
+                xyb_kernels(cases[c].f, cases[c].w, cases[c].D, cases[c].R, axis, (sr_dtype)dt, &kc,
+                            &kr);
                 for (int v = 0; v < 4; v++) {
                     sr_kernel *gc = NULL, *gr = NULL;
                     cr_assert_eq(sr_kernel_grad(kc, v, &gc), SR_OK, "%s", sr_ctx_error(ctx));
@@ -705,18 +720,289 @@ Test(cuda, fused_gradient_kernels)
                     char what[160];
                     snprintf(what, sizeof what, "gradient %d of %s (D %d, R %d) axis %d %s", v,
                              cases[c].f, cases[c].D, cases[c].R, axis, dt ? "f64" : "f32");
-                    cr_assert_eq(runs_fused(gc), width >= 16, "%s: %s", what,
+                    bool dot = v < 2 && cases[c].R >= 16; /* (G|b) or (G|v) of R values */
+                    cr_assert_eq(runs_fused(gc), width >= 16 || dot, "%s: %s", what,
                                  sr_kernel_explain(gc));
                     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
                         diff_run(ctx, gc, gr, axis ? sizes[s][0] : sizes[s][1],
                                  axis ? sizes[s][1] : sizes[s][0], DIFF_UNIFORM, 0.1, 1, 31 + s,
-                                 diff_tol_of(d.dtype), what);
+                                 diff_tol_of((sr_dtype)dt), what);
                     sr_kernel_free(gc);
                     sr_kernel_free(gr);
                 }
                 sr_kernel_free(kc);
                 sr_kernel_free(kr);
             }
+}
+
+/* Whether kernel k's fused kernel computes F's inner product of d values as a tile product. */
+static bool runs_dot_tile(sr_kernel *k, int d)
+{
+    char want[64];
+    snprintf(want, sizeof want, "F's inner product of %d values", d);
+    const char *e = sr_kernel_explain(k);
+    return e && strstr(e, "strategy fused two-product") && strstr(e, want);
+}
+
+/* The gradients d/dx and d/dy of the Gaussian mat-vec Sum(Exp(-g |x - y|^2) b) at D = 3 with b
+ * of width R, against the reference's, both axes and dtypes, sizes 0, 1, primes and sizes no
+ * tile divides: the width enters through F's inner product (G | b) of the incoming gradient and
+ * b, which from R = 16 on the fused kernel computes as a tile product (explain: the chosen plan
+ * and the tile), as A sum F - sum F B (x_i - y_j, 3 columns); below, the direct kernel. */
+static void dot_gradients(enum diff_gen gen, double lo, const int *widths, int nw)
+{
+    static const int64_t sizes[][2] = {{0, 7},    {1, 1},    {7, 0},    {1, 131},
+                                       {67, 131}, {131, 67}, {257, 211}};
+    for (int w = 0; w < nw; w++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int dt = 0; dt < 2; dt++) {
+                const int R = widths[w];
+                sr_kernel *kc, *kr;
+                xyb_kernels("Exp(-SqDist(x,y)*g)*b", NULL, 3, R, axis, (sr_dtype)dt, &kc, &kr);
+                for (int v = 0; v < 2; v++) {
+                    sr_kernel *gc = NULL, *gr = NULL;
+                    cr_assert_eq(sr_kernel_grad(kc, v, &gc), SR_OK, "%s", sr_ctx_error(ctx));
+                    cr_assert_eq(sr_kernel_grad(kr, v, &gr), SR_OK, "%s", sr_ctx_error(ctx));
+                    char what[160];
+                    snprintf(what, sizeof what, "gradient %d of the Gaussian, R %d, axis %d %s", v,
+                             R, axis, dt ? "f64" : "f32");
+                    const char *ex = sr_kernel_explain(gc);
+                    cr_assert_eq(runs_dot_tile(gc, R), R >= 16, "%s: %s", what, ex);
+                    cr_assert(strstr(ex, R >= 16 ? "chosen: fused two-product" : "chosen: direct"),
+                              "%s: %s", what, ex);
+                    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+                        diff_run(ctx, gc, gr, axis ? sizes[s][0] : sizes[s][1],
+                                 axis ? sizes[s][1] : sizes[s][0], gen, lo, 1, 41 + s,
+                                 diff_tol_of((sr_dtype)dt), what);
+                    sr_kernel_free(gc);
+                    sr_kernel_free(gr);
+                }
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
+Test(cuda, fused_dot_gaussian_gradients)
+{
+    need_gpu();
+    static const int w[] = {1, 15, 16, 17, 64, 255, 1100};
+    dot_gradients(DIFF_UNIFORM, 0.1, w, (int)(sizeof w / sizeof *w));
+}
+
+/* Arrays for the arguments of kernel k (at most 8; rows no on the output side of k's axis, nr
+ * on the reduced side), uniform in [0.1, 1); *gv and *bv get the arguments of R values on the
+ * output and the reduced side (the Gaussian's gradient: G and b). Returns their number. */
+static int gauss_grad_args(sr_kernel *k, int axis, int64_t no, int64_t nr, sr_dtype dt, int R,
+                           void **buf, int *gv, int *bv)
+{
+    const int n = sr_kernel_nargs(k);
+    uint64_t seed = 5;
+    cr_assert(n <= 8);
+    for (int v = 0; v < n; v++) {
+        sr_cat cat;
+        int dim;
+        cr_assert_eq(sr_kernel_var(k, v, &cat, &dim), SR_OK);
+        int64_t rows = cat == SR_CAT_PARAM ? 1 : (cat == SR_CAT_I) == (axis == 1) ? no : nr;
+        int64_t len = rows * (dim > 0 ? dim : 1);
+        buf[v] = malloc((size_t)len * sr_dtype_size(dt));
+        cr_assert(buf[v]);
+        tu_fill(buf[v], dt, len, 0.1, 1, &seed);
+        if (dim == R && cat != SR_CAT_PARAM)
+            *(rows == no ? gv : bv) = v;
+    }
+    return n;
+}
+
+/* NaN and infinities in G and in b, with x, y and g finite (so that F's other factors do not
+ * make every row NaN): the gradients d/dx (axis 1: of the rows' side) on CUDA and on the
+ * reference with G of rows 3, 10, 11 holding NaN, +inf, -inf (those rows non-finite, the others
+ * finite: asserted of the reference), then with +inf in b at one reduced index: every row is
+ * infinite pair by pair, and the fused kernel's A sum F - sum F B may give NaN there (inf - inf,
+ * docs/gpu.md). */
+Test(cuda, fused_dot_gaussian_gradients_nan_inf)
+{
+    need_gpu();
+    static const int widths[] = {16, 65};
+    enum { NO_ROWS = 67, NR_ROWS = 131 };
+    for (int w = 0; w < 2; w++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int dt = 0; dt < 2; dt++) {
+                const int R = widths[w];
+                sr_kernel *kc, *kr;
+                xyb_kernels("Exp(-SqDist(x,y)*g)*b", NULL, 3, R, axis, (sr_dtype)dt, &kc, &kr);
+                sr_kernel *gc = NULL, *gr = NULL;
+                cr_assert_eq(sr_kernel_grad(kc, 0, &gc), SR_OK, "%s", sr_ctx_error(ctx));
+                cr_assert_eq(sr_kernel_grad(kr, 0, &gr), SR_OK, "%s", sr_ctx_error(ctx));
+                cr_assert(runs_dot_tile(gc, R), "%s", sr_kernel_explain(gc));
+                const int64_t no = axis ? NO_ROWS : NR_ROWS, nr = axis ? NR_ROWS : NO_ROWS;
+                void *buf[8];
+                int gv = -1, bv = -1; /* G (output side) and b (reduced side), R wide */
+                const int n = gauss_grad_args(gc, axis, no, nr, (sr_dtype)dt, R, buf, &gv, &bv);
+                cr_assert(gv >= 0 && bv >= 0);
+                void *vc = calloc((size_t)no * 3, 8), *vr = calloc((size_t)no * 3, 8);
+                for (int run = 0; run < 2; run++) {
+                    static const double sp[] = {NAN, INFINITY, -INFINITY};
+                    static const int64_t at[] = {3 * 65 + 7, 10 * 65 + 15, 11 * 65};
+                    for (int t = 0; t < 3; t++) {
+                        int v = run ? bv : gv;
+                        int64_t e = run ? 5 * R + 2 : at[t] / 65 * R + at[t] % 65 % R;
+                        if (run && t)
+                            break;
+                        if (dt)
+                            ((double *)buf[v])[e] = run ? INFINITY : sp[t];
+                        else
+                            ((float *)buf[v])[e] = run ? INFINITY : (float)sp[t];
+                    }
+                    const int64_t nx = axis ? no : nr, ny = axis ? nr : no;
+                    const void *const *args = (const void *const *)buf;
+                    cr_assert_eq(sr_kernel_run(gc, nx, ny, args, vc), SR_OK, "%s",
+                                 sr_ctx_error(ctx));
+                    cr_assert_eq(sr_kernel_run(gr, nx, ny, args, vr), SR_OK, "%s",
+                                 sr_ctx_error(ctx));
+                    int finite = 0, special = 0;
+                    for (int64_t t = 0; t < no * 3; t++) {
+                        double a = dt ? ((double *)vc)[t] : ((float *)vc)[t];
+                        double b = dt ? ((double *)vr)[t] : ((float *)vr)[t];
+                        *(isfinite(b) ? &finite : &special) += 1;
+                        /* A sum F - sum F B with an infinite F on the row: inf - inf */
+                        cr_assert(tu_close(a, b, 2e-4, 2e-4) || (run && isinf(b) && isnan(a)),
+                                  "R %d axis %d %s run %d: value %lld: %g, reference %g", R, axis,
+                                  dt ? "f64" : "f32", run, (long long)t, a, b);
+                    }
+                    cr_assert(special > 0 && (run || finite > 0), "finite %d, not %d", finite,
+                              special);
+                }
+                for (int v = 0; v < n; v++)
+                    free(buf[v]);
+                free(vc);
+                free(vr);
+                sr_kernel_free(gc);
+                sr_kernel_free(gr);
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
+/* Block-sparse ranges of the ranges tests: blocks out of order, an empty one, uncovered rows,
+ * empty and touching intervals, a block longer than a CUDA block's 64 rows (300 output rows, 400
+ * reduced indices). */
+static const int64_t ranges_rg[] = {100, 240, 0, 5, 5, 5, 5, 100, 240, 250};
+static const int64_t ranges_sl[] = {3, 4, 4, 7, 8};
+static const int64_t ranges_iv[] = {0, 10, 10, 200, 300, 400, 3, 4, 0, 5, 5, 5, 17, 400, 150, 151};
+
+/* Runs kc (CUDA) and kr (the reference) of the given axis with the ranges above on the arrays
+ * buf (no output rows, nr reduced indices, nargs arrays, outw values per output row) and compares
+ * the outputs; scaled: float32's absolute tolerance relative to the largest output. */
+static void ranges_compare(sr_kernel *kc, sr_kernel *kr, int axis, int64_t no, int64_t nr,
+                           void **buf, int nargs, int outw, bool scaled, const char *what)
+{
+    sr_ranges rr = axis ? (sr_ranges){.nranges_i = 5,
+                                      .ranges_i = ranges_rg,
+                                      .slices_i = ranges_sl,
+                                      .nredranges_j = 8,
+                                      .redranges_j = ranges_iv}
+                        : (sr_ranges){.nranges_j = 5,
+                                      .ranges_j = ranges_rg,
+                                      .slices_j = ranges_sl,
+                                      .nredranges_i = 8,
+                                      .redranges_i = ranges_iv};
+    const bool f64 = kc->dtype == SR_F64;
+    const int64_t nout = no * outw;
+    void *vc = calloc((size_t)nout, 8), *vr = calloc((size_t)nout, 8);
+    cr_assert(vc && vr);
+    sr_run_desc r = {.nx = axis ? no : nr,
+                     .ny = axis ? nr : no,
+                     .nargs = nargs,
+                     .args = (const void *const *)buf,
+                     .out = vc};
+    cr_assert_eq(sr_kernel_run_ranges(kc, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
+    r.out = vr;
+    cr_assert_eq(sr_kernel_run_ranges(kr, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
+    struct diff_tol tl = diff_tol_of(kc->dtype);
+    double big = 1;
+    for (int64_t t = 0; t < nout && scaled && !f64; t++)
+        big = fmax(big, fabs(((float *)vr)[t]));
+    for (int64_t t = 0; t < nout; t++) {
+        double a = f64 ? ((double *)vc)[t] : ((float *)vc)[t];
+        double b = f64 ? ((double *)vr)[t] : ((float *)vr)[t];
+        cr_assert(tu_close(a, b, tl.rtol, tl.atol * big), "%s: value %lld: %g, ref %g", what,
+                  (long long)t, a, b);
+    }
+    free(vc);
+    free(vr);
+}
+
+/* Block-sparse ranges on the Gaussian's d/dx and d/dy at D = 3 with b of 65 values (F's inner
+ * product a tile product): blocks out of order, an empty one, uncovered rows, empty and touching
+ * intervals, a block longer than a CUDA block's 64 rows, against the reference. */
+Test(cuda, fused_dot_ranges)
+{
+    need_gpu();
+    enum { NO_ROWS = 300, NR_ROWS = 400, R = 65 };
+    for (int v = 0; v < 2; v++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int dt = 0; dt < 2; dt++) {
+                sr_kernel *kc, *kr, *gc = NULL, *gr = NULL;
+                xyb_kernels("Exp(-SqDist(x,y)*g)*b", NULL, 3, R, axis, (sr_dtype)dt, &kc, &kr);
+                cr_assert_eq(sr_kernel_grad(kc, v, &gc), SR_OK, "%s", sr_ctx_error(ctx));
+                cr_assert_eq(sr_kernel_grad(kr, v, &gr), SR_OK, "%s", sr_ctx_error(ctx));
+                cr_assert(runs_dot_tile(gc, R), "%s", sr_kernel_explain(gc));
+                const int ga = v ? 1 - axis : axis; /* d/dy: one result per y, the other axis */
+                void *buf[8];
+                int gv = -1, bv = -1;
+                const int n =
+                    gauss_grad_args(gc, ga, NO_ROWS, NR_ROWS, (sr_dtype)dt, R, buf, &gv, &bv);
+                char what[64];
+                snprintf(what, sizeof what, "d/d%c axis %d %s", v ? 'y' : 'x', axis,
+                         dt ? "f64" : "f32");
+                /* float32: A sum F - sum F B cancels (x and y in [0.1, 1), up to 300 terms of F
+                 * about 10): the absolute tolerance is relative to the largest output */
+                ranges_compare(gc, gr, ga, NO_ROWS, NR_ROWS, buf, n, 3, true, what);
+                for (int a = 0; a < n; a++)
+                    free(buf[a]);
+                sr_kernel_free(gc);
+                sr_kernel_free(gr);
+                sr_kernel_free(kc);
+                sr_kernel_free(kr);
+            }
+}
+
+/* A formula with an inner product (x|y) of D values and a narrow output (B of 1 or 3 columns,
+ * A - B, a softmax with a narrow weight): from D = 16 on the fused kernel with the tile of inner
+ * products (explain), below the direct kernel. Inputs in [0, 1), D = 15, 16, 17, 128. */
+Test(cuda, fused_dot_narrow_outputs)
+{
+    need_gpu();
+    static const struct {
+        const char *f, *w;
+        int R;
+    } cases[] = {{"Exp(-(x|y)*g)*b", NULL, 1},
+                 {"Exp(-(x|y)*g)*b", NULL, 3},
+                 {"Exp(-(y|x)*g)*(a-b)", NULL, 3},
+                 {"-(x|y)*g", "b", 3}};
+    static const int dims[] = {15, 16, 17, 128};
+    static const int64_t sizes[][2] = {{0, 7},    {1, 1},    {7, 0},    {1, 131},
+                                       {67, 131}, {131, 67}, {257, 211}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+            for (int axis = 1; axis >= 0; axis--)
+                for (int dt = 0; dt < 2; dt++) {
+                    const int D = dims[di];
+                    sr_kernel *kc, *kr;
+                    xyb_kernels(cases[c].f, cases[c].w, D, cases[c].R, axis, (sr_dtype)dt, &kc,
+                                &kr);
+                    char what[160];
+                    snprintf(what, sizeof what, "%s, D %d, R %d, axis %d %s", cases[c].f, D,
+                             cases[c].R, axis, dt ? "f64" : "f32");
+                    cr_assert_eq(runs_dot_tile(kc, D), D >= 16, "%s: %s", what,
+                                 sr_kernel_explain(kc));
+                    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+                        diff_run(ctx, kc, kr, axis ? sizes[s][0] : sizes[s][1],
+                                 axis ? sizes[s][1] : sizes[s][0], DIFF_UNIFORM,
+                                 cases[c].w ? -1 : 0, 1, 51 + s, diff_tol_of((sr_dtype)dt), what);
+                    sr_kernel_free(kc);
+                    sr_kernel_free(kr);
+                }
 }
 
 /* B a formula of the reduced side (the product of two vector factors), a weight that is one,
@@ -840,9 +1126,6 @@ Test(cuda, fused_ranges)
 {
     need_gpu();
     enum { NO = 300, NR = 400, R = 65 };
-    static const int64_t rg[] = {100, 240, 0, 5, 5, 5, 5, 100, 240, 250};
-    static const int64_t sl[] = {3, 4, 4, 7, 8};
-    static const int64_t red_iv[] = {0, 10, 10, 200, 300, 400, 3, 4, 0, 5, 5, 5, 17, 400, 150, 151};
     for (int red = 0; red < 3; red++)
         for (int axis = 1; axis >= 0; axis--)
             for (int dt = 0; dt < 2; dt++) {
@@ -852,19 +1135,6 @@ Test(cuda, fused_ranges)
                 fused_form_kernels(red == 2 ? "Exp(-SqDist(x,y)*g)*(a-b)" : NULL, rd, R,
                                    (sr_dtype)dt, axis, &kc, &kr);
                 cr_assert(runs_fused(kc), "%s", sr_kernel_explain(kc));
-                sr_ranges rr = {0};
-                if (axis == 1)
-                    rr = (sr_ranges){.nranges_i = 5,
-                                     .ranges_i = rg,
-                                     .slices_i = sl,
-                                     .nredranges_j = 8,
-                                     .redranges_j = red_iv};
-                else
-                    rr = (sr_ranges){.nranges_j = 5,
-                                     .ranges_j = rg,
-                                     .slices_j = sl,
-                                     .nredranges_i = 8,
-                                     .redranges_i = red_iv};
                 int64_t nx = axis ? NO : NR, ny = axis ? NR : NO;
                 int64_t n[5] = {nx * 3, ny * 3, 1, (axis ? ny : nx) * R, (axis ? nx : ny) * R};
                 size_t es = sr_dtype_size((sr_dtype)dt);
@@ -875,27 +1145,12 @@ Test(cuda, fused_ranges)
                     cr_assert(buf[v]);
                     tu_fill(buf[v], (sr_dtype)dt, n[v], red == 2 ? 0 : -1, 1, &seed);
                 }
-                void *vc = calloc((size_t)NO * R, 8), *vr = calloc((size_t)NO * R, 8);
-                sr_run_desc r = {.nx = nx,
-                                 .ny = ny,
-                                 .nargs = nargs,
-                                 .args = (const void *const *)buf,
-                                 .out = vc};
-                cr_assert_eq(sr_kernel_run_ranges(kc, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
-                r.out = vr;
-                cr_assert_eq(sr_kernel_run_ranges(kr, &r, &rr), SR_OK, "%s", sr_ctx_error(ctx));
-                struct diff_tol tl = diff_tol_of((sr_dtype)dt);
-                for (int64_t t = 0; t < (int64_t)NO * R; t++) {
-                    double a = dt ? ((double *)vc)[t] : ((float *)vc)[t];
-                    double b = dt ? ((double *)vr)[t] : ((float *)vr)[t];
-                    cr_assert(tu_close(a, b, tl.rtol, tl.atol),
-                              "%s %d axis %d %s: value %lld: %g, ref %g", sr_reduction_name(rd),
-                              red, axis, dt ? "f64" : "f32", (long long)t, a, b);
-                }
+                char what[64];
+                snprintf(what, sizeof what, "%s %d axis %d %s", sr_reduction_name(rd), red, axis,
+                         dt ? "f64" : "f32");
+                ranges_compare(kc, kr, axis, NO, NR, buf, nargs, R, false, what);
                 for (int v = 0; v < nargs; v++)
                     free(buf[v]);
-                free(vc);
-                free(vr);
                 sr_kernel_free(kc);
                 sr_kernel_free(kr);
             }

@@ -604,6 +604,23 @@ static sr_kernel *fused_kernel(sr_ctx *ctx, sr_reduction red, int R, sr_dtype dt
     return ref_kernel(ctx, f, d);
 }
 
+/* Sum of f, or SumSoftMaxWeight of f with weight w when w is not NULL, over the five aliases al,
+ * on the reference device. */
+static sr_kernel *form_kernel(sr_ctx *ctx, const char *f, const char *w, const char *const *al,
+                              int axis, sr_dtype dt)
+{
+    sr_expr *e, *wt = NULL;
+    cr_assert_eq(sr_parse(ctx, f, al, 5, &e), SR_OK, "%s", sr_ctx_error(ctx));
+    if (w)
+        cr_assert_eq(sr_parse(ctx, w, al, 5, &wt), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.axis = axis;
+    d.dtype = dt;
+    d.weight = wt;
+    d.reduction = wt ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
+    return ref_kernel(ctx, e, d);
+}
+
 /* The fused emitter declines k (SR_ENOTSUP, nothing written); frees k. */
 static void fused_declines(sr_kernel *k)
 {
@@ -655,9 +672,9 @@ Test(nvrtc, fused_kernels_compile)
     sr_ctx_free(ctx);
 }
 
-/* The CUDA backend's plans: the fused kernel for a wide B or weight, the direct one for a
- * narrow one, for float32 Kahan summation and for a formula that is not F * B; explain lists
- * the chosen plan and the rejected one with its reason. */
+/* The CUDA backend's plans: the fused kernel for a wide B or weight (or an F with an inner product
+ * of 16 or more values), the direct one for a narrow one, for float32 Kahan summation and for a
+ * formula that is not F * B; explain lists the chosen plan and the rejected one with its reason. */
 Test(nvrtc, cuda_plan_picks_fused_for_wide_b)
 {
     need_nvrtc();
@@ -672,7 +689,8 @@ Test(nvrtc, cuda_plan_picks_fused_for_wide_b)
                  {SR_SUM, 64, JIT_ACC_BLOCK, 1},
                  {SR_SUM, 64, JIT_ACC_KAHAN, 0},
                  {SR_SUM, 64, JIT_ACC_F64, 1},
-                 {SR_SUMSOFTMAXWEIGHT, 1, JIT_ACC_BLOCK, 0},
+                 /* F = (q|k) g, an inner product of 16 values: fused for one column too */
+                 {SR_SUMSOFTMAXWEIGHT, 1, JIT_ACC_BLOCK, 1},
                  {SR_SUMSOFTMAXWEIGHT, 64, JIT_ACC_BLOCK, 1}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         sr_kernel *k = fused_kernel(ctx, cases[c].red, cases[c].R, SR_F32, 1);
@@ -739,17 +757,7 @@ Test(nvrtc, fused_forms)
                 snprintf(bal, sizeof bal, "b=V%c(%d)", axis ? 'j' : 'i', widths[w]);
                 snprintf(aal, sizeof aal, "a=V%c(%d)", axis ? 'i' : 'j', widths[w]);
                 const char *al[] = {"x=Vi(3)", "y=Vj(3)", "g=Pm(1)", bal, aal};
-                sr_expr *f, *wt = NULL;
-                cr_assert_eq(sr_parse(ctx, forms[c].f, al, 5, &f), SR_OK, "%s", sr_ctx_error(ctx));
-                if (forms[c].w)
-                    cr_assert_eq(sr_parse(ctx, forms[c].w, al, 5, &wt), SR_OK, "%s",
-                                 sr_ctx_error(ctx));
-                sr_kernel_desc d = sr_kernel_desc_default();
-                d.axis = axis;
-                d.dtype = (sr_dtype)dt;
-                d.weight = wt;
-                d.reduction = wt ? SR_SUMSOFTMAXWEIGHT : SR_SUM;
-                sr_kernel *k = ref_kernel(ctx, f, d);
+                sr_kernel *k = form_kernel(ctx, forms[c].f, forms[c].w, al, axis, (sr_dtype)dt);
                 sr_kernel kc = *k;
                 kc.nplans = cuda_plans(&kc, JIT_ACC_BLOCK, kc.plans);
                 bool wide = widths[w] >= 16;
@@ -782,7 +790,8 @@ Test(nvrtc, fused_forms)
 }
 
 /* An F whose reduced-index terms exceed shared memory even with tiles of one index (float64
- * inner product of dimension 6000): the fused emitter declines, so the plan falls back. */
+ * squared distance of dimension 6000, alone or beside an inner product of the same variables):
+ * the plan is the fused one, and its emitter declines, so the runtime falls back. */
 Test(nvrtc, fused_declines_beyond_shared_memory)
 {
     need_nvrtc();
@@ -790,13 +799,99 @@ Test(nvrtc, fused_declines_beyond_shared_memory)
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
     const char *al[] = {"q=Vi(6000)", "k=Vj(6000)", "v=Vj(64)"};
     sr_expr *f, *w;
-    cr_assert_eq(sr_parse(ctx, "(q|k)", al, 3, &f), SR_OK);
     cr_assert_eq(sr_parse(ctx, "v", al, 3, &w), SR_OK);
     sr_kernel_desc d = sr_kernel_desc_default();
     d.reduction = SR_SUMSOFTMAXWEIGHT;
     d.weight = w;
     d.dtype = SR_F64;
-    sr_kernel *k = ref_kernel(ctx, f, d);
-    fused_declines(k);
+    /* the second with a wide inner product (a tile product) beside the squared distance */
+    static const char *const fs[] = {"-SqDist(q,k)", "(q|k)-SqDist(q,k)"};
+    for (int c = 0; c < 2; c++) {
+        cr_assert_eq(sr_parse(ctx, fs[c], al, 3, &f), SR_OK);
+        sr_kernel *k = ref_kernel(ctx, f, d);
+        sr_kernel kc = *k;
+        kc.nplans = cuda_plans(&kc, JIT_ACC_BLOCK, kc.plans);
+        const struct sr_plan *p = sr__plan_choose(&kc);
+        cr_assert_eq(p->id, CUDA_PLAN_FUSED, "%s", fs[c]);
+        cr_assert_eq(strstr(p->why, "inner product of 6000 values") != NULL, c == 1, "%s: %s",
+                     fs[c], p->why);
+        fused_declines(k);
+    }
+    sr_ctx_free(ctx);
+}
+
+/* F with a wide inner product (u_o | w_r) of an output-side and a reduced-side variable: the
+ * fused plan is chosen from 16 values on whatever the output's width (the Gaussian's d/dx at
+ * D = 3 with the incoming gradient G and b of R values: (G|b); (x|y) of D values with B of one
+ * or three columns, A - B, a softmax's narrow weight), the direct plan below; the fused module
+ * computes the inner product as a tile product (fp.dot, u and w the arguments), its tiles shrink
+ * to 16 reduced indices in float64 (the chunks of u and w beside the tiles of F and B), and it
+ * compiles for compute_80 and compute_90; (q|k) of 6000 float64 values, whose operands would
+ * exceed shared memory as columns, fits as chunks. */
+Test(nvrtc, fused_dot_compiles)
+{
+    need_nvrtc();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    static const struct {
+        const char *f, *w;
+        int D, R, grad, dot; /* grad: the kernel is the gradient w.r.t. x; dot: u's width */
+        int uvar, wvar;      /* u and w: x and y (output side, reduced side), or G and b */
+    } cases[] = {{"Exp(-SqDist(x,y)*g)*b", NULL, 3, 15, 1, 0, -1, -1},
+                 {"Exp(-SqDist(x,y)*g)*b", NULL, 3, 16, 1, 16, 4, 3},
+                 {"Exp(-SqDist(x,y)*g)*b", NULL, 3, 1100, 1, 1100, 4, 3},
+                 {"Exp(-(x|y)*g)*b", NULL, 15, 1, 0, 0, -1, -1},
+                 {"Exp(-(x|y)*g)*b", NULL, 16, 1, 0, 16, 0, 1},
+                 {"Exp(-(y|x)*g)*(a-b)", NULL, 128, 3, 0, 128, 0, 1},
+                 {"(x|y)*g", "b", 17, 3, 0, 17, 0, 1},
+                 {"(x|y)", "b", 6000, 64, 0, 6000, 0, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int dt = 0; dt < 2; dt++) {
+                char o = axis ? 'i' : 'j', r = axis ? 'j' : 'i', al[4][32];
+                snprintf(al[0], sizeof al[0], "x=V%c(%d)", o, cases[c].D);
+                snprintf(al[1], sizeof al[1], "y=V%c(%d)", r, cases[c].D);
+                snprintf(al[2], sizeof al[2], "b=V%c(%d)", r, cases[c].R);
+                snprintf(al[3], sizeof al[3], "a=V%c(%d)", o, cases[c].R);
+                const char *alias[] = {al[0], al[1], "g=Pm(1)", al[2], al[3]};
+                sr_kernel *k0 = form_kernel(ctx, cases[c].f, cases[c].w, alias, axis, (sr_dtype)dt);
+                sr_kernel *k = k0;
+                if (cases[c].grad)
+                    cr_assert_eq(sr_kernel_grad(k0, 0, &k), SR_OK, "%s", sr_ctx_error(ctx));
+                char what[128];
+                snprintf(what, sizeof what, "%s D %d R %d%s axis %d %s", cases[c].f, cases[c].D,
+                         cases[c].R, cases[c].grad ? " d/dx" : "", axis, dt ? "f64" : "f32");
+                sr_kernel kc = *k;
+                kc.nplans = cuda_plans(&kc, JIT_ACC_BLOCK, kc.plans);
+                const bool dot = cases[c].dot > 0;
+                cr_assert_eq(sr__plan_choose(&kc)->id, dot ? CUDA_PLAN_FUSED : CUDA_PLAN_DIRECT,
+                             "%s", what);
+                struct expr_buf b = {0};
+                struct cuda_plan plan;
+                struct cuda_fused fp;
+                if (!dot) {
+                    sr_kernel_free(k);
+                    if (k != k0)
+                        sr_kernel_free(k0);
+                    continue;
+                }
+                cr_assert_eq(jit_emit_cuda_fused(k, JIT_ACC_BLOCK, &b, &plan, &fp), SR_OK, "%s",
+                             what);
+                cr_assert_eq(fp.dot, cases[c].dot, "%s: dot %d", what, fp.dot);
+                cr_assert(fp.uvar == cases[c].uvar && fp.wvar == cases[c].wvar, "%s: u %d, w %d",
+                          what, fp.uvar, fp.wvar);
+                cr_assert_eq(fp.tj, dt ? 16 : 32, "%s: tj %d", what, fp.tj);
+                struct nvrtc_out no;
+                const char *arch = archs[(c + (size_t)dt) % 2];
+                sr_status st = jit_nvrtc_compile(b.data, "t.cu", arch, false, &no);
+                cr_assert_eq(st, SR_OK, "%s for %s: %s\nsource:\n%s", what, arch,
+                             no.log ? no.log : "", b.data);
+                free(no.image);
+                free(no.log);
+                free(b.data);
+                sr_kernel_free(k);
+                if (k != k0)
+                    sr_kernel_free(k0);
+            }
     sr_ctx_free(ctx);
 }

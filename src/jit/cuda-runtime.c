@@ -670,6 +670,12 @@ static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
     if (ck->fused && f->cfactor)
         snprintf(aterm, sizeof aterm,
                  ", the sums times C (a formula of the output side) componentwise");
+    char dterm[160] = "";
+    if (ck->fused && f->dot)
+        snprintf(dterm, sizeof dterm,
+                 "; F's inner product of %d values (arguments %d and %d) as a tile product "
+                 "before F: chunks of 16 components in shared memory, 4 x %d per thread",
+                 f->dot, f->uvar, f->wvar, (f->tj + 15) / 16);
     if (ck->fused)
         expr_buf_printf(b,
                         "cuda: %s (%s, %d SMs); strategy fused two-product: blocks "
@@ -677,12 +683,12 @@ static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
                         "tiles of %d reduced indices; per tile F's inner nodes (%d "
                         "columns), "
                         "the %d x %d tile of F and the %d x %d tile of B in shared memory (%d "
-                        "bytes), 4 x 4 outputs per thread; %d nodes per pair; block-sparse "
+                        "bytes), 4 x 4 outputs per thread%s; %d nodes per pair; block-sparse "
                         "ranges: a block takes at most %d rows of one range block; accumulation "
                         "%s\n",
                         ck->dev->name, ck->info.arch, ck->dev->sm_count, f->block, f->ti, f->rc,
                         f->R, bterm, aterm, f->tj, f->columns, f->ti, f->tj, f->tj, f->rc,
-                        f->shared_bytes, f->pair_nodes, f->ti,
+                        f->shared_bytes, dterm, f->pair_nodes, f->ti,
                         k->dtype == SR_F64 ? "float64" : jit_acc_names[ck->acc]);
     else
         expr_buf_printf(

@@ -197,6 +197,9 @@ struct cuda_fused {
     int columns;      /* scalars per reduced index of F's inner nodes kept in the tile */
     int shared_bytes; /* static shared memory of the fused kernel */
     int pair_nodes;
+    /* F's inner product (u | w) computed as a tile product: its width (0: none) and the
+     * argument indices of u (output side) and w (reduced side) */
+    int dot, uvar, wvar;
 };
 
 #define CUDA_KERNEL_FUSED         "sr_cuda_fused"
@@ -225,7 +228,9 @@ bool cuda_fused_form(const struct sr_kernel *k, struct cuda_form *m);
 
 /* Fills out[0 .. CUDA_PLAN_COUNT) with the fused and the direct plans of k (accumulation acc,
  * an enum jit_acc); nothing is compiled. The fused plan is feasible for the forms above with B
- * at least 16 wide (and not Kahan summation). Returns CUDA_PLAN_COUNT. */
+ * at least 16 wide, or of any width when F holds an inner product of an output-side and a
+ * reduced-side variable at least 16 wide (computed as a tile product), and not for Kahan
+ * summation. Returns CUDA_PLAN_COUNT. */
 int cuda_plans(const struct sr_kernel *k, int acc, struct sr_plan *out);
 
 /* Emits the module of the fused kernel of k, with A the accumulator type:

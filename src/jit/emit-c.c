@@ -961,11 +961,12 @@ static void emitter_free(struct emitter *E)
 /* Emits the pieces of the direct strategy for another target's skeleton (emit-cuda.c), with
  * the same placement and spellings as the C kernels, except where spell overrides a template. */
 static sr_status emit_nodes(const struct sr_kernel *k, const char *const *spell,
-                            struct jit_nodes *out, bool compact)
+                            const sr_expr *gemm, struct jit_nodes *out, bool compact)
 {
     struct emitter E_ = {0}, *E = &E_;
     memset(out, 0, sizeof *out);
     E->compact = compact;
+    E->gemm = gemm;
     E->k = k;
     E->f32 = k->dtype == SR_F32;
     E->fs = E->f32 ? "f" : "";
@@ -1014,7 +1015,13 @@ done:
 
 sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell, struct jit_nodes *out)
 {
-    sr_status st = emit_nodes(k, spell, out, false);
+    return jit_emit_nodes_gemm(k, spell, NULL, out);
+}
+
+sr_status jit_emit_nodes_gemm(const struct sr_kernel *k, const char *const *spell,
+                              const sr_expr *gemm, struct jit_nodes *out)
+{
+    sr_status st = emit_nodes(k, spell, gemm, out, false);
     if (st != SR_OK)
         return st;
     size_t len = out->uniform.len + out->outer.len + out->inner.len + out->pair.len;
@@ -1025,7 +1032,7 @@ sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell, st
     if (len <= JIT_COMPACT_SOURCE)
         return st;
     jit_nodes_free(out);
-    return emit_nodes(k, spell, out, true);
+    return emit_nodes(k, spell, gemm, out, true);
 }
 
 void jit_nodes_free(struct jit_nodes *n)

@@ -15,7 +15,11 @@
  *      of B into shared memory (zeros past the last column);
  *   2. the TI x TJ tile of F formed cooperatively into shared memory: each thread forms pairs of
  *      one fixed row, whose outer nodes it computed once, with the C emitter's node code
- *      (jit_emit_nodes on F alone);
+ *      (jit_emit_nodes on F alone). When F holds an inner product (u_o | w_r) of an output-side
+ *      and a reduced-side variable of CUDA_FUSED_MIN_DOT values or more, the block first
+ *      computes its TI x TJ tile as a tile product (chunks of u and w in shared memory, 4 x TJ / 16
+ *      micro-tiles in registers: emit_dot_tile) into the tile of F, and F's node code reads the
+ *      inner product from there (jit_emit_nodes_gemm) before writing F's value over it;
  *   3. SumSoftMaxWeight: four threads per row (BS / TI) take the tile's maximum, the running
  *      maximum m, the rescale factor exp(m_old - m) when it grows, replace the tile by
  *      exp(F - m) (0 where F is -inf) and add it to the row's running sum, each on every fourth
@@ -63,6 +67,14 @@
  * multiply-add dominate; below, the padding wastes more than the direct kernel loses. Chosen from
  * this count, not measured on a GPU. */
 #define CUDA_FUSED_MIN_WIDTH 16
+
+/* The narrowest inner product (u_o | w_r) of F, u a variable of the output side and w one of the
+ * reduced side, that the fused kernel computes as a tile product (and for which it takes narrow
+ * outputs too): below, a thread's pair-by-pair loop over the components costs less than the
+ * chunks' loads and barriers. Chosen from this count, not measured on a GPU. */
+#define CUDA_FUSED_MIN_DOT 16
+/* Components of u and w per chunk of the tile of inner products in shared memory. */
+#define CUDA_FUSED_GK 16
 
 /* Factors of a Sum's formula the fused form takes at most. */
 #define CUDA_FUSED_TERMS 16
@@ -128,6 +140,37 @@ bool cuda_fused_form(const sr_kernel *k, struct cuda_form *m)
     return m->f != NULL;
 }
 
+/* The widest inner product (u | w) in f, u a variable of the output side and w one of the
+ * reduced side, at least CUDA_FUSED_MIN_DOT wide, or NULL (also when out of memory); *uvar and
+ * *wvar get their argument indices. */
+static const sr_expr *wide_dot(const sr_kernel *k, const sr_expr *f, int *uvar, int *wvar)
+{
+    size_t n = expr_toposort(f, NULL, 0);
+    const sr_expr **ord = malloc((n ? n : 1) * sizeof *ord), *best = NULL;
+    if (!ord)
+        return NULL;
+    expr_toposort(f, ord, n);
+    const sr_cat out_cat = k->axis == 1 ? SR_CAT_I : SR_CAT_J;
+    for (size_t i = 0; i < n; i++) {
+        const sr_expr *e = ord[i];
+        if (e->op != OP_SCALPROD || e->child[0]->dim < CUDA_FUSED_MIN_DOT ||
+            (best && best->child[0]->dim >= e->child[0]->dim))
+            continue;
+        for (int c = 0; c < 2; c++) {
+            const sr_expr *u = e->child[c];
+            int w = sr__reduced_var(k, e->child[1 - c]);
+            if (w >= 0 && u->op == OP_VAR && u->iattr[1] == (int64_t)out_cat) {
+                best = e;
+                *uvar = (int)u->iattr[0];
+                *wvar = w;
+                break;
+            }
+        }
+    }
+    free(ord);
+    return best;
+}
+
 /* The width of B in m. */
 static int form_width(const sr_kernel *k, const struct cuda_form *m)
 {
@@ -142,24 +185,35 @@ int cuda_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     d->strategy = "direct";
     struct cuda_form m;
     bool form = cuda_fused_form(k, &m);
-    int R = form ? form_width(k, &m) : 0;
+    int R = form ? form_width(k, &m) : 0, uvar, wvar;
+    const sr_expr *dot = form ? wide_dot(k, m.f, &uvar, &wvar) : NULL;
+    const int dd = dot ? dot->child[0]->dim : 0;
     f->ti = CUDA_FUSED_TI;
-    f->flops = k->simp.cost.flops_pair;
-    f->gemm_flops = 2.0 * R;
+    /* The inner product's 2 dd flops per pair move from the generated code to a tile product. */
+    f->flops = k->simp.cost.flops_pair > 2.0 * dd ? k->simp.cost.flops_pair - 2.0 * dd : 0;
+    f->gemm_flops = 2.0 * R + 2.0 * dd;
     if (!form)
         snprintf(f->why, sizeof f->why,
                  "not a Sum of a scalar F times B of the reduced side (or A - B with A of the "
                  "output side), nor SumSoftMaxWeight of a scalar F with a weight of the reduced "
                  "side");
-    else if (R < CUDA_FUSED_MIN_WIDTH)
-        snprintf(f->why, sizeof f->why, "B has %d columns, fewer than %d: the direct kernel", R,
-                 CUDA_FUSED_MIN_WIDTH);
+    else if (R < CUDA_FUSED_MIN_WIDTH && !dot)
+        snprintf(f->why, sizeof f->why,
+                 "B has %d columns, fewer than %d, and F no inner product of an output-side and "
+                 "a reduced-side variable of %d or more values: the direct kernel",
+                 R, CUDA_FUSED_MIN_WIDTH, CUDA_FUSED_MIN_DOT);
     else if (acc == JIT_ACC_KAHAN)
         snprintf(f->why, sizeof f->why, "Kahan summation is the direct kernel's");
     else {
         f->feasible = true;
-        snprintf(f->why, sizeof f->why,
-                 "B has %d columns: tiles of F in shared memory times tiles of B", R);
+        if (dot)
+            snprintf(f->why, sizeof f->why,
+                     "F's inner product of %d values (arguments %d, %d) as a tile product, then "
+                     "tiles of F times tiles of B (%d columns, padded to %d per block)",
+                     dd, uvar, wvar, R, CUDA_FUSED_RC);
+        else
+            snprintf(f->why, sizeof f->why,
+                     "B has %d columns: tiles of F in shared memory times tiles of B", R);
     }
     d->feasible = true;
     d->flops = k->simp.cost.flops_pair;
@@ -207,14 +261,64 @@ static void side_eval(struct expr_buf *b, const struct jit_nodes *nd, const char
     P("%s);\n          %s\n        }\n      }\n", nd->floop ? "" : "(sr_t)0", stmt);
 }
 
-/* Shared memory of the fused kernel with ncol columns of F's inner nodes and tiles of tj. */
-static int fused_shared(int ncol, int tj, int ts, int as, bool ssmw)
+/* Shared memory of the fused kernel with ncol columns of F's inner nodes and tiles of tj, and
+ * with the chunks of u and w of an inner product computed as a tile product (dot). */
+static int fused_shared(int ncol, int tj, int ts, int as, bool ssmw, bool dot)
 {
     int64_t n = (int64_t)(ncol > 0 ? ncol : 1) * tj * ts + (int64_t)CUDA_FUSED_TI * (tj + 1) * ts +
                 (int64_t)tj * CUDA_FUSED_RC * ts;
+    if (dot)
+        n += (int64_t)(CUDA_FUSED_TI + tj) * (CUDA_FUSED_GK + 1) * ts;
     if (ssmw)
         n += (int64_t)CUDA_FUSED_TI * (ts + 2 * as) + (int64_t)CUDA_FUSED_BS * as;
     return n > CUDA_FUSED_SHARED ? -1 : (int)n;
+}
+
+/* The tile of inner products (u_o | w_r) of the block's rows and the tile's reduced indices,
+ * written into sr_F (where F's pass reads each value, through sr_gt, before it writes F's value
+ * over it): per chunk of SR_GK components, the block loads u's chunk of its SR_FTI rows (clamped
+ * as the rows whose pairs are formed) and w's of the tile's indices (zeros past the last index
+ * and past the last component) into shared memory, and each thread sums a 4 x SR_GQ micro-tile
+ * (rows ty + 16 p, reduced indices tx + 16 q) in registers. */
+static void emit_dot_tile(struct expr_buf *b, int uvar, int wvar)
+{
+    P("      __syncthreads();\n"
+      "      {\n"
+      "        sr_acc sr_gp[4][SR_GQ];\n"
+      "SR_UNROLL\n        for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
+      "          for (int q = 0; q < SR_GQ; q++) sr_gp[p][q] = 0;\n"
+      "        for (int sr_k0 = 0; sr_k0 < SR_GD; sr_k0 += SR_GK) {\n"
+      "          if (sr_k0) __syncthreads();\n"
+      "          for (int sr_e = threadIdx.x; sr_e < SR_FTI * SR_GK; sr_e += SR_FBS) {\n"
+      "            const int sr_i = sr_e / SR_GK, sr_d = sr_k0 + sr_e %% SR_GK;\n"
+      "            const long long sr_ur = sr_o0 + sr_i < sr_oe ? sr_o0 + sr_i : sr_oe - 1;\n"
+      "            sr_U[sr_i * SR_GKP + sr_e %% SR_GK] = sr_d < SR_GD ? a%d[sr_ur * SR_GD + sr_d] "
+      ": (sr_t)0;\n"
+      "          }\n"
+      "          for (int sr_e = threadIdx.x; sr_e < SR_TJ * SR_GK; sr_e += SR_FBS) {\n"
+      "            const int jj = sr_e / SR_GK, sr_d = sr_k0 + sr_e %% SR_GK;\n"
+      "            sr_W[jj * SR_GKP + sr_e %% SR_GK] = jj < nj && sr_d < SR_GD ? "
+      "a%d[(rt + jj) * SR_GD + sr_d] : (sr_t)0;\n"
+      "          }\n"
+      "          __syncthreads();\n"
+      "          for (int sr_d = 0; sr_d < SR_GK; sr_d++) {\n"
+      "            sr_acc sr_u[4], sr_w1[SR_GQ];\n"
+      "SR_UNROLL\n            for (int p = 0; p < 4; p++) sr_u[p] = (sr_acc)sr_U[(sr_ty + 16 * p) "
+      "* SR_GKP + sr_d];\n"
+      "SR_UNROLL\n            for (int q = 0; q < SR_GQ; q++)\n"
+      "              sr_w1[q] = sr_tx + 16 * q < SR_TJ ? (sr_acc)sr_W[(sr_tx + 16 * q) * SR_GKP "
+      "+ sr_d] : (sr_acc)0;\n"
+      "SR_UNROLL\n            for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
+      "              for (int q = 0; q < SR_GQ; q++) sr_gp[p][q] = fma(sr_u[p], sr_w1[q], "
+      "sr_gp[p][q]);\n"
+      "          }\n"
+      "        }\n"
+      "SR_UNROLL\n        for (int p = 0; p < 4; p++)\nSR_UNROLL\n"
+      "          for (int q = 0; q < SR_GQ; q++)\n"
+      "            if (sr_tx + 16 * q < SR_TJ)\n"
+      "              sr_F[(sr_ty + 16 * p) * SR_FLD + sr_tx + 16 * q] = (sr_t)sr_gp[p][q];\n"
+      "      }\n",
+      uvar, wvar);
 }
 
 sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_buf *b,
@@ -238,8 +342,12 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     kf.red = SR_SUM;
     kf.fdim = kf.out_dim = 1;
     kf.k = 1;
+    /* A wide inner product of F: its tile is computed by the block before F is formed. */
+    int uvar = -1, wvar = -1;
+    const sr_expr *dot = wide_dot(k, m.f, &uvar, &wvar);
+    const int dd = dot ? dot->child[0]->dim : 0;
     struct jit_nodes nd, nb = {0}, nc = {0};
-    sr_status st = jit_emit_nodes(&kf, jit_cuda_spell(), &nd);
+    sr_status st = jit_emit_nodes_gemm(&kf, jit_cuda_spell(), dot, &nd);
     if (st != SR_OK)
         return st;
     if (m.bf)
@@ -247,7 +355,7 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
     if (st == SR_OK && m.cf)
         st = side_nodes(k, m.cf, false, &nc);
     int tj = CUDA_FUSED_TJ, shared;
-    while ((shared = fused_shared(nd.ncol, tj, ts, as, ssmw)) < 0 && tj > 1)
+    while ((shared = fused_shared(nd.ncol, tj, ts, as, ssmw, dot)) < 0 && tj > 1)
         tj /= 2;
     if (st != SR_OK || shared < 0 || !nd.f || !nd.f[0]) {
         jit_nodes_free(&nd);
@@ -271,6 +379,10 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "#define SR_FR %d\n#define SR_FNCOL %d\n#define SR_FLD (SR_TJ + 1)\n"
       "#define SR_FSP (SR_FBS / SR_FTI)\n\n",
       tj, CUDA_FUSED_BS, CUDA_FUSED_TI, CUDA_FUSED_RC, R, nd.ncol > 0 ? nd.ncol : 1);
+    if (dot)
+        P("#define SR_GD %d\n#define SR_GK %d\n#define SR_GKP (SR_GK + 1)\n"
+          "#define SR_GQ ((SR_TJ + 15) / 16)\n#define SR_GLD SR_FLD\n\n",
+          dd, CUDA_FUSED_GK);
     P("extern \"C\" __global__ void __launch_bounds__(SR_FBS)\n" CUDA_KERNEL_FUSED
       "(const sr_args sr_a, const long long no, const long long nr, const long long chunk,\n"
       "              sr_t *__restrict__ out, sr_acc *__restrict__ part,\n"
@@ -278,6 +390,8 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
       "    __shared__ sr_t tb[SR_FNCOL * SR_TJ];\n"
       "    __shared__ sr_t sr_F[SR_FTI * SR_FLD];\n"
       "    __shared__ sr_t sr_B[SR_TJ * SR_FRC];\n");
+    if (dot)
+        P("    __shared__ sr_t sr_U[SR_FTI * SR_GKP], sr_W[SR_TJ * SR_GKP];\n");
     if (ssmw)
         P("    __shared__ sr_t sr_m[SR_FTI];\n    __shared__ sr_acc sr_s[SR_FTI], "
           "sr_sa[SR_FTI], sr_pr[SR_FBS];\n");
@@ -326,11 +440,18 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
           "(sr_t)0;\n      }\n",
           bvar);
     }
+    if (dot)
+        emit_dot_tile(b, uvar, wvar);
     P("      __syncthreads();\n"
+      "%s"
       "      for (int jj = sr_fj; jj < nj; jj += SR_FBS / SR_FTI) {\n%s"
       "        sr_F[sr_fi * SR_FLD + jj] = (sr_t)(%s);\n"
       "      }\n"
       "      __syncthreads();\n",
+      dot ? "      const long long o0 = o - sr_fi, r0 = rt;\n"
+            "      const sr_t *sr_gt = sr_F; /* the tile of inner products */\n"
+            "      (void)o0, (void)r0, (void)sr_gt;\n"
+          : "",
       nd.pair.data ? nd.pair.data : "", nd.f[0]);
     if (ssmw)
         /* The online softmax of the tile, SR_FBS / SR_FTI threads per row, each on every
@@ -475,6 +596,9 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
         fp->columns = nd.ncol;
         fp->shared_bytes = shared;
         fp->pair_nodes = nd.npair;
+        fp->dot = dd;
+        fp->uvar = uvar;
+        fp->wvar = wvar;
     }
     jit_nodes_free(&nd);
     jit_nodes_free(&nb);

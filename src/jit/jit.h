@@ -118,6 +118,11 @@ struct jit_nodes {
  * elementwise templates. SR_ENOMEM. */
 sr_status jit_emit_nodes(const struct sr_kernel *k, const char *const *spell,
                          struct jit_nodes *out);
+/* The same with the inner product node gemm (an OP_SCALPROD of F, or NULL) read from a tile that
+ * the target's skeleton computed: its pair code is sr_gt[(o - o0) * SR_GLD + (rt - r0 + jj)], the
+ * names o0, r0, sr_gt and SR_GLD the skeleton's, and its operands get no columns for its sake. */
+sr_status jit_emit_nodes_gemm(const struct sr_kernel *k, const char *const *spell,
+                              const sr_expr *gemm, struct jit_nodes *out);
 void jit_nodes_free(struct jit_nodes *n);
 
 /* The reduction state of one output row, shared by every target (emit-state.c), so that the
