@@ -440,3 +440,29 @@ Test(wide, not_fused_runs_generated_code)
     sr_kernel_free(k);
     sr_kernel_free(kr);
 }
+
+/* Attention on the AVX2 strip products, F = g (x|y): its exponentials replace the tile of inner
+ * products, so its workspace holds no tile of F, less than F = g g (x|y)'s, which forms one. */
+Test(wide, attention_workspace_without_tile_of_f)
+{
+    if (cpu_avx512_usable() || !cpu_avx2_usable())
+        return;
+    sr_expr *x = sr_vi(ctx, 0, 64), *y = sr_vj(ctx, 1, 64), *b = sr_vj(ctx, 2, 64);
+    sr_expr *g = sr_pm(ctx, 3, 1), *s = sr_scalprod(ctx, x, y);
+    sr_expr *f[2] = {sr_mul(ctx, s, g), sr_mul(ctx, sr_mul(ctx, s, g), g)};
+    int64_t ws[2];
+    for (int v = 0; v < 2; v++) {
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.reduction = SR_SUMSOFTMAXWEIGHT;
+        d.weight = b;
+        sr_kernel *k;
+        cr_assert_eq(sr_kernel_new(ctx, f[v], &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+        const char *ex = sr_kernel_explain(k);
+        cr_assert(strstr(ex, "AVX2 strip products"), "%s", ex);
+        cr_assert_eq(strstr(ex, "scale applied inside") != NULL, v == 0, "%s", ex);
+        ws[v] = sr_kernel_workspace_bytes(k);
+        sr_kernel_free(k);
+    }
+    cr_assert(ws[0] < ws[1], "workspace %lld bytes with the scale inside, %lld with F formed",
+              (long long)ws[0], (long long)ws[1]);
+}

@@ -354,15 +354,16 @@ static bool buffered(const struct fused_kernel *fk)
  * cache sets; R = 1024 ran at 2.9x K @ B in place, where R = 256 ran at 1.1x. */
 static int64_t ld_pass(const struct fused_kernel *fk) { return pad_cols(fk, fk->rc) + 16; }
 
-/* One thread's workspace for tiles ti x tj: the tile of F and its packed copy, the packed block
- * of B, the row states (maximum and sum), the modules' own tiles, the tile of each further
- * factor of F; per factor from a gemm: the tile of inner products and both packed operands. */
+/* One thread's workspace for tiles ti x tj: the tile of F (none with fk->sdp, whose exponentials
+ * replace the tile of inner products) and its packed copy, the packed block of B, the row states
+ * (maximum and sum), the modules' own tiles, the tile of each further factor of F; per factor
+ * from a gemm: the tile of inner products and both packed operands. */
 static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, int ti, int tj)
 {
     int f64 = k->dtype == SR_F64;
     int64_t es = f64 ? 8 : 4, D = 0;
     const int64_t tr = tile_rows(fk, ti);
-    int64_t b = al64(tr * tj * es) + al64((int64_t)ti * 16) +
+    int64_t b = (fk->sdp ? 0 : al64(tr * tj * es)) + al64((int64_t)ti * 16) +
                 al64(((int64_t)k->nargs + 2) * (int64_t)sizeof(void *)) + 64;
     if (fk->nfac > 1)
         b += al64(tr * tj * es);
@@ -841,7 +842,8 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
         p += al64(bytes);                                                                          \
     } while (0)
     const int64_t tr = tile_rows(fk, ti);
-    TAKE(w->F, tr * tj * es);
+    if (!fk->sdp) /* with sdp, the exponentials replace the tile of inner products */
+        TAKE(w->F, tr * tj * es);
     TAKE(w->m, ti * 8);
     TAKE(w->s, ti * 8);
     TAKE(w->args, ((int64_t)k->nargs + 2) * (int64_t)sizeof(void *));
