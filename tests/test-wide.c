@@ -466,3 +466,52 @@ Test(wide, attention_workspace_without_tile_of_f)
     cr_assert(ws[0] < ws[1], "workspace %lld bytes with the scale inside, %lld with F formed",
               (long long)ws[0], (long long)ws[1]);
 }
+
+/* Attention at D = 96 (336 reduced indices per tile on the AVX2 strip products) under a budget
+ * one byte short of one thread's workspace: the tile of reduced indices shrinks, and stays a
+ * multiple of the products' 16-column panels (the strips write whole panels of the tile of inner
+ * products: a tile of 168 would have its last row spill into the next buffer, the packed K of the
+ * tile, which the next strip reads). Each tile packed per row block (the budget leaves no room
+ * for the packed copies of the whole run). */
+Test(wide, budget_keeps_attention_tiles_whole_panels)
+{
+    const int D = 96, R = 16;
+    const int64_t nx = 25, ny = 400;
+    sr_expr *x = sr_vi(ctx, 0, D), *y = sr_vj(ctx, 1, D), *b = sr_vj(ctx, 2, R);
+    sr_expr *f = sr_mul(ctx, sr_scalprod(ctx, x, y), sr_pm(ctx, 3, 1));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_SUMSOFTMAXWEIGHT;
+    d.weight = b;
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_NUM_THREADS", "1"), SR_OK);
+    sr_kernel *k, *kr;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    const int64_t ws = sr_kernel_workspace_bytes(k);
+    sr_kernel_free(k);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, ws - 1), SR_OK);
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    d.device = SR_DEVICE_REFERENCE;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kr), SR_OK, "%s", sr_ctx_error(ctx));
+    uint64_t s = 7;
+    float *xv = fill(SR_F32, nx * D, -0.3, 0.3, &s), *yv = fill(SR_F32, ny * D, -0.3, 0.3, &s);
+    float *bv = fill(SR_F32, ny * R, 0.0, 1.0, &s), g = 0.5f;
+    float *o1 = calloc((size_t)(nx * R), 4), *o2 = calloc((size_t)(nx * R), 4);
+    const void *args[4] = {xv, yv, bv, &g};
+    cr_assert_eq(sr_kernel_run(k, nx, ny, args, o1), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run(kr, nx, ny, args, o2), SR_OK, "%s", sr_ctx_error(ctx));
+    for (int64_t t = 0; t < nx * R; t++)
+        cr_assert(tu_close(o1[t], o2[t], 3e-5, 3e-8), "[row %lld, col %lld]: %.9g, reference %.9g",
+                  (long long)(t / R), (long long)(t % R), o1[t], o2[t]);
+    const char *ex = sr_kernel_explain(k);
+    if (strstr(ex, "AVX2 strip products")) {
+        const char *t = strstr(ex, "tiles: ");
+        cr_assert(t, "%s", ex);
+        cr_assert(!strstr(ex, "tiles: 448 x 336"), "the budget did not shrink the tiles:\n%s", ex);
+    }
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+    free(xv);
+    free(yv);
+    free(bv);
+    free(o1);
+    free(o2);
+}

@@ -561,7 +561,8 @@ static const char *plan_form(const sr_kernel *k, const sr_kernel *km, int acc, b
 
 /* The tiles under the memory budget lim (0: none), from fk's: rows first, then reduced indices;
  * the reduced indices first for the AVX2 strip products, whose tiles of F are one strip whatever
- * ti, their tiles of K and B tj long. At least 14 x 16. */
+ * ti, their tiles of K and B tj long, and tj a multiple of their 16-column panels (they write
+ * whole panels of the tile of inner products, of row stride tj). At least 14 x 16. */
 static void fit_tiles(const sr_kernel *k, const struct fused_kernel *fk, int64_t lim, int *ti_,
                       int *tj_)
 {
@@ -571,7 +572,7 @@ static void fit_tiles(const sr_kernel *k, const struct fused_kernel *fk, int64_t
         if ((rows_first || tj <= 16) && ti > 14)
             ti = ti / 28 * 14 > 14 ? ti / 28 * 14 : 14;
         else
-            tj /= 2;
+            tj = tj / 32 * 16 > 16 ? tj / 32 * 16 : 16;
     }
     *ti_ = ti;
     *tj_ = tj;
