@@ -58,10 +58,11 @@ enum form {
     DOTEXP, /* Sum of Exp((x|y) g) b: F from inner products, D = 64 */
     SSMW,   /* SumSoftMaxWeight of (x|y) g with weight b, D = 64 */
     SSMW3,  /* SumSoftMaxWeight of -SqDist(x, y) g with weight b, D = 3 */
-    SSMWC   /* SumSoftMaxWeight of c (x|y) with weight b, c the constant -0.37, D = 64 */
+    SSMWC,  /* SumSoftMaxWeight of c (x|y) with weight b, c the constant -0.37, D = 64 */
+    SSMW128 /* SSMW with D = 128 */
 };
 
-static bool is_ssmw(enum form f) { return f == SSMW || f == SSMW3 || f == SSMWC; }
+static bool is_ssmw(enum form f) { return f == SSMW || f == SSMW3 || f == SSMWC || f == SSMW128; }
 
 /* NaN or infinities in x, y or b; or the parameter g other than 2 (D = 3) or 0.5: negative, no
  * power of two, infinite, NaN. */
@@ -75,7 +76,7 @@ struct wcase {
     enum special sp;
 };
 
-static int dim_of(enum form f) { return f == GAUSS || f == SSMW3 ? 3 : 64; }
+static int dim_of(enum form f) { return f == GAUSS || f == SSMW3 ? 3 : f == SSMW128 ? 128 : 64; }
 
 static double g_of(const struct wcase *c)
 {
@@ -108,6 +109,7 @@ static sr_expr *formula(const struct wcase *c, sr_expr **weight)
     case DOTEXP:
         return sr_mul(ctx, b, sr_exp(ctx, sr_mul(ctx, sr_scalprod(ctx, x, y), g)));
     case SSMW:
+    case SSMW128:
         *weight = b;
         return sr_mul(ctx, sr_scalprod(ctx, x, y), g);
     case SSMWC:
@@ -215,7 +217,7 @@ static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
     cr_assert_eq(strstr(ex, "AVX2 strip products") != NULL, strips,
                  "expected %s the AVX2 strip products:\n%s", strips ? "" : "no", ex);
     /* Attention's F = c (x|y) on them: its scale applied inside the exponentials. */
-    bool sdp = strips && (c->form == SSMW || c->form == SSMWC);
+    bool sdp = strips && (c->form == SSMW || c->form == SSMWC || c->form == SSMW128);
     cr_assert_eq(strstr(ex, "scale applied inside") != NULL, sdp,
                  "expected %s the scale inside the exponentials:\n%s", sdp ? "" : "not", ex);
     /* BLIS's product takes a width that is no multiple of 4 padded with zero columns. */
@@ -313,6 +315,10 @@ CASE(ssmw_scale_odd_axis0, SSMW, 17, 0, 1031, 131, SR_F32, G_ODD)
 CASE(ssmw_scale_const, SSMWC, 33, 1, 131, 1031, SR_F32, NONE)
 CASE(ssmw_scale_inf, SSMW, 16, 1, 37, 257, SR_F32, G_INF)
 CASE(ssmw_scale_nan, SSMW, 16, 1, 37, 257, SR_F32, G_NAN)
+/* Attention at D = 128: two whole tiles of reduced indices and a rest of 32 on the AVX2 strip
+ * products (384 per tile there), B of width 128 and 17. */
+CASE(ssmw_d128_tiles, SSMW128, 128, 1, 25, 800, SR_F32, NONE)
+CASE(ssmw_d128_r17, SSMW128, 17, 1, 13, 401, SR_F32, NONE)
 
 /* Block-sparse ranges: two row blocks over different intervals, rows outside every block. */
 static void ranges_case(const struct wcase *c)
@@ -514,4 +520,20 @@ Test(wide, budget_keeps_attention_tiles_whole_panels)
     free(bv);
     free(o1);
     free(o2);
+}
+
+/* Attention's tile of reduced indices at D = 128 on the AVX2 strip products with the scale inside
+ * the exponentials: 384, whose panelled tiles of K^T and of B (192 KiB each) stay in L2. */
+Test(wide, attention_d128_tiles)
+{
+    if (cpu_avx512_usable() || !cpu_avx2_usable())
+        return;
+    struct wcase c = {SSMW128, 128, 1, 25, 800, SR_F32, NONE};
+    sr_kernel *kg, *kr;
+    kernels(&c, &kg, &kr);
+    char t[160];
+    tiles_of(kg, t, sizeof t);
+    cr_assert(strstr(t, "x 384"), "%s", t);
+    sr_kernel_free(kg);
+    sr_kernel_free(kr);
 }
