@@ -58,10 +58,11 @@ enum form {
     DOTEXP, /* Sum of Exp((x|y) g) b: F from inner products, D = 64 */
     SSMW,   /* SumSoftMaxWeight of (x|y) g with weight b, D = 64 */
     SSMW3,  /* SumSoftMaxWeight of -SqDist(x, y) g with weight b, D = 3 */
-    SSMWC   /* SumSoftMaxWeight of c (x|y) with weight b, c the constant -0.37, D = 64 */
+    SSMWC,  /* SumSoftMaxWeight of c (x|y) with weight b, c the constant -0.37, D = 64 */
+    SSMW128 /* SSMW with D = 128 */
 };
 
-static bool is_ssmw(enum form f) { return f == SSMW || f == SSMW3 || f == SSMWC; }
+static bool is_ssmw(enum form f) { return f == SSMW || f == SSMW3 || f == SSMWC || f == SSMW128; }
 
 /* NaN or infinities in x, y or b; or the parameter g other than 2 (D = 3) or 0.5: negative, no
  * power of two, infinite, NaN. */
@@ -75,7 +76,7 @@ struct wcase {
     enum special sp;
 };
 
-static int dim_of(enum form f) { return f == GAUSS || f == SSMW3 ? 3 : 64; }
+static int dim_of(enum form f) { return f == GAUSS || f == SSMW3 ? 3 : f == SSMW128 ? 128 : 64; }
 
 static double g_of(const struct wcase *c)
 {
@@ -108,6 +109,7 @@ static sr_expr *formula(const struct wcase *c, sr_expr **weight)
     case DOTEXP:
         return sr_mul(ctx, b, sr_exp(ctx, sr_mul(ctx, sr_scalprod(ctx, x, y), g)));
     case SSMW:
+    case SSMW128:
         *weight = b;
         return sr_mul(ctx, sr_scalprod(ctx, x, y), g);
     case SSMWC:
@@ -215,7 +217,7 @@ static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
     cr_assert_eq(strstr(ex, "AVX2 strip products") != NULL, strips,
                  "expected %s the AVX2 strip products:\n%s", strips ? "" : "no", ex);
     /* Attention's F = c (x|y) on them: its scale applied inside the exponentials. */
-    bool sdp = strips && (c->form == SSMW || c->form == SSMWC);
+    bool sdp = strips && (c->form == SSMW || c->form == SSMWC || c->form == SSMW128);
     cr_assert_eq(strstr(ex, "scale applied inside") != NULL, sdp,
                  "expected %s the scale inside the exponentials:\n%s", sdp ? "" : "not", ex);
     /* BLIS's product takes a width that is no multiple of 4 padded with zero columns. */
@@ -313,6 +315,10 @@ CASE(ssmw_scale_odd_axis0, SSMW, 17, 0, 1031, 131, SR_F32, G_ODD)
 CASE(ssmw_scale_const, SSMWC, 33, 1, 131, 1031, SR_F32, NONE)
 CASE(ssmw_scale_inf, SSMW, 16, 1, 37, 257, SR_F32, G_INF)
 CASE(ssmw_scale_nan, SSMW, 16, 1, 37, 257, SR_F32, G_NAN)
+/* Attention at D = 128: two whole tiles of reduced indices and a rest of 32 on the AVX2 strip
+ * products (384 per tile there), B of width 128 and 17. */
+CASE(ssmw_d128_tiles, SSMW128, 128, 1, 25, 800, SR_F32, NONE)
+CASE(ssmw_d128_r17, SSMW128, 17, 1, 13, 401, SR_F32, NONE)
 
 /* Block-sparse ranges: two row blocks over different intervals, rows outside every block. */
 static void ranges_case(const struct wcase *c)
@@ -438,5 +444,96 @@ Test(wide, not_fused_runs_generated_code)
     free(o1);
     free(o2);
     sr_kernel_free(k);
+    sr_kernel_free(kr);
+}
+
+/* Attention on the AVX2 strip products, F = g (x|y): its exponentials replace the tile of inner
+ * products, so its workspace holds no tile of F, less than F = g g (x|y)'s, which forms one. */
+Test(wide, attention_workspace_without_tile_of_f)
+{
+    if (cpu_avx512_usable() || !cpu_avx2_usable())
+        return;
+    sr_expr *x = sr_vi(ctx, 0, 64), *y = sr_vj(ctx, 1, 64), *b = sr_vj(ctx, 2, 64);
+    sr_expr *g = sr_pm(ctx, 3, 1), *s = sr_scalprod(ctx, x, y);
+    sr_expr *f[2] = {sr_mul(ctx, s, g), sr_mul(ctx, sr_mul(ctx, s, g), g)};
+    int64_t ws[2];
+    for (int v = 0; v < 2; v++) {
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.reduction = SR_SUMSOFTMAXWEIGHT;
+        d.weight = b;
+        sr_kernel *k;
+        cr_assert_eq(sr_kernel_new(ctx, f[v], &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+        const char *ex = sr_kernel_explain(k);
+        cr_assert(strstr(ex, "AVX2 strip products"), "%s", ex);
+        cr_assert_eq(strstr(ex, "scale applied inside") != NULL, v == 0, "%s", ex);
+        ws[v] = sr_kernel_workspace_bytes(k);
+        sr_kernel_free(k);
+    }
+    cr_assert(ws[0] < ws[1], "workspace %lld bytes with the scale inside, %lld with F formed",
+              (long long)ws[0], (long long)ws[1]);
+}
+
+/* Attention at D = 96 (336 reduced indices per tile on the AVX2 strip products) under a budget
+ * one byte short of one thread's workspace: the tile of reduced indices shrinks, and stays a
+ * multiple of the products' 16-column panels (the strips write whole panels of the tile of inner
+ * products: a tile of 168 would have its last row spill into the next buffer, the packed K of the
+ * tile, which the next strip reads). Each tile packed per row block (the budget leaves no room
+ * for the packed copies of the whole run). */
+Test(wide, budget_keeps_attention_tiles_whole_panels)
+{
+    const int D = 96, R = 16;
+    const int64_t nx = 25, ny = 400;
+    sr_expr *x = sr_vi(ctx, 0, D), *y = sr_vj(ctx, 1, D), *b = sr_vj(ctx, 2, R);
+    sr_expr *f = sr_mul(ctx, sr_scalprod(ctx, x, y), sr_pm(ctx, 3, 1));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_SUMSOFTMAXWEIGHT;
+    d.weight = b;
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_NUM_THREADS", "1"), SR_OK);
+    sr_kernel *k, *kr;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    const int64_t ws = sr_kernel_workspace_bytes(k);
+    sr_kernel_free(k);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, ws - 1), SR_OK);
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+    d.device = SR_DEVICE_REFERENCE;
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &kr), SR_OK, "%s", sr_ctx_error(ctx));
+    uint64_t s = 7;
+    float *xv = fill(SR_F32, nx * D, -0.3, 0.3, &s), *yv = fill(SR_F32, ny * D, -0.3, 0.3, &s);
+    float *bv = fill(SR_F32, ny * R, 0.0, 1.0, &s), g = 0.5f;
+    float *o1 = calloc((size_t)(nx * R), 4), *o2 = calloc((size_t)(nx * R), 4);
+    const void *args[4] = {xv, yv, bv, &g};
+    cr_assert_eq(sr_kernel_run(k, nx, ny, args, o1), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_run(kr, nx, ny, args, o2), SR_OK, "%s", sr_ctx_error(ctx));
+    for (int64_t t = 0; t < nx * R; t++)
+        cr_assert(tu_close(o1[t], o2[t], 3e-5, 3e-8), "[row %lld, col %lld]: %.9g, reference %.9g",
+                  (long long)(t / R), (long long)(t % R), o1[t], o2[t]);
+    const char *ex = sr_kernel_explain(k);
+    if (strstr(ex, "AVX2 strip products")) {
+        const char *t = strstr(ex, "tiles: ");
+        cr_assert(t, "%s", ex);
+        cr_assert(!strstr(ex, "tiles: 448 x 336"), "the budget did not shrink the tiles:\n%s", ex);
+    }
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+    free(xv);
+    free(yv);
+    free(bv);
+    free(o1);
+    free(o2);
+}
+
+/* Attention's tile of reduced indices at D = 128 on the AVX2 strip products with the scale inside
+ * the exponentials: 384, whose panelled tiles of K^T and of B (192 KiB each) stay in L2. */
+Test(wide, attention_d128_tiles)
+{
+    if (cpu_avx512_usable() || !cpu_avx2_usable())
+        return;
+    struct wcase c = {SSMW128, 128, 1, 25, 800, SR_F32, NONE};
+    sr_kernel *kg, *kr;
+    kernels(&c, &kg, &kr);
+    char t[160];
+    tiles_of(kg, t, sizeof t);
+    cr_assert(strstr(t, "x 384"), "%s", t);
+    sr_kernel_free(kg);
     sr_kernel_free(kr);
 }

@@ -12,7 +12,9 @@
  * and no packing of the strip's operands (a row's value is broadcast from where it lies).
  *
  * The micro-kernel keeps a 6 x 16 block of C in 12 ymm registers: per k it loads two vectors of
- * the 16-column panel and broadcasts 6 values of the strip's rows, 12 FMAs. A strip of fewer than
+ * the 16-column panel and broadcasts 6 values of the strip's rows, 12 FMAs. Its k loop is unrolled
+ * 4 times: attention (N = M = 4096, D = 64 and 128, one thread on the AVX2 EPYC) ran 2-8 % faster
+ * so, median of the per-round ratios of 15 alternating rounds in one process. A strip of fewer than
  * 6 rows reads its first row again and stores the extra rows nowhere; a panel of fewer than 16
  * columns is zero-padded in its packed operand and its block of C read and written under a mask,
  * so any size is exact.
@@ -156,6 +158,7 @@ AVX2 static void abt_panel(int h, int64_t K, const float *A, int64_t lda, const 
     const __m256i ones = _mm256_set1_epi32(-1);
     struct acc t;
     block_load(&t, 0, C, ldc, ones, ones, false);
+#pragma GCC unroll 4
     for (int64_t k = 0; k < K; k++)
         step(&t, a, k, _mm256_load_ps(Bp + k * NR), _mm256_load_ps(Bp + k * NR + 8));
     block_store(&t, h, C, ldc, ones, ones, false);
@@ -184,6 +187,7 @@ AVX2 static void av_panel(int h, int64_t K, const float *A, int64_t lda, const f
     const bool masked = n - p < NR;
     struct acc t;
     block_load(&t, h, C + p, ldc, m0, m1, masked);
+#pragma GCC unroll 4
     for (int64_t k = 0; k < K; k++)
         step(&t, a, k, _mm256_load_ps(Vp + k * NR), _mm256_load_ps(Vp + k * NR + 8));
     block_store(&t, h, C + p, ldc, m0, m1, masked);
