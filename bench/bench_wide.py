@@ -10,15 +10,19 @@ Two jobs, float32:
              together: the log-normalizer and three gradient kernels) against symred's own
              forward in the same run, ratio backward / forward (target: at most 3); PyTorch's
              scaled_dot_product_attention backward / forward beside it.
-Each figure is the best of --reps runs after one warm-up run (which compiles or loads the
-kernel), symred's and the baseline's alternating. Prints one line per case with the ratio symred / baseline; with
-SYMRED_BENCH_RECORD=FILE set, appends the run to FILE as a record (bench/record.py).
+After one warm-up run of each (which compiles or loads the kernel), symred and the baseline run
+alternately for --reps rounds. The times printed are the best of the rounds; the ratio is the
+median over the rounds of symred's time over the baseline's in the same round (for attn_grad,
+of the backward over the forward), which a burst of load on a shared machine moves less than
+the ratio of two best times; the records keep that one too (ratio_best). Prints one line per
+case; with SYMRED_BENCH_RECORD=FILE set, appends the run to FILE as a record (bench/record.py).
 
     SYMRED_LIB=build/libsymred.so "$(scripts/pyenv.sh)/bin/python" bench/bench_wide.py
     ... bench/bench_wide.py --threads 1 --n 10000 --widths 16,64 --attn 4096:64
 """
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,21 +31,24 @@ HERE = Path(__file__).resolve().parent
 
 
 def race(fa, fb, reps):
-    """Best times of fa and fb, each run once to warm up (compile or load the kernel, touch the
-    memory), then alternately, so that the load of the shared machine hits both alike."""
+    """The times of fa and fb, each run once to warm up (compile or load the kernel, touch the
+    memory), then alternately, so that the load of the shared machine hits both alike: two
+    lists of reps times, round r's pair (a[r], b[r]) measured back to back."""
     fa()
     fb()
-    ta = tb = float("inf")
+    ta, tb = [], []
     for _ in range(reps):
-        for f, is_a in ((fa, True), (fb, False)):
+        for f, times in ((fa, ta), (fb, tb)):
             t = time.perf_counter()
             f()
-            t = time.perf_counter() - t
-            if is_a:
-                ta = min(ta, t)
-            else:
-                tb = min(tb, t)
+            times.append(time.perf_counter() - t)
     return ta, tb
+
+
+def paired(ta, tb):
+    """The median over the rounds of a[r] / b[r]: a ratio that a burst of load on the shared
+    machine moves less than the ratio of the best times (which pairs two different rounds)."""
+    return statistics.median(a / b for a, b in zip(ta, tb))
 
 
 def main():
@@ -82,15 +89,17 @@ def main():
             xt, yt = torch.from_numpy(x), torch.from_numpy(y)
             K = torch.exp(-torch.cdist(xt, yt) ** 2 * float(g[0]))
         bt = torch.from_numpy(b)
-        ts, tb = race(lambda: k(x, y, b, g), lambda: K @ bt, a.reps)
+        la, lb = race(lambda: k(x, y, b, g), lambda: K @ bt, a.reps)
+        ts, tb, ratio = min(la), min(lb), paired(la, lb)
         err = float(np.abs(out - (K @ bt).numpy()).max() / max(1e-30, np.abs(out).max()))
         strat = "fused" if "fused two-product" in k.explain() else k.explain().split(
             "strategy: ")[-1].split(" ")[0] if "strategy: " in k.explain() else "reference"
         rec.row(job="matvec", n=n, d=3, r=R, symred_s=round(ts, 4), base_s=round(tb, 4),
-                baseline="K @ B (torch, K prebuilt)", ratio=round(ts / tb, 3),
+                baseline="K @ B (torch, K prebuilt)", ratio=round(ratio, 3),
+                ratio_best=round(ts / tb, 3),
                 rel_err=float(f"{err:.2e}"), strategy=strat)
         print(f"matvec N=M={n} D=3 R={R:5d}  symred {ts:8.4f} s ({strat})  K@B {tb:8.4f} s"
-              f"  ratio {ts / tb:5.2f}  rel.err {err:.1e}", flush=True)
+              f"  ratio {ratio:5.2f}  rel.err {err:.1e}", flush=True)
     del K
 
     for pair in [p for p in a.attn.split(",") if p]:
@@ -104,15 +113,17 @@ def main():
         out = k(q, kk, s, v)
         qt, kt, vt = (torch.from_numpy(t)[None, None] for t in (q, kk, v))
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        ts, tb = race(lambda: k(q, kk, s, v), lambda: sdpa(qt, kt, vt), a.reps)
+        la, lb = race(lambda: k(q, kk, s, v), lambda: sdpa(qt, kt, vt), a.reps)
+        ts, tb, ratio = min(la), min(lb), paired(la, lb)
         ref = sdpa(qt, kt, vt)[0, 0].numpy()
         err = float(np.abs(out - ref).max() / max(1e-30, np.abs(ref).max()))
         strat = "fused" if "fused two-product" in k.explain() else "other"
         rec.row(job="attention", n=N, d=D, r=D, symred_s=round(ts, 4), base_s=round(tb, 4),
-                baseline="torch scaled_dot_product_attention", ratio=round(ts / tb, 3),
+                baseline="torch scaled_dot_product_attention", ratio=round(ratio, 3),
+                ratio_best=round(ts / tb, 3),
                 rel_err=float(f"{err:.2e}"), strategy=strat)
         print(f"attention N=M={N} D={D:3d}  symred {ts:8.4f} s ({strat})  sdpa {tb:8.4f} s"
-              f"  ratio {ts / tb:5.2f}  rel.err {err:.1e}", flush=True)
+              f"  ratio {ratio:5.2f}  rel.err {err:.1e}", flush=True)
 
     attn_grad(a, rng, rec, torch, race)
 
@@ -142,8 +153,11 @@ def attn_grad(a, rng, rec, torch, race):
             out = k(qg, kg, s, vg)
             torch.autograd.grad(out, (qg, kg, vg), G)
 
-        tf, tfb = race(fwd, bwd, a.reps)
-        tb = tfb - tf  # the backward alone: forward + backward less the forward
+        lf, lfb = race(fwd, bwd, a.reps)
+        # The backward alone: forward + backward less the forward, of the best runs, and per
+        # round for the ratio.
+        tf, tb = min(lf), min(lfb) - min(lf)
+        ratio = statistics.median((fb - f) / f for f, fb in zip(lf, lfb))
         sdpa = torch.nn.functional.scaled_dot_product_attention
         qt, kt, vt = (t[None, None].clone().requires_grad_(True) for t in (q, kk, v))
 
@@ -154,20 +168,21 @@ def attn_grad(a, rng, rec, torch, race):
         def tbwd():
             torch.autograd.grad(sdpa(qt, kt, vt), (qt, kt, vt), G[None, None])
 
-        pf, pfb = race(tfwd, tbwd, a.reps)
-        pb = pfb - pf
+        lpf, lpfb = race(tfwd, tbwd, a.reps)
+        pf, pb = min(lpf), min(lpfb) - min(lpf)
+        pratio = statistics.median((fb - f) / f for f, fb in zip(lpf, lpfb))
         # The gradients against PyTorch's (the same attention, scale 1/sqrt(D)).
         out = k(qg, kg, s, vg)
         ours = torch.autograd.grad(out, (qg, kg, vg), G)
         ref = torch.autograd.grad(sdpa(qt, kt, vt), (qt, kt, vt), G[None, None])
         err = max(float((o - r[0, 0]).abs().max() / r.abs().max()) for o, r in zip(ours, ref))
         rec.row(job="attn_grad", n=N, d=D, r=D, symred_s=round(tb, 4), base_s=round(tf, 4),
-                baseline="symred forward", ratio=round(tb / tf, 3),
+                baseline="symred forward", ratio=round(ratio, 3), ratio_best=round(tb / tf, 3),
                 torch_bwd_s=round(pb, 4), torch_fwd_s=round(pf, 4),
-                torch_ratio=round(pb / pf, 3), rel_err=float(f"{err:.2e}"))
+                torch_ratio=round(pratio, 3), rel_err=float(f"{err:.2e}"))
         print(f"attn_grad N=M={N} D={D:3d}  symred backward {tb:8.4f} s / forward {tf:8.4f} s"
-              f"  ratio {tb / tf:5.2f}   (sdpa backward {pb:8.4f} s / forward {pf:8.4f} s"
-              f"  ratio {pb / pf:5.2f})  rel.err {err:.1e}", flush=True)
+              f"  ratio {ratio:5.2f}   (sdpa backward {pb:8.4f} s / forward {pf:8.4f} s"
+              f"  ratio {pratio:5.2f})  rel.err {err:.1e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,10 @@ ABOUT = {
                   "K prebuilt (torch, MKL); `attention` is `SumSoftMaxWeight((q|k)*s, v)` against "
                   "`torch.nn.functional.scaled_dot_product_attention`; `attn_grad` is the same "
                   "attention's backward (q, k, v together, symred.torch) over symred's forward "
-                  "(target <= 3), with PyTorch's backward / forward beside it. ratio = symred / "
-                  "baseline time.",
+                  "(target <= 3), with PyTorch's backward / forward beside it. Times are the best "
+                  "of the alternating rounds; ratio = symred / baseline time, the median over the "
+                  "rounds of each round's pair (ratio_best: of the best times; records before "
+                  "that column give the ratio of the best times).",
     "exp_underflow": "Narrow against wide Gaussians (Sum and LogSumExp, float32 and float64): "
                      "the time at c = 200 and 5000, where most exponents underflow, over the time "
                      "at c = 0.5 (over_wide), in one process.",
