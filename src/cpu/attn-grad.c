@@ -257,6 +257,12 @@ static const char *attn_match(const sr_kernel *k, struct attn *a)
     return NULL;
 }
 
+bool cpu_attn_covers(const sr_kernel *k)
+{
+    struct attn a;
+    return !attn_match(k, &a);
+}
+
 static int thread_id(void)
 {
 #ifdef _OPENMP

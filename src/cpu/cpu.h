@@ -356,6 +356,8 @@ sr_status cpu_attn_vjp(const struct sr_kernel *k, const sr_run_desc *r, const st
 /* The run_lse member (sr_kernel_run_lse, _ranges): the forward of the same kernels with lam. */
 sr_status cpu_attn_run_lse(const struct sr_kernel *k, const sr_run_desc *r,
                            const struct sr_rplan *p, void *lse);
+/* Whether k is a kernel that cpu_attn_vjp and cpu_attn_run_lse take. */
+bool cpu_attn_covers(const struct sr_kernel *k);
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 
