@@ -43,8 +43,11 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_AVX2_PASSES 1
 #include <immintrin.h>
+/* The AVX2 passes' own loops (the elementwise steps), vectorised for the CPU they run on. */
+#define AVX2_LOOPS __attribute__((target("avx2,fma")))
 #else
 #define HAVE_AVX2_PASSES 0
+#define AVX2_LOOPS
 #endif
 
 /* Rows i per block of the second pass (the transposed tiles P^T and dS^T are TJ x TI), reduced
@@ -584,27 +587,24 @@ struct tile {
 /* Rows [i0, i0 + h) against the tile: P into S, dS into dP (row stride TJ), 0 outside the
  * intervals, their transposes into columns [u, u + h) of PT and dST, and dS y into the thread's
  * dx. */
-static void avx2_strip(const struct attn *a, const struct pattern *pt, const struct pass_ws *p,
-                       const float *lam, const float *dlt, int64_t i0, int64_t h, int64_t u,
-                       const struct tile *tl)
+AVX2_LOOPS static void avx2_strip(const struct attn *a, const struct pattern *pt,
+                                  const struct pass_ws *p, const float *lam, const float *dlt,
+                                  int64_t i0, int64_t h, int64_t u, const struct tile *tl)
 {
     const int64_t tj = tl->tj;
     const float *X = a->X, *G = a->G;
     const float c = (float)a->cval;
     const bool wdx = a->gx || a->gc, wds = wdx || a->gy;
     cpu_avx2_strip_abt(h, a->D, X + i0 * a->D, a->D, p->Kt, tj, p->S, TJ);
-    for (int64_t r = 0; r < h; r++) {
-        float *F = p->S + r * TJ;
-        for (int64_t q = 0; q < tj; q++)
-            F[q] *= c;
-        cpu_expsum_f32(F, tj, lam[i0 + r]);
-    }
+    for (int64_t r = 0; r < h; r++)
+        cpu_expsum_scaled_f32(p->S + r * TJ, tj, c, lam[i0 + r]);
     mask_cols(pt, tl->q, tl->q1, tl->j0, tj, p->S, TJ, h);
     if (wds) {
         cpu_avx2_strip_abt(h, a->Dw, G + i0 * a->Dw, a->Dw, p->Vt, tj, p->dP, TJ);
         for (int64_t r = 0; r < h; r++) {
             const float d = dlt[i0 + r], *P = p->S + r * TJ;
             float *dS = p->dP + r * TJ;
+#pragma omp simd
             for (int64_t q = 0; q < tj; q++)
                 dS[q] = P[q] * (dS[q] - d);
         }

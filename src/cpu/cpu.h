@@ -343,6 +343,9 @@ double cpu_cost_product_flops(int R);
  * F[c] is -inf) for c < n, returning their sum, with AVX2 by the CPU JIT's Exp (0 where the result
  * is below 1.7e-38: docs/semantics.md); the largest F[c] and -inf (a NaN never wins). */
 double cpu_expsum_f32(float *F, int64_t n, float m);
+/* F[c] = exp(F[c] a - m), c < n (by one FMA where AVX2 is usable and a and m are finite, else
+ * F[c] a rounded first as cpu_expsum_f32 would take it), and their sum. */
+double cpu_expsum_scaled_f32(float *F, int64_t n, float a, float m);
 float cpu_rowmax_f32(const float *F, int64_t n);
 
 /* ---- the fused backward of attention (src/cpu/attn-grad.c) ---- */

@@ -1019,6 +1019,14 @@ __attribute__((target("avx2,fma"))) static double expsum_scaled_avx2(float *F, i
     return expsum_vec(F, n, m, true, a, true);
 }
 
+/* F[c] = exp(F[c] a - m), c < n, and their sum, for any finite m (the clamp above and the
+ * infinities of exp_avx2 kept). */
+__attribute__((target("avx2,fma"))) static double expsum_vec_scaled_avx2(float *F, int64_t n,
+                                                                         float a, float m)
+{
+    return expsum_vec(F, n, m, false, a, true);
+}
+
 /* The largest and the smallest value of F[c], c < n, in *hi and *lo (-inf and +inf when n is 0 or
  * every F[c] is NaN: a NaN never wins). */
 __attribute__((target("avx2,fma"))) static void minmax_avx2(const float *F, int64_t n, float *hi,
@@ -1098,6 +1106,18 @@ static double expsum_f32(float *F, int64_t n, float m, bool is_max)
 }
 
 double cpu_expsum_f32(float *F, int64_t n, float m) { return expsum_f32(F, n, m, false); }
+
+double cpu_expsum_scaled_f32(float *F, int64_t n, float a, float m)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (isfinite(a) && isfinite(m) && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
+        return expsum_vec_scaled_avx2(F, n, a, m);
+#endif
+    for (int64_t c = 0; c < n; c++)
+        F[c] *= a;
+    return expsum_f32(F, n, m, false);
+}
 
 float cpu_rowmax_f32(const float *F, int64_t n) { return rowmax_f32(F, n); }
 
