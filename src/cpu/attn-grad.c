@@ -13,7 +13,8 @@
  * tiles of TJ reduced indices, each owned by one thread with its rows of dy and dw, and walks
  * the rows i in strips: the strip of F, P, the strip of (G|w) (G w^T), dS, and the thread's own
  * copy of dx gets dS y; per block of TI rows, P^T and dS^T, stored transposed as they are formed,
- * give dw += P^T G and dy += dS^T x. Five tile products per pair in the second pass and one in
+ * give dw += P^T G and dy += dS^T x (the blocks of x and G packed once per call, without ranges
+ * and where the budget lets them). Five tile products per pair in the second pass and one in
  * the first, where the LogSumExp kernel and the gradient kernels (one reduction per variable)
  * take nine, and the pairs' exponentials are formed twice instead of four times.
  *
