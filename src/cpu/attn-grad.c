@@ -13,7 +13,8 @@
  * tiles of TJ reduced indices, each owned by one thread with its rows of dy and dw, and walks
  * the rows i in strips: the strip of F, P, the strip of (G|w) (G w^T), dS, and the thread's own
  * copy of dx gets dS y; per block of TI rows, P^T and dS^T, stored transposed as they are formed,
- * give dw += P^T G and dy += dS^T x. Five tile products per pair in the second pass and one in
+ * give dw += P^T G and dy += dS^T x (the blocks of x and G packed once per call, without ranges
+ * and where the budget lets them). Five tile products per pair in the second pass and one in
  * the first, where the LogSumExp kernel and the gradient kernels (one reduction per variable)
  * take nine, and the pairs' exponentials are formed twice instead of four times.
  *
@@ -43,8 +44,11 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_AVX2_PASSES 1
 #include <immintrin.h>
+/* The AVX2 passes' own loops (the elementwise steps), vectorised for the CPU they run on. */
+#define AVX2_LOOPS __attribute__((target("avx2,fma")))
 #else
 #define HAVE_AVX2_PASSES 0
+#define AVX2_LOOPS
 #endif
 
 /* Rows i per block of the second pass (the transposed tiles P^T and dS^T are TJ x TI), reduced
@@ -255,6 +259,12 @@ static const char *attn_match(const sr_kernel *k, struct attn *a)
     a->D = f->child[0]->dim;
     a->Dw = w->dim;
     return NULL;
+}
+
+bool cpu_attn_covers(const sr_kernel *k)
+{
+    struct attn a;
+    return !attn_match(k, &a);
 }
 
 static int thread_id(void)
@@ -578,27 +588,24 @@ struct tile {
 /* Rows [i0, i0 + h) against the tile: P into S, dS into dP (row stride TJ), 0 outside the
  * intervals, their transposes into columns [u, u + h) of PT and dST, and dS y into the thread's
  * dx. */
-static void avx2_strip(const struct attn *a, const struct pattern *pt, const struct pass_ws *p,
-                       const float *lam, const float *dlt, int64_t i0, int64_t h, int64_t u,
-                       const struct tile *tl)
+AVX2_LOOPS static void avx2_strip(const struct attn *a, const struct pattern *pt,
+                                  const struct pass_ws *p, const float *lam, const float *dlt,
+                                  int64_t i0, int64_t h, int64_t u, const struct tile *tl)
 {
     const int64_t tj = tl->tj;
     const float *X = a->X, *G = a->G;
     const float c = (float)a->cval;
     const bool wdx = a->gx || a->gc, wds = wdx || a->gy;
     cpu_avx2_strip_abt(h, a->D, X + i0 * a->D, a->D, p->Kt, tj, p->S, TJ);
-    for (int64_t r = 0; r < h; r++) {
-        float *F = p->S + r * TJ;
-        for (int64_t q = 0; q < tj; q++)
-            F[q] *= c;
-        cpu_expsum_f32(F, tj, lam[i0 + r]);
-    }
+    for (int64_t r = 0; r < h; r++)
+        cpu_expsum_scaled_f32(p->S + r * TJ, tj, c, lam[i0 + r]);
     mask_cols(pt, tl->q, tl->q1, tl->j0, tj, p->S, TJ, h);
     if (wds) {
         cpu_avx2_strip_abt(h, a->Dw, G + i0 * a->Dw, a->Dw, p->Vt, tj, p->dP, TJ);
         for (int64_t r = 0; r < h; r++) {
             const float d = dlt[i0 + r], *P = p->S + r * TJ;
             float *dS = p->dP + r * TJ;
+#pragma omp simd
             for (int64_t q = 0; q < tj; q++)
                 dS[q] = P[q] * (dS[q] - d);
         }
@@ -612,8 +619,39 @@ static void avx2_strip(const struct attn *a, const struct pattern *pt, const str
         cpu_avx2_strip_av(h, tj, p->dP, TJ, p->Kv, a->D, p->ax + i0 * a->D, a->D);
 }
 
+/* The blocks of TI rows of x and G packed once per call for the products dy += dS^T x and
+ * dw += P^T G (struct packed; without ranges only, where block b has rows [b TI, b TI + TI)),
+ * shared by the threads: each tile of the second pass read them packed again otherwise. */
+struct packed {
+    float *X, *G;   /* NULL: pack per block */
+    int64_t xb, gb; /* floats per block */
+};
+
+static int64_t packed_bytes(const struct attn *a, struct packed *pk)
+{
+    const int64_t nb = (a->n + TI - 1) / TI;
+    pk->xb = a->gy ? al64(cpu_avx2_pack_bt_bytes(a->D, TI)) / 4 : 0;
+    pk->gb = a->gw ? al64(cpu_avx2_pack_bt_bytes(a->Dw, TI)) / 4 : 0;
+    return 4 * nb * (pk->xb + pk->gb);
+}
+
+static void pack_blocks(const struct attn *a, const struct packed *pk)
+{
+    const int64_t nb = (a->n + TI - 1) / TI;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t bh = a->n - b * TI < TI ? a->n - b * TI : TI;
+        if (pk->X)
+            cpu_avx2_pack_v(bh, a->D, (const float *)a->X + b * TI * a->D, a->D,
+                            pk->X + b * pk->xb);
+        if (pk->G)
+            cpu_avx2_pack_v(bh, a->Dw, (const float *)a->G + b * TI * a->Dw, a->Dw,
+                            pk->G + b * pk->gb);
+    }
+}
+
 static void avx2_pass(const struct attn *a, const struct pattern *pt, const float *lam,
-                      const float *dlt, char *ws, int64_t stride)
+                      const float *dlt, char *ws, int64_t stride, const struct packed *pk)
 {
     const float *X = a->X, *Y = a->Y, *W = a->W, *G = a->G;
     const int D = a->D, Dw = a->Dw;
@@ -623,7 +661,9 @@ static void avx2_pass(const struct attn *a, const struct pattern *pt, const floa
     {
         struct pass_ws p;
         pass_bytes(a, ws + (int64_t)thread_id() * stride, &p); /* p.ax: zero */
-        /* static, as generic_pass: the same tiles in each thread's copy of dx in every call */
+        if (pk->X || pk->G)
+            pack_blocks(a, pk); /* its barrier ends the packing */
+            /* static, as generic_pass: the same tiles in each thread's copy of dx in every call */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < nt; t++) {
             const int64_t j0 = t * TJ, tj = a->m - j0 < TJ ? a->m - j0 : TJ;
@@ -647,12 +687,16 @@ static void avx2_pass(const struct attn *a, const struct pattern *pt, const floa
                         avx2_strip(a, pt, &p, lam, dlt, b0 + u, bh - u < PSTRIP ? bh - u : PSTRIP,
                                    u, &tl);
                     if (gw) {
-                        cpu_avx2_pack_v(bh, Dw, G + b0 * Dw, Dw, p.Gp);
-                        cpu_avx2_strip_av(tj, bh, p.PT, TI, p.Gp, Dw, gw, Dw);
+                        const float *Gp = pk->G ? pk->G + b0 / TI * pk->gb : p.Gp;
+                        if (!pk->G)
+                            cpu_avx2_pack_v(bh, Dw, G + b0 * Dw, Dw, p.Gp);
+                        cpu_avx2_strip_av(tj, bh, p.PT, TI, Gp, Dw, gw, Dw);
                     }
                     if (gy) {
-                        cpu_avx2_pack_v(bh, D, X + b0 * D, D, p.Xp);
-                        cpu_avx2_strip_av(tj, bh, p.dST, TI, p.Xp, D, gy, D);
+                        const float *Xp = pk->X ? pk->X + b0 / TI * pk->xb : p.Xp;
+                        if (!pk->X)
+                            cpu_avx2_pack_v(bh, D, X + b0 * D, D, p.Xp);
+                        cpu_avx2_strip_av(tj, bh, p.dST, TI, Xp, D, gy, D);
                     }
                 }
             }
@@ -811,13 +855,25 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const struct sr
         per_thread = pb > lb ? pb : lb;
     } else
         per_thread = al64(8 * (a.n * a.D + TJ * (a.D + a.Dw)));
+    /* The packed blocks of x and G after dlt and lam, without ranges, when they fit the budget
+     * beside the rest. */
+    struct packed pk = {0};
+    int64_t shared = al64(16 * a.n);
+    const int64_t pkb = avx2 && !p ? packed_bytes(&a, &pk) : 0, lim = k->ctx->mem_limit;
+    if (pkb > 0 && (lim <= 0 || per_thread * sr__threads(k->ctx, per_thread) + shared + pkb <= lim))
+        shared += pkb;
     char *ws;
-    if ((status = attn_alloc(k, &a, name, per_thread, 16 * a.n, &ws)) != SR_OK) {
+    if ((status = attn_alloc(k, &a, name, per_thread, shared, &ws)) != SR_OK) {
         pattern_free(&pt);
         return status;
     }
     double *dlt = (double *)ws, *lam = dlt + a.n;
-    char *tws = ws + al64(16 * a.n);
+    if (shared > al64(16 * a.n)) {
+        float *pm = (float *)(ws + al64(16 * a.n));
+        pk.X = pk.xb ? pm : NULL;
+        pk.G = pk.gb ? pm + (a.n + TI - 1) / TI * pk.xb : NULL;
+    }
+    char *tws = ws + al64(shared);
     /* Each thread's copy of dx: the end of its second pass's workspace, which the first pass
      * may overwrite; zeroed after it, for the threads that OpenMP runs or not. */
     const int64_t nD = a.n * a.D;
@@ -832,7 +888,7 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const struct sr
         else
             avx2_lam(&a, &pt, lam32, NULL, tws, per_thread);
         zero_dx(&a, tws + ax_off, per_thread, es);
-        avx2_pass(&a, &pt, lam32, dlt32, tws, per_thread);
+        avx2_pass(&a, &pt, lam32, dlt32, tws, per_thread, &pk);
     } else {
         if (lse)
             for (int64_t i = 0; i < a.n; i++)

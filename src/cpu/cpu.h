@@ -343,6 +343,9 @@ double cpu_cost_product_flops(int R);
  * F[c] is -inf) for c < n, returning their sum, with AVX2 by the CPU JIT's Exp (0 where the result
  * is below 1.7e-38: docs/semantics.md); the largest F[c] and -inf (a NaN never wins). */
 double cpu_expsum_f32(float *F, int64_t n, float m);
+/* F[c] = exp(F[c] a - m), c < n (by one FMA where AVX2 is usable and a and m are finite, else
+ * F[c] a rounded first as cpu_expsum_f32 would take it), and their sum. */
+double cpu_expsum_scaled_f32(float *F, int64_t n, float a, float m);
 float cpu_rowmax_f32(const float *F, int64_t n);
 
 /* ---- the fused backward of attention (src/cpu/attn-grad.c) ---- */
@@ -356,6 +359,8 @@ sr_status cpu_attn_vjp(const struct sr_kernel *k, const sr_run_desc *r, const st
 /* The run_lse member (sr_kernel_run_lse, _ranges): the forward of the same kernels with lam. */
 sr_status cpu_attn_run_lse(const struct sr_kernel *k, const sr_run_desc *r,
                            const struct sr_rplan *p, void *lse);
+/* Whether k is a kernel that cpu_attn_vjp and cpu_attn_run_lse take. */
+bool cpu_attn_covers(const struct sr_kernel *k);
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 

@@ -829,6 +829,7 @@ struct fused_ws {
     char *mem;
     const struct fused_pre *pre; /* the AVX2 products' operands packed once per run, or NULL */
     const char *Kuse[FUSED_MAX_FACTORS]; /* the packed tile of K that the strips read */
+    void *lse; /* SumSoftMaxWeight's log-normalizer per output row (fused_run_lse), or NULL */
 };
 
 static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_run_desc *r,
@@ -1025,6 +1026,14 @@ __attribute__((target("avx2,fma"))) static double expsum_scaled_avx2(float *F, i
     return expsum_vec(F, n, m, true, a, true);
 }
 
+/* F[c] = exp(F[c] a - m), c < n, and their sum, for any finite m (the clamp above and the
+ * infinities of exp_avx2 kept). */
+__attribute__((target("avx2,fma"))) static double expsum_vec_scaled_avx2(float *F, int64_t n,
+                                                                         float a, float m)
+{
+    return expsum_vec(F, n, m, false, a, true);
+}
+
 /* The largest and the smallest value of F[c], c < n, in *hi and *lo (-inf and +inf when n is 0 or
  * every F[c] is NaN: a NaN never wins). */
 __attribute__((target("avx2,fma"))) static void minmax_avx2(const float *F, int64_t n, float *hi,
@@ -1104,6 +1113,18 @@ static double expsum_f32(float *F, int64_t n, float m, bool is_max)
 }
 
 double cpu_expsum_f32(float *F, int64_t n, float m) { return expsum_f32(F, n, m, false); }
+
+double cpu_expsum_scaled_f32(float *F, int64_t n, float a, float m)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (isfinite(a) && isfinite(m) && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
+        return expsum_vec_scaled_avx2(F, n, a, m);
+#endif
+    for (int64_t c = 0; c < n; c++)
+        F[c] *= a;
+    return expsum_f32(F, n, m, false);
+}
 
 float cpu_rowmax_f32(const float *F, int64_t n) { return rowmax_f32(F, n); }
 
@@ -1287,6 +1308,19 @@ static void add_a_term(const sr_kernel *k, const struct fused_kernel *fk, const 
     }
 }
 
+/* lse[o0 + o] = m_o + log s_o from the online softmax's running maximum and sum of the block's
+ * rows o < no (-inf for a row whose every F is -inf: m = -inf and s = 0). */
+static void write_lse(int f64, const struct fused_ws *w, int64_t o0, int64_t no)
+{
+    for (int64_t o = 0; o < no; o++) {
+        const double l = w->m[o] + log(w->s[o]);
+        if (f64)
+            ((double *)w->lse)[o0 + o] = l;
+        else
+            ((float *)w->lse)[o0 + o] = (float)l;
+    }
+}
+
 /* Factor f's tile of K for the AVX2 strip products: reduced indices [rt, rt + nj), packed at Kp. */
 static void pack_k_tile(const struct fused_kernel *fk, const sr_run_desc *r, int f, int64_t rt,
                         int64_t nj, char *Kp)
@@ -1389,6 +1423,8 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
                     ((float *)out)[o * ldo + c] = (float)(((float *)out)[o * ldo + c] / w->s[o]);
             }
         }
+    if (ssmw && w->lse)
+        write_lse(f64, w, o0, no);
     if (fk->avar >= 0)
         add_a_term(k, fk, r, w, out, ldo, o0, no, c0, cols);
     for (int64_t o = 0; w->Cb && o < no; o++)
@@ -1454,9 +1490,10 @@ static void pre_pack_tile(const sr_kernel *k, const struct fused_kernel *fk, con
 }
 
 /* Runs plan p in chunks of at most `chunk` flat rows, over the threads: each segment of a block
- * in a chunk folds that block's intervals. */
+ * in a chunk folds that block's intervals; a SumSoftMaxWeight writes its log-normalizer into lse
+ * unless it is NULL. */
 static sr_status run_chunks(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
-                            int64_t chunk, const struct fused_pre *pre)
+                            int64_t chunk, const struct fused_pre *pre, void *lse)
 {
     const struct fused_kernel *fk = k->backend_data;
     int nt = sr__threads(k->ctx, fk->per_thread);
@@ -1469,6 +1506,7 @@ static sr_status run_chunks(const sr_kernel *k, const sr_run_desc *r, const stru
         struct fused_ws w;
         bool ok = ws_new(k, fk, r, &w);
         w.pre = pre;
+        w.lse = lse;
         if (pre) {
             /* The shared packed tiles, split over the threads; the barrier ends the packing. */
 #ifdef _OPENMP
@@ -1656,11 +1694,10 @@ static sr_status fused_run_sym(const sr_kernel *k, const sr_run_desc *r)
 
 /* The whole reduction: one block of all the output rows over [0, nred), in chunks of at most
  * ti rows, of one size, as many as a multiple of the threads (no thread idles at the end). */
-static sr_status fused_run(const sr_kernel *k, const sr_run_desc *r)
+/* The run of every pair (not the symmetric driver's), with lse as run_chunks. */
+static sr_status fused_run_dense(const sr_kernel *k, const sr_run_desc *r, void *lse)
 {
     const struct fused_kernel *fk = k->backend_data;
-    if (cpu_fused_symmetric(k, r->nx, r->ny, r->args))
-        return fused_run_sym(k, r);
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
     int nt = sr__threads(k->ctx, fk->per_thread);
@@ -1672,17 +1709,36 @@ static sr_status fused_run(const sr_kernel *k, const sr_run_desc *r)
     struct sr_rplan p = {1, nout, blk, rows, ivoff, iv, NULL};
     struct fused_pre pre;
     const bool packed = pre_new(k, fk, nred, nt, &pre);
-    sr_status st = run_chunks(k, r, &p, ti, packed ? &pre : NULL);
+    sr_status st = run_chunks(k, r, &p, ti, packed ? &pre : NULL, lse);
     if (packed)
         free(pre.mem);
     return st;
+}
+
+static sr_status fused_run(const sr_kernel *k, const sr_run_desc *r)
+{
+    if (cpu_fused_symmetric(k, r->nx, r->ny, r->args))
+        return fused_run_sym(k, r);
+    return fused_run_dense(k, r, NULL);
+}
+
+/* sr_kernel_run_lse on the kernel's own plan: the values that fused_run writes, and the
+ * log-normalizer from the online softmax's maximum and sum. Ranges, empty sides and the symmetric
+ * driver go to attn-grad.c's forward (cpu_attn_run_lse), which also declines the other kernels. */
+static sr_status fused_run_lse(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
+                               void *lse)
+{
+    if (p || r->nx == 0 || r->ny == 0 || !cpu_attn_covers(k) ||
+        cpu_fused_symmetric(k, r->nx, r->ny, r->args))
+        return cpu_attn_run_lse(k, r, p, lse);
+    return fused_run_dense(k, r, lse);
 }
 
 static sr_status fused_run_ranges(const sr_kernel *k, const sr_run_desc *r,
                                   const struct sr_rplan *p)
 {
     const struct fused_kernel *fk = k->backend_data;
-    return run_chunks(k, r, p, fk->ti, NULL);
+    return run_chunks(k, r, p, fk->ti, NULL, NULL);
 }
 
 static int64_t fused_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
@@ -1825,6 +1881,6 @@ const struct sr_backend_i cpu_fused_backend = {
     /* .ctx_free = */ NULL,
     /* .post_rewrite = */ false,
     /* .vjp = */ cpu_attn_vjp,
-    /* .run_lse = */ cpu_attn_run_lse,
+    /* .run_lse = */ fused_run_lse,
     /* .offer = */ NULL,
 };
