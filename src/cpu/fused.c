@@ -1692,9 +1692,9 @@ static sr_status fused_run_sym(const sr_kernel *k, const sr_run_desc *r)
     return SR_OK;
 }
 
-/* The whole reduction: one block of all the output rows over [0, nred), in chunks of at most
- * ti rows, of one size, as many as a multiple of the threads (no thread idles at the end). */
-/* The run of every pair (not the symmetric driver's), with lse as run_chunks. */
+/* The whole reduction without the symmetric driver: one block of all the output rows over
+ * [0, nred), in chunks of at most ti rows, of one size, as many as a multiple of the threads (no
+ * thread idles at the end); lse as run_chunks. */
 static sr_status fused_run_dense(const sr_kernel *k, const sr_run_desc *r, void *lse)
 {
     const struct fused_kernel *fk = k->backend_data;
