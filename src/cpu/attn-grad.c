@@ -661,9 +661,10 @@ static void avx2_pass(const struct attn *a, const struct pattern *pt, const floa
     {
         struct pass_ws p;
         pass_bytes(a, ws + (int64_t)thread_id() * stride, &p); /* p.ax: zero */
-        if (pk->X || pk->G)
+        if (pk->X || pk->G) {
             pack_blocks(a, pk); /* its barrier ends the packing */
-            /* static, as generic_pass: the same tiles in each thread's copy of dx in every call */
+        }
+        /* static, as generic_pass: the same tiles in each thread's copy of dx in every call */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < nt; t++) {
             const int64_t j0 = t * TJ, tj = a->m - j0 < TJ ? a->m - j0 : TJ;
