@@ -623,8 +623,9 @@ SR_API sr_status sr_kernel_vjp(const sr_kernel *kernel, const sr_run_desc *run, 
  * into run->out as sr_kernel_run_ex writes them, and lse[i] = log sum_j exp(F_ij) (out rows
  * values, the dtype's), which sr_kernel_vjp then reads instead of forming it again. On the
  * fused two-product strategy it runs the kernel's own plan, lse from the online softmax's maximum
- * and sum (the values are sr_kernel_run_ex's, bit for bit); otherwise (other plans, ranges, the
- * symmetric driver) symred's own attention forward on the tiles of sr_kernel_vjp's passes.
+ * and sum (the values are sr_kernel_run_ex's, bit for bit); otherwise (other plans, the
+ * symmetric driver, ranges under a memory budget) symred's own attention forward on the tiles of
+ * sr_kernel_vjp's passes.
  * Errors: those of sr_kernel_vjp (SR_ENOTSUP for the other kernels; SR_EINVAL for a NULL lse
  * with rows).
  */

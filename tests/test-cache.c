@@ -110,6 +110,39 @@ Test(cache, second_creation_hits_disk)
     free(e2);
 }
 
+/* A second kernel, whose module is another entry than formula's. */
+static const char *other_formula = "Exp(-SqDist(x, y) * g * g)";
+
+/* Both entries on disk: formula's and other_formula's (built in a context freed at once). */
+static void store_both(void)
+{
+    free(build_and_check(formula, 0.5));
+    sr_ctx *c;
+    sr_expr *f;
+    sr_kernel *k;
+    cr_assert_eq(new_kernel_in(other_formula, &c, &f, &k), SR_OK, "%s", sr_ctx_error(c));
+    sr_kernel_free(k);
+    sr_ctx_free(c);
+}
+
+/* Runs other_formula in a new context, expecting its own values, not those of the module that its
+ * descriptor's name once found. */
+static void expect_other_runs_its_own(void)
+{
+    sr_ctx *c;
+    sr_expr *f;
+    sr_kernel *k;
+    cr_assert_eq(new_kernel_in(other_formula, &c, &f, &k), SR_OK, "%s", sr_ctx_error(c));
+    float x[2] = {0, 0}, y[6] = {0, 0, 1, 0, 0, 2}, g = 0.5f, out[1];
+    const void *args[] = {x, y, &g};
+    cr_assert_eq(sr_kernel_run(k, 1, 3, args, out), SR_OK, "%s", sr_ctx_error(c));
+    double expect = 1.0 + exp(-0.25) + exp(-1.0);
+    cr_expect(tu_close(out[0], expect, 1e-5, 0),
+              "got %.8g, expected %.8g (the other module's code?)", out[0], expect);
+    sr_kernel_free(k);
+    sr_ctx_free(c);
+}
+
 /* One module loaded by several contexts: each later context's descriptor finds the loaded
  * object by the file's identity, and the loader keeps /proc/self/fd/N as one more name of it.
  * Once those contexts are freed their numbers are reused, and another kernel's entry opened
@@ -117,14 +150,8 @@ Test(cache, second_creation_hits_disk)
 Test(cache, reused_descriptor_names_load_their_own_module)
 {
     enum { SHARERS = 8 };
-    const char *other = "Exp(-SqDist(x, y) * g * g)";
-    free(build_and_check(formula, 0.5)); /* both entries on disk */
-    sr_ctx *c;
+    store_both();
     sr_expr *f;
-    sr_kernel *k;
-    cr_assert_eq(new_kernel_in(other, &c, &f, &k), SR_OK, "%s", sr_ctx_error(c));
-    sr_kernel_free(k);
-    sr_ctx_free(c);
     sr_ctx *keep, *share[SHARERS];
     sr_kernel *kk, *ks[SHARERS];
     cr_assert_eq(new_kernel_in(formula, &keep, &f, &kk), SR_OK, "%s", sr_ctx_error(keep));
@@ -134,17 +161,35 @@ Test(cache, reused_descriptor_names_load_their_own_module)
         sr_kernel_free(ks[i]);
         sr_ctx_free(share[i]);
     }
-    cr_assert_eq(new_kernel_in(other, &c, &f, &k), SR_OK, "%s", sr_ctx_error(c));
-    float x[2] = {0, 0}, y[6] = {0, 0, 1, 0, 0, 2}, g = 0.5f, out[1];
-    const void *args[] = {x, y, &g};
-    cr_assert_eq(sr_kernel_run(k, 1, 3, args, out), SR_OK, "%s", sr_ctx_error(c));
-    double expect = 1.0 + exp(-0.25) + exp(-1.0);
-    cr_expect(tu_close(out[0], expect, 1e-5, 0),
-              "got %.8g, expected %.8g (the other module's code?)", out[0], expect);
-    sr_kernel_free(k);
-    sr_ctx_free(c);
+    expect_other_runs_its_own();
     sr_kernel_free(kk);
     sr_ctx_free(keep);
+}
+
+/* The loaded object's own name can be the stale one: the context that first loaded it freed while
+ * later ones that found it by the file's identity keep it loaded. Another kernel's entry opened
+ * under that number is dup'd away from it, and the number it takes instead may be one more stale
+ * name of the same object: the descriptor it leaves under the object's own name (open on the new
+ * entry) must not pass that object for the new entry's code. */
+Test(cache, stale_own_name_loads_its_own_module)
+{
+    store_both();
+    sr_expr *f;
+    /* first loads the object under its descriptor's name; share1 and share2 find it by the file's
+     * identity (two more names); freeing first and share1 leaves share2 holding it, both of
+     * those names stale. */
+    sr_ctx *first, *share1, *share2;
+    sr_kernel *k1, *k2, *k3;
+    cr_assert_eq(new_kernel_in(formula, &first, &f, &k1), SR_OK, "%s", sr_ctx_error(first));
+    cr_assert_eq(new_kernel_in(formula, &share1, &f, &k2), SR_OK, "%s", sr_ctx_error(share1));
+    cr_assert_eq(new_kernel_in(formula, &share2, &f, &k3), SR_OK, "%s", sr_ctx_error(share2));
+    sr_kernel_free(k1);
+    sr_ctx_free(first);
+    sr_kernel_free(k2);
+    sr_ctx_free(share1);
+    expect_other_runs_its_own();
+    sr_kernel_free(k3);
+    sr_ctx_free(share2);
 }
 
 Test(cache, same_context_hits_memory)

@@ -771,9 +771,8 @@ static sr_status attn_pattern(const sr_kernel *k, const struct attn *a, const st
     return SR_OK;
 }
 
-/* The output rows that no block of p covers: the values of sr_kernel_run_ranges and lse -inf. */
-static void fill_gaps(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p, int64_t n,
-                      void *lse)
+void cpu_attn_fill_gaps(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
+                        int64_t n, void *lse)
 {
     int64_t o = 0;
     for (int64_t c = 0; c <= p->nblocks; c++) {
@@ -821,7 +820,7 @@ sr_status cpu_attn_run_lse(const sr_kernel *k, const sr_run_desc *r, const struc
                 st(lse, f64, i, ((double *)ws)[i]);
     }
     if (p)
-        fill_gaps(k, r, p, a.n, lse);
+        cpu_attn_fill_gaps(k, r, p, a.n, lse);
     free(ws);
     pattern_free(&pt);
     return SR_OK;

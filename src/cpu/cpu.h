@@ -361,6 +361,10 @@ sr_status cpu_attn_run_lse(const struct sr_kernel *k, const sr_run_desc *r,
                            const struct sr_rplan *p, void *lse);
 /* Whether k is a kernel that cpu_attn_vjp and cpu_attn_run_lse take. */
 bool cpu_attn_covers(const struct sr_kernel *k);
+/* The output rows of [0, n) that no block of p covers: the values of sr_kernel_run_ranges (the
+ * empty reduction's) and lse -inf. */
+void cpu_attn_fill_gaps(const struct sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
+                        int64_t n, void *lse);
 
 /* ---- sr_kernel_eval_block's generated path (eval-block.c) ---- */
 

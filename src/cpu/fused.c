@@ -1722,16 +1722,24 @@ static sr_status fused_run(const sr_kernel *k, const sr_run_desc *r)
     return fused_run_dense(k, r, NULL);
 }
 
-/* sr_kernel_run_lse on the kernel's own plan: the values that fused_run writes, and the
- * log-normalizer from the online softmax's maximum and sum. Ranges, empty sides and the symmetric
- * driver go to attn-grad.c's forward (cpu_attn_run_lse), which also declines the other kernels. */
+/* sr_kernel_run_lse (_ranges with plan p) on the kernel's own plan: the values that fused_run
+ * (fused_run_ranges and the gaps of sr__run_ranges) writes, and the log-normalizer from the online
+ * softmax's maximum and sum (-inf in the gaps). Empty sides, the symmetric driver and ranges
+ * under a memory budget (whose block lists sr_kernel_vjp_ranges counts against it) go to
+ * attn-grad.c's forward (cpu_attn_run_lse), which also declines the other kernels. */
 static sr_status fused_run_lse(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
                                void *lse)
 {
-    if (p || r->nx == 0 || r->ny == 0 || !cpu_attn_covers(k) ||
-        cpu_fused_symmetric(k, r->nx, r->ny, r->args))
+    if (r->nx == 0 || r->ny == 0 || !cpu_attn_covers(k) || (p && k->ctx->mem_limit > 0) ||
+        (!p && cpu_fused_symmetric(k, r->nx, r->ny, r->args)))
         return cpu_attn_run_lse(k, r, p, lse);
-    return fused_run_dense(k, r, lse);
+    if (!p)
+        return fused_run_dense(k, r, lse);
+    const struct fused_kernel *fk = k->backend_data;
+    sr_status st = p->nblocks > 0 ? run_chunks(k, r, p, fk->ti, NULL, lse) : SR_OK;
+    if (st == SR_OK)
+        cpu_attn_fill_gaps(k, r, p, k->axis == 1 ? r->nx : r->ny, lse);
+    return st;
 }
 
 static sr_status fused_run_ranges(const sr_kernel *k, const sr_run_desc *r,

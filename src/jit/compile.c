@@ -409,12 +409,13 @@ sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size
      * dlclose could not unload, or one that another context's descriptor N found by the file's
      * identity (the loader then adds N to its names) after that descriptor was closed. An
      * object found so is the right one only if its own name still refers to this file;
-     * otherwise the file is loaded under another number (a dup). */
+     * otherwise the file is loaded under another number (a dup above this one). The number
+     * left is closed before the next look: its name may be the found object's own, and while
+     * open on this file it would pass that object for this file's code. */
     enum { TRIES = 8 };
-    int spare[TRIES], nspare = 0;
     char name[64];
     void *h = NULL;
-    for (;;) {
+    for (int tries = 0;; tries++) {
         snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
         void *old = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
         struct link_map *lm = NULL;
@@ -428,14 +429,12 @@ sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size
             break;
         }
         dlclose(old);
-        int nfd = nspare < TRIES ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+        int nfd = tries < TRIES ? fcntl(fd, F_DUPFD_CLOEXEC, fd + 1) : -1;
         if (nfd < 0)
             break;
-        spare[nspare++] = fd;
+        close(fd);
         fd = nfd;
     }
-    for (int i = 0; i < nspare; i++)
-        close(spare[i]);
     if (!h) {
         const char *e = dlerror();
         snprintf(err, errcap, "dlopen %s: %s", name, e ? e : "no free descriptor name");
