@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,6 +191,109 @@ Test(cache, stale_own_name_loads_its_own_module)
     expect_other_runs_its_own();
     sr_kernel_free(k3);
     sr_ctx_free(share2);
+}
+
+/* More numbers left as names of a loaded object than any fixed number of retries: one context
+ * keeps the object loaded while many others find it by the file's identity and go, each
+ * leaving its descriptor's number as a name of it. Another kernel's entry opened under one of
+ * those numbers loads its own code. */
+Test(cache, many_stale_names_load_their_own_module)
+{
+    enum { SHARERS = 40 };
+    store_both();
+    sr_expr *f;
+    sr_ctx *keep, *share[SHARERS];
+    sr_kernel *kk, *ks[SHARERS];
+    cr_assert_eq(new_kernel_in(formula, &keep, &f, &kk), SR_OK, "%s", sr_ctx_error(keep));
+    for (int i = 0; i < SHARERS; i++)
+        cr_assert_eq(new_kernel_in(formula, &share[i], &f, &ks[i]), SR_OK, "%s",
+                     sr_ctx_error(share[i]));
+    for (int i = 0; i < SHARERS; i++) {
+        sr_kernel_free(ks[i]);
+        sr_ctx_free(share[i]);
+    }
+    expect_other_runs_its_own();
+    sr_kernel_free(kk);
+    sr_ctx_free(keep);
+}
+
+/* The process's open descriptors. */
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert_not_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A long-lived process creating and freeing kernels the way a library built on symred does:
+ * contexts come and go while others keep their modules loaded, formulas repeat (memory and disk
+ * hits) among several distinct ones. Every creation succeeds and runs its own code, and a loaded
+ * module holds no descriptor: the count stays flat. */
+Test(cache, thousands_of_loads_keep_descriptors_flat, .timeout = 300)
+{
+    enum { FORMULAS = 12, LIVE = 7, LOADS = 2000 };
+    char text[FORMULAS][64];
+    for (int q = 0; q < FORMULAS; q++)
+        snprintf(text[q], sizeof text[q], "Exp(-SqDist(x, y) * g * %d)", q + 2);
+    sr_ctx *live[LIVE] = {0};
+    sr_kernel *lk[LIVE] = {0};
+    int before = open_fds(), most = before;
+    float x[2] = {0, 0}, y[6] = {0, 0, 1, 0, 0, 2}, g = 0.5f, out[1];
+    const void *args[] = {x, y, &g};
+    unsigned r = 12345;
+    for (int i = 0; i < LOADS; i++) {
+        r = r * 1103515245u + 12345u;
+        int q = (int)(r >> 16) % FORMULAS, s = i % LIVE;
+        if (live[s]) {
+            sr_kernel_free(lk[s]);
+            sr_ctx_free(live[s]);
+        }
+        sr_expr *f;
+        cr_assert_eq(new_kernel_in(text[q], &live[s], &f, &lk[s]), SR_OK, "load %d: %s", i,
+                     sr_ctx_error(live[s]));
+        cr_assert_eq(sr_kernel_run(lk[s], 1, 3, args, out), SR_OK, "%s", sr_ctx_error(live[s]));
+        double expect = 1.0 + exp(-0.5 * (q + 2)) + exp(-2.0 * (q + 2));
+        cr_assert(tu_close(out[0], expect, 1e-5, 0),
+                  "load %d of formula %d: got %.8g, expected %.8g (another module's code?)", i, q,
+                  out[0], expect);
+        int n = open_fds();
+        most = n > most ? n : most;
+    }
+    for (int s = 0; s < LIVE; s++) {
+        sr_kernel_free(lk[s]);
+        sr_ctx_free(live[s]);
+    }
+    cr_assert_eq(count_entries(), FORMULAS);
+    cr_assert_leq(most, before + 2, "%d descriptors open at most, %d before", most, before);
+    cr_assert_eq(open_fds(), before);
+}
+
+/* A context keeps SYMRED_JIT_IDLE_MODULES modules that no kernel uses; the least recently used
+ * beyond that is unloaded, and its kernel created again loads it from the disk cache. */
+Test(cache, idle_modules_beyond_the_limit_unloaded)
+{
+    const char *texts[] = {formula, other_formula, "Exp(-SqDist(x, y) * g * 3)"};
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT_IDLE_MODULES", "1"), SR_OK);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    const char *expect[] = {"module: compiled", "module: compiled", "module: compiled",
+                            "module: memory", "module: disk"};
+    const int order[] = {0, 1, 2, 2, 0};
+    for (int i = 0; i < 5; i++) {
+        sr_expr *f;
+        sr_kernel *k;
+        cr_assert_eq(sr_parse(ctx, texts[order[i]], aliases, 3, &f), SR_OK);
+        cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
+        const char *ex = sr_kernel_explain(k);
+        cr_assert(strstr(ex, expect[i]), "creation %d: expected '%s' in:\n%s", i, expect[i], ex);
+        sr_kernel_free(k);
+    }
+    sr_ctx_free(ctx);
 }
 
 Test(cache, same_context_hits_memory)

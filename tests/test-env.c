@@ -14,9 +14,9 @@
 #include "symred.h"
 #include "util.h"
 
-static const char *const vars[] = {"SYMRED_LOG",      "SYMRED_ACC",      "SYMRED_NUM_THREADS",
-                                   "SYMRED_DEVICE",   "SYMRED_SIMPLIFY", "SYMRED_JIT_KEEP",
-                                   "SYMRED_MEM_LIMIT"};
+static const char *const vars[] = {
+    "SYMRED_LOG",      "SYMRED_ACC",      "SYMRED_NUM_THREADS", "SYMRED_DEVICE",
+    "SYMRED_SIMPLIFY", "SYMRED_JIT_KEEP", "SYMRED_MEM_LIMIT",   "SYMRED_JIT_IDLE_MODULES"};
 
 static void clear_env(void)
 {
@@ -67,6 +67,7 @@ Test(env, zero_threads) { expect_rejected("SYMRED_NUM_THREADS", "0"); }
 Test(env, malformed_device) { expect_rejected("SYMRED_DEVICE", "gpu"); }
 Test(env, malformed_simplify) { expect_rejected("SYMRED_SIMPLIFY", "false"); }
 Test(env, malformed_keep) { expect_rejected("SYMRED_JIT_KEEP", "yes"); }
+Test(env, negative_idle_modules) { expect_rejected("SYMRED_JIT_IDLE_MODULES", "-1"); }
 
 Test(env, valid_values_accepted)
 {

@@ -52,6 +52,7 @@ struct sr_options {
     int acc;              /* SYMRED_ACC: 0 block, 1 kahan, 2 f64 (sr_acc - 1) */
     int jit_keep;         /* SYMRED_JIT_KEEP: 0 or 1 */
     int compile_timeout;  /* SYMRED_COMPILE_TIMEOUT, seconds */
+    int jit_idle_modules; /* SYMRED_JIT_IDLE_MODULES: modules no kernel uses kept loaded */
     int gemm;             /* SYMRED_GEMM (or SYMRED_BLIS): 0 auto, 1 on, 2 off */
     const char *gemm_var; /* the name gemm was read from, for messages and explain */
     int gemm_kernel;      /* SYMRED_GEMM_KERNEL: 0 auto, 1 avx512, 2 blis */

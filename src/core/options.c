@@ -68,6 +68,9 @@ static const struct opt_row opt_rows[] = {
     /* Generous: a cold kernel compiles in well under a second, so only a hung compiler
      * reaches it. */
     INT("SYMRED_COMPILE_TIMEOUT", 1, 86400, 120, opt.compile_timeout),
+    /* The in-memory module cache: enough for a program's working set of formulas, few
+     * enough that a long-lived context does not keep thousands of objects mapped. */
+    INT("SYMRED_JIT_IDLE_MODULES", 0, 1000000, 64, opt.jit_idle_modules),
     STR("SYMRED_CACHE_DIR", OPT_CACHE_DIR, "", opt.cache_dir),
     CHOICE("SYMRED_GEMM", gemm_modes, 0, opt.gemm),
     {"SYMRED_BLIS", OPT_CHOICE, gemm_modes, 3, 0, 0, 0, CTX_OFF(opt.gemm), 0, NULL, true},

@@ -86,9 +86,18 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
         jc->keep_source = ctx->opt.jit_keep;
     if (jc->compile_timeout != ctx->opt.compile_timeout)
         jc->compile_timeout = ctx->opt.compile_timeout;
+    if (jc->idle_max != ctx->opt.jit_idle_modules)
+        jc->idle_max = ctx->opt.jit_idle_modules;
     pthread_mutex_unlock(&jc->lock);
     *out = jc;
     return SR_OK;
+}
+
+static void module_free(struct jit_module *m)
+{
+    if (m->handle)
+        dlclose(m->handle);
+    free(m);
 }
 
 void jit_ctx_free(void *state)
@@ -98,11 +107,7 @@ void jit_ctx_free(void *state)
         return;
     for (struct jit_module *m = jc->modules, *next; m; m = next) {
         next = m->next;
-        if (m->handle)
-            dlclose(m->handle);
-        if (m->fd >= 0)
-            close(m->fd);
-        free(m);
+        module_free(m);
     }
     pthread_mutex_destroy(&jc->lock);
     free(jc);
@@ -371,15 +376,6 @@ out:
 
 /* Whether /proc/self/fd/N names the file open as fd N: where it does not (no /proc), a checked
  * descriptor cannot be loaded, and the disk cache is not used. */
-static bool proc_fd_works(int fd)
-{
-    char name[64];
-    struct stat a, b;
-    snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
-    return fstat(fd, &a) == 0 && stat(name, &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
-}
-
 /* Loads the cache entry name of the directory dfd, checked and loaded through one descriptor:
  * SR_OK, SR_EIO with the reason in err (missing, not a regular file, corrupt, foreign, not
  * loadable: the entry is to be rebuilt), or SR_ENOMEM when the process is out of descriptors
@@ -390,8 +386,8 @@ static sr_status load_entry(sr_ctx *ctx, int dfd, const char *name, const char *
     int fd = entry_open(dfd, name);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
         snprintf(err, errcap,
-                 "%s: each loaded kernel keeps one open descriptor until its context is freed; "
-                 "free contexts or raise the limit (ulimit -n)",
+                 "%s: the process is out of file descriptors; close some or raise the limit "
+                 "(ulimit -n)",
                  strerror(errno));
         return SR_ENOMEM;
     }
@@ -487,7 +483,6 @@ static struct jit_module *new_module(const char *key)
     struct jit_module *m = calloc(1, sizeof *m);
     if (m) {
         snprintf(m->key, sizeof m->key, "%s", key);
-        m->fd = -1;
     }
     return m;
 }
@@ -522,7 +517,7 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
     sr_status st;
     bool refused;
     int dfd = cache_open(ctx, dir, sizeof dir, why, sizeof why, &refused);
-    if (dfd >= 0 && !proc_fd_works(dfd)) {
+    if (dfd >= 0 && !jit_proc_fd_works(dfd)) {
         close(dfd);
         dfd = -1;
         snprintf(why, sizeof why,
@@ -646,15 +641,38 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
     return st;
 }
 
+/* Unloads the idle modules (no kernel uses them) beyond the idle_max most recently released:
+ * the in-memory cache stays bounded however many kernels a long-lived context creates; a kernel
+ * created again loads its module from the disk cache. */
+static void trim_idle(struct jit_ctx *jc)
+{
+    for (;;) {
+        int idle = 0;
+        struct jit_module **oldest = NULL;
+        for (struct jit_module **p = &jc->modules; *p; p = &(*p)->next)
+            if ((*p)->refs == 0) {
+                idle++;
+                if (!oldest || (*p)->idle_since < (*oldest)->idle_since)
+                    oldest = p;
+            }
+        if (idle <= jc->idle_max)
+            return;
+        struct jit_module *m = *oldest;
+        *oldest = m->next;
+        module_free(m);
+    }
+}
+
 void jit_module_release(sr_ctx *ctx, struct jit_module *m)
 {
     struct jit_ctx *jc = jit_ctx_of(ctx);
     if (!m || !jc)
         return;
-    /* Modules stay loaded until the context goes: that is the in-memory cache. */
     pthread_mutex_lock(&jc->lock);
-    if (m->refs > 0)
-        m->refs--;
+    if (m->refs > 0 && --m->refs == 0) {
+        m->idle_since = ++jc->clock;
+        trim_idle(jc);
+    }
     pthread_mutex_unlock(&jc->lock);
 }
 

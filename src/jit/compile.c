@@ -8,12 +8,12 @@
 #include "jit.h"
 
 #include <dlfcn.h>
-#include <link.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,9 +381,66 @@ static sr_status adopt(void *h, const char *what, struct jit_module *m, char *er
     return SR_OK;
 }
 
-sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap)
+/* Whether /proc/self/fd/N names the file open as fd (/proc may be missing in a container). */
+bool jit_proc_fd_works(int fd)
+{
+    char name[64];
+    struct stat a, b;
+    snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
+    return fstat(fd, &a) == 0 && stat(name, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+/* A name for one load of the file open as fd that no load before it used in this process.
+ *
+ * The dynamic loader looks an object up by every name it was ever opened under before it looks
+ * at the file, and keeps those names while the object stays loaded (another context may hold
+ * it, or it may have found the file by its identity under a second name). A name reused for
+ * another file, as /proc/self/fd/N is once N is closed and reopened, would find the wrong
+ * object. So each load spells /proc/self/fd/N with its serial number in the path's redundant
+ * separators, "./" for a 1 bit and "/" for a 0 bit after the leading "/": the kernel resolves
+ * every spelling to descriptor N, and no two loads share one. The serial is process-wide
+ * because the loader's names are. The loader still finds an object already loaded from the
+ * same file by its identity (device and inode, which cannot be reused while it is mapped), and
+ * that is the right object. */
+static void load_name(char *name, size_t cap, int fd)
+{
+    static _Atomic uint64_t serial;
+    uint64_t s = atomic_fetch_add(&serial, 1) + 1;
+    size_t n = 0;
+    name[n++] = '/';
+    for (int b = 63 - __builtin_clzll(s); b >= 0; b--) {
+        if (s >> b & 1)
+            name[n++] = '.';
+        name[n++] = '/';
+    }
+    snprintf(name + n, cap - n, "proc/self/fd/%d", fd);
+}
+
+sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size_t errcap)
 {
     (void)ctx;
+    char name[64 + 2 * 64];
+    load_name(name, sizeof name, fd);
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    close(fd); /* the mapping holds the file */
+    char what[64];
+    snprintf(what, sizeof what, "/proc/self/fd/%d", fd);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, errcap, "dlopen %s: %s", what, e ? e : "failed");
+        return SR_EIO;
+    }
+    return adopt(h, what, m, err, errcap);
+}
+
+sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && jit_proc_fd_works(fd))
+        return jit_load_fd(ctx, fd, m, err, errcap);
+    if (fd >= 0)
+        close(fd);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
@@ -391,61 +448,4 @@ sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *er
         return SR_EIO;
     }
     return adopt(h, path, m, err, errcap);
-}
-
-/* Whether path (a name a loaded object was opened under) refers to the file open as fd. */
-static bool same_file(int fd, const char *path)
-{
-    struct stat a, b;
-    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
-}
-
-sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size_t errcap)
-{
-    (void)ctx;
-    /* The dynamic loader finds an already loaded object by any name it was ever opened under
-     * before it looks at the file, so /proc/self/fd/N may name another loaded object: one that
-     * dlclose could not unload, or one that another context's descriptor N found by the file's
-     * identity (the loader then adds N to its names) after that descriptor was closed. An
-     * object found so is the right one only if its own name still refers to this file;
-     * otherwise the file is loaded under another number (a dup above this one). The number
-     * left is closed before the next look: its name may be the found object's own, and while
-     * open on this file it would pass that object for this file's code. */
-    enum { TRIES = 8 };
-    char name[64];
-    void *h = NULL;
-    for (int tries = 0;; tries++) {
-        snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
-        void *old = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-        struct link_map *lm = NULL;
-        if (!old) {
-            h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-            break;
-        }
-        if (dlinfo(old, RTLD_DI_LINKMAP, &lm) == 0 && lm && strcmp(lm->l_name, name) != 0 &&
-            same_file(fd, lm->l_name)) {
-            h = old;
-            break;
-        }
-        dlclose(old);
-        int nfd = tries < TRIES ? fcntl(fd, F_DUPFD_CLOEXEC, fd + 1) : -1;
-        if (nfd < 0)
-            break;
-        close(fd);
-        fd = nfd;
-    }
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(err, errcap, "dlopen %s: %s", name, e ? e : "no free descriptor name");
-        close(fd);
-        return SR_EIO;
-    }
-    sr_status st = adopt(h, name, m, err, errcap);
-    if (st != SR_OK) {
-        close(fd);
-        return st;
-    }
-    m->fd = fd;
-    return SR_OK;
 }

@@ -173,7 +173,6 @@ struct jit_module {
     struct jit_module *next;
     char key[JIT_KEY_BYTES + 1];
     void *handle;
-    int fd; /* the descriptor it was loaded through (kept open while loaded), or -1 */
     jit_part_fn part;
     jit_part_iv_fn part_iv;
     jit_merge_fn merge;
@@ -183,7 +182,8 @@ struct jit_module {
     int64_t state_bytes;
     int64_t workspace_bytes; /* per thread: the tile and a block of row states */
     int64_t rows_per_block;
-    int refs;
+    int refs;            /* kernels using it; at 0 it is idle, kept while recently used */
+    uint64_t idle_since; /* the context's jit clock when it last became idle */
 };
 
 /* Per-context JIT state (jit_ctx_of): the context's compiler options as the last kernel saw
@@ -195,9 +195,11 @@ struct jit_ctx {
     int acc;              /* SYMRED_ACC */
     int keep_source;      /* SYMRED_JIT_KEEP=1: keep the generated source next to the cache */
     int compile_timeout;  /* SYMRED_COMPILE_TIMEOUT, seconds a compiler run may take */
+    int idle_max;         /* SYMRED_JIT_IDLE_MODULES: idle modules kept loaded */
     bool no_compiler;     /* the compiler could not be started: use the reference (lock) */
     bool logged_fallback; /* said so once */
     struct jit_module *modules;
+    uint64_t clock; /* counts modules becoming idle: the least recently used goes first */
     unsigned long mem_hits, disk_hits, compiles;
     pthread_mutex_t lock;
 };
@@ -264,11 +266,15 @@ sr_status jit_cache_dir(const sr_ctx *ctx, char *dir, size_t cap, char *why, siz
 char *jit_cache_read(const char *path, const char *key, size_t *size);
 sr_status jit_cache_seal(const char *path, const char *key);
 
-/* Loads the module from a shared object path and resolves its symbols. */
+/* Loads the module from the shared object at path and resolves its symbols (through a
+ * descriptor, as jit_load_fd, where /proc/self/fd works). */
 sr_status jit_load(sr_ctx *ctx, const char *path, struct jit_module *m, char *err, size_t errcap);
-/* Loads the shared object open as fd, checked by the caller through that descriptor, by the
- * name /proc/self/fd/N, so that the file loaded is the file checked. Takes fd: it stays open in
- * m->fd while the module is loaded (jit_ctx_free closes it), and is closed on failure. */
+/* Loads the shared object open as fd, checked by the caller through that descriptor, through
+ * /proc/self/fd/N under a name no other load of the process used, so that the file loaded is
+ * the file checked and never an object an earlier load left under that number. Takes fd and
+ * closes it (the mapping keeps the file). */
 sr_status jit_load_fd(sr_ctx *ctx, int fd, struct jit_module *m, char *err, size_t errcap);
+/* Whether /proc/self/fd/N names the file open as fd. */
+bool jit_proc_fd_works(int fd);
 
 #endif /* SYMRED_JIT_H */
