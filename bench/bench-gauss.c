@@ -1,6 +1,8 @@
 /*
- * bench-gauss.c — symred's CPU JIT against hand-written OpenMP + simd loops (handloop.c, compiled
- * with the JIT's flags) on the low-dimensional direct path, D = 3, N = M:
+ * bench-gauss.c — symred's CPU JIT against hand-written OpenMP + simd loops on the low-dimensional
+ * direct path, D = 3, N = M: those of handloop.c (compiled with the JIT's flags) and the faster
+ * ones of handloop-fast.c (structure-of-arrays y, -ffast-math, libmvec: the strongest a user
+ * would write):
  *   - the Gaussian kernel mat-vec out_i = sum_j exp(-g |x_i - y_j|^2) b_j, float32 and float64;
  *   - LogSumExp_j of -g |x_i - y_j|^2 (float32);
  *   - ArgKMin_j of |x_i - y_j|^2, K = 10 (float32).
@@ -9,8 +11,9 @@
  *
  * Prints, in one run: for each job G pairs/s of symred and of its hand loop (best times) and the
  * median over the rounds of the ratio hand time / symred time (each round runs every symred
- * kernel and every hand loop once, alternating, so a change of load hits both), with the largest
- * relative difference of the results (the index sets for ArgKMin); the cold first-call latency
+ * kernel and every hand loop once, alternating, so a change of load hits both), the same for the
+ * fast-math loop, with the largest relative difference of the results (the index sets for
+ * ArgKMin); the cold first-call latency
  * of the float32 mat-vec (sr_kernel_new with an empty SYMRED_CACHE_DIR: emit + compile + load,
  * then the first run); and the warm kernel creation time (a new context, the same kernel, from
  * the disk cache). Then the cold sr_kernel_new of each float32 job (mat-vec, LogSumExp, ArgKMin)
@@ -42,6 +45,12 @@ void bench_hand_gauss_f64(int64_t n, int64_t m, const double *x, const double *y
                           double g, double *out);
 void bench_hand_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out);
 void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out);
+void bench_fast_gauss(int64_t n, int64_t m, const float *x, const float *y, const float *b, float g,
+                      float *out);
+void bench_fast_gauss_f64(int64_t n, int64_t m, const double *x, const double *y, const double *b,
+                          double g, double *out);
+void bench_fast_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out);
+void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out);
 
 enum { NJOB = 4, KNN = 10 };
 static const char *const job_names[NJOB] = {"gauss-f32", "gauss-f64", "lse-f32", "argkmin-f32"};
@@ -235,9 +244,9 @@ int main(int argc, char **argv)
                            make_job(ctx2, "-SqDist(x,y)*g", 4, SR_LOGSUMEXP, SR_F32, 1),
                            make_job(ctx2, "SqDist(x,y)", 2, SR_ARGKMIN, SR_F32, KNN)};
     const void *args_d[] = {xd, yd, bd, &gd}, *args_l[] = {x, y, NULL, &g};
-    double best_sr[NJOB], best_hand[NJOB], ratio[NJOB][64];
+    double best_sr[NJOB], best_hand[NJOB], best_fast[NJOB], ratio[NJOB][64], ratio_f[NJOB][64];
     for (int q = 0; q < NJOB; q++)
-        best_sr[q] = best_hand[q] = 1e30;
+        best_sr[q] = best_hand[q] = best_fast[q] = 1e30;
     if (reps > 64)
         reps = 64;
     bench_hand_gauss(n, n, x, y, b, g, o2); /* warm up the OpenMP threads */
@@ -263,41 +272,65 @@ int main(int argc, char **argv)
             else
                 bench_hand_argkmin(n, n, x, y, KNN, i2);
             double th = bench_now() - t0;
+            t0 = bench_now();
+            if (q == 0)
+                bench_fast_gauss(n, n, x, y, b, g, o2);
+            else if (q == 1)
+                bench_fast_gauss_f64(n, n, xd, yd, bd, gd, od2);
+            else if (q == 2)
+                bench_fast_lse(n, n, x, y, g, o2);
+            else
+                bench_fast_argkmin(n, n, x, y, KNN, i2);
+            double tf = bench_now() - t0;
             best_sr[q] = ts < best_sr[q] ? ts : best_sr[q];
             best_hand[q] = th < best_hand[q] ? th : best_hand[q];
+            best_fast[q] = tf < best_fast[q] ? tf : best_fast[q];
             ratio[q][r] = th / ts;
+            ratio_f[q][r] = tf / ts;
         }
-    /* The results of the last round: float32 jobs in o1/o2, float64 in od1/od2, indices. */
-    double maxrel[NJOB] = {0};
-    sr_kernel_run(kj[0], n, n, args, o1);
-    bench_hand_gauss(n, n, x, y, b, g, o2);
-    for (int64_t i = 0; i < n; i++) {
-        double d0 = fabs((double)o1[i] - o2[i]) / (fabs((double)o2[i]) + 1e-3);
-        double d1 = fabs(od1[i] - od2[i]) / (fabs(od2[i]) + 1e-3);
-        maxrel[0] = d0 > maxrel[0] ? d0 : maxrel[0];
-        maxrel[1] = d1 > maxrel[1] ? d1 : maxrel[1];
+    /* The largest relative difference of symred's results from each loop's (the share of
+     * differing indices for ArgKMin), from one more run of each. */
+    double maxrel[NJOB] = {0}, maxrel_f[NJOB] = {0};
+    for (int w = 0; w < 2; w++) {
+        double *mr = w ? maxrel_f : maxrel;
+        sr_kernel_run(kj[0], n, n, args, o1);
+        sr_kernel_run(kj[1], n, n, args_d, od1);
+        (w ? bench_fast_gauss : bench_hand_gauss)(n, n, x, y, b, g, o2);
+        (w ? bench_fast_gauss_f64 : bench_hand_gauss_f64)(n, n, xd, yd, bd, gd, od2);
+        for (int64_t i = 0; i < n; i++) {
+            double d0 = fabs((double)o1[i] - o2[i]) / (fabs((double)o2[i]) + 1e-3);
+            double d1 = fabs(od1[i] - od2[i]) / (fabs(od2[i]) + 1e-3);
+            mr[0] = d0 > mr[0] ? d0 : mr[0];
+            mr[1] = d1 > mr[1] ? d1 : mr[1];
+        }
+        sr_kernel_run(kj[2], n, n, args_l, o1);
+        (w ? bench_fast_lse : bench_hand_lse)(n, n, x, y, g, o2);
+        for (int64_t i = 0; i < n; i++) {
+            double d = fabs((double)o1[i] - o2[i]) / (fabs((double)o2[i]) + 1e-3);
+            mr[2] = d > mr[2] ? d : mr[2];
+        }
+        sr_kernel_run(kj[3], n, n, args_l, i1);
+        (w ? bench_fast_argkmin : bench_hand_argkmin)(n, n, x, y, KNN, i2);
+        int64_t idx_diff = 0;
+        for (int64_t i = 0; i < KNN * n; i++)
+            idx_diff += i1[i] != i2[i];
+        mr[3] = (double)idx_diff / (double)(KNN * n);
     }
-    sr_kernel_run(kj[2], n, n, args_l, o1);
-    bench_hand_lse(n, n, x, y, g, o2);
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)o1[i] - o2[i]) / (fabs((double)o2[i]) + 1e-3);
-        maxrel[2] = d > maxrel[2] ? d : maxrel[2];
-    }
-    int64_t idx_diff = 0;
-    for (int64_t i = 0; i < KNN * n; i++)
-        idx_diff += i1[i] != i2[i];
-    maxrel[3] = (double)idx_diff / (double)(KNN * n);
-    double pairs = (double)n * (double)n, med[NJOB];
+    double pairs = (double)n * (double)n, med[NJOB], med_f[NJOB];
     printf("low-dimensional direct path, D=3, N=M=%lld, %d alternating rounds\n", (long long)n,
            reps);
     for (int q = 0; q < NJOB; q++) {
         qsort(ratio[q], (size_t)reps, sizeof(double), cmp_double);
+        qsort(ratio_f[q], (size_t)reps, sizeof(double), cmp_double);
         med[q] = ratio[q][reps / 2];
-        printf("%-12s symred %.3f G pairs/s, hand loop %.3f G pairs/s (best); ratio hand/symred "
-               "median %.3f (min %.3f, max %.3f); %s %.2e\n",
-               job_names[q], pairs / best_sr[q] * 1e-9, pairs / best_hand[q] * 1e-9, med[q],
-               ratio[q][0], ratio[q][reps - 1], q == 3 ? "indices differing" : "max rel. diff.",
-               maxrel[q]);
+        med_f[q] = ratio_f[q][reps / 2];
+        printf("%-12s symred %.3f G pairs/s, hand loop %.3f, fast-math SoA loop %.3f (best); "
+               "symred's speed over the hand loop's median %.3f (min %.3f, max %.3f), over the "
+               "fast-math loop's %.3f (min %.3f, max %.3f); %s %.2e / %.2e\n",
+               job_names[q], pairs / best_sr[q] * 1e-9, pairs / best_hand[q] * 1e-9,
+               pairs / best_fast[q] * 1e-9, med[q], ratio[q][0], ratio[q][reps - 1], med_f[q],
+               ratio_f[q][0], ratio_f[q][reps - 1], q == 3 ? "indices differing" : "max rel. diff.",
+               maxrel[q], maxrel_f[q]);
     }
     printf("cold first call: sr_kernel_new %.1f ms (emit + compile + load) + first run %.1f ms\n",
            t_cold_new * 1e3, t_first_run * 1e3);
@@ -316,10 +349,11 @@ int main(int argc, char **argv)
         "\"symred_over_hand\": %.3f, \"f64_over_hand\": %.3f, \"lse_over_hand\": %.3f, "
         "\"argkmin_over_hand\": %.3f, \"cold_ms\": %.1f, \"warm_ms\": %.2f, "
         "\"cold_median_ms\": %.1f, \"cold_lse_ms\": %.1f, \"cold_argkmin_ms\": %.1f, "
-        "\"empty_compile_ms\": %.1f",
+        "\"empty_compile_ms\": %.1f, \"fast_gpairs\": %.3f, \"symred_over_fast\": %.3f, "
+        "\"f64_over_fast\": %.3f, \"lse_over_fast\": %.3f, \"argkmin_over_fast\": %.3f",
         (long long)n, reps, pairs / best_sr[0] * 1e-9, pairs / best_hand[0] * 1e-9, med[0], med[1],
         med[2], med[3], t_cold_new * 1e3, t_warm_new * 1e3, cold_ms[0], cold_ms[1], cold_ms[2],
-        empty_ms);
+        empty_ms, pairs / best_fast[0] * 1e-9, med_f[0], med_f[1], med_f[2], med_f[3]);
     bench_record_close(&rec);
     sr_kernel_free(k);
     for (int q = 0; q < NJOB; q++)

@@ -23,14 +23,17 @@ OUT = os.path.join(ROOT, "docs", "benchmarks.md")
 
 # What each benchmark measures, and against which baseline in the same run.
 ABOUT = {
-    "bench-gauss": "The low-dimensional direct path, D = 3, N = M: the CPU JIT against "
-                   "hand-written OpenMP + `omp simd` loops of the same jobs compiled with the JIT's "
-                   "flags in the same process (bench/handloop.c): the Gaussian mat-vec "
-                   "`Exp(-SqDist(x,y)*g)*b` in float32 (symred_over_hand) and float64, LogSumExp "
-                   "of `-SqDist(x,y)*g` and ArgKMin (K = 10) of `SqDist(x,y)` in float32; ratios "
-                   "are hand time / symred time, median of alternating rounds (older rows: best "
-                   "times, float32 mat-vec only); cold first call (empty cache) and warm creation "
-                   "(disk cache).",
+    "bench-gauss": "The low-dimensional direct path, D = 3, N = M: the CPU JIT against two "
+                   "hand-written OpenMP + `omp simd` loops of the same jobs in the same process: "
+                   "bench/handloop.c compiled with the JIT's flags (`*_over_hand`) and the "
+                   "stronger bench/handloop-fast.c (y copied to structure-of-arrays columns "
+                   "in each call, `-ffast-math`, glibc's vector exponentials; `*_over_fast`, "
+                   "the yardstick): the Gaussian mat-vec `Exp(-SqDist(x,y)*g)*b` in float32 "
+                   "(symred_over_*) and float64 (f64_over_*), LogSumExp of `-SqDist(x,y)*g` and "
+                   "ArgKMin (K = 10) of `SqDist(x,y)` in float32; ratios are loop time / symred "
+                   "time (above 1: symred faster), median of alternating rounds (older rows: no "
+                   "fast-math loop; the oldest, best times, float32 mat-vec only); cold first "
+                   "call (empty cache) and warm creation (disk cache).",
     "bench-budget": "A float64 Gaussian mat-vec at a size whose kernel matrix could never be held, "
                     "under a memory budget (`sr_ctx_set_mem_limit`): time, kernel workspace and "
                     "peak resident set size, rows checked against a double loop.",
