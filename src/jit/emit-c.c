@@ -87,12 +87,19 @@ static void io_prelude(struct emitter *E)
  * reduction a = k ln2 + r, |r| <= ln2/2 (Cody-Waite: k ln2_hi is exact), a polynomial
  * 1 + r + r^2 q(r) fitted near-minimax to exp on that interval (degree 6 in float32, 11 in
  * float64), and 2^k added to the exponent bits. The integer k is read from the low bits of
- * t = a log2(e) + 1.5 2^p, whose shift by the mantissa width adds k to the exponent. Arguments are
- * clamped first, so the polynomial is never out of range: below -87.5 (-708.5) the result
- * underflows, and the underflow clamp makes every result below 1.7e-38 (3.4e-308) 0 (the exact
- * value there is subnormal: docs/semantics.md, "Exp's underflow"); above the largest argument
- * with a finite result the result is +inf, and a NaN stays NaN (a + inf). Error bound:
- * docs/semantics.md ("Exp"), checked over every float32 input by tests/test-exp.c. */
+ * t = a log2(e) + 1.5 2^p, whose shift by the mantissa width adds k to the exponent.
+ *
+ * The special cases are decided on the argument, once each, after the arithmetic: no clamp
+ * before it, so each costs a compare and a masked move in the vectorised loop. Below A0 the
+ * result is 0: A0 is the smallest argument whose exact exponential is at least the underflow
+ * threshold 1.7e-38 (3.4e-308) times 1 + 2^-22 (1 + 2^-42), so every result flushed is below
+ * the threshold but for a relative 2^-22, and every result kept is above it by more than the
+ * polynomial's error (docs/semantics.md, "Exp's underflow"; the exact value there is subnormal,
+ * and the exponent arithmetic is only valid for normal results). Every argument kept gives a
+ * normal 2^k. Above the largest argument with a finite result, and for a NaN, the result is
+ * a + inf: +inf, or the NaN. Whatever the arithmetic gives for the arguments so replaced (it
+ * overflows the exponent bits for a large |a|) is never seen. Error bound: docs/semantics.md
+ * ("Exp"), checked over every float32 input by tests/test-exp.c. */
 static void emit_exp(struct emitter *E)
 {
     P("#if defined(__FMA__) || defined(__aarch64__)\n#define SR_FMA(a, b, c) __builtin_fma%s(a, "
@@ -100,11 +107,8 @@ static void emit_exp(struct emitter *E)
       E->fs);
     if (E->f32)
         P("static inline float sr_exp(float a)\n{\n"
-          "    const float hi = 0x1.62e42ep+6f;\n"
-          "    const float xl = a < -87.5f ? -87.5f : a;\n"
-          "    const float x = xl > hi ? hi : xl;\n"
-          "    const float t = SR_FMA(x, 0x1.715476p+0f, 0x1.8p23f), k = t - 0x1.8p23f;\n"
-          "    const float r = SR_FMA(-k, 0x1.7f7d1cp-20f, SR_FMA(-k, 0x1.62e4p-1f, x));\n"
+          "    const float t = SR_FMA(a, 0x1.715476p+0f, 0x1.8p23f), k = t - 0x1.8p23f;\n"
+          "    const float r = SR_FMA(-k, 0x1.7f7d1cp-20f, SR_FMA(-k, 0x1.62e4p-1f, a));\n"
           "    float q = 0x1.6d10fcp-10f;\n"
           "    q = SR_FMA(q, r, 0x1.120b62p-7f);\n"
           "    q = SR_FMA(q, r, 0x1.55551ap-5f);\n"
@@ -114,17 +118,13 @@ static void emit_exp(struct emitter *E)
           "    uint32_t u, v;\n    memcpy(&u, &p, 4);\n    memcpy(&v, &t, 4);\n"
           "    u += v << 23;\n"
           "    float e;\n    memcpy(&e, &u, 4);\n"
-          "    e = e < 1.7e-38f ? 0.0f : e;\n"
-          "    e = a > hi ? __builtin_inff() : e;\n"
-          "    return a != a ? a : e;\n}\n\n");
+          "    e = a < -0x1.5bded2p+6f ? 0.0f : e;\n"
+          "    return a <= 0x1.62e42ep+6f ? e : a + __builtin_inff();\n}\n\n");
     else
         P("static inline double sr_exp(double a)\n{\n"
-          "    const double hi = 0x1.62e42fefa39efp+9;\n"
-          "    const double xl = a < -708.5 ? -708.5 : a;\n"
-          "    const double x = xl > hi ? hi : xl;\n"
-          "    const double t = SR_FMA(x, 0x1.71547652b82fep+0, 0x1.8p52), k = t - 0x1.8p52;\n"
+          "    const double t = SR_FMA(a, 0x1.71547652b82fep+0, 0x1.8p52), k = t - 0x1.8p52;\n"
           "    const double r = SR_FMA(-k, 0x1.a39ef35793c76p-33, SR_FMA(-k, 0x1.62e42feep-1, "
-          "x));\n"
+          "a));\n"
           "    double q = 0x1.af389ecfc4b9cp-26;\n"
           "    q = SR_FMA(q, r, 0x1.28917c89a43a7p-22);\n"
           "    q = SR_FMA(q, r, 0x1.71de0db2f6b19p-19);\n"
@@ -139,9 +139,8 @@ static void emit_exp(struct emitter *E)
           "    uint64_t u, v;\n    memcpy(&u, &p, 8);\n    memcpy(&v, &t, 8);\n"
           "    u += v << 52;\n"
           "    double e;\n    memcpy(&e, &u, 8);\n"
-          "    e = e < 3.4e-308 ? 0.0 : e;\n"
-          "    e = a > hi ? __builtin_inf() : e;\n"
-          "    return a != a ? a : e;\n}\n\n");
+          "    e = a < -0x1.61fc78b1026a3p+9 ? 0.0 : e;\n"
+          "    return a <= 0x1.62e42fefa39efp+9 ? e : a + __builtin_inf();\n}\n\n");
 }
 
 static void prelude(struct emitter *E, const char *A)
