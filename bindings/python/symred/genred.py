@@ -711,6 +711,11 @@ class Genred:
     def _contiguous(a, dt):
         return np.ascontiguousarray(a, dtype=dt)
 
+    @staticmethod
+    def _cast(a, dt):
+        """A parameter's array converted to the formula's dtype."""
+        return a.astype(dt)
+
     def _prepare(self, args):
         """Checked, contiguous arrays in one dtype, and nx, ny."""
         if len(args) != self.nargs:
@@ -721,8 +726,11 @@ class Genred:
             raise ValueError(
                 f"this Genred takes {self.nargs} arrays ({names}), {len(args)} were given"
             )
-        # The dtype: the one given to Genred, else the one common to the arrays.
-        dtypes = {}
+        # The dtype: the one given to Genred, else the one common to the variables' arrays
+        # (i and j). Parameters follow it and are converted, as in pykeops, so a float64
+        # scale beside float32 data is a float32 scale; they decide only when there is no
+        # variable.
+        dtypes, param_dtypes = {}, {}
         for i, a in enumerate(args):
             if self._is_array(a):
                 dt = self._array_dtype(a)
@@ -730,7 +738,11 @@ class Genred:
                     what = self._args[i].describe() if i in self._args else f"argument {i}"
                     raise TypeError(f"{what}: dtype {self._dtype_name(a.dtype)} is not "
                                     f"supported; use {_DTYPE_NAMES}")
-                dtypes[i] = dt
+                spec = self._args.get(i)
+                (param_dtypes if spec is not None and spec.cat == SR_CAT_PARAM
+                 else dtypes)[i] = dt
+        if not dtypes and self.dtype is None:
+            dtypes = dict(list(param_dtypes.items())[:1])
         if len(set(dtypes.values())) > 1:
             desc = ", ".join(f"argument {i} is {self._dtype_name(dt)}"
                              for i, dt in dtypes.items())
@@ -774,6 +786,8 @@ class Genred:
                     raise ValueError(f"{spec.describe()} must have shape {spec.expected_shape()}, "
                                      f"got {a.shape}{hint}")
                 rows[spec.cat][i] = a.shape[0]
+            if spec.cat == SR_CAT_PARAM and self._array_dtype(a) != dt:
+                a = self._cast(a, dt)
             arrays[i] = self._contiguous(a, dt)
         sizes = []
         for cat, label in ((SR_CAT_I, "nx"), (SR_CAT_J, "ny")):
@@ -914,6 +928,10 @@ class Genred:
             raise ValueError(f"{self.reduction_op}: K = {self.opt_arg} exceeds the {N} reduced "
                              f"rows of each batch")
         flat, promoted = [], []
+        data_dt = {self._array_dtype(a) for i, a in enumerate(args) if self._is_array(a)
+                   and i in self._args and self._args[i].cat != SR_CAT_PARAM}
+        data_dt = self._array_dtype_of_option(self.dtype) if self.dtype is not None else (
+            next(iter(data_dt)) if len(data_dt) == 1 else None)
         for i, a in enumerate(args):
             spec = self._args.get(i)
             if spec is None or not self._is_array(a):
@@ -922,6 +940,9 @@ class Genred:
                 if a.ndim <= 1:
                     flat.append(a)
                     continue
+                adt = self._array_dtype(a)
+                if data_dt is not None and adt is not None and adt != data_dt:
+                    a = self._cast(a, data_dt)  # a parameter follows the variables' dtype
                 a = self._expand(a[..., None, :], full + (M, a.shape[-1]))
                 flat.append(a.reshape(B * M, a.shape[-1]))
                 promoted.append(i)

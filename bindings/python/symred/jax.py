@@ -505,6 +505,10 @@ class Genred(_genred.Genred):
         return a  # XLA's buffers are dense, and the dtype was checked
 
     @staticmethod
+    def _cast(a, dt):
+        return a.astype(dt)
+
+    @staticmethod
     def _expand(a, shape):
         return jnp.broadcast_to(a, shape)
 

@@ -69,6 +69,11 @@ class _Leaf:
         self.data, self.cat, self.dim = data, cat, dim
 
 
+def _params_only(lt):
+    """Whether a LazyTensor's data are parameters only (no i or j variable)."""
+    return all(leaf.cat == _P for leaf in lt.leaves.values())
+
+
 def _is_int(x):
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
@@ -328,6 +333,13 @@ class LazyTensor:
                 if a is None:
                     setattr(res, attr, b)
             if res.dtype is not None and o.dtype is not None and res.dtype != o.dtype:
+                # Parameters follow the variables' dtype (converted when the reduction runs,
+                # as Genred converts them); only variables of two dtypes are an error.
+                if _params_only(o):
+                    o = o._with_dtype(res.dtype)
+                elif _params_only(res):
+                    res.dtype = o.dtype
+            if res.dtype is not None and o.dtype is not None and res.dtype != o.dtype:
                 raise TypeError(f"mixed dtypes: {self._dtype_name(res.dtype)} and "
                                 f"{self._dtype_name(o.dtype)}; convert the arrays to one of "
                                 f"{_DTYPE_NAMES}")
@@ -336,6 +348,12 @@ class LazyTensor:
             if res.ranges is None:
                 res.ranges = o.ranges
             res.leaves.update(o.leaves)
+        return res
+
+    def _with_dtype(self, dt):
+        res = type(self)()
+        res._copy_from(self)
+        res.dtype = dt
         return res
 
     def _unary(self, name, dimres=None, *attrs):

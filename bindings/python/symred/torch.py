@@ -39,6 +39,7 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 
 import numpy as np
 
+from . import _generic
 from . import _lib
 from . import _torch_cluster as cluster
 from . import genred as _genred
@@ -47,7 +48,8 @@ from . import solve as _solve
 from ._lib import (SR_BF16, SR_CAT_PARAM, SR_F16, SR_F32, SR_F64, KernelDesc, RunDesc, SolveDesc,
                    check, lib)
 
-__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster",
+           "generic_sum", "generic_logsumexp", "generic_argmin", "generic_argkmin"]
 
 # ``from symred.torch.cluster import ...`` (pykeops' path): this module is not a package.
 # pykeops keeps KernelSolve in ``pykeops.torch.operations``: here, this module.
@@ -636,6 +638,10 @@ class Genred(_genred.Genred):
         return a.contiguous()  # the same tensor, no copy, when it already is contiguous
 
     @staticmethod
+    def _cast(a, dt):
+        return a.to(dt)  # differentiable: the gradient comes back in the parameter's dtype
+
+    @staticmethod
     def _expand(a, shape):
         return a.expand(*shape)
 
@@ -948,3 +954,5 @@ def Pm(x):
     """A parameter: a ``(d,)`` or 0-D tensor, a list of numbers, or a number."""
     return _lazy._pm(LazyTensor, x)
 
+
+generic_sum, generic_logsumexp, generic_argmin, generic_argkmin = _generic.bind(Genred)
