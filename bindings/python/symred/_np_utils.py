@@ -7,7 +7,7 @@
 import numpy as np
 
 __all__ = ["squared_distances", "differences", "np_kernel", "log_np_kernel", "grad_np_kernel",
-           "np_kernel_sphere", "log_sum_exp"]
+           "np_kernel_sphere", "chain_rules", "log_sum_exp", "WarmUpGpu"]
 
 
 def squared_distances(x, y):
@@ -76,3 +76,30 @@ def log_sum_exp(mat, axis=0):
     """log(sum(exp(mat), axis)), with the maximum factored out."""
     m = np.max(mat, axis=axis)
     return m + np.log(np.sum(np.exp(mat - np.expand_dims(m, axis)), axis=axis))
+
+
+def chain_rules(q, ax, by, Aa, p):
+    """The gradient with respect to x of sum_ij q_i . K_ij p_j for a radial kernel, given
+    ``Aa`` (n, m), the kernel's derivative with respect to |x_i - y_j|^2: component k is
+    sum_j q_i . (2 (x_i[k] - y_j[k]) Aa_ij p_j). Returns float32 (n, d), as pykeops."""
+    res = np.zeros(ax.shape, dtype=np.float32)
+    for k in range(ax.shape[1]):
+        diff = ax[:, k][:, None] - by[:, k][None, :]
+        res[:, k] = np.sum(q * ((2 * diff * Aa) @ p), axis=1)
+    return res
+
+
+def WarmUpGpu():
+    """Runs a tiny reduction on the GPU, so that later timings leave out its start-up; does
+    nothing without a GPU (:data:`symred.config.gpu_available`)."""
+    from .config import gpu_available
+
+    if not gpu_available:
+        return
+    from .genred import Genred
+
+    g = Genred("Exp(-oos2 * SqDist(x, y)) * b", ["x = Vi(1)", "y = Vj(1)", "b = Vj(1)",
+                                                   "oos2 = Pm(1)"], reduction_op="Sum", axis=1)
+    dum = np.random.rand(10, 1)
+    for _ in range(2):
+        g(dum, dum, np.random.rand(10, 1), np.array([1.0]), backend="GPU")

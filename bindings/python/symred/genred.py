@@ -383,8 +383,9 @@ class Genred:
         dtype_acc, use_double_acc, sum_scheme: pykeops' accuracy options for float32 sums,
             mapped to the kernel's accumulation mode (``sr_kernel_desc.acc``):
             ``use_double_acc=True`` or ``dtype_acc="float64"`` accumulate in double;
-            ``sum_scheme="kahan_scheme"`` compensates; ``"block_sum"`` and ``"direct_sum"``
-            use block summation (symred has no plain running sum: block summation is as fast
+            ``dtype_acc="float16"`` (float16 data only, as pykeops) is taken as float32,
+            since float16 is computed in float32; ``sum_scheme="kahan_scheme"`` compensates;
+            ``"block_sum"`` and ``"direct_sum"`` use block summation (symred has no plain running sum: block summation is as fast
             and more accurate); ``"auto"`` leaves it to ``SYMRED_ACC``. The reference backend
             always accumulates in double.
 
@@ -467,9 +468,9 @@ class Genred:
         elif formula2 is not None and not isinstance(formula2, str):
             raise TypeError(f"formula2 must be a str, not {type(formula2).__name__}")
         self.dtype = _check_dtype_option(dtype)
-        if dtype_acc not in ("auto", "float32", "float64"):
+        if dtype_acc not in ("auto", "float16", "float32", "float64"):
             raise ValueError(
-                f"dtype_acc must be 'auto', 'float32' or 'float64', not {dtype_acc!r}"
+                f"dtype_acc must be 'auto', 'float16', 'float32' or 'float64', not {dtype_acc!r}"
             )
         if not isinstance(use_double_acc, (bool, np.bool_)):
             raise TypeError("use_double_acc must be a bool")
@@ -497,7 +498,10 @@ class Genred:
             self._acc = _lib.ACC_F64
         elif sum_scheme == "kahan_scheme":
             self._acc = _lib.ACC_KAHAN
-        elif sum_scheme in ("block_sum", "direct_sum") or self.dtype_acc == "float32":
+        elif (sum_scheme in ("block_sum", "direct_sum")
+              or self.dtype_acc in ("float16", "float32")):
+            # dtype_acc="float16" (pykeops: accumulate float16 data in float16) takes float32
+            # block sums, since symred computes float16 in float32 (docs/semantics.md).
             self._acc = _lib.ACC_BLOCK
         else:
             self._acc = _lib.ACC_DEFAULT
@@ -800,6 +804,16 @@ class Genred:
             sizes.append(next(iter(counts.values())) if counts else 1)
         return arrays, dt, sizes[0], sizes[1]
 
+    def _check_acc(self, dt):
+        """pykeops' rules for dtype_acc: float32 not with float64 data, float16 only with
+        float16 (or bfloat16) data."""
+        name = self._dtype_name(dt)
+        if self.dtype_acc == "float32" and name == "float64":
+            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        if self.dtype_acc == "float16" and name not in ("float16", "bfloat16"):
+            raise ValueError(f"dtype_acc='float16' is allowed with float16 data only, not with "
+                             f"{name} data")
+
     def _needs_extended_call(self, out):
         return out is not None or self._weighted_lse
 
@@ -990,8 +1004,7 @@ class Genred:
             return self._call_batched(args, full, backend, device_id, ranges)
         rg = _ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         arrays, dt, nx, ny = self._prepare(args)
-        if self.dtype_acc == "float32" and dt == np.float64:
-            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        self._check_acc(dt)
         with self._h.lock:
             k = self._kernel(_DTYPES[dt], device)
             nargs_c = lib.sr_kernel_nargs(k)

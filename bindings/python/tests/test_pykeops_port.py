@@ -177,3 +177,111 @@ def test_torch_cluster_dtypes_as_pykeops():
     assert w_c.dtype == torch.float32 and w_c.tolist() == [1.5, 12.0]
     _, _, counts = tc.cluster_ranges_centroids(xs, torch.tensor([0, 0, 1, 1, 1]))
     assert counts.dtype == torch.float32 and counts.tolist() == [2.0, 3.0]
+
+
+# ---- symbolic variables, call=False, indexing, dtype_acc="float16", utils ---------------------
+
+
+def test_symbolic_variables_numpy():
+    x, y, b = _data(np.float64)
+    K = (-snp.Pm(2, 1) * snp.Vi(0, 3).sqdist(snp.Vj(1, 3))).exp() * snp.Vj(3, 2)
+    red = K.sum(dim=1)  # symbolic variables: a callable, as pykeops
+    assert callable(red) and not isinstance(red, np.ndarray)
+    np.testing.assert_allclose(red(x, y, np.array([0.5]), b), _dense(x, y, b, 0.5), rtol=1e-12)
+    # Symbolic variables beside arrays: the arrays' variables come after the symbolic ones.
+    K2 = (-snp.Vi(0, 3).sqdist(snp.LazyTensor(y[None]))).exp() * snp.LazyTensor(b[None])
+    np.testing.assert_allclose(K2.sum(dim=1)(x), _dense(x, y, b, 1.0), rtol=1e-12)
+    # The (index, dim, cat) tuple form is the same variable.
+    K3 = snp.LazyTensor((0, 3, 0)).sqdist(snp.LazyTensor((1, 3, 1)))
+    d2 = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+    np.testing.assert_allclose(K3.sum(dim=0)(x, y)[:, 0], d2.sum(0), rtol=1e-12)
+    with pytest.raises(ValueError, match="category"):
+        snp.LazyTensor((0, 3, 5))
+    with pytest.raises(TypeError, match="ints"):
+        snp.Vi(0, 2.5)
+
+
+def test_symbolic_variables_torch_differentiate():
+    torch = pytest.importorskip("torch")
+    import symred.torch as st
+
+    x, y, b = (torch.from_numpy(a) for a in _data(np.float64))
+    x.requires_grad_(True)
+    red = ((-st.Vi(0, 3).sqdist(st.Vj(1, 3))).exp() * st.Vj(2, 2)).sum(dim=1)
+    out = red(x, y, b)
+    d2 = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+    want = torch.exp(-d2) @ b
+    torch.testing.assert_close(out, want)
+    (gx,) = torch.autograd.grad(out.sum(), x)
+    (wx,) = torch.autograd.grad(want.sum(), x)
+    torch.testing.assert_close(gx, wx)
+
+
+def test_call_false_returns_the_reduction():
+    x, y, b = _data(np.float64)
+    K = (-snp.LazyTensor(x[:, None]).sqdist(snp.LazyTensor(y[None]))).exp()
+    red = (K * snp.LazyTensor(b[None])).sum(dim=1, call=False)
+    assert isinstance(red.genred, snp.Genred)
+    np.testing.assert_allclose(red(), _dense(x, y, b, 1.0), rtol=1e-12)
+    np.testing.assert_allclose(red(backend="CPU"), red(), rtol=1e-12)
+    np.testing.assert_array_equal(K.argKmin(2, dim=1, call=False)(), K.argKmin(2, dim=1))
+
+
+def test_solve_call_false():
+    rng = np.random.default_rng(1)
+    x, b = rng.random((30, 2)), rng.random((30, 1))
+    K = (-10 * snp.LazyTensor(x[:, None]).sqdist(snp.LazyTensor(x[None]))).exp()
+    solver = K.solve(b, alpha=0.5, call=False)
+    a = solver()
+    dense = np.exp(-10 * ((x[:, None] - x[None]) ** 2).sum(-1)) + 0.5 * np.eye(30)
+    np.testing.assert_allclose(a, K.solve(b, alpha=0.5), rtol=1e-12)
+    np.testing.assert_allclose(dense @ a, b, atol=1e-5)
+
+
+def test_indexing_with_batch_dimensions():
+    rng = np.random.default_rng(2)
+    x, y = rng.random((2, 5, 1, 3)), rng.random((2, 1, 4, 3))
+    D = snp.LazyTensor(x) - snp.LazyTensor(y)
+    want = ((x[..., 1] - y[..., 1]) ** 2).sum(-1)[..., None]  # (2, 5, 1): over j
+    np.testing.assert_allclose((D[:, :, :, 1] ** 2).sum(dim=2), want, rtol=1e-12)
+    np.testing.assert_allclose((D[:, :, :, 1:2] ** 2).sum(dim=2), want, rtol=1e-12)
+    np.testing.assert_allclose((D[1] ** 2).sum(dim=2), want, rtol=1e-12)
+    with pytest.raises(ValueError, match="last dimension"):
+        D[:, :, 1]  # three axes given, four leading ones: refused, as pykeops does
+
+
+def test_dtype_acc_float16():
+    x, y, b = _data()
+    f = snp.Genred(*GAUSS, reduction_op="Sum", axis=1, dtype_acc="float16")
+    out = f(x.astype(np.float16), y.astype(np.float16), b.astype(np.float16), 1.0)
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(np.float64), _dense(x, y, b, 1.0), rtol=2e-3)
+    with pytest.raises(ValueError, match="float16 data only"):
+        f(x, y, b, 1.0)
+
+
+def test_utils_through_the_shim(shim):
+    import importlib
+
+    nu = importlib.import_module("pykeops.numpy.utils")
+    assert nu.WarmUpGpu() is None  # a no-op without a GPU, a warm-up with one
+    rng = np.random.default_rng(3)
+    x, y, p, q = rng.random((5, 2)), rng.random((6, 2)), rng.random((6, 1)), rng.random((5, 1))
+    s = 0.7
+    # chain_rules with the Gaussian's derivative is the gradient of sum_ij q_i K_ij p_j.
+    got = nu.chain_rules(q, x, y, nu.grad_np_kernel(x, y, s, "gaussian"), p)
+    d = x[:, None, :] - y[None, :, :]
+    K = np.exp(-(d ** 2).sum(-1) / s ** 2)
+    want = (q[:, :, None] * (K[:, :, None] * -2 * d / s ** 2) * p[None, :, :]).sum(1)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    torch = pytest.importorskip("torch")
+    tu = importlib.import_module("pykeops.torch.utils")
+    assert tu.WarmUpGpu() is None
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    for k in ("gaussian", "laplacian", "cauchy", "inverse_multiquadric"):
+        np.testing.assert_allclose(tu.torch_kernel(tx, ty, s, k).numpy(),
+                                   nu.np_kernel(x, y, s, k), rtol=1e-9)
+    assert not tu.is_on_device(tx)
+    A = torch.eye(3, dtype=torch.float64) * 2
+    torch.testing.assert_close(tu.torchsolve(A, torch.ones(3, 1, dtype=torch.float64)),
+                               torch.full((3, 1), 0.5, dtype=torch.float64))
