@@ -105,9 +105,42 @@ def test_matches_tensorized(geomloss, loss, kw, weighted, backend):
     L, g = _loss_and_grad(geomloss, loss, backend, dict(kw, **extra), weighted)
     _close(L, L0, f"{loss} {backend} value")
     if backend == "multiscale" and loss == "sinkhorn" and kw.get("p") == 1:
-        pytest.xfail("sinkhorn p = 1, multiscale: the value matches, the gradient does not "
-                     "(relative 0.8; online matches); not yet explained")
+        # GeomLoss's multiscale Sinkhorn at p = 1 has another gradient than its tensorized
+        # backend (relative 0.7 here) with any LogSumExp, a dense torch one included: the
+        # reference is then that same multiscale code on the dense LogSumExp.
+        g0 = _multiscale_on_dense_lse(geomloss, kw, extra, weighted)
     _close(g, g0, f"{loss} {backend} gradient")
+
+
+def _multiscale_on_dense_lse(gl, kw, extra, weighted):
+    """The gradient of GeomLoss's multiscale Sinkhorn with its KeOps LogSumExp replaced by a
+    dense torch one (no symred involved) that honours the block-sparse ranges of a reduction
+    over j."""
+    ss = sys.modules["geomloss._legacy.sinkhorn_samples"]
+
+    def dense_lse(cost, D, dtype="float32"):
+        def lse(x, y, b, p, ranges=None):
+            d = x[:, None, :] - y[None, :, :]
+            c = d.norm(dim=-1) if cost.startswith("Norm2") else (d ** 2).sum(-1) / 2
+            out = b.view(1, -1) - p * c
+            if ranges is not None:  # the kept blocks only (from_matrix's row-major triple)
+                keep = torch.zeros_like(out, dtype=torch.bool)
+                ranges_i, slices_i, red_j = ranges[0], ranges[1], ranges[2]
+                start = 0
+                for k in range(ranges_i.shape[0]):
+                    for t in range(start, int(slices_i[k])):
+                        keep[ranges_i[k, 0]:ranges_i[k, 1], red_j[t, 0]:red_j[t, 1]] = True
+                    start = int(slices_i[k])
+                out = out.masked_fill(~keep, -float("inf"))
+            return torch.logsumexp(out, dim=1, keepdim=True)
+        return lse
+
+    saved = ss.keops_lse
+    ss.keops_lse = dense_lse
+    try:
+        return _loss_and_grad(gl, "sinkhorn", "multiscale", dict(kw, **extra), weighted)[1]
+    finally:
+        ss.keops_lse = saved
 
 
 @pytest.mark.parametrize("loss,kw", [("sinkhorn", dict(p=2, blur=0.05)),
