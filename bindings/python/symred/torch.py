@@ -945,3 +945,4 @@ Vi, Vj, Pm = _lazy._constructors(LazyTensor, "tensor")
 
 
 generic_sum, generic_logsumexp, generic_argmin, generic_argkmin = _generic.bind(Genred)
+utils.torchtools.Genred, utils.torchtools.KernelSolve = Genred, KernelSolve

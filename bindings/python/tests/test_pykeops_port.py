@@ -274,6 +274,10 @@ def test_utils_through_the_shim(shim):
     K = np.exp(-(d ** 2).sum(-1) / s ** 2)
     want = (q[:, :, None] * (K[:, :, None] * -2 * d / s ** 2) * p[None, :, :]).sum(1)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+    nt = nu.numpytools
+    assert nt.Genred is snp.Genred and nt.swap_axes((1, 2, 3, 4, 5, 6)) == (4, 5, 6, 1, 2, 3)
+    z = nt.view_as_complex(np.arange(4.0).reshape(1, 4))
+    assert z.dtype == np.complex128 and z[0, 1] == 2 + 3j and nt.detect_complex(z)
     torch = pytest.importorskip("torch")
     tu = importlib.import_module("pykeops.torch.utils")
     assert tu.WarmUpGpu() is None
@@ -282,6 +286,11 @@ def test_utils_through_the_shim(shim):
         np.testing.assert_allclose(tu.torch_kernel(tx, ty, s, k).numpy(),
                                    nu.np_kernel(x, y, s, k), rtol=1e-9)
     assert not tu.is_on_device(tx)
+    tt = tu.torchtools
+    assert tt.Genred is importlib.import_module("pykeops.torch").Genred
+    assert tt.array([1, 2], "float64", "cpu").dtype == torch.float64
+    assert tt.view_as_complex(tx).shape == (5, 1)
+    assert tt.view_as_real(tt.view_as_complex(tx)).equal(tx)
     A = torch.eye(3, dtype=torch.float64) * 2
     torch.testing.assert_close(tu.torchsolve(A, torch.ones(3, 1, dtype=torch.float64)),
                                torch.full((3, 1), 0.5, dtype=torch.float64))
