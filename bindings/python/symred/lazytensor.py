@@ -78,11 +78,13 @@ class Reduction:
     ``out``, ...), which override those given to the reduction. ``genred`` is the Genred (or
     KernelSolve) it calls, with the LazyTensor's own arrays after the symbolic ones."""
 
-    def __init__(self, genred, arrays, kwargs):
+    def __init__(self, genred, arrays, kwargs, post=None):
         self.genred, self._arrays, self._kwargs = genred, list(arrays), dict(kwargs)
+        self._post = post  # applied to the result (complex LazyTensors: the complex view)
 
     def __call__(self, *args, **kwargs):
-        return self.genred(*args, *self._arrays, **dict(self._kwargs, **kwargs))
+        res = self.genred(*args, *self._arrays, **dict(self._kwargs, **kwargs))
+        return self._post(res) if self._post is not None else res
 
     def __repr__(self):
         return f"symred Reduction: {self.genred!r}"
@@ -1239,7 +1241,10 @@ class ComplexLazyTensor(LazyTensor):
         if red != "Sum" or weight is not None:
             raise ValueError(f"{red}: complex LazyTensors have the Sum reduction only; reduce "
                              f".real, .imag or .abs() instead")
-        return self._view_complex(super()._reduce(red, axis, dim, K, weight, kwargs))
+        res = super()._reduce(red, axis, dim, K, weight, kwargs)
+        if isinstance(res, Reduction):
+            return Reduction(res.genred, res._arrays, res._kwargs, post=self._view_complex)
+        return self._view_complex(res)
 
 
 LazyTensor._COMPLEX = ComplexLazyTensor

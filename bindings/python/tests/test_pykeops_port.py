@@ -225,6 +225,9 @@ def test_call_false_returns_the_reduction():
     np.testing.assert_allclose(red(), _dense(x, y, b, 1.0), rtol=1e-12)
     np.testing.assert_allclose(red(backend="CPU"), red(), rtol=1e-12)
     np.testing.assert_array_equal(K.argKmin(2, dim=1, call=False)(), K.argKmin(2, dim=1))
+    z = x[:, :1] + 1j * x[:, 1:2]
+    Kz = snp.LazyTensor(z[:, None]) * snp.LazyTensor(b[None, :, :1])
+    np.testing.assert_allclose(Kz.sum(dim=1, call=False)(), z * b[:, 0].sum(), rtol=1e-12)
 
 
 def test_solve_call_false():
