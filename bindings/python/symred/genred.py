@@ -385,9 +385,9 @@ class Genred:
             ``use_double_acc=True`` or ``dtype_acc="float64"`` accumulate in double;
             ``dtype_acc="float16"`` (float16 data only, as pykeops) is taken as float32,
             since float16 is computed in float32; ``sum_scheme="kahan_scheme"`` compensates;
-            ``"block_sum"`` and ``"direct_sum"`` use block summation (symred has no plain running sum: block summation is as fast
-            and more accurate); ``"auto"`` leaves it to ``SYMRED_ACC``. The reference backend
-            always accumulates in double.
+            ``"block_sum"`` and ``"direct_sum"`` use block summation (symred has no plain
+            running sum: block summation is as fast and more accurate); ``"auto"`` leaves it
+            to ``SYMRED_ACC``. The reference backend always accumulates in double.
 
     Calling ``f(*args, backend="auto", out=None)`` returns (written into ``out`` when it is
     given, an array of the result's shape and dtype), with ``n`` the number of output rows and

@@ -9,8 +9,9 @@ from .genred import Genred
 from .lazytensor import ComplexLazyTensor, LazyTensor, Pm, Vi, Vj
 from .solve import KernelSolve
 
-__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster", "utils",
-           "generic_sum", "generic_logsumexp", "generic_argmin", "generic_argkmin"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm",
+           "cluster", "utils", "generic_sum", "generic_logsumexp", "generic_argmin",
+           "generic_argkmin"]
 
 generic_sum, generic_logsumexp, generic_argmin, generic_argkmin = _generic.bind(Genred)
 
