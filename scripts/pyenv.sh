@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pyenv.sh — creates (when missing) the cached virtual environment with the Python packages
-# that the tests run against beside Debian's (PyTorch 2.x from PyPI, jax[cpu], GPyTorch, and
-# pykeops 2.3 for its test suite), and prints its path on stdout (progress goes to stderr).
+# that the tests run against beside Debian's (PyTorch 2.x from PyPI, jax[cpu], GPyTorch,
+# pykeops 2.3 for its test suite, and GeomLoss for bindings/python/tests/test_geomloss.py), and prints its path on stdout (progress goes to stderr).
 #
 # The environment is ${SYMRED_PYENV:-$HOME/.cache/symred-venv}, made with
 # `/usr/bin/python3 -m venv --system-site-packages` so that Debian's NumPy and pytest stay
@@ -16,14 +16,14 @@ python=$venv/bin/python
 stamp=$venv/.symred-requirements
 # The requirement list; `torch>=2` because Debian's torch 1.13 is visible through the system
 # site packages and would otherwise satisfy `torch`.
-requirements=("torch>=2" "jax[cpu]" "gpytorch" "pykeops==2.3")
+requirements=("torch>=2" "jax[cpu]" "gpytorch" "pykeops==2.3" "geomloss")
 wanted=$(printf '%s\n' "${requirements[@]}")
 
 # packages_ok: the environment's python imports every package at the version asked for.
 packages_ok() {
     "$python" - <<'EOF' >/dev/null 2>&1
 import importlib.metadata as md
-import gpytorch, jax, torch  # noqa: F401
+import geomloss, gpytorch, jax, torch  # noqa: F401
 assert int(torch.__version__.split(".")[0]) >= 2, torch.__version__
 assert md.version("pykeops") == "2.3"
 assert md.version("keopscore") == "2.3"

@@ -7,7 +7,7 @@
 import numpy as np
 
 __all__ = ["squared_distances", "differences", "np_kernel", "log_np_kernel", "grad_np_kernel",
-           "np_kernel_sphere", "log_sum_exp"]
+           "np_kernel_sphere", "chain_rules", "log_sum_exp", "WarmUpGpu", "numpytools"]
 
 
 def squared_distances(x, y):
@@ -76,3 +76,99 @@ def log_sum_exp(mat, axis=0):
     """log(sum(exp(mat), axis)), with the maximum factored out."""
     m = np.max(mat, axis=axis)
     return m + np.log(np.sum(np.exp(mat - np.expand_dims(m, axis)), axis=axis))
+
+
+def chain_rules(q, ax, by, Aa, p):
+    """The gradient with respect to x of sum_ij q_i . K_ij p_j for a radial kernel, given
+    ``Aa`` (n, m), the kernel's derivative with respect to |x_i - y_j|^2: component k is
+    sum_j q_i . (2 (x_i[k] - y_j[k]) Aa_ij p_j). Returns float32 (n, d), as pykeops."""
+    res = np.zeros(ax.shape, dtype=np.float32)
+    for k in range(ax.shape[1]):
+        diff = ax[:, k][:, None] - by[:, k][None, :]
+        res[:, k] = np.sum(q * ((2 * diff * Aa) @ p), axis=1)
+    return res
+
+
+def WarmUpGpu():
+    """Runs a tiny reduction on the GPU, so that later timings leave out its start-up; does
+    nothing without a GPU (:data:`symred.config.gpu_available`)."""
+    from .config import gpu_available
+
+    if not gpu_available:
+        return
+    from .genred import Genred
+
+    g = Genred("Exp(-oos2 * SqDist(x, y)) * b", ["x = Vi(1)", "y = Vj(1)", "b = Vj(1)",
+                                                   "oos2 = Pm(1)"], reduction_op="Sum", axis=1)
+    dum = np.random.rand(10, 1)
+    for _ in range(2):
+        g(dum, dum, np.random.rand(10, 1), np.array([1.0]), backend="GPU")
+
+
+def _detect_complex(x, arraytype, is_complex):
+    """pykeops' detect_complex: a list holding a complex, a complex array, or a complex."""
+    if isinstance(x, list):
+        return any(isinstance(v, complex) for v in x)
+    if isinstance(x, arraytype):
+        return bool(is_complex(x))
+    return isinstance(x, complex)
+
+
+class numpytools:
+    """pykeops' table of array operations for NumPy (``pykeops.numpy.utils.numpytools``), which
+    generic code written against both bindings calls: the same names and meanings."""
+
+    norm = staticmethod(np.linalg.norm)
+    arraysum = staticmethod(np.sum)
+    exp = staticmethod(np.exp)
+    log = staticmethod(np.log)
+    arraytype = np.ndarray
+    float_types = [float, np.float16, np.float32, np.float64]
+    is_tensor = staticmethod(lambda x: isinstance(x, np.ndarray))
+    copy = staticmethod(np.copy)
+    eq = staticmethod(np.equal)
+    transpose = staticmethod(lambda x: x.T)
+    permute = staticmethod(lambda x, *axes: x.transpose(*axes))
+    contiguous = staticmethod(np.ascontiguousarray)
+    numpy = staticmethod(lambda x: x)
+    tile = staticmethod(np.tile)
+    solve = staticmethod(np.linalg.solve)
+    size = staticmethod(lambda x: x.size)
+    view = staticmethod(np.reshape)
+    long = staticmethod(lambda x: x.astype(np.int64))
+    dtype = staticmethod(lambda x: x.dtype)
+    dtypename = staticmethod(lambda dt: dt.name)
+    rand = staticmethod(lambda m, n, dtype: np.random.rand(m, n).astype(dtype))
+    randn = staticmethod(lambda m, n, dtype: np.random.randn(m, n).astype(dtype))
+    zeros = staticmethod(lambda shape, dtype, device=None, requires_grad=None:
+                         np.zeros(shape, dtype=dtype))
+    empty = staticmethod(lambda shape, dtype, device=None, requires_grad=None:
+                         np.empty(shape, dtype=dtype))
+    eye = staticmethod(lambda n, dtype: np.eye(n, dtype=dtype))
+    array = staticmethod(lambda x, dtype, device=None: np.array(x, dtype=dtype))
+    get_pointer = staticmethod(lambda x: x.__array_interface__["data"][0])
+    device = staticmethod(lambda x: "cpu")
+    device_type_index = staticmethod(lambda x: ("cpu", None))
+    device_dict = staticmethod(lambda x: {"cat": "cpu"})
+
+    detect_complex = staticmethod(lambda x: _detect_complex(x, np.ndarray, np.iscomplexobj))
+
+    @staticmethod
+    def view_as_complex(x):
+        return x.view({"float32": "complex64", "float64": "complex128"}[x.dtype.name])
+
+    @staticmethod
+    def view_as_real(x):
+        return x.view({"complex64": "float32", "complex128": "float64"}[x.dtype.name])
+
+
+def _bind_numpytools():
+    from .cluster import swap_axes
+    from .genred import Genred
+    from .solve import KernelSolve
+
+    numpytools.Genred, numpytools.KernelSolve = Genred, KernelSolve
+    numpytools.swap_axes = staticmethod(swap_axes)
+
+
+_bind_numpytools()

@@ -47,11 +47,11 @@ def grid_cluster(x, size):
     return labels.reshape(-1).astype(np.int64)
 
 
-def sort_clusters(x, labels):
+def sort_clusters(x, lab):
     """Sorts points (an array, or a tuple/list of arrays with the same first dimension) by
     label, so that each cluster is contiguous; returns (sorted x, sorted labels). The sort is
     stable: points of one cluster keep their order."""
-    labels = np.asarray(labels).reshape(-1)
+    labels = np.asarray(lab).reshape(-1)
     perm = np.argsort(labels, kind="stable")
     if isinstance(x, tuple):
         xs = tuple(np.asarray(a)[perm] for a in x)
@@ -62,20 +62,20 @@ def sort_clusters(x, labels):
     return xs, labels[perm]
 
 
-def cluster_ranges(labels, Nlab=None):
+def cluster_ranges(lab, Nlab=None):
     """The [start, end) rows (C, 2) of each cluster in points sorted by label
     (:func:`sort_clusters`); ``Nlab``: the points per label, if known."""
     if Nlab is None:
-        Nlab = np.bincount(np.asarray(labels).reshape(-1))
+        Nlab = np.bincount(np.asarray(lab).reshape(-1))
     ends = np.cumsum(np.asarray(Nlab, dtype=np.int64))
     return np.stack((ends - np.asarray(Nlab, dtype=np.int64), ends), axis=1).astype(np.int32)
 
 
-def cluster_centroids(x, labels, Nlab=None, weights=None, weights_c=None):
+def cluster_centroids(x, lab, Nlab=None, weights=None, weights_c=None):
     """The (weighted) centroid (C, D) of each cluster; weights default to 1. A cluster of zero
     weight has a NaN centroid."""
     x = np.asarray(x)
-    labels = np.asarray(labels).reshape(-1)
+    labels = np.asarray(lab).reshape(-1)
     C = int(labels.max()) + 1 if labels.size else 0
     w = np.ones(labels.shape[0]) if weights is None else np.asarray(weights).reshape(-1)
     if weights_c is None:
@@ -88,10 +88,10 @@ def cluster_centroids(x, labels, Nlab=None, weights=None, weights_c=None):
     return c
 
 
-def cluster_ranges_centroids(x, labels, weights=None):
+def cluster_ranges_centroids(x, lab, weights=None):
     """(ranges (C, 2), centroids (C, D), total weight (C,)) of the clusters of labels, the
     ranges in the order of :func:`sort_clusters`."""
-    labels = np.asarray(labels).reshape(-1)
+    labels = np.asarray(lab).reshape(-1)
     Nlab = np.bincount(labels)
     w = np.ones(labels.shape[0]) if weights is None else np.asarray(weights).reshape(-1)
     w_c = np.bincount(labels, weights=w, minlength=Nlab.shape[0])

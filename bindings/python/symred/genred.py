@@ -383,10 +383,11 @@ class Genred:
         dtype_acc, use_double_acc, sum_scheme: pykeops' accuracy options for float32 sums,
             mapped to the kernel's accumulation mode (``sr_kernel_desc.acc``):
             ``use_double_acc=True`` or ``dtype_acc="float64"`` accumulate in double;
-            ``sum_scheme="kahan_scheme"`` compensates; ``"block_sum"`` and ``"direct_sum"``
-            use block summation (symred has no plain running sum: block summation is as fast
-            and more accurate); ``"auto"`` leaves it to ``SYMRED_ACC``. The reference backend
-            always accumulates in double.
+            ``dtype_acc="float16"`` (float16 data only, as pykeops) is taken as float32,
+            since float16 is computed in float32; ``sum_scheme="kahan_scheme"`` compensates;
+            ``"block_sum"`` and ``"direct_sum"`` use block summation (symred has no plain
+            running sum: block summation is as fast and more accurate); ``"auto"`` leaves it
+            to ``SYMRED_ACC``. The reference backend always accumulates in double.
 
     Calling ``f(*args, backend="auto", out=None)`` returns (written into ``out`` when it is
     given, an array of the result's shape and dtype), with ``n`` the number of output rows and
@@ -467,9 +468,9 @@ class Genred:
         elif formula2 is not None and not isinstance(formula2, str):
             raise TypeError(f"formula2 must be a str, not {type(formula2).__name__}")
         self.dtype = _check_dtype_option(dtype)
-        if dtype_acc not in ("auto", "float32", "float64"):
+        if dtype_acc not in ("auto", "float16", "float32", "float64"):
             raise ValueError(
-                f"dtype_acc must be 'auto', 'float32' or 'float64', not {dtype_acc!r}"
+                f"dtype_acc must be 'auto', 'float16', 'float32' or 'float64', not {dtype_acc!r}"
             )
         if not isinstance(use_double_acc, (bool, np.bool_)):
             raise TypeError("use_double_acc must be a bool")
@@ -497,7 +498,10 @@ class Genred:
             self._acc = _lib.ACC_F64
         elif sum_scheme == "kahan_scheme":
             self._acc = _lib.ACC_KAHAN
-        elif sum_scheme in ("block_sum", "direct_sum") or self.dtype_acc == "float32":
+        elif (sum_scheme in ("block_sum", "direct_sum")
+              or self.dtype_acc in ("float16", "float32")):
+            # dtype_acc="float16" (pykeops: accumulate float16 data in float16) takes float32
+            # block sums, since symred computes float16 in float32 (docs/semantics.md).
             self._acc = _lib.ACC_BLOCK
         else:
             self._acc = _lib.ACC_DEFAULT
@@ -711,6 +715,11 @@ class Genred:
     def _contiguous(a, dt):
         return np.ascontiguousarray(a, dtype=dt)
 
+    @staticmethod
+    def _cast(a, dt):
+        """A parameter's array converted to the formula's dtype."""
+        return a.astype(dt)
+
     def _prepare(self, args):
         """Checked, contiguous arrays in one dtype, and nx, ny."""
         if len(args) != self.nargs:
@@ -721,8 +730,11 @@ class Genred:
             raise ValueError(
                 f"this Genred takes {self.nargs} arrays ({names}), {len(args)} were given"
             )
-        # The dtype: the one given to Genred, else the one common to the arrays.
-        dtypes = {}
+        # The dtype: the one given to Genred, else the one common to the variables' arrays
+        # (i and j). Parameters follow it and are converted, as in pykeops, so a float64
+        # scale beside float32 data is a float32 scale; they decide only when there is no
+        # variable.
+        dtypes, param_dtypes = {}, {}
         for i, a in enumerate(args):
             if self._is_array(a):
                 dt = self._array_dtype(a)
@@ -730,7 +742,11 @@ class Genred:
                     what = self._args[i].describe() if i in self._args else f"argument {i}"
                     raise TypeError(f"{what}: dtype {self._dtype_name(a.dtype)} is not "
                                     f"supported; use {_DTYPE_NAMES}")
-                dtypes[i] = dt
+                spec = self._args.get(i)
+                (param_dtypes if spec is not None and spec.cat == SR_CAT_PARAM
+                 else dtypes)[i] = dt
+        if not dtypes and self.dtype is None:
+            dtypes = dict(list(param_dtypes.items())[:1])
         if len(set(dtypes.values())) > 1:
             desc = ", ".join(f"argument {i} is {self._dtype_name(dt)}"
                              for i, dt in dtypes.items())
@@ -774,6 +790,8 @@ class Genred:
                     raise ValueError(f"{spec.describe()} must have shape {spec.expected_shape()}, "
                                      f"got {a.shape}{hint}")
                 rows[spec.cat][i] = a.shape[0]
+            if spec.cat == SR_CAT_PARAM and self._array_dtype(a) != dt:
+                a = self._cast(a, dt)
             arrays[i] = self._contiguous(a, dt)
         sizes = []
         for cat, label in ((SR_CAT_I, "nx"), (SR_CAT_J, "ny")):
@@ -785,6 +803,16 @@ class Genred:
             # No variable of a category: one row, as in KeOps.
             sizes.append(next(iter(counts.values())) if counts else 1)
         return arrays, dt, sizes[0], sizes[1]
+
+    def _check_acc(self, dt):
+        """pykeops' rules for dtype_acc: float32 not with float64 data, float16 only with
+        float16 (or bfloat16) data."""
+        name = self._dtype_name(dt)
+        if self.dtype_acc == "float32" and name == "float64":
+            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        if self.dtype_acc == "float16" and name not in ("float16", "bfloat16"):
+            raise ValueError(f"dtype_acc='float16' is allowed with float16 data only, not with "
+                             f"{name} data")
 
     def _needs_extended_call(self, out):
         return out is not None or self._weighted_lse
@@ -914,6 +942,10 @@ class Genred:
             raise ValueError(f"{self.reduction_op}: K = {self.opt_arg} exceeds the {N} reduced "
                              f"rows of each batch")
         flat, promoted = [], []
+        data_dt = {self._array_dtype(a) for i, a in enumerate(args) if self._is_array(a)
+                   and i in self._args and self._args[i].cat != SR_CAT_PARAM}
+        data_dt = self._array_dtype_of_option(self.dtype) if self.dtype is not None else (
+            next(iter(data_dt)) if len(data_dt) == 1 else None)
         for i, a in enumerate(args):
             spec = self._args.get(i)
             if spec is None or not self._is_array(a):
@@ -922,6 +954,9 @@ class Genred:
                 if a.ndim <= 1:
                     flat.append(a)
                     continue
+                adt = self._array_dtype(a)
+                if data_dt is not None and adt is not None and adt != data_dt:
+                    a = self._cast(a, data_dt)  # a parameter follows the variables' dtype
                 a = self._expand(a[..., None, :], full + (M, a.shape[-1]))
                 flat.append(a.reshape(B * M, a.shape[-1]))
                 promoted.append(i)
@@ -969,8 +1004,7 @@ class Genred:
             return self._call_batched(args, full, backend, device_id, ranges)
         rg = _ranges_struct(ranges, self._ranges_array) if ranges is not None else None
         arrays, dt, nx, ny = self._prepare(args)
-        if self.dtype_acc == "float32" and dt == np.float64:
-            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        self._check_acc(dt)
         with self._h.lock:
             k = self._kernel(_DTYPES[dt], device)
             nargs_c = lib.sr_kernel_nargs(k)

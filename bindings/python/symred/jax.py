@@ -505,6 +505,10 @@ class Genred(_genred.Genred):
         return a  # XLA's buffers are dense, and the dtype was checked
 
     @staticmethod
+    def _cast(a, dt):
+        return a.astype(dt)
+
+    @staticmethod
     def _expand(a, shape):
         return jnp.broadcast_to(a, shape)
 
@@ -563,8 +567,7 @@ class Genred(_genred.Genred):
             return self._call_batched(args, full, backend, device_id, ranges)
         rg = _genred._ranges_struct(ranges, self._ranges_array)[1] if ranges is not None else None
         arrays, dt, nx, ny = self._prepare(args)
-        if self.dtype_acc == "float32" and dt == np.float64:
-            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        self._check_acc(dt)
         reduced = ny if self.axis == 1 else nx
         if self.reduction_op in _genred._K_REDUCTIONS and self.opt_arg > reduced:
             raise ValueError(f"{self.reduction_op}: K = {self.opt_arg} exceeds the {reduced} "
@@ -646,16 +649,4 @@ class LazyTensor(_lazy.LazyTensor):
         return jnp.asarray(values, dtype=dt if dt is not None else jnp.float32)
 
 
-def Vi(x):
-    """A variable indexed by i from an ``(n, d)`` jax array: ``LazyTensor(x, axis=0)``."""
-    return _lazy._vi_vj(LazyTensor, x, 0)
-
-
-def Vj(x):
-    """A variable indexed by j from an ``(m, d)`` jax array: ``LazyTensor(x, axis=1)``."""
-    return _lazy._vi_vj(LazyTensor, x, 1)
-
-
-def Pm(x):
-    """A parameter: a ``(d,)`` or 0-D jax array, a list of numbers, or a number."""
-    return _lazy._pm(LazyTensor, x)
+Vi, Vj, Pm = _lazy._constructors(LazyTensor, "jax array")

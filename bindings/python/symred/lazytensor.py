@@ -60,13 +60,39 @@ def _genred(cls, formula, aliases, red, axis, K, formula2, init_kwargs):
 
 
 class _Leaf:
-    """One array (or list of numbers, for a parameter) behind a LazyTensor."""
+    """One array (or list of numbers, for a parameter) behind a LazyTensor, or a symbolic
+    variable (no data; ``index``: its argument's position in the reduction's call)."""
 
-    __slots__ = ("token", "data", "cat", "dim")
+    __slots__ = ("token", "data", "cat", "dim", "index")
 
-    def __init__(self, data, cat, dim):
+    def __init__(self, data, cat, dim, index=None):
         self.token = f"lzv{next(_serial)}"
-        self.data, self.cat, self.dim = data, cat, dim
+        self.data, self.cat, self.dim, self.index = data, cat, dim, index
+
+
+class Reduction:
+    """A reduction that has not run: what a LazyTensor reduction returns with ``call=False``,
+    or when its formula holds symbolic variables (``Vi(index, dim)``, ...), as pykeops does.
+    Calling it runs it: ``red(*arrays, **kwargs)``, one array per symbolic variable in index
+    order (none without symbolic variables), then the call keywords (``backend``, ``ranges``,
+    ``out``, ...), which override those given to the reduction. ``genred`` is the Genred (or
+    KernelSolve) it calls, with the LazyTensor's own arrays after the symbolic ones."""
+
+    def __init__(self, genred, arrays, kwargs, post=None):
+        self.genred, self._arrays, self._kwargs = genred, list(arrays), dict(kwargs)
+        self._post = post  # applied to the result (complex LazyTensors: the complex view)
+
+    def __call__(self, *args, **kwargs):
+        res = self.genred(*args, *self._arrays, **dict(self._kwargs, **kwargs))
+        return self._post(res) if self._post is not None else res
+
+    def __repr__(self):
+        return f"symred Reduction: {self.genred!r}"
+
+
+def _params_only(lt):
+    """Whether a LazyTensor's data are parameters only (no i or j variable)."""
+    return all(leaf.cat == _P for leaf in lt.leaves.values())
 
 
 def _is_int(x):
@@ -186,6 +212,13 @@ class LazyTensor:
             return
         if isinstance(x, (bool, np.bool_)):
             raise TypeError("LazyTensor: a bool is not a number; use 0 or 1")
+        if isinstance(x, tuple) and len(x) == 3 and all(
+                _is_int(v) and not isinstance(v, (bool, np.bool_)) for v in x):
+            # pykeops' (index, dim, cat): a symbolic variable, given when the reduction runs.
+            if axis is not None:
+                raise ValueError("LazyTensor((index, dim, cat)): axis must not be given")
+            self._symbolic(*(int(v) for v in x))
+            return
         if _is_int(x) or _is_float(x):
             if axis not in (None, 2):
                 raise ValueError("LazyTensor: a number is a constant; axis must be None")
@@ -254,6 +287,16 @@ class LazyTensor:
             raise ValueError(f"LazyTensor: the last dimension of an array of shape {shape} must "
                              f"be at least 1")
         self.dtype = x.dtype
+
+    def _symbolic(self, index, dim, cat):
+        if index < 0 or dim < 1 or cat not in (_I, _J, _P):
+            raise ValueError(f"a symbolic variable needs an index >= 0, a dimension >= 1 and a "
+                             f"category 0 (i), 1 (j) or 2 (parameter); got index {index}, "
+                             f"dim {dim}, cat {cat}")
+        leaf = _Leaf(None, cat, dim, index)
+        self.leaves = {leaf.token: leaf}
+        self.formula = leaf.token
+        self.ndim = dim
 
     def _leaf(self, data, cat, dim):
         leaf = _Leaf(data, cat, dim)
@@ -328,6 +371,13 @@ class LazyTensor:
                 if a is None:
                     setattr(res, attr, b)
             if res.dtype is not None and o.dtype is not None and res.dtype != o.dtype:
+                # Parameters follow the variables' dtype (converted when the reduction runs,
+                # as Genred converts them); only variables of two dtypes are an error.
+                if _params_only(o):
+                    o = o._with_dtype(res.dtype)
+                elif _params_only(res):
+                    res.dtype = o.dtype
+            if res.dtype is not None and o.dtype is not None and res.dtype != o.dtype:
                 raise TypeError(f"mixed dtypes: {self._dtype_name(res.dtype)} and "
                                 f"{self._dtype_name(o.dtype)}; convert the arrays to one of "
                                 f"{_DTYPE_NAMES}")
@@ -336,6 +386,12 @@ class LazyTensor:
             if res.ranges is None:
                 res.ranges = o.ranges
             res.leaves.update(o.leaves)
+        return res
+
+    def _with_dtype(self, dt):
+        res = type(self)()
+        res._copy_from(self)
+        res.dtype = dt
         return res
 
     def _unary(self, name, dimres=None, *attrs):
@@ -604,10 +660,14 @@ class LazyTensor:
     def __getitem__(self, key):
         """``x[k]`` is elem(k), ``x[a:b]`` is extract(a, b - a): the last dimension only."""
         if isinstance(key, tuple):
-            if len(key) == 3 and key[0] == slice(None) and key[1] == slice(None):
-                key = key[2]
+            # pykeops' forms: x[:, :, k], and with B batch dimensions x[:, ..(B + 2).., :, k].
+            n = len(self._shape)
+            if len(key) == n and all(isinstance(k, slice) and k == slice(None) for k in key[:-1]):
+                key = key[-1]
             else:
-                raise ValueError("LazyTensor indexing works on the last dimension only")
+                raise ValueError(f"LazyTensor indexing works on the last dimension only: "
+                                 f"x[k], x[a:b], or with all {n - 1} leading axes ':' "
+                                 f"(x[{':, ' * (n - 1)}k])")
         if isinstance(key, slice):
             if key.step not in (None, 1):
                 raise ValueError("LazyTensor slices must have step 1")
@@ -749,7 +809,9 @@ class LazyTensor:
     def _reduce(self, red, axis, dim, K=None, weight=None, kwargs=None):
         ax = self._axis(axis, dim)
         init_kwargs, call_kwargs = {}, {}
-        for key, val in (kwargs or {}).items():
+        kwargs = dict(kwargs or {})
+        call = kwargs.pop("call", True)
+        for key, val in kwargs.items():
             if key in _INIT_KWARGS:
                 init_kwargs[key] = val
             elif key in _CALL_KWARGS:
@@ -762,7 +824,12 @@ class LazyTensor:
             call_kwargs["ranges"] = src.ranges
         (formula, formula2), aliases, arrays, _ = src._declare([self.formula, formula2])
         g = _genred(self._GENRED, formula, aliases, red, ax, K, formula2, init_kwargs)
-        return g(*arrays, **call_kwargs)
+        if call and not src._has_symbolic():
+            return g(*arrays, **call_kwargs)
+        return Reduction(g, arrays, call_kwargs)
+
+    def _has_symbolic(self):
+        return any(leaf.index is not None for leaf in self.leaves.values())
 
     def _declare(self, formulas):
         """The formulas with the variables renamed a0, a1, ... in order of appearance, their
@@ -777,25 +844,36 @@ class LazyTensor:
             return names[tok]
 
         out = [_TOKEN_RE.sub(rename, f) if f is not None else None for f in formulas]
-        aliases = [f"{names[l.token]}={_CAT_TEXT[l.cat]}({l.dim})" for l in leaves]
+        symbolic = [l.index for l in leaves if l.index is not None]
+        if not symbolic:
+            aliases = [f"{names[l.token]}={_CAT_TEXT[l.cat]}({l.dim})" for l in leaves]
+        else:
+            # Symbolic variables keep their indices (the first arguments of the call); the
+            # arrays' variables come after the largest, in order of appearance.
+            nxt = itertools.count(1 + max(symbolic))
+            aliases = [f"{names[l.token]}={_CAT_TEXT[l.cat]}("
+                       f"{l.index if l.index is not None else next(nxt)},{l.dim})"
+                       for l in leaves]
+        # Without a dtype yet (symbolic variables only), numbers stay numbers: the call's
+        # arrays decide their dtype.
         arrays = [l.data if isinstance(l.data, self._ARRAY_TYPE)
-                  else self._param_array(l.data, self.dtype) for l in leaves]
+                  else self._param_array(l.data, self.dtype) if self.dtype is not None
+                  else list(l.data) for l in leaves if l.index is None]
         return out, aliases, arrays, names
 
     def solve(self, other, var=None, alpha=1e-10, eps=1e-6, **kwargs):
         """a with (alpha I + K) a = other, K_ij = self (a symmetric kernel of x_i and x_j
         built on the same data), by conjugate gradients (pykeops' ``LazyTensor.solve`` and
         :class:`~symred.KernelSolve`): ``other`` is an (n, d) array, or a LazyTensor Vi of
-        one; the result is an (n, d) array. ``var`` (a symbolic unknown) is not supported.
+        one; the result is an (n, d) array (with ``call=False``, a :class:`Reduction` that
+        computes it when called). ``var`` (a symbolic unknown) is not supported.
         Keyword arguments: those of a reduction (backend, dtype_acc, ...), ``max_iter`` and
         ``check_symmetry`` (see KernelSolve.__call__)."""
         if self._KERNELSOLVE is None:
             raise NotImplementedError(f"solve is not supported by {type(self).__module__}")
         if var is not None:
             raise ValueError("solve: var= (a symbolic unknown) is not supported by symred")
-        if kwargs.pop("call", True) is not True:
-            raise ValueError("solve: call=False (returning the solver instead of the solution) "
-                             "is not supported by symred; use KernelSolve")
+        call = kwargs.pop("call", True)
         if isinstance(other, LazyTensor):
             leaf = other.leaves.get(other.formula)
             if leaf is None or leaf.cat != _I:
@@ -829,6 +907,8 @@ class LazyTensor:
                 _cache[key] = ks
                 while len(_cache) > _CACHE_SIZE:
                     _cache.popitem(last=False)
+        if not call:
+            return Reduction(ks, arrays, dict(call_kwargs, alpha=alpha, eps=eps))
         return ks(*arrays, alpha=alpha, eps=eps, **call_kwargs)
 
     def sum(self, axis=-1, dim=None, **kwargs):
@@ -969,7 +1049,7 @@ class LazyTensor:
             if leaf.cat == _P:
                 res.leaves[tok] = leaf
                 continue
-            new = _Leaf(leaf.data, _J if leaf.cat == _I else _I, leaf.dim)
+            new = _Leaf(leaf.data, _J if leaf.cat == _I else _I, leaf.dim, leaf.index)
             swapped[tok] = new.token
             res.leaves[new.token] = new
         res.formula = _TOKEN_RE.sub(lambda m: swapped.get(m.group(0), m.group(0)), self.formula)
@@ -1161,26 +1241,43 @@ class ComplexLazyTensor(LazyTensor):
         if red != "Sum" or weight is not None:
             raise ValueError(f"{red}: complex LazyTensors have the Sum reduction only; reduce "
                              f".real, .imag or .abs() instead")
-        return self._view_complex(super()._reduce(red, axis, dim, K, weight, kwargs))
+        res = super()._reduce(red, axis, dim, K, weight, kwargs)
+        if isinstance(res, Reduction):
+            return Reduction(res.genred, res._arrays, res._kwargs, post=self._view_complex)
+        return self._view_complex(res)
 
 
 LazyTensor._COMPLEX = ComplexLazyTensor
 ComplexLazyTensor._REAL = LazyTensor
 
 
-def _vi_vj(cls, x, axis):
+def _symbolic_var(cls, index, dim, cat):
+    """``Vi(index, dim)``, ``Vj(index, dim)``, ``Pm(index, dim)``: pykeops' symbolic
+    variables, whose arrays are given when the reduction runs."""
+    name = _CAT_TEXT[cat]
+    if not (_is_int(index) and _is_int(dim)) or isinstance(index, bool) or isinstance(dim, bool):
+        raise TypeError(f"{name}(index, dim): index and dim must be ints, got "
+                        f"{type(index).__name__} and {type(dim).__name__}")
+    return cls((int(index), int(dim), cat))
+
+
+def _vi_vj(cls, x, axis, dim=None):
     """LazyTensor(x, axis) for Vi (axis 0) and Vj (axis 1), with their checks."""
+    if dim is not None:
+        return _symbolic_var(cls, x, dim, axis)
     name, n, hint = ("Vi", "n", "x[:, None]") if axis == 0 else ("Vj", "m", "y[:, None]")
     if not isinstance(x, cls._ARRAY_TYPE):
-        raise TypeError(f"{name} expects an ({n}, d) {cls._ARRAY_NAME}, not {type(x).__name__} "
-                        f"(symbolic {name}(index, dim) variables are not supported)")
+        raise TypeError(f"{name} expects an ({n}, d) {cls._ARRAY_NAME} (or, symbolic, "
+                        f"{name}(index, dim)), not {type(x).__name__}")
     if x.ndim != 2:
         raise ValueError(f"{name} expects an ({n}, d) array, got shape {tuple(x.shape)}"
                          + (f" (use {hint} for a 1-D array)" if x.ndim == 1 else ""))
     return cls(x, axis=axis)
 
 
-def _pm(cls, x):
+def _pm(cls, x, dim=None):
+    if dim is not None:
+        return _symbolic_var(cls, x, dim, _P)
     if isinstance(x, (bool, np.bool_)):
         raise TypeError("Pm: a bool is not a number")
     if _is_int(x) or _is_float(x):
@@ -1190,17 +1287,28 @@ def _pm(cls, x):
     return cls(x)
 
 
-def Vi(x):
-    """A variable indexed by i from an ``(n, d)`` array: ``LazyTensor(x, axis=0)``."""
-    return _vi_vj(LazyTensor, x, 0)
+def _constructors(cls, array):
+    """Vi, Vj and Pm of a binding whose LazyTensor class is ``cls`` (``array``: what its
+    arrays are called in the docstrings)."""
+
+    def Vi(x, dim=None):
+        return _vi_vj(cls, x, 0, dim)
+
+    def Vj(x, dim=None):
+        return _vi_vj(cls, x, 1, dim)
+
+    def Pm(x, dim=None):
+        return _pm(cls, x, dim)
+
+    Vi.__doc__ = (f"A variable indexed by i from an ``(n, d)`` {array}: ``LazyTensor(x, "
+                  f"axis=0)``; or, as ``Vi(index, dim)``, a symbolic one, given as argument "
+                  f"``index`` when the reduction runs.")
+    Vj.__doc__ = (f"A variable indexed by j from an ``(m, d)`` {array}: ``LazyTensor(x, "
+                  f"axis=1)``; or, as ``Vj(index, dim)``, a symbolic one.")
+    Pm.__doc__ = (f"A parameter: a ``(d,)`` or 0-D {array}, a list of numbers, or a number "
+                  f"(then a runtime parameter of dimension 1, not a constant baked into the "
+                  f"formula); or, as ``Pm(index, dim)``, a symbolic one.")
+    return Vi, Vj, Pm
 
 
-def Vj(x):
-    """A variable indexed by j from an ``(m, d)`` array: ``LazyTensor(x, axis=1)``."""
-    return _vi_vj(LazyTensor, x, 1)
-
-
-def Pm(x):
-    """A parameter: a ``(d,)`` or 0-D array, a list of numbers, or a number (then a runtime
-    parameter of dimension 1, not a constant baked into the formula)."""
-    return _pm(LazyTensor, x)
+Vi, Vj, Pm = _constructors(LazyTensor, "array")

@@ -2,13 +2,18 @@
 
 import sys
 
+from . import _generic
 from . import _np_utils as utils
 from . import cluster
 from .genred import Genred
 from .lazytensor import ComplexLazyTensor, LazyTensor, Pm, Vi, Vj
 from .solve import KernelSolve
 
-__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster", "utils"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm",
+           "cluster", "utils", "generic_sum", "generic_logsumexp", "generic_argmin",
+           "generic_argkmin"]
+
+generic_sum, generic_logsumexp, generic_argmin, generic_argkmin = _generic.bind(Genred)
 
 # ``import symred.numpy.cluster`` / ``from symred.numpy.cluster import ...`` (pykeops' paths,
 # also .utils and .operations): this module is not a package, so the submodules are registered

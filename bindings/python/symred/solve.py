@@ -59,8 +59,7 @@ class KernelSolve(Genred):
         if nx != ny:
             raise ValueError(f"KernelSolve: K must be square, but the i-variables have {nx} "
                              f"rows and the j-variables {ny}")
-        if self.dtype_acc == "float32" and dt == np.float64:
-            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        self._check_acc(dt)
         rhs = arrays[self.varinvpos]
         out = np.empty_like(rhs)
         desc = SolveDesc(b_index=self.varinvpos, alpha=float(alpha), eps=float(eps),

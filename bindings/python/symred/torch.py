@@ -39,19 +39,24 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 
 import numpy as np
 
+from . import _generic
 from . import _lib
 from . import _torch_cluster as cluster
+from . import _torch_utils as utils
 from . import genred as _genred
 from . import lazytensor as _lazy
 from . import solve as _solve
 from ._lib import (SR_BF16, SR_CAT_PARAM, SR_F16, SR_F32, SR_F64, KernelDesc, RunDesc, SolveDesc,
                    check, lib)
 
-__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster"]
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm", "cluster",
+           "utils", "generic_sum", "generic_logsumexp", "generic_argmin", "generic_argkmin"]
 
-# ``from symred.torch.cluster import ...`` (pykeops' path): this module is not a package.
+# ``from symred.torch.cluster import ...``, ``.utils`` (pykeops' paths): this module is not a
+# package.
 # pykeops keeps KernelSolve in ``pykeops.torch.operations``: here, this module.
 sys.modules[__name__ + ".cluster"] = cluster
+sys.modules[__name__ + ".utils"] = utils
 sys.modules[__name__ + ".operations"] = sys.modules[__name__]
 
 _SR_DTYPES = {torch.float32: SR_F32, torch.float64: SR_F64, torch.float16: SR_F16,
@@ -636,6 +641,10 @@ class Genred(_genred.Genred):
         return a.contiguous()  # the same tensor, no copy, when it already is contiguous
 
     @staticmethod
+    def _cast(a, dt):
+        return a.to(dt)  # differentiable: the gradient comes back in the parameter's dtype
+
+    @staticmethod
     def _expand(a, shape):
         return a.expand(*shape)
 
@@ -744,8 +753,7 @@ class Genred(_genred.Genred):
                              f"CUDA tensors")
         elif device == _lib.SR_DEVICE_CUDA:
             raise ValueError("backend='GPU' needs CUDA tensors; move them with .cuda()")
-        if self.dtype_acc == "float32" and dt == torch.float64:
-            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        self._check_acc(dt)
         tk = self._torch_kernel(_SR_DTYPES[dt], device)
         res = _Reduce.apply(tk, nx, ny, rg, *tensors)
         nout = nx if self.axis == 1 else ny
@@ -872,8 +880,7 @@ class KernelSolve(Genred, _solve.KernelSolve):
         if nx != ny:
             raise ValueError(f"KernelSolve: K must be square, but the i-variables have {nx} "
                              f"rows and the j-variables {ny}")
-        if self.dtype_acc == "float32" and dt == torch.float64:
-            raise ValueError("dtype_acc='float32' is not allowed with float64 data")
+        self._check_acc(dt)
         kern = self._torch_kernel(_SR_DTYPES[dt], device)
         opts = (float(alpha), float(eps), _genred._int_arg("max_iter", max_iter, 0, _genred._INT32_MAX),
                 bool(check_symmetry))
@@ -934,17 +941,8 @@ LazyTensor._COMPLEX = ComplexLazyTensor
 ComplexLazyTensor._REAL = LazyTensor
 
 
-def Vi(x):
-    """A variable indexed by i from an ``(n, d)`` tensor: ``LazyTensor(x, axis=0)``."""
-    return _lazy._vi_vj(LazyTensor, x, 0)
+Vi, Vj, Pm = _lazy._constructors(LazyTensor, "tensor")
 
 
-def Vj(x):
-    """A variable indexed by j from an ``(m, d)`` tensor: ``LazyTensor(x, axis=1)``."""
-    return _lazy._vi_vj(LazyTensor, x, 1)
-
-
-def Pm(x):
-    """A parameter: a ``(d,)`` or 0-D tensor, a list of numbers, or a number."""
-    return _lazy._pm(LazyTensor, x)
-
+generic_sum, generic_logsumexp, generic_argmin, generic_argkmin = _generic.bind(Genred)
+utils.torchtools.Genred, utils.torchtools.KernelSolve = Genred, KernelSolve

@@ -95,5 +95,3 @@ def test_bad_input():
     with pytest.raises(ValueError, match="var="):
         x_i, x_j = LazyTensor(x[:, None, :]), LazyTensor(x[None, :, :])
         (-((x_i - x_j) ** 2).sum()).exp().solve(b, var=x_j)
-    with pytest.raises(ValueError, match="call=False"):
-        (-((x_i - x_j) ** 2).sum()).exp().solve(b, call=False)
