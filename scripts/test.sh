@@ -10,8 +10,10 @@
 # pykeops 2.3's own test suite against symred (scripts/pykeops-suite.sh); 150 cases of differential
 # fuzzing with a seed fresh for each commit (printed) and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a
 # ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
-# threads (docs/fuzzing.md). Every step runs even after a failure, and the last line says how
-# many passed and failed. Exit status 0 only if all passed.
+# threads (docs/fuzzing.md). Every step runs even after a failure. The closing summary gives each
+# step's outcome, wall time and count of test cases run, and the total, also written to
+# $SYMRED_TEST_TIMES (default test-times.tsv beside the build folders); the last line says how
+# many steps passed and failed. Exit status 0 only if all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,19 +25,74 @@ asan_dir=$root/build-asan
 tsan_dir=$root/build-tsan
 passed=()
 failed=()
+# Each step's name, outcome, wall time and count of test cases, for the closing summary and for
+# the times file (tab-separated: step, outcome, seconds, cases).
+times_file=${SYMRED_TEST_TIMES:-$root/test-times.tsv}
+step_names=()
+step_results=()
+step_secs=()
+step_cases=()
+step_logs=$(mktemp -d "${TMPDIR:-/tmp}/symred-test.XXXXXX")
+trap 'rm -rf "$step_logs"' EXIT
+t_start=$SECONDS
 
-# step NAME COMMAND...: runs the command and records the outcome under NAME.
+# step NAME COMMAND...: runs the command and records the outcome, the wall time and the number of
+# test cases it ran under NAME. A command reports its cases by printing `test.sh: cases: N`.
 step() {
-    local name=$1
+    local name=$1 n=${#step_names[@]} t0=$SECONDS result=passed
     shift
+    local log=$step_logs/$n.log
     echo
     echo "==== test.sh: $name"
-    if "$@"; then
+    if "$@" > >(tee "$log") 2>&1; then
         passed+=("$name")
     else
-        echo "==== test.sh: $name FAILED"
+        result=FAILED
         failed+=("$name")
     fi
+    wait $! 2>/dev/null # the tee of the log
+    local secs=$((SECONDS - t0))
+    echo "==== test.sh: $name $result in $secs s"
+    step_names+=("$name")
+    step_results+=("$result")
+    step_secs+=("$secs")
+    step_cases+=("$(count_cases "$log")")
+}
+
+# count_cases LOG: the test cases a step's output shows it ran (skipped ones not counted): ctest's
+# (run_ctest prints them), pytest's closing line (the pykeops suite's too), fuzz-diff's cases,
+# and the ThreadSanitizer test's.
+count_cases() {
+    awk '/^test\.sh: cases: [0-9]+/ { n += $3 }
+         /^(=+ )?[0-9]+ (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)(,| in )/ {
+             line = $0; sub(/ in [0-9.]+s.*/, "", line); sub(/^=+ /, "", line)
+             k = split(line, parts, /, /)
+             for (i = 1; i <= k; i++) {
+                 split(parts[i], w, " ")
+                 if (w[2] ~ /^(passed|failed|errors?|xfailed|xpassed)$/) n += w[1]
+             }
+         }
+         /^fuzz-diff: seed [0-9]+: [0-9]+ cases in / { n += $4 }
+         /^[0-9]+ tests, [0-9]+ failures$/ { n += $1 }
+         END { print n + 0 }' "$1"
+}
+
+# summary: each step's outcome, time and cases, the total, on stdout and in $times_file.
+summary() {
+    local total=$((SECONDS - t_start)) cases=0 i
+    {
+        printf 'step\tresult\tseconds\tcases\n'
+        for i in "${!step_names[@]}"; do
+            printf '%s\t%s\t%s\t%s\n' "${step_names[i]}" "${step_results[i]}" "${step_secs[i]}" \
+                "${step_cases[i]}"
+            cases=$((cases + step_cases[i]))
+        done
+        printf 'total\t%s\t%s\t%s\n' "$([ "${#failed[@]}" -eq 0 ] && echo passed || echo FAILED)" \
+            "$total" "$cases"
+    } >"$times_file.tmp" && mv "$times_file.tmp" "$times_file"
+    echo
+    echo "test.sh: time per step (also in $times_file)"
+    awk -F '\t' 'NR > 1 { printf "  %-52s %-7s %6s s %7s cases\n", $1, $2, $3, $4 }' "$times_file"
 }
 
 build() { # build DIR CMAKE-OPTIONS...
@@ -44,12 +101,24 @@ build() { # build DIR CMAKE-OPTIONS...
     cmake -S . -B "$dir" -DSYMRED_WERROR=ON "$@" && cmake --build "$dir" -j "$jobs"
 }
 
-run_ctest() { # run_ctest DIR: needs the build of DIR to have succeeded
+run_ctest() { # run_ctest DIR [CTEST-OPTIONS...]: needs the build of DIR to have succeeded
     if [ ! -f "$1/.build-ok" ]; then
         echo "test.sh: $1 did not build, so its tests cannot run"
         return 1
     fi
-    (cd "$1" && ctest --output-on-failure -j "$jobs")
+    local rc=0
+    (cd "$1" && ctest --output-on-failure -j "$jobs" "${@:2}") || rc=$?
+    ctest_cases "$1/Testing/Temporary/LastTest.log"
+    return "$rc"
+}
+
+# ctest_cases LOG: prints the test cases that ctest's log shows: the cases of each Criterion
+# executable (its "Synthesis: Tested: N" line), one for every other entry.
+ctest_cases() {
+    [ -f "$1" ] || return 0
+    awk '/^[0-9]+\/[0-9]+ Testing: / { if (entry) n += tested ? tested : 1; entry = 1; tested = 0 }
+         /Synthesis: Tested: [0-9]+/ { sub(/.*Synthesis: Tested: /, ""); tested += $1 + 0 }
+         END { if (entry) n += tested ? tested : 1; print "test.sh: cases: " n + 0 }' "$1"
 }
 
 build_and_mark() { # build, then leave a mark that run_ctest looks for
@@ -167,6 +236,7 @@ step "fuzz: libFuzzer parser (${SYMRED_FUZZ_PARSE_SECONDS:-30} s)" fuzz_parse
 step "build (ThreadSanitizer)" tsan_build
 step "ThreadSanitizer: threads sharing kernels" tsan_run
 
+summary
 echo
 if [ "${#failed[@]}" -eq 0 ]; then
     echo "test.sh: ALL PASSED (${passed[*]})"
