@@ -3,10 +3,12 @@
 #
 # Steps: install missing Debian packages; the cached virtual environment of scripts/pyenv.sh
 # (PyTorch 2.x, jax, GPyTorch, pykeops from PyPI); a warnings-as-errors build in build-ci/ and ctest
-# there (unit tests, examples checked against brute force, the install test); the same with
-# AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/; clang-format on the C
-# sources; the Python tests when bindings/python/tests exists, with Debian's python3 (torch
-# 1.13) and again in that environment (PyTorch 2.x, symred.jax, symred.gpytorch), and
+# there (the NVRTC compile checks, the CUDA emulator's sweeps, the examples checked against brute
+# force, the install test); a build with AddressSanitizer and UndefinedBehaviorSanitizer in
+# build-asan/ and ctest there (every other entry: unit tests, the CUDA emulator's other entries,
+# MPI, the examples and the install test again); clang-format on the C sources; the Python tests
+# when bindings/python/tests exists, in that environment (PyTorch 2.x, symred.jax,
+# symred.gpytorch) and the files that use torch again with Debian's python3 (torch 1.13), and
 # pykeops 2.3's own test suite against symred (scripts/pykeops-suite.sh); 150 cases of differential
 # fuzzing with a seed fresh for each commit (printed) and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a
 # ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
@@ -134,18 +136,30 @@ format_check() {
     clang-format --dry-run -Werror "${files[@]}"
 }
 
-python_tests() { # python_tests [PYTHON]: Debian's python3 (torch 1.13) unless told
-    local dir=bindings/python/tests python=${1:-/usr/bin/python3}
+# python_tests PYTHON [FILE...]: the Python tests (all of them, or the files named) under PYTHON.
+python_tests() {
+    local dir=bindings/python/tests python=$1
+    shift
     local ntests
     ntests=$(find "$dir" -name 'test_*.py' -o -name '*_test.py' | wc -l)
     # The bindings find the library built above.
-    SYMRED_LIB="$(cd "$ci_dir" && pwd)/libsymred.so" "$python" -m pytest -q "$dir"
+    SYMRED_LIB="$(cd "$ci_dir" && pwd)/libsymred.so" "$python" -m pytest -q "${@:-$dir}"
     local rc=$?
     if [ "$rc" -eq 5 ] && [ "$ntests" -eq 0 ]; then
         echo "test.sh: $dir has no test files yet"
         return 0
     fi
     return "$rc"
+}
+
+# Under Debian's python3 with its PyTorch 1.13, the test files that mention torch (PyTorch): the
+# virtual environment runs every file with the same Python and NumPy (it sees Debian's packages)
+# and PyTorch 2.x, so only what touches torch can behave differently under 1.13.
+python_tests_debian() {
+    local files
+    mapfile -t files < <(grep -li torch bindings/python/tests/test_*.py)
+    echo "test.sh: the ${#files[@]} test files that mention torch, with PyTorch 1.13"
+    python_tests /usr/bin/python3 "${files[@]}"
 }
 
 # The cached virtual environment (PyTorch 2.x, jax, GPyTorch, pykeops from PyPI), created by
@@ -219,16 +233,23 @@ tsan_run() {
 step "deps" ./scripts/deps.sh
 step "python environment (scripts/pyenv.sh)" python_env
 step "build (warnings as errors)" build_and_mark "$ci_dir"
-step "ctest" run_ctest "$ci_dir"
+# Every ctest entry runs once, in one of the two builds. Here: the NVRTC compile checks (libnvrtc
+# is not instrumented, and is slower under ASan's allocator) and the CUDA emulator's sweeps over
+# every reduction, dtype and fused width (label cuda-emu-sweep: the same launch path with other
+# kernels); the examples and the install test run in both, here as the library is shipped. Every
+# other entry runs under the sanitizers below: the C unit tests, the CUDA runtime's device
+# pointers, split-j, ranges, budget and out-of-memory cases, the threads, MPI and the layering.
+step "ctest (NVRTC, CUDA emulator sweeps, examples, install)" run_ctest "$ci_dir" \
+    -L '^(nvrtc|cuda-emu-sweep|examples|install)$'
 # Leak checking needs ptrace, which some containers forbid; ASAN_OPTIONS from the caller wins.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 step "build (ASan + UBSan)" build_and_mark "$asan_dir" -DSYMRED_ASAN=ON -DSYMRED_UBSAN=ON
-step "ctest (ASan + UBSan)" run_ctest "$asan_dir"
+step "ctest (ASan + UBSan: the other entries)" run_ctest "$asan_dir" -LE '^(nvrtc|cuda-emu-sweep)$'
 step "clang-format" format_check
 if [ -d bindings/python/tests ]; then
-    step "python tests" python_tests
     step "python tests (PyTorch 2.x, jax, GPyTorch)" python_tests_venv
+    step "python tests that use torch (Debian: PyTorch 1.13)" python_tests_debian
     step "pykeops 2.3 test suite" pykeops_suite
 fi
 step "fuzz: differential (${SYMRED_FUZZ_CASES:-150} cases)" fuzz_diff
