@@ -252,6 +252,35 @@ static int run(char *const *argv, const char *log_path)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* The prelude precompiled (a GCC precompiled header) in the cache directory, next to a copy of
+ * it named by the hash ph of its text: most of a small kernel's compile time is the prelude and
+ * <math.h>. Writes the copy's path into hdr and returns true when the precompiled header is there
+ * (made now if missing: a temporary name, then a rename, so that concurrent processes never see
+ * half of one). The compiler checks that the precompiled header fits the compile's options and
+ * reads the copy's text otherwise, so the result never depends on it; only the time does. */
+static bool precompiled_prelude(const char *dir, const char *cxx, const char *prelude, uint64_t ph,
+                                char *hdr, size_t cap)
+{
+    char gch[1300], tmp[1400], logp[1400];
+    snprintf(hdr, cap, "%s/prelude-%016llx.h", dir, (unsigned long long)ph);
+    snprintf(gch, sizeof gch, "%s.gch", hdr);
+    if (access(gch, R_OK) == 0 && access(hdr, R_OK) == 0)
+        return true;
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", hdr, (int)getpid());
+    if (access(hdr, R_OK) != 0 && (!write_file(tmp, prelude) || rename(tmp, hdr) != 0)) {
+        unlink(tmp);
+        return false;
+    }
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", gch, (int)getpid());
+    snprintf(logp, sizeof logp, "%s.%d.log", gch, (int)getpid());
+    const char *argv[] = {cxx,          "-std=c++17", "-O1", "-fPIC", "-w", "-x",
+                          "c++-header", hdr,          "-o",  tmp,     NULL};
+    bool ok = run((char *const *)argv, logp) == 0 && rename(tmp, gch) == 0;
+    unlink(tmp);
+    unlink(logp);
+    return ok;
+}
+
 /* NVRTC options that mean nothing on the CPU. */
 static bool ignored_option(const char *o)
 {
@@ -307,6 +336,7 @@ static int compile(struct nvrtc_prog_ *p, int nopts, const char *const *opts)
     argv[argc++] = "-shared";
     argv[argc++] = "-w";
     argv[argc++] = "-include";
+    const int prelude_arg = argc;
     argv[argc++] = EMU_PRELUDE;
     for (int i = 0; i < nopts; i++) {
         if (!opts[i])
@@ -331,14 +361,17 @@ static int compile(struct nvrtc_prog_ *p, int nopts, const char *const *opts)
     puts_(&text, "\n\n/* ---- cuda emulator: entry wrappers ---- */\n");
     append_entries(&text, p->src);
     uint64_t h = fnv(0xcbf29ce484222325ULL, prelude, strlen(prelude));
-    free(prelude);
-    if (text.oom)
+    const uint64_t prelude_hash = h;
+    if (text.oom) {
+        free(prelude);
         return NVRTC_ERROR_OUT_OF_MEMORY;
+    }
     h = fnv(h, text.s, text.n);
     for (int i = 0; i < argc; i++)
         h = fnv(h, argv[i], strlen(argv[i]) + 1);
     char dir[1024], so[1200], cu[1200], tmp[1300], logp[1300];
     if (cache_dir(dir, sizeof dir) != 0) {
+        free(prelude);
         free(text.s);
         free(p->log);
         if (asprintf(&p->log,
@@ -352,7 +385,12 @@ static int compile(struct nvrtc_prog_ *p, int nopts, const char *const *opts)
     int rc = NVRTC_SUCCESS;
     free(p->log);
     p->log = NULL;
+    char hdr[1200];
     if (access(so, R_OK) != 0) {
+        /* The key above names the prelude by its path and its text; the compile may read it
+         * through the precompiled copy. */
+        if (precompiled_prelude(dir, cxx, prelude, prelude_hash, hdr, sizeof hdr))
+            argv[prelude_arg] = hdr;
         /* Unique names per process and program: concurrent compiles of one source each write
          * their own files and the last rename wins with the same content. */
         snprintf(cu, sizeof cu, "%s/%016llx-%d-%p.cu", dir, (unsigned long long)h, (int)getpid(),
@@ -385,6 +423,7 @@ static int compile(struct nvrtc_prog_ *p, int nopts, const char *const *opts)
         unlink(logp);
     }
     free(text.s);
+    free(prelude);
     if (rc == NVRTC_SUCCESS) {
         free(p->ptx);
         if (asprintf(&p->ptx, "%s\n%s\n%s", EMU_PTX_MAGIC, so, p->src) < 0) {
