@@ -46,13 +46,21 @@ step() {
     local log=$step_logs/$n.log
     echo
     echo "==== test.sh: $name"
-    if "$@" > >(tee "$log") 2>&1; then
+    # The output goes to the terminal and to the log through tee, opened by exec so that its
+    # process id is known ($! is not set by a process substitution on an external command's
+    # redirection) and the log is whole before it is read; the command runs in this shell, so
+    # what it sets (python_env's variables) stays set.
+    local out tee_pid
+    exec {out}> >(tee "$log")
+    tee_pid=$!
+    if "$@" >&"$out" 2>&1; then
         passed+=("$name")
     else
         result=FAILED
         failed+=("$name")
     fi
-    wait $! 2>/dev/null # the tee of the log
+    exec {out}>&-
+    wait "$tee_pid"
     local secs=$((SECONDS - t0))
     echo "==== test.sh: $name $result in $secs s"
     step_names+=("$name")
