@@ -78,21 +78,24 @@ def _axis_index(names):
     return lax.axis_index(names if len(names) > 1 else names[0])
 
 
+_SHARED = {}
+
+
 def _companion(genred, red, k=None, formula2="same"):
-    """A symred.jax Genred of the same formula with reduction ``red``, cached on the Genred
-    (its kernels are compiled once per dtype)."""
-    cache = genred.__dict__.setdefault("_shard_companions", {})
+    """A symred.jax Genred of the same formula with reduction ``red``: ``genred`` itself, or
+    one per process for each formula and reduction (each Genred owns a context and its
+    compiled kernels)."""
     f2 = genred.formula2 if formula2 == "same" else formula2
-    key = (red, k, f2)
-    g = cache.get(key)
+    if red == genred.reduction_op and k == genred.opt_arg and f2 == genred.formula2:
+        return genred
+    key = (genred.formula, tuple(genred.aliases), genred.axis, red, k, f2, genred.dtype,
+           genred.dtype_acc, genred.sum_scheme)
+    g = _SHARED.get(key)
     if g is None:
-        if red == genred.reduction_op and k == genred.opt_arg and f2 == genred.formula2:
-            g = genred
-        else:
-            g = _sjax.Genred(genred.formula, genred.aliases, reduction_op=red, axis=genred.axis,
-                             dtype=genred.dtype, opt_arg=k, formula2=f2,
-                             dtype_acc=genred.dtype_acc, sum_scheme=genred.sum_scheme)
-        cache[key] = g
+        g = _SHARED[key] = _sjax.Genred(genred.formula, genred.aliases, reduction_op=red,
+                                        axis=genred.axis, dtype=genred.dtype, opt_arg=k,
+                                        formula2=f2, dtype_acc=genred.dtype_acc,
+                                        sum_scheme=genred.sum_scheme)
     return g
 
 
