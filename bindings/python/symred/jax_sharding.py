@@ -42,19 +42,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import _shard_rules as _rules
 from . import jax as _sjax
 from ._lib import SR_CAT_I, SR_CAT_J
 
 __all__ = ["reduce", "sharded"]
 
 # The partial state each user reduction needs, and the kernels that compute it.
-_KIND = {
-    "Sum": "sum", "LogSumExp": "lse", "SumSoftMaxWeight": "ssw",
-    "Min": "min", "ArgMin": "min", "Min_ArgMin": "min",
-    "Max": "max", "ArgMax": "max", "Max_ArgMax": "max",
-    "KMin": "kmin", "ArgKMin": "kmin", "KMin_ArgKMin": "kmin",
-}
-_SELECT_RED = {"min": "Min_ArgMin", "max": "Max_ArgMax", "kmin": "KMin_ArgKMin"}
 
 
 def _names(axis):
@@ -67,11 +61,12 @@ def _names(axis):
 
 
 def _axis_size(names, what):
+    name = names if len(names) > 1 else names[0]
     try:
-        return int(lax.axis_size(names if len(names) > 1 else names[0]))
+        return int(lax.axis_size(name))
     except NameError as e:
-        raise ValueError(f"symred.jax_sharding.reduce: {what}={names if len(names) > 1 else names[0]!r}"
-                         f" is not a mesh axis of the enclosing shard_map ({e})") from None
+        raise ValueError(f"symred.jax_sharding.reduce: {what}={name!r} is not a mesh axis of "
+                         f"the enclosing shard_map ({e})") from None
 
 
 def _axis_index(names):
@@ -117,7 +112,7 @@ class _Plan:
         self.g = genred
         self.backend = backend
         self.red = genred.reduction_op
-        self.kind = _KIND[self.red]
+        self.kind = _rules.KIND[self.red]
         self.K = genred.opt_arg
         if genred._batch_shape(list(args)) is not None:
             raise ValueError("symred.jax_sharding: leading batch dimensions are not supported "
@@ -184,7 +179,8 @@ class _Plan:
                      lse(*a, backend=self.backend).reshape(vo, 1))
         else:
             k = 1 if self.kind != "kmin" else min(self.K, vr)
-            g = _companion(self.g, _SELECT_RED[self.kind], k if self.kind == "kmin" else None)
+            g = _companion(self.g, _rules.SELECT_RED[self.kind],
+                           k if self.kind == "kmin" else None)
             v, i = g(*a, backend=self.backend)
             v, i = v.reshape(vo, k, d), i.reshape(vo, k, d)
             i = jnp.where(i >= 0, i + offset.astype(i.dtype), i)
@@ -280,20 +276,7 @@ class _Plan:
 
     def finish(self, state):
         """The user's results from the combined state, shaped as the Genred's."""
-        if self.kind in ("sum", "lse", "ssw"):
-            return state[0]
-        v, i = state
-        if self.kind == "kmin":
-            if v.shape[2] == 1:
-                v, i = v[:, :, 0], i[:, :, 0]
-        else:
-            v, i = v[:, 0, :], i[:, 0, :]
-        if self.red in ("Min", "Max", "KMin"):
-            return v
-        if self.red in ("ArgMin", "ArgMax", "ArgKMin"):
-            return i
-        return v, i
-
+        return _rules.finish(self.red, state)
 
 def _varying(x):
     """The mesh axes over which ``x`` varies inside shard_map."""
