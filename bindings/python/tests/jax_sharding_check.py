@@ -23,6 +23,8 @@ from symred.jax import Genred  # noqa: E402
 from symred.jax_sharding import reduce, sharded  # noqa: E402
 
 K = 3
+# One reduction of each partial state (the others differ only in what they hand back).
+COMBINED = ["Sum", "LogSumExp", "SumSoftMaxWeight", "Min_ArgMin", "Max_ArgMax", "KMin_ArgKMin"]
 
 
 def emit(**kw):
@@ -54,7 +56,7 @@ def genreds(axis, dim_b=2):
     return gs
 
 
-def data(nout, nred, dt, seed=0, grid=False):
+def data(nout, nred, dt, seed=0, grid=False, special=False):
     ks = jax.random.split(jax.random.key(seed), 3)
     x = jax.random.normal(ks[0], (nout, 3), dt)
     y = jax.random.normal(ks[1], (nred, 3), dt)
@@ -62,6 +64,9 @@ def data(nout, nred, dt, seed=0, grid=False):
     if grid:  # exact ties: integer points, equal weights
         x, y = jnp.round(2 * x), jnp.round(2 * y)
         b = jnp.ones_like(b)
+    if special:  # reduced rows 0 and 3 NaN, 1, 2, 4 and 5 +inf (ties), the rest finite
+        y = y.at[jnp.array([0, 3])].set(jnp.nan)
+        b = b.at[jnp.array([1, 2, 4, 5])].set(jnp.inf)
     return x, y, b
 
 
@@ -76,8 +81,15 @@ def compare(case, out, ref, dt):
             emit(case=case, kind="indices", mismatches=int((o != r).sum()), dtype=str(o.dtype),
                  want_dtype=str(r.dtype))
         else:
-            scale = max(float(np.max(np.abs(r))), 1e-300)
-            emit(case=case, kind="values", rel=float(np.max(np.abs(o - r))) / scale,
+            # NaN and infinities where one device has them, the rest relative to the largest
+            same = (np.isnan(o) & np.isnan(r)) | (o == r)
+            fin = np.isfinite(r) & np.isfinite(o)
+            if not np.all(same | fin):
+                emit(case=case, kind="values", rel=float("inf"), tol=0.0)
+                continue
+            scale = max(float(np.max(np.abs(r[fin]), initial=0.0)), 1e-300)
+            diff = float(np.max(np.abs(o[fin] - r[fin]), initial=0.0))
+            emit(case=case, kind="values", rel=diff / scale,
                  tol=1e-12 if dt == jnp.float64 else 1e-5)
 
 
@@ -87,12 +99,13 @@ def mesh_of(shape, names, explicit=True):
     return jax.make_mesh(shape, names, axis_types=types, devices=jax.devices()[:n])
 
 
-def forward(tag, mesh, rows, reduced, axis, dt, nout=11, nred=5, names=None, grid=False):
+def forward(tag, mesh, rows, reduced, axis, dt, nout=11, nred=5, names=None, grid=False,
+            special=False):
     """All the reductions (or ``names``) in one jitted program, against one device."""
     gs = genreds(axis)
     if names is not None:
         gs = {n: gs[n] for n in names}
-    x, y, b = data(nout, nred, dt, grid=grid)
+    x, y, b = data(nout, nred, dt, grid=grid, special=special)
     fs = {n: sharded(g, mesh, rows=rows, reduced=reduced) for n, g in gs.items()}
     outs = jax.jit(lambda x, y, b: {n: f(x, y, b) for n, f in fs.items()})(x, y, b)
     for n, g in gs.items():
@@ -100,24 +113,27 @@ def forward(tag, mesh, rows, reduced, axis, dt, nout=11, nred=5, names=None, gri
 
 
 def grads(tag, mesh, rows, reduced, axis, dt, names):
+    """jax.grad in x, y and b of sum(out * w) for each reduction of ``names``, all in one
+    jitted program, against one device; and a jvp of the Sum."""
     gs = genreds(axis)
     x, y, b = data(11, 5, dt, seed=1)
+    fs = {n: sharded(gs[n], mesh, rows=rows, reduced=reduced) for n in names}
+    ws = {n: jax.random.normal(jax.random.key(7), jax.eval_shape(gs[n], x, y, b).shape, dt)
+          for n in names}
+
+    def loss(fn, w):
+        return lambda x, y, b: jnp.sum(fn(x, y, b) * w)
+
+    got = jax.jit(lambda x, y, b: {n: jax.grad(loss(fs[n], ws[n]), argnums=(0, 1, 2))(x, y, b)
+                                   for n in names})(x, y, b)
     for n in names:
-        g = gs[n]
-        f = sharded(g, mesh, rows=rows, reduced=reduced)
-        w = jax.random.normal(jax.random.key(7), jax.eval_shape(g, x, y, b).shape, dt)
-
-        def loss(fn):
-            return lambda x, y, b: jnp.sum(fn(x, y, b) * w)
-
-        got = jax.jit(jax.grad(loss(f), argnums=(0, 1, 2)))(x, y, b)
-        want = jax.grad(loss(g), argnums=(0, 1, 2))(x, y, b)
-        for name, a, c in zip("xyb", got, want):
+        want = jax.grad(loss(gs[n], ws[n]), argnums=(0, 1, 2))(x, y, b)
+        for name, a, c in zip("xyb", got[n], want):
             compare(f"{tag} grad {n} d/d{name} axis={axis} {jnp.dtype(dt).name}", a, c, dt)
-        if n == "Sum":  # forward mode too
-            t = tuple(jnp.ones_like(a) for a in (x, y, b))
-            got = jax.jit(lambda *p: jax.jvp(f, p, t)[1])(x, y, b)
-            compare(f"{tag} jvp {n} axis={axis}", got, jax.jvp(g, (x, y, b), t)[1], dt)
+    if "Sum" in names:  # forward mode too
+        t = tuple(jnp.ones_like(a) for a in (x, y, b))
+        got = jax.jit(lambda *p: jax.jvp(fs["Sum"], p, t)[1])(x, y, b)
+        compare(f"{tag} jvp Sum axis={axis}", got, jax.jvp(gs["Sum"], (x, y, b), t)[1], dt)
 
 
 def errors():
@@ -169,28 +185,32 @@ def main():
             forward("4 dev reduced", m4, None, "d", axis, jnp.float64)
         forward("4 dev rows", m4, "d", None, 1, jnp.float32,
                 names=["Sum", "SumSoftMaxWeight", "ArgKMin"])
-        forward("2x2 rows a reduced b", mesh_of((2, 2), ("a", "b")), "a", "b", 1, jnp.float64)
+        forward("2x2 rows a reduced b", mesh_of((2, 2), ("a", "b")), "a", "b", 1, jnp.float64,
+                names=COMBINED)
         forward("4 dev over (a, b) ring", mesh_of((2, 2), ("a", "b")), ("a", "b"), ("a", "b"),
                 0, jnp.float64, names=["Sum", "LogSumExp", "Min_ArgMin", "KMin_ArgKMin"])
         for n in (1, 2):
             forward(f"{n} dev ring", mesh_of((n,), ("d",)), "d", "d", 1, jnp.float64,
                     names=["Sum", "SumSoftMaxWeight", "Max_ArgMax", "KMin_ArgKMin"])
-        forward("4 dev ring ties", m4, "d", "d", 1, jnp.float64, nout=9, nred=13, grid=True,
+        forward("4 dev reduced ties", m4, None, "d", 1, jnp.float64, nout=9, nred=13, grid=True,
                 names=["Min_ArgMin", "ArgMax", "KMin_ArgKMin", "KMin_ArgKMin scalar"])
+        forward("4 dev ring nan inf", m4, "d", "d", 1, jnp.float64, nred=7, special=True,
+                names=COMBINED + ["KMin_ArgKMin scalar"])
+        forward("4 dev reduced nan inf", m4, None, "d", 0, jnp.float32, nred=7, special=True,
+                names=COMBINED + ["KMin_ArgKMin scalar"])
         forward("auto mesh ring", mesh_of((4,), ("d",), explicit=False), "d", "d", 1,
                 jnp.float32, names=["Sum", "ArgKMin"])
     if "all" in what or "grad" in what:
         grads("4 dev ring", m4, "d", "d", 1, jnp.float64,
               ["Sum", "LogSumExp", "SumSoftMaxWeight", "Min", "Max", "KMin"])
-        grads("4 dev reduced", m4, None, "d", 0, jnp.float64,
-              ["Sum", "SumSoftMaxWeight", "Min", "KMin"])
+        grads("4 dev reduced", m4, None, "d", 0, jnp.float64, ["Sum", "SumSoftMaxWeight", "KMin"])
         grads("2x2", mesh_of((2, 2), ("a", "b")), "a", "b", 1, jnp.float32, ["Sum", "LogSumExp"])
     if "all" in what or "errors" in what:
         errors()
         inside_shard_map()
     if "all" in what or "int32" in what:
         jax.config.update("jax_enable_x64", False)  # int32 indices
-        forward("int32 indices ring", m4, "d", "d", 1, jnp.float32,
+        forward("int32 indices reduced", m4, None, "d", 1, jnp.float32,
                 names=["Min_ArgMin", "KMin_ArgKMin"])
     emit(case="done", kind="done")
 

@@ -4,7 +4,8 @@ single-process symred.torch result and each rank writes what it found; the tests
 
 Covered: every reduction on both axes in float32 and float64, rows split unevenly (at 3
 ranks: output rows 5, 0, 5 and reduced rows 2, 5, 1, so an empty block and blocks shorter
-than K = 3); exact ties (lowest global index); gradients with respect to the output side,
+than K = 3); exact ties (lowest global index); NaN and +inf among the reduced rows (NaN first
+for Min/Max, after +inf in K-lists, ties of infinities by index); gradients with respect to the output side,
 the reduced side and a parameter (summed over the ranks) of Sum, LogSumExp,
 SumSoftMaxWeight, Min, Max and KMin; K too large raising ValueError on every rank.
 """
@@ -72,6 +73,13 @@ def test_gradients_across_ranks(results, world):
         grads = [r for r in results[world, rank] if " grad " in r["case"]]
         assert len(grads) >= 8
         assert _bad(grads) == []
+
+
+def test_nan_and_infinities_as_on_one_process(results):
+    for (world, rank), rows in results.items():
+        cases = [r for r in rows if " nan inf " in r["case"]]
+        assert len(cases) >= 2 * 12, (world, rank)
+        assert _bad(cases) == [], (world, rank)
 
 
 def test_ties_and_errors_on_every_rank(results):

@@ -34,13 +34,16 @@ def spec(red, axis):
     return "g * SqDist(x, y) * b", al, None
 
 
-def data(dt, grid=False):
+def data(dt, grid=False, special=False):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(NOUT, 3, generator=gen, dtype=dt)
     y = torch.randn(NRED, 3, generator=gen, dtype=dt)
     b = 0.5 + torch.rand(NRED, 2, generator=gen, dtype=dt)
     if grid:  # exact ties
         x, y, b = torch.round(2 * x), torch.round(2 * y), torch.ones_like(b)
+    if special:  # reduced rows 0 and 3 NaN, 1, 2, 4, 5 and 6 +inf (ties), row 7 finite
+        y[[0, 3]] = float("nan")
+        b[[1, 2, 4, 5, 6]] = float("inf")
     return x, y, b, torch.tensor([0.7], dtype=dt)
 
 
@@ -79,8 +82,15 @@ def child(rank, world, port, outdir):
             elif not w.is_floating_point():
                 emit(case=case, kind="indices", mismatches=int((o != w).sum()))
             else:
-                scale = max(float(w.abs().max()) if w.numel() else 0.0, 1e-300)
-                rel = float((o - w).abs().max()) / scale if w.numel() else 0.0
+                # NaN and infinities where one process has them, the rest relative to the
+                # largest finite value
+                same = (torch.isnan(o) & torch.isnan(w)) | (o == w)
+                fin = torch.isfinite(o) & torch.isfinite(w)
+                if not bool((same | fin).all()):
+                    emit(case=case, kind="values", rel=float("inf"), tol=0.0)
+                    continue
+                scale = max(float(w[fin].abs().max()) if fin.any() else 0.0, 1e-300)
+                rel = float((o[fin] - w[fin]).abs().max()) / scale if fin.any() else 0.0
                 emit(case=case, kind="values", rel=rel,
                      tol=1e-12 if dt == torch.float64 else 1e-5)
 
@@ -111,6 +121,17 @@ def child(rank, world, port, outdir):
         want = tuple(mine(w, out_split, rank) for w in want) if isinstance(
             want, tuple) else mine(want, out_split, rank)
         compare(f"w{world} ties {red}", dg(*split_args(full, 1)), want, torch.float64)
+    # NaN and infinities among the reduced rows
+    for dt, axis in ((torch.float64, 1), (torch.float32, 0)):
+        full = data(dt, special=True)
+        for red in REDUCTIONS:
+            f, al, f2 = spec(red, axis)
+            k = K if "KMin" in red else None
+            want = make(storch.Genred, red, axis, k, f2)(*full)
+            want = tuple(mine(w, out_split, rank) for w in want) if isinstance(
+                want, tuple) else mine(want, out_split, rank)
+            compare(f"w{world} nan inf {red} axis={axis}",
+                    make(Genred, red, axis, k, f2)(*split_args(full, axis)), want, dt)
     # gradients: of the sum over the ranks of sum(out_mine * w_mine)
     for axis, red in [(1, "Sum"), (1, "LogSumExp"), (1, "SumSoftMaxWeight"), (1, "Min"),
                       (1, "Max"), (1, "KMin"), (0, "Sum"), (0, "KMin")]:
