@@ -279,11 +279,18 @@ _reduce_p = Primitive("symred_reduce")
 _reduce_p.multiple_results = True
 
 
+# JAX's tracking of the mesh axes a value varies over inside shard_map (jax 0.10's names;
+# without them, results are typed as before and shard_map needs check_vma=False).
+_VMA = all(hasattr(_jcore, n) for n in ("auto_insert_reshard", "standard_vma_rule",
+                                        "ManualAxisType", "get_cur_mesh_sharding"))
+
+
 def _reduce(call, *args):
     """One kernel run: the results as a tuple (values, indices, or both). Inside
     ``shard_map`` the arrays are first made to vary over the same mesh axes (JAX's pvary,
     whose transpose sums the cotangent of a replicated array over them)."""
-    args = _jcore.auto_insert_reshard(*args)
+    if _VMA:
+        args = _jcore.auto_insert_reshard(*args)
     return tuple(_reduce_p.bind(*args, call=call))
 
 
@@ -299,7 +306,7 @@ def _aval(shape, dt, vma):
 
 def _reduce_abstract(*args, call):
     kern = call.kern
-    vma = _jcore.standard_vma_rule(_reduce_p.name, *args)
+    vma = _jcore.standard_vma_rule(_reduce_p.name, *args) if _VMA else frozenset()
     dt = jnp.float64 if kern.desc[0] == SR_F64 else jnp.float32
     shape = (call.nout, kern.out_dim)
     outs = []

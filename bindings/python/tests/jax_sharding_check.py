@@ -136,6 +136,22 @@ def grads(tag, mesh, rows, reduced, axis, dt, names):
         compare(f"{tag} jvp Sum axis={axis}", got, jax.jvp(gs["Sum"], (x, y, b), t)[1], dt)
 
 
+def vmapped():
+    """jax.vmap over the sharded call: over the output side on the ring, over the reduced
+    side with the reduced rows sharded."""
+    m4 = mesh_of((4,), ("d",))
+    x, y, b = data(11, 5, jnp.float64, seed=2)
+    xs, ys = jnp.stack([x, 2 * x]), jnp.stack([y, y[::-1]])
+    g = genreds(1)["Sum"]
+    f = sharded(g, m4, rows="d", reduced="d")
+    compare("vmap over x ring Sum", jax.jit(jax.vmap(lambda x: f(x, y, b)))(xs),
+            jax.vmap(lambda x: g(x, y, b))(xs), jnp.float64)
+    g = genreds(1)["LogSumExp"]
+    f = sharded(g, m4, reduced="d")
+    compare("vmap over y reduced LogSumExp", jax.jit(jax.vmap(lambda y: f(x, y, b)))(ys),
+            jax.vmap(lambda y: g(x, y, b))(ys), jnp.float64)
+
+
 def errors():
     mesh = mesh_of((4,), ("d",), explicit=False)
     g = genreds(1)["Sum"]
@@ -208,6 +224,7 @@ def main():
     if "all" in what or "errors" in what:
         errors()
         inside_shard_map()
+        vmapped()
     if "all" in what or "int32" in what:
         jax.config.update("jax_enable_x64", False)  # int32 indices
         forward("int32 indices reduced", m4, None, "d", 1, jnp.float32,
