@@ -2,9 +2,10 @@
 process group (gloo on CPUs, NCCL on GPUs), differentiable by autograd across the ranks.
 
     import torch.distributed as dist
-    from symred.distributed import Genred
+    from symred.distributed import Genred, Vi, Vj
 
     dist.init_process_group("gloo")            # torchrun sets the rank and world size
+    knn = (Vi(x_mine) - Vj(y_mine)).sqnorm2().argKmin(5, dim=1)   # LazyTensor: the same
     f = Genred("Exp(-g * SqDist(x, y)) * b", ["x = Vi(3)", "y = Vj(3)", "b = Vj(1)",
                "g = Pm(1)"], reduction_op="Sum", axis=1)
     out_mine = f(x_mine, y_mine, b_mine, g)      # out_mine has x_mine's rows
@@ -39,10 +40,11 @@ import torch
 import torch.distributed as dist
 
 from . import _shard_rules as _rules
+from . import lazytensor as _lazy
 from . import torch as _storch
 from ._lib import SR_CAT_I, SR_CAT_J
 
-__all__ = ["Genred"]
+__all__ = ["Genred", "LazyTensor", "Vi", "Vj", "Pm"]
 
 _BIG = torch.iinfo(torch.int64).max
 
@@ -96,7 +98,8 @@ class _Pass(torch.autograd.Function):
 class _Tie(torch.autograd.Function):
     """``value`` unchanged, made to depend on ``blocks``: every received block then takes
     part in the backward on every rank (a rank whose kernel did not read a block must still
-    send its gradient, zero, back along the ring)."""
+    send its gradient, zero, back along the ring), and a rank whose result depends on nothing
+    (no output rows) can still call backward, as every rank must."""
 
     @staticmethod
     def forward(ctx, value, *blocks):
@@ -199,7 +202,10 @@ class Genred:
                 transfer.wait()
                 held = nxt
                 received.append(held)
-        return self._tie(self._finish(running), received)
+        # Tied to every received block and to the caller's tensors that require a gradient,
+        # so that every rank's result has a backward (a rank without output rows included).
+        own = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        return self._tie(self._finish(running), received + own)
 
     # ---- pieces --------------------------------------------------------------------------
 
@@ -299,6 +305,31 @@ class Genred:
         if out.is_floating_point():
             return _Tie.apply(out, *needs)
         return out
+
+
+class LazyTensor(_storch.LazyTensor):
+    """``symred.torch.LazyTensor`` whose reductions run across the ranks of the default process
+    group, as :class:`Genred` (each rank's ``Vi`` / ``Vj`` tensors are its own rows). Complex
+    LazyTensors and ``solve`` are not supported across ranks."""
+
+    _GENRED = Genred
+    _KERNELSOLVE = None
+
+
+def Vi(x):
+    """A variable indexed by i from this rank's ``(n, d)`` rows: ``LazyTensor(x, axis=0)``."""
+    return _lazy._vi_vj(LazyTensor, x, 0)
+
+
+def Vj(x):
+    """A variable indexed by j from this rank's ``(m, d)`` rows: ``LazyTensor(x, axis=1)``."""
+    return _lazy._vi_vj(LazyTensor, x, 1)
+
+
+def Pm(x):
+    """A parameter (equal on every rank): a ``(d,)`` or 0-D tensor, a list of numbers, or a
+    number."""
+    return _lazy._pm(LazyTensor, x)
 
 
 _SHARED = {}

@@ -7,7 +7,8 @@ ranks: output rows 5, 0, 5 and reduced rows 2, 5, 1, so an empty block and block
 than K = 3); exact ties (lowest global index); NaN and +inf among the reduced rows (NaN first
 for Min/Max, after +inf in K-lists, ties of infinities by index); gradients with respect to the output side,
 the reduced side and a parameter (summed over the ranks) of Sum, LogSumExp,
-SumSoftMaxWeight, Min, Max and KMin; K too large raising ValueError on every rank.
+SumSoftMaxWeight, Min, Max and KMin; LazyTensor (a kNN, and a Gaussian sum and its gradient);
+K too large raising ValueError on every rank.
 """
 
 import json
@@ -80,6 +81,12 @@ def test_nan_and_infinities_as_on_one_process(results):
         cases = [r for r in rows if " nan inf " in r["case"]]
         assert len(cases) >= 2 * 12, (world, rank)
         assert _bad(cases) == [], (world, rank)
+
+
+def test_lazytensor_reductions(results):
+    for (world, rank), rows in results.items():
+        lazy = [r for r in rows if " lazy " in r["case"]]
+        assert len(lazy) >= 2 and _bad(lazy) == [], (world, rank, lazy)
 
 
 def test_ties_and_errors_on_every_rank(results):

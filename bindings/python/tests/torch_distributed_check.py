@@ -159,6 +159,24 @@ def child(rank, world, port, outdir):
             compare(f"w{world} grad {red} d/d{name} axis={axis}", p.grad,
                     mine(a.grad, sz, rank), dt)
         compare(f"w{world} grad {red} d/dg axis={axis}", gg, full[3].grad, dt)
+    # LazyTensor: a kNN and a differentiated Gaussian sum
+    from symred.distributed import Vi, Vj
+    x, y, b, _ = data(torch.float64)
+    want = (storch.Vi(x) - storch.Vj(y)).sqnorm2().argKmin(K, dim=1)
+    got = (Vi(mine(x, out_split, rank)) - Vj(mine(y, red_split, rank))).sqnorm2().argKmin(
+        K, dim=1)
+    compare(f"w{world} lazy argKmin", got, mine(want, out_split, rank), torch.float64)
+    xf = x.clone().requires_grad_(True)
+    want = ((-storch.Vi(xf).sqdist(storch.Vj(y))).exp() * storch.Vj(b)).sum(dim=1)
+    (want ** 2).sum().backward()
+    xm = mine(x, out_split, rank).clone().requires_grad_(True)
+    ym = mine(y, red_split, rank)
+    got = ((-Vi(xm).sqdist(Vj(ym))).exp() * Vj(mine(b, red_split, rank))).sum(dim=1)
+    (got ** 2).sum().backward()
+    compare(f"w{world} lazy gauss", got, mine(want, out_split, rank), torch.float64)
+    if xm.shape[0]:
+        compare(f"w{world} lazy grad gauss d/dx", xm.grad, mine(xf.grad, out_split, rank),
+                torch.float64)
     # K larger than the reduced rows of all ranks: ValueError on every rank
     try:
         Genred("SqDist(x, y)", ["x = Vi(3)", "y = Vj(3)"], reduction_op="KMin", axis=1,
