@@ -11,6 +11,8 @@ Two ways in:
 - :func:`sharded` wraps a Genred into a function of the **global** arrays that runs that
   ``shard_map`` itself over a given mesh (padding the rows to equal shards and cropping the
   result), usable eagerly and under ``jax.jit``.
+- :func:`follow` does the same with the layout read from the arguments' types (meshes of
+  ``Explicit`` axes), so that a plain ``jax.jit`` partitions the reduction as the data lies.
 
 The collective follows from the reduction's combine rule (the rules of the MPI layer,
 docs/scale-out.md): output rows sharded, reduced rows replicated: no communication; reduced
@@ -46,7 +48,7 @@ from . import _shard_rules as _rules
 from . import jax as _sjax
 from ._lib import SR_CAT_I, SR_CAT_J
 
-__all__ = ["reduce", "sharded"]
+__all__ = ["follow", "reduce", "sharded"]
 
 # The partial state each user reduction needs, and the kernels that compute it.
 
@@ -425,3 +427,45 @@ def sharded(genred, mesh, *, rows=None, reduced=None, backend="auto"):
 def _explicit(mesh):
     types = getattr(mesh, "axis_types", ())
     return any(t == jax.sharding.AxisType.Explicit for t in types)
+
+
+def follow(genred):
+    """``genred`` as a function that follows the shardings of its arguments' types: on a mesh
+    of ``Explicit`` axes (``jax.make_mesh``'s default; under ``jax.set_mesh``), where every
+    array's type carries its sharding, the mesh axis over which the rows of the output side's
+    arrays are sharded and the one of the reduced side's are read at trace time and the call
+    runs as :func:`sharded` with them; with no sharded rows, as ``genred`` itself. So a plain
+    ``jax.jit`` of a function that calls it partitions by the inputs' shardings. The arrays of
+    one side must be sharded alike (ValueError otherwise)."""
+    if not isinstance(genred, _sjax.Genred):
+        raise TypeError(f"symred.jax_sharding.follow needs a symred.jax.Genred, not "
+                        f"{_qual(genred)}")
+
+    def call(*args, backend="auto"):
+        args = [jnp.asarray(a) for a in args]
+        plan = _Plan(genred, args, None, None, backend)
+        axes, mesh = {plan.out_cat: set(), plan.red_cat: set()}, None
+        for a, cat in zip(args, plan.cats):
+            if cat not in axes:
+                continue
+            sh = getattr(jax.typeof(a), "sharding", None)
+            spec = tuple(sh.spec) if sh is not None else ()
+            first = spec[0] if spec else None
+            axes[cat].add(tuple(first) if isinstance(first, (tuple, list)) else first)
+            if first is not None:
+                mesh = sh.mesh
+            if any(s is not None for s in spec[1:]):
+                raise ValueError("symred.jax_sharding.follow: only the rows (first dimension) "
+                                 "of an array may be sharded")
+        for cat, found in axes.items():
+            if len(found) > 1:
+                side = "output" if cat == plan.out_cat else "reduced"
+                raise ValueError(f"symred.jax_sharding.follow: the {side} side's arrays are "
+                                 f"sharded differently ({sorted(map(str, found))})")
+        rows = next(iter(axes[plan.out_cat]), None)
+        reduced = next(iter(axes[plan.red_cat]), None)
+        if mesh is None:
+            return genred(*args, backend=backend)
+        return sharded(genred, mesh, rows=rows, reduced=reduced, backend=backend)(*args)
+
+    return call

@@ -20,7 +20,7 @@ from jax.sharding import AxisType, PartitionSpec as P  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 from symred.jax import Genred  # noqa: E402
-from symred.jax_sharding import reduce, sharded  # noqa: E402
+from symred.jax_sharding import follow, reduce, sharded  # noqa: E402
 
 K = 3
 # One reduction of each partial state (the others differ only in what they hand back).
@@ -152,6 +152,34 @@ def vmapped():
             jax.vmap(lambda y: g(x, y, b))(ys), jnp.float64)
 
 
+def followed():
+    """follow(): a plain jax.jit on arrays whose Explicit shardings choose the layout, with
+    the gradient; and arrays of one side sharded differently."""
+    from jax.sharding import NamedSharding
+    mesh = mesh_of((4,), ("d",))
+    g = genreds(1)["SumSoftMaxWeight"]
+    x, y, b = data(12, 8, jnp.float64, seed=3)
+    f = follow(g)
+    with jax.set_mesh(mesh):
+        def put(a, spec):
+            return jax.device_put(a, NamedSharding(mesh, spec))
+
+        for tag, xa in (("reduced", put(x, P())), ("ring", put(x, P("d")))):
+            ya, ba = put(y, P("d")), put(b, P("d"))
+            compare(f"follow {tag} SumSoftMaxWeight", jax.jit(f)(xa, ya, ba), g(x, y, b),
+                    jnp.float64)
+            got = jax.jit(jax.grad(lambda x, y: f(x, y, ba).sum(), argnums=(0, 1)))(xa, ya)
+            want = jax.grad(lambda x, y: g(x, y, b).sum(), argnums=(0, 1))(x, y)
+            for name, a, c in zip("xy", got, want):
+                compare(f"follow {tag} grad SumSoftMaxWeight d/d{name}", a, c, jnp.float64)
+        try:
+            jax.jit(f)(put(x, P()), put(y, P("d")), put(b, P()))
+            emit(case="follow: one side sharded two ways", kind="error", type=None, message="")
+        except ValueError as e:
+            emit(case="follow: one side sharded two ways", kind="error", type="ValueError",
+                 message=str(e))
+
+
 def errors():
     mesh = mesh_of((4,), ("d",), explicit=False)
     g = genreds(1)["Sum"]
@@ -225,6 +253,7 @@ def main():
         errors()
         inside_shard_map()
         vmapped()
+        followed()
     if "all" in what or "int32" in what:
         jax.config.update("jax_enable_x64", False)  # int32 indices
         forward("int32 indices reduced", m4, None, "d", 1, jnp.float32,

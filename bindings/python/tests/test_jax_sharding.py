@@ -9,7 +9,8 @@ axes; the output rows only; a 2 x 2 mesh (output rows over one axis, reduced row
 other) and a ring over both axes; 1 and 2 devices; sizes that do not divide (11 output rows
 and 5 reduced rows on 4 devices: blocks of 3, 3, 3, 2 and 2, 2, 1, 0, an empty one); exact
 ties on an integer grid (indices equal); int32 indices without x64; an Auto mesh and the
-user's own shard_map; jax.vmap over the sharded call; gradients (jax.grad in x, y and b) of Sum, LogSumExp,
+user's own shard_map; jax.vmap over the sharded call; follow() under a plain jax.jit
+(the layout read from the arrays' Explicit shardings) with its gradient; gradients (jax.grad in x, y and b) of Sum, LogSumExp,
 SumSoftMaxWeight, Min, Max and KMin, and a jvp; the errors.
 """
 
@@ -87,7 +88,8 @@ def test_one_two_and_four_devices_and_two_dimensional_meshes(results):
     cases = [r["case"] for r in results]
     for tag in ("1 dev ring", "2 dev ring", "2x2 rows a reduced b", "4 dev over (a, b) ring",
                 "4 dev rows", "auto mesh ring", "int32 indices reduced", "user shard_map",
-                "vmap over x ring", "vmap over y reduced"):
+                "vmap over x ring", "vmap over y reduced",
+                "follow reduced", "follow ring", "follow ring grad"):
         assert any(c.startswith(tag) for c in cases), tag
 
 
@@ -105,6 +107,7 @@ def test_errors(results):
         "K too large": ("ValueError", "K = 6 exceeds the 5 reduced rows"),
         "numpy Genred": ("TypeError", "needs a symred.jax.Genred"),
         "nred too large": ("ValueError", "nred = 9"),
+        "follow: one side sharded two ways": ("ValueError", "sharded differently"),
     }
     for case, (typ, text) in expect.items():
         assert errs[case]["type"] == typ, errs[case]
