@@ -225,8 +225,8 @@ def main():
         for dt in (jnp.float64, jnp.float32):
             for axis in (1, 0):
                 forward("4 dev ring", m4, "d", "d", axis, dt)
-        for axis in (1, 0):
-            forward("4 dev reduced", m4, None, "d", axis, jnp.float64)
+        forward("4 dev reduced", m4, None, "d", 1, jnp.float64)
+        forward("4 dev reduced", m4, None, "d", 0, jnp.float64, names=COMBINED)
         forward("4 dev rows", m4, "d", None, 1, jnp.float32,
                 names=["Sum", "SumSoftMaxWeight", "ArgKMin"])
         forward("2x2 rows a reduced b", mesh_of((2, 2), ("a", "b")), "a", "b", 1, jnp.float64,
