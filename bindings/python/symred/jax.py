@@ -44,6 +44,7 @@ try:
     import jax
     import jax.numpy as jnp
     from jax.extend.core import Primitive
+    from jax._src import core as _jcore  # shard_map's varying axes (no public API yet)
     from jax.interpreters import ad, batching, mlir
 except ImportError as e:  # pragma: no cover - exercised where jax is missing
     raise ImportError(
@@ -278,20 +279,41 @@ _reduce_p = Primitive("symred_reduce")
 _reduce_p.multiple_results = True
 
 
+# JAX's tracking of the mesh axes a value varies over inside shard_map (jax 0.10's names;
+# without them, results are typed as before and shard_map needs check_vma=False).
+_VMA = all(hasattr(_jcore, n) for n in ("auto_insert_reshard", "standard_vma_rule",
+                                        "ManualAxisType", "get_cur_mesh_sharding"))
+
+
 def _reduce(call, *args):
-    """One kernel run: the results as a tuple (values, indices, or both)."""
+    """One kernel run: the results as a tuple (values, indices, or both). Inside
+    ``shard_map`` the arrays are first made to vary over the same mesh axes (JAX's pvary,
+    whose transpose sums the cotangent of a replicated array over them)."""
+    if _VMA:
+        args = _jcore.auto_insert_reshard(*args)
     return tuple(_reduce_p.bind(*args, call=call))
+
+
+def _aval(shape, dt, vma):
+    """A result's abstract value; inside ``shard_map`` it varies over the mesh axes ``vma``
+    over which the arguments vary."""
+    if not vma:
+        return jax.core.ShapedArray(shape, dt)
+    mat = _jcore.ManualAxisType(varying=vma)
+    return jax.core.ShapedArray(shape, dt, sharding=_jcore.get_cur_mesh_sharding(),
+                                manual_axis_type=mat)
 
 
 def _reduce_abstract(*args, call):
     kern = call.kern
+    vma = _jcore.standard_vma_rule(_reduce_p.name, *args) if _VMA else frozenset()
     dt = jnp.float64 if kern.desc[0] == SR_F64 else jnp.float32
     shape = (call.nout, kern.out_dim)
     outs = []
     if kern.red not in _INDEX_ONLY:
-        outs.append(jax.core.ShapedArray(shape, dt))
+        outs.append(_aval(shape, dt, vma))
     if kern.red in _WITH_INDICES:
-        outs.append(jax.core.ShapedArray(shape, _index_dtype()))
+        outs.append(_aval(shape, _index_dtype(), vma))
     return outs
 
 
