@@ -54,6 +54,11 @@ ABOUT = {
                       "`Sum(Square(x-y))`) against symred's canonical ops (`SqDist`) in the same "
                       "process, target ratio <= 1.15; `hoisting` times an i-only factor with "
                       "`SYMRED_SIMPLIFY=0` against the simplifier moving it out of the reduction.",
+    "bench_sharding": "symred.jax_sharding's overhead ([scale-out.md](scale-out.md)): the "
+                      "Gaussian mat-vec (D = 3, float32, N = M) on one JAX host device against "
+                      "the same total work on host devices sharing the same cores, the reduced "
+                      "rows sharded (psum) and both sides sharded (ppermute ring); ratio = time "
+                      "over one device's, best of the alternating calls (target <= 1.3).",
     "bench_wide": "Wide outputs on the fused two-product strategy ([wide.md](wide.md)): `matvec` "
                   "is `Exp(-SqDist(x,y)*g)*b` with B of R columns against the dense `K @ B` with "
                   "K prebuilt (torch, MKL); `attention` is `SumSoftMaxWeight((q|k)*s, v)` against "
