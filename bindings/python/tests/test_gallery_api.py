@@ -1,0 +1,61 @@
+"""pykeops API that KeOps' gallery scripts (tutorials, examples, benchmarks) use, each against
+the dense NumPy or torch computation: a reduction or solve made with ``call=False`` exposes the
+Genred or KernelSolve it calls as ``callfun``, and calling either gives the result."""
+
+import numpy as np
+import pytest
+
+import symred
+from symred import Vi, Vj
+
+RNG = np.random.default_rng(11)
+N, M, D = 12, 9, 2
+
+
+def gauss(x, y, s=0.5):
+    return np.exp(-((x[:, None, :] - y[None, :, :]) ** 2).sum(-1) / (2 * s * s))
+
+
+def test_reduction_call_false_callfun_numpy():
+    x, y, b = RNG.random((N, D)), RNG.random((M, D)), RNG.random((M, 3))
+    K = (-Vi(x).sqdist(Vj(y)) / 0.5).exp()
+    red = (K * Vj(b)).sum(axis=1, call=False)
+    assert isinstance(red.callfun, symred.Genred)
+    assert red.callfun is red.genred
+    want = gauss(x, y) @ b
+    np.testing.assert_allclose(red(), want, rtol=1e-12)
+    # pykeops calls callfun with the LazyTensor's arrays: x, y, b in the order of the formula
+    np.testing.assert_allclose(red.callfun(*red._arrays), want, rtol=1e-12)
+
+
+def test_solve_call_false_callfun_numpy():
+    x, b, alpha = RNG.random((N, D)), RNG.random((N, 2)), 0.1
+    K = (-Vi(x).sqdist(Vj(x)) / 0.5).exp()
+    cfun = K.solve(Vi(b), alpha=alpha, eps=1e-12, call=False)
+    assert isinstance(cfun.callfun, symred.KernelSolve)
+    want = np.linalg.solve(alpha * np.eye(N) + gauss(x, x), b)
+    np.testing.assert_allclose(cfun(), want, rtol=1e-6, atol=1e-9)
+    assert "KernelSolve" in repr(cfun.callfun)
+
+
+def test_solve_call_false_callfun_torch():
+    torch = pytest.importorskip("torch")
+    from symred.torch import LazyTensor as keops  # as the gallery's solver example does
+    from symred.torch import Vi, Vj
+
+    x = torch.rand(N, D, dtype=torch.float64, requires_grad=True)
+    b = torch.rand(N, 2, dtype=torch.float64)
+    alpha, s = 0.1, 0.5
+    K = keops.exp(-keops.sum((Vi(x) - Vj(x)) ** 2, dim=2) / (2 * s * s))
+    cfun = keops.solve(K, Vi(b), alpha=alpha, eps=1e-12, call=False)
+    assert isinstance(cfun.callfun, symred.torch.KernelSolve)
+    c = cfun()
+    Kd = alpha * torch.eye(N, dtype=torch.float64) + torch.exp(
+        -((x[:, None, :] - x[None, :, :]) ** 2).sum(-1) / (2 * s * s))
+    want = torch.linalg.solve(Kd, b)
+    torch.testing.assert_close(c, want, rtol=1e-6, atol=1e-9)
+    e = torch.rand(N, 2, dtype=torch.float64)
+    (g,) = torch.autograd.grad(c, x, e)
+    (g_want,) = torch.autograd.grad(want, x, e)
+    torch.testing.assert_close(g, g_want, rtol=1e-5, atol=1e-8)
+
