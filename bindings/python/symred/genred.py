@@ -201,6 +201,20 @@ def _int_arg(name, v, lo=-2**63, hi=2**63 - 1):
     return int(v)
 
 
+def _float_arg(name, v):
+    """v as a float: a number, or a one-element array or tensor (pykeops' solvers broadcast
+    ``alpha`` with the unknown, so a shape-(1,) array is as good as a number there)."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a number, not bool")
+    if hasattr(v, "item") and not isinstance(v, (int, float)):
+        size = v.numel() if callable(getattr(v, "numel", None)) else getattr(v, "size", 1)
+        if size != 1:
+            raise ValueError(f"{name} must be a number or a one-element array, not an array "
+                             f"of shape {tuple(v.shape)}")
+        v = v.item()
+    return float(v)
+
+
 def _block_diagonal_ranges(B, M, N, shared, axis):
     """pykeops' 6-tuple of ranges for B batches laid end to end: batch b's M output rows
     (rows [b M, (b + 1) M)) reduce over its own N reduced rows ([b N, (b + 1) N)), or over the

@@ -1,6 +1,7 @@
 """pykeops API that KeOps' gallery scripts (tutorials, examples, benchmarks) use, each against
 the dense NumPy or torch computation: a reduction or solve made with ``call=False`` exposes the
-Genred or KernelSolve it calls as ``callfun``, and calling either gives the result."""
+Genred or KernelSolve it calls as ``callfun``, and calling either gives the result; a solver's
+``alpha`` may be a one-element array or tensor."""
 
 import numpy as np
 import pytest
@@ -59,3 +60,36 @@ def test_solve_call_false_callfun_torch():
     (g_want,) = torch.autograd.grad(want, x, e)
     torch.testing.assert_close(g, g_want, rtol=1e-5, atol=1e-8)
 
+
+def test_solve_alpha_one_element_array():
+    """The solver benchmark passes alpha as a shape-(1,) array, as pykeops allows."""
+    x, b = RNG.random((N, D)).astype(np.float32), RNG.random((N, 1)).astype(np.float32)
+    g = np.array([2.0], dtype=np.float32)
+    ks = symred.KernelSolve("Exp(-g * SqDist(x, y)) * a",
+                            ["x = Vi(2)", "y = Vj(2)", "a = Vj(1)", "g = Pm(1)"], "a", axis=1)
+    alpha = np.ones((1,), dtype=np.float32) * 0.8
+    Kd = alpha[0] * np.eye(N) + np.exp(-2.0 * ((x[:, None] - x[None]) ** 2).sum(-1))
+    want = np.linalg.solve(Kd, b.astype(np.float64))
+    np.testing.assert_allclose(ks(x, x, b, g, alpha=alpha), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ks(x, x, b, g, alpha=np.float32(0.8)), want, rtol=1e-4,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="one-element"):
+        ks(x, x, b, g, alpha=np.ones(2))
+
+
+def test_solve_alpha_one_element_tensor():
+    torch = pytest.importorskip("torch")
+    import symred.torch
+
+    x, b = torch.rand(N, D, dtype=torch.float64), torch.rand(N, 1, dtype=torch.float64)
+    g = torch.tensor([2.0], dtype=torch.float64)
+    ks = symred.torch.KernelSolve("Exp(-g * SqDist(x, y)) * a",
+                                  ["x = Vi(2)", "y = Vj(2)", "a = Vj(1)", "g = Pm(1)"], "a",
+                                  axis=1)
+    alpha = torch.ones(1, dtype=torch.float64) * 0.8
+    Kd = 0.8 * torch.eye(N, dtype=torch.float64) + torch.exp(
+        -2.0 * ((x[:, None] - x[None]) ** 2).sum(-1))
+    torch.testing.assert_close(ks(x, x, b, g, alpha=alpha, eps=1e-12),
+                               torch.linalg.solve(Kd, b), rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="one-element"):
+        ks(x, x, b, g, alpha=torch.ones(2, dtype=torch.float64))
