@@ -29,6 +29,8 @@ class KernelSolve(Genred):
         dtype, dtype_acc, use_double_acc, sum_scheme: as for Genred.
     """
 
+    _FLAT_DIM1_VARIABLES = False
+
     def __init__(self, formula, aliases, varinvalias, axis=0, dtype=None, dtype_acc="auto",
                  use_double_acc=False, sum_scheme="auto", cuda_type=None, enable_chunks=True,
                  rec_multVar_highdim=False, use_fast_math=True):

@@ -1,12 +1,13 @@
 """pykeops API that KeOps' gallery scripts (tutorials, examples, benchmarks) use, each against
 the dense NumPy or torch computation: a reduction or solve made with ``call=False`` exposes the
 Genred or KernelSolve it calls as ``callfun``, and calling either gives the result; a solver's
-``alpha`` may be a one-element array or tensor."""
+``alpha`` may be a one-element array or tensor; a variable of dimension 1 may be a 1-D array."""
 
 import numpy as np
 import pytest
 
 import symred
+import symred.numpy
 from symred import Vi, Vj
 
 RNG = np.random.default_rng(11)
@@ -93,3 +94,44 @@ def test_solve_alpha_one_element_tensor():
                                torch.linalg.solve(Kd, b), rtol=1e-6, atol=1e-9)
     with pytest.raises(ValueError, match="one-element"):
         ks(x, x, b, g, alpha=torch.ones(2, dtype=torch.float64))
+
+
+def test_flat_dim1_variable_numpy():
+    """A 1-D array for a variable of dimension 1 is read as (n, 1), as pykeops reads it (the
+    3-D convolution benchmark passes b.squeeze() for B = Vj(1))."""
+    x, y, b = RNG.random((N, 3)), RNG.random((M, 3)), RNG.random(M)
+    f = symred.numpy.generic_sum("Exp(-SqDist(X,Y)) * B", "A = Vi(1)", "X = Vi(3)",
+                                 "Y = Vj(3)", "B = Vj(1)")
+    want = gauss(x, y, s=np.sqrt(0.5)) @ b
+    got = f(x, y, b)
+    assert got.shape == (N, 1)
+    np.testing.assert_allclose(got[:, 0], want, rtol=1e-12)
+    # beside batched arrays, a variable keeps its (..., n, d) shape
+    with pytest.raises(ValueError, match=r"must have shape \(\.\.\., ny, 1\)"):
+        f(x[None], y[None], b)
+    # KernelSolve's unknown keeps its (n, 1) shape
+    ks = symred.KernelSolve("Exp(-SqDist(x,y)) * a", ["x = Vi(3)", "y = Vj(3)", "a = Vj(1)"],
+                            "a", axis=1)
+    with pytest.raises(ValueError, match=r"a\[:, None\]"):
+        ks(x, x, RNG.random(N))
+
+
+def test_flat_dim1_variable_torch():
+    torch = pytest.importorskip("torch")
+    import symred.torch
+
+    x = torch.rand(N, 3, dtype=torch.float64, requires_grad=True)
+    y = torch.rand(M, 3, dtype=torch.float64)
+    b = torch.rand(M, dtype=torch.float64, requires_grad=True)
+    f = symred.torch.generic_sum("Exp(-SqDist(X,Y)) * B", "A = Vi(1)", "X = Vi(3)",
+                                 "Y = Vj(3)", "B = Vj(1)")
+    got = f(x, y, b)
+    want = torch.exp(-((x[:, None] - y[None]) ** 2).sum(-1)) @ b
+    assert got.shape == (N, 1)
+    torch.testing.assert_close(got[:, 0], want, rtol=1e-12, atol=0)
+    e = torch.rand(N, 1, dtype=torch.float64)
+    gx, gb = torch.autograd.grad(got, (x, b), e)
+    wx, wb = torch.autograd.grad(want, (x, b), e[:, 0])
+    assert gb.shape == b.shape
+    torch.testing.assert_close(gx, wx, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gb, wb, rtol=1e-10, atol=1e-12)
