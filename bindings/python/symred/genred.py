@@ -201,6 +201,20 @@ def _int_arg(name, v, lo=-2**63, hi=2**63 - 1):
     return int(v)
 
 
+def _float_arg(name, v):
+    """v as a float: a number, or a one-element array or tensor (pykeops' solvers broadcast
+    ``alpha`` with the unknown, so a shape-(1,) array is as good as a number there)."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a number, not bool")
+    if hasattr(v, "item") and not isinstance(v, (int, float)):
+        size = v.numel() if callable(getattr(v, "numel", None)) else getattr(v, "size", 1)
+        if size != 1:
+            raise ValueError(f"{name} must be a number or a one-element array, not an array "
+                             f"of shape {tuple(v.shape)}")
+        v = v.item()
+    return float(v)
+
+
 def _block_diagonal_ranges(B, M, N, shared, axis):
     """pykeops' 6-tuple of ranges for B batches laid end to end: batch b's M output rows
     (rows [b M, (b + 1) M)) reduce over its own N reduced rows ([b N, (b + 1) N)), or over the
@@ -686,6 +700,9 @@ class Genred:
 
     # What _prepare needs to know of the array type; symred.torch.Genred overrides these.
     _ARRAY_NAME = "NumPy array"
+    # Whether a variable of dimension 1 may be a 1-D array of n values (read as (n, 1)), as
+    # pykeops reads one; KernelSolve keeps (n, 1), the shape of its unknown.
+    _FLAT_DIM1_VARIABLES = True
 
     @staticmethod
     def _is_array(a):
@@ -783,6 +800,8 @@ class Genred:
                     raise ValueError(f"{spec.describe()} must have shape {spec.expected_shape()}, "
                                      f"got {a.shape}")
             else:
+                if a.ndim == 1 and spec.dim == 1 and self._FLAT_DIM1_VARIABLES:
+                    a = a.reshape(-1, 1)
                 if a.ndim != 2 or a.shape[1] != spec.dim:
                     hint = ""
                     if a.ndim == 1 and spec.dim == 1:
@@ -925,8 +944,12 @@ class Genred:
         shared = True
         for i, a in enumerate(args):
             spec = self._args.get(i)
-            if spec is None or spec.cat == SR_CAT_PARAM or not self._is_array(a) or a.ndim < 2:
+            if spec is None or spec.cat == SR_CAT_PARAM or not self._is_array(a):
                 continue
+            if a.ndim < 2:  # a 1-D variable is read as (n, 1) without batch dimensions only
+                raise ValueError(f"{spec.describe()} must have shape (..., "
+                                 f"{spec.expected_shape()[1:-1]}) beside batched arrays, got "
+                                 f"{tuple(a.shape)}")
             rows[spec.cat].add(a.shape[-2])
             if spec.cat == red_cat and any(d != 1 for d in a.shape[:-2]):
                 shared = False

@@ -76,7 +76,8 @@ class Reduction:
     Calling it runs it: ``red(*arrays, **kwargs)``, one array per symbolic variable in index
     order (none without symbolic variables), then the call keywords (``backend``, ``ranges``,
     ``out``, ...), which override those given to the reduction. ``genred`` is the Genred (or
-    KernelSolve) it calls, with the LazyTensor's own arrays after the symbolic ones."""
+    KernelSolve) it calls, with the LazyTensor's own arrays after the symbolic ones; ``callfun``
+    is the same object under pykeops' name."""
 
     def __init__(self, genred, arrays, kwargs, post=None):
         self.genred, self._arrays, self._kwargs = genred, list(arrays), dict(kwargs)
@@ -85,6 +86,10 @@ class Reduction:
     def __call__(self, *args, **kwargs):
         res = self.genred(*args, *self._arrays, **dict(self._kwargs, **kwargs))
         return self._post(res) if self._post is not None else res
+
+    @property
+    def callfun(self):
+        return self.genred
 
     def __repr__(self):
         return f"symred Reduction: {self.genred!r}"

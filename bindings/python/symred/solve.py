@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 
 from ._lib import SolveDesc, check, lib
-from .genred import _DTYPES, _INT32_MAX, Genred, _int_arg
+from .genred import _DTYPES, _INT32_MAX, Genred, _float_arg, _int_arg
 
 __all__ = ["KernelSolve"]
 
@@ -28,6 +28,8 @@ class KernelSolve(Genred):
         axis (int): as in pykeops: 1 sums over j (x a Vi, b a Vj), 0 over i.
         dtype, dtype_acc, use_double_acc, sum_scheme: as for Genred.
     """
+
+    _FLAT_DIM1_VARIABLES = False
 
     def __init__(self, formula, aliases, varinvalias, axis=0, dtype=None, dtype_acc="auto",
                  use_double_acc=False, sum_scheme="auto", cuda_type=None, enable_chunks=True,
@@ -62,8 +64,10 @@ class KernelSolve(Genred):
         self._check_acc(dt)
         rhs = arrays[self.varinvpos]
         out = np.empty_like(rhs)
-        desc = SolveDesc(b_index=self.varinvpos, alpha=float(alpha), eps=float(eps),
-                         max_iter=_int_arg("max_iter", max_iter, 0, _INT32_MAX), check_symmetry=1 if check_symmetry else 0)
+        desc = SolveDesc(b_index=self.varinvpos, alpha=_float_arg("alpha", alpha),
+                         eps=_float_arg("eps", eps),
+                         max_iter=_int_arg("max_iter", max_iter, 0, _INT32_MAX),
+                         check_symmetry=1 if check_symmetry else 0)
         with self._h.lock:
             k = self._kernel(_DTYPES[dt], device)
             nargs_c = lib.sr_kernel_nargs(k)

@@ -882,7 +882,8 @@ class KernelSolve(Genred, _solve.KernelSolve):
                              f"rows and the j-variables {ny}")
         self._check_acc(dt)
         kern = self._torch_kernel(_SR_DTYPES[dt], device)
-        opts = (float(alpha), float(eps), _genred._int_arg("max_iter", max_iter, 0, _genred._INT32_MAX),
+        opts = (_genred._float_arg("alpha", alpha), _genred._float_arg("eps", eps),
+                _genred._int_arg("max_iter", max_iter, 0, _genred._INT32_MAX),
                 bool(check_symmetry))
         return _Solve.apply(kern, opts, self.varinvpos, *tensors)
 

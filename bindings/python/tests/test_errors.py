@@ -137,8 +137,10 @@ def test_wrong_shapes_name_argument_and_expected_shape():
     with pytest.raises(ValueError, match=r"\(nx, 3\), got \(5,\)"):
         f(x[:, 0], y)
     h = Genred("SqDist(x,y) * u", AL + ["u = Vj(1)"])
-    with pytest.raises(ValueError, match=r"\(ny, 1\), got \(6,\).*a\[:, None\]"):
-        h(x, y, np.ones(6))
+    # A 1-D array for a variable of dimension 1 is read as (n, 1), as pykeops reads it.
+    np.testing.assert_allclose(h(x, y, np.ones(6)), h(x, y, np.ones((6, 1))))
+    with pytest.raises(ValueError, match=r"\(ny, 1\), got \(6, 2\)"):
+        h(x, y, np.ones((6, 2)))
     g = Genred("SqDist(x,y) * p", AL + ["p = Pm(2)"])
     with pytest.raises(ValueError, match=r"argument 2 \('p' = Pm\(2\)\) must have shape \(2,\)"):
         g(x, y, np.ones(3))
