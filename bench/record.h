@@ -72,17 +72,28 @@ static inline void bench_record_open(bench_record *r, const char *name, int argc
     else
         bench_record_popen("git describe --always --dirty --abbrev=12 2>/dev/null", commit,
                            sizeof commit);
+    /* The model name and the widest vector unit of the first CPU: one model name (AMD EPYC)
+     * covers machines with and without AVX-512. */
     FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f))
+    char line[8192];
+    while (f && fgets(line, sizeof line, f)) {
         if (strncmp(line, "model name", 10) == 0 && strchr(line, ':')) {
             const char *v = strchr(line, ':') + 1;
             while (*v == ' ')
                 v++;
             snprintf(cpu, sizeof cpu, "%s", v);
             cpu[strcspn(cpu, "\n")] = 0;
+        }
+        if (strncmp(line, "flags", 5) == 0) {
+            const char *isa = strstr(line, " avx512f") ? "AVX-512"
+                              : strstr(line, " avx2")  ? "AVX2"
+                                                       : "";
+            size_t k = strlen(cpu);
+            if (*isa && k + 16 < sizeof cpu)
+                snprintf(cpu + k, sizeof cpu - k, " (%s)", isa);
             break;
         }
+    }
     if (f)
         fclose(f);
     double load[3] = {0, 0, 0};

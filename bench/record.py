@@ -39,14 +39,21 @@ def _commit():
 
 
 def _cpu():
+    """The model name and the widest vector unit of the first CPU (one model name, AMD EPYC,
+    covers machines with and without AVX-512), as bench/record.h writes them."""
+    model = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name") and ":" in line:
-                    return line.split(":", 1)[1].strip()
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = line.split()
+                    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+                    return f"{model} ({isa})" if isa else model
     except OSError:
         pass
-    return "unknown"
+    return model
 
 
 class Record:
