@@ -88,9 +88,9 @@ static inline void bench_record_open(bench_record *r, const char *name, int argc
             const char *isa = strstr(line, " avx512f") ? "AVX-512"
                               : strstr(line, " avx2")  ? "AVX2"
                                                        : "";
-            size_t k = strlen(cpu);
-            if (*isa && k + 16 < sizeof cpu)
-                snprintf(cpu + k, sizeof cpu - k, " (%s)", isa);
+            size_t len = strlen(cpu);
+            if (*isa && len + 16 < sizeof cpu)
+                snprintf(cpu + len, sizeof cpu - len, " (%s)", isa);
             break;
         }
     }
