@@ -144,21 +144,23 @@ static void expect_other_runs_its_own(void)
     sr_ctx_free(c);
 }
 
-/* One module loaded by several contexts: each later context's descriptor finds the loaded
- * object by the file's identity, and the loader keeps /proc/self/fd/N as one more name of it.
- * Once those contexts are freed their numbers are reused, and another kernel's entry opened
- * under such a number must load its own code, not the object that name once found. */
-Test(cache, reused_descriptor_names_load_their_own_module)
+/* One module loaded by several contexts (one kept, `sharers` freed): each later context's
+ * descriptor finds the loaded object by the file's identity, and the loader keeps the name the
+ * descriptor was loaded through as one more name of it. Once those contexts are freed their
+ * numbers are reused, and another kernel's entry opened under such a number must load its own
+ * code, not the object that name once found. */
+static void sharers_then_other(int sharers)
 {
-    enum { SHARERS = 8 };
     store_both();
     sr_expr *f;
-    sr_ctx *keep, *share[SHARERS];
-    sr_kernel *kk, *ks[SHARERS];
+    sr_ctx *keep, *share[64];
+    sr_kernel *kk, *ks[64];
+    cr_assert_leq(sharers, 64);
     cr_assert_eq(new_kernel_in(formula, &keep, &f, &kk), SR_OK, "%s", sr_ctx_error(keep));
-    for (int i = 0; i < SHARERS; i++)
-        cr_assert_eq(new_kernel_in(formula, &share[i], &f, &ks[i]), SR_OK);
-    for (int i = 0; i < SHARERS; i++) {
+    for (int i = 0; i < sharers; i++)
+        cr_assert_eq(new_kernel_in(formula, &share[i], &f, &ks[i]), SR_OK, "%s",
+                     sr_ctx_error(share[i]));
+    for (int i = 0; i < sharers; i++) {
         sr_kernel_free(ks[i]);
         sr_ctx_free(share[i]);
     }
@@ -166,6 +168,11 @@ Test(cache, reused_descriptor_names_load_their_own_module)
     sr_kernel_free(kk);
     sr_ctx_free(keep);
 }
+
+Test(cache, reused_descriptor_names_load_their_own_module) { sharers_then_other(8); }
+
+/* More numbers left as names of the loaded object than any fixed number of retries. */
+Test(cache, many_stale_names_load_their_own_module) { sharers_then_other(40); }
 
 /* The loaded object's own name can be the stale one: the context that first loaded it freed while
  * later ones that found it by the file's identity keep it loaded. Another kernel's entry opened
@@ -191,30 +198,6 @@ Test(cache, stale_own_name_loads_its_own_module)
     expect_other_runs_its_own();
     sr_kernel_free(k3);
     sr_ctx_free(share2);
-}
-
-/* More numbers left as names of a loaded object than any fixed number of retries: one context
- * keeps the object loaded while many others find it by the file's identity and go, each
- * leaving its descriptor's number as a name of it. Another kernel's entry opened under one of
- * those numbers loads its own code. */
-Test(cache, many_stale_names_load_their_own_module)
-{
-    enum { SHARERS = 40 };
-    store_both();
-    sr_expr *f;
-    sr_ctx *keep, *share[SHARERS];
-    sr_kernel *kk, *ks[SHARERS];
-    cr_assert_eq(new_kernel_in(formula, &keep, &f, &kk), SR_OK, "%s", sr_ctx_error(keep));
-    for (int i = 0; i < SHARERS; i++)
-        cr_assert_eq(new_kernel_in(formula, &share[i], &f, &ks[i]), SR_OK, "%s",
-                     sr_ctx_error(share[i]));
-    for (int i = 0; i < SHARERS; i++) {
-        sr_kernel_free(ks[i]);
-        sr_ctx_free(share[i]);
-    }
-    expect_other_runs_its_own();
-    sr_kernel_free(kk);
-    sr_ctx_free(keep);
 }
 
 /* The process's open descriptors. */
