@@ -26,6 +26,7 @@
 #include "symred.h"
 
 #include "bench.h"
+#include "handloop.h"
 #include "record.h"
 
 #include <math.h>
@@ -39,21 +40,36 @@
 
 extern char **environ;
 
-void bench_hand_gauss(int64_t n, int64_t m, const float *x, const float *y, const float *b, float g,
-                      float *out);
-void bench_hand_gauss_f64(int64_t n, int64_t m, const double *x, const double *y, const double *b,
-                          double g, double *out);
-void bench_hand_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out);
-void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out);
-void bench_fast_gauss(int64_t n, int64_t m, const float *x, const float *y, const float *b, float g,
-                      float *out);
-void bench_fast_gauss_f64(int64_t n, int64_t m, const double *x, const double *y, const double *b,
-                          double g, double *out);
-void bench_fast_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out);
-void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out);
-
 enum { NJOB = 4, KNN = 10 };
 static const char *const job_names[NJOB] = {"gauss-f32", "gauss-f64", "lse-f32", "argkmin-f32"};
+
+/* The arrays a hand loop reads and writes: float32 and float64 copies of the same points. */
+struct loop_io {
+    int64_t n;
+    const float *x, *y, *b;
+    float g;
+    const double *xd, *yd, *bd;
+    double gd;
+    float *out;
+    double *out_d;
+    int64_t *idx;
+};
+
+/* Runs job q of the loops L once; returns its seconds. */
+static double run_loop(const struct bench_loops *L, int q, const struct loop_io *io)
+{
+    const int64_t n = io->n;
+    double t0 = bench_now();
+    if (q == 0)
+        L->gauss(n, n, io->x, io->y, io->b, io->g, io->out);
+    else if (q == 1)
+        L->gauss_f64(n, n, io->xd, io->yd, io->bd, io->gd, io->out_d);
+    else if (q == 2)
+        L->lse(n, n, io->x, io->y, io->g, io->out);
+    else
+        L->argkmin(n, n, io->x, io->y, KNN, io->idx);
+    return bench_now() - t0;
+}
 
 static const char *aliases[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
 static const char *formula = "Exp(-SqDist(x,y)*g)*b";
@@ -249,7 +265,8 @@ int main(int argc, char **argv)
         best_sr[q] = best_hand[q] = best_fast[q] = 1e30;
     if (reps > 64)
         reps = 64;
-    bench_hand_gauss(n, n, x, y, b, g, o2); /* warm up the OpenMP threads */
+    const struct loop_io io = {n, x, y, b, g, xd, yd, bd, gd, o2, od2, i2};
+    run_loop(&bench_hand_loops, 0, &io); /* warm up the OpenMP threads */
     for (int r = 0; r < reps; r++)
         for (int q = 0; q < NJOB; q++) {
             t0 = bench_now();
@@ -262,26 +279,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "%s: %s\n", job_names[q], sr_ctx_error(ctx2));
                 return 1;
             }
-            t0 = bench_now();
-            if (q == 0)
-                bench_hand_gauss(n, n, x, y, b, g, o2);
-            else if (q == 1)
-                bench_hand_gauss_f64(n, n, xd, yd, bd, gd, od2);
-            else if (q == 2)
-                bench_hand_lse(n, n, x, y, g, o2);
-            else
-                bench_hand_argkmin(n, n, x, y, KNN, i2);
-            double th = bench_now() - t0;
-            t0 = bench_now();
-            if (q == 0)
-                bench_fast_gauss(n, n, x, y, b, g, o2);
-            else if (q == 1)
-                bench_fast_gauss_f64(n, n, xd, yd, bd, gd, od2);
-            else if (q == 2)
-                bench_fast_lse(n, n, x, y, g, o2);
-            else
-                bench_fast_argkmin(n, n, x, y, KNN, i2);
-            double tf = bench_now() - t0;
+            double th = run_loop(&bench_hand_loops, q, &io);
+            double tf = run_loop(&bench_fast_loops, q, &io);
             best_sr[q] = ts < best_sr[q] ? ts : best_sr[q];
             best_hand[q] = th < best_hand[q] ? th : best_hand[q];
             best_fast[q] = tf < best_fast[q] ? tf : best_fast[q];
@@ -293,10 +292,11 @@ int main(int argc, char **argv)
     double maxrel[NJOB] = {0}, maxrel_f[NJOB] = {0};
     for (int w = 0; w < 2; w++) {
         double *mr = w ? maxrel_f : maxrel;
+        const struct bench_loops *L = w ? &bench_fast_loops : &bench_hand_loops;
         sr_kernel_run(kj[0], n, n, args, o1);
         sr_kernel_run(kj[1], n, n, args_d, od1);
-        (w ? bench_fast_gauss : bench_hand_gauss)(n, n, x, y, b, g, o2);
-        (w ? bench_fast_gauss_f64 : bench_hand_gauss_f64)(n, n, xd, yd, bd, gd, od2);
+        run_loop(L, 0, &io);
+        run_loop(L, 1, &io);
         for (int64_t i = 0; i < n; i++) {
             double d0 = fabs((double)o1[i] - o2[i]) / (fabs((double)o2[i]) + 1e-3);
             double d1 = fabs(od1[i] - od2[i]) / (fabs(od2[i]) + 1e-3);
@@ -304,13 +304,13 @@ int main(int argc, char **argv)
             mr[1] = d1 > mr[1] ? d1 : mr[1];
         }
         sr_kernel_run(kj[2], n, n, args_l, o1);
-        (w ? bench_fast_lse : bench_hand_lse)(n, n, x, y, g, o2);
+        run_loop(L, 2, &io);
         for (int64_t i = 0; i < n; i++) {
             double d = fabs((double)o1[i] - o2[i]) / (fabs((double)o2[i]) + 1e-3);
             mr[2] = d > mr[2] ? d : mr[2];
         }
         sr_kernel_run(kj[3], n, n, args_l, i1);
-        (w ? bench_fast_argkmin : bench_hand_argkmin)(n, n, x, y, KNN, i2);
+        run_loop(L, 3, &io);
         int64_t idx_diff = 0;
         for (int64_t i = 0; i < KNN * n; i++)
             idx_diff += i1[i] != i2[i];

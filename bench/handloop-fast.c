@@ -12,12 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-void bench_fast_gauss(int64_t n, int64_t m, const float *x, const float *y, const float *b, float g,
-                      float *out);
-void bench_fast_gauss_f64(int64_t n, int64_t m, const double *x, const double *y, const double *b,
-                          double g, double *out);
-void bench_fast_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out);
-void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out);
+#include "handloop.h"
 
 /* The columns of the n x 3 row-major array a, in one allocation of 3 n values: a0, a1, a2. */
 #define SOA(T, a, n, c0, c1, c2)                                                                   \
@@ -30,7 +25,7 @@ void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, in
     }
 
 #define FAST_GAUSS(name, T, EXP)                                                                   \
-    void name(int64_t n, int64_t m, const T *x, const T *y, const T *b, T g, T *out)               \
+    static void name(int64_t n, int64_t m, const T *x, const T *y, const T *b, T g, T *out)        \
     {                                                                                              \
         SOA(T, y, m, y0, y1, y2)                                                                   \
         _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < n; i++)               \
@@ -50,7 +45,8 @@ void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, in
 FAST_GAUSS(bench_fast_gauss, float, expf)
 FAST_GAUSS(bench_fast_gauss_f64, double, exp)
 
-void bench_fast_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out)
+static void bench_fast_lse(int64_t n, int64_t m, const float *x, const float *y, float g,
+                           float *out)
 {
     SOA(float, y, m, y0, y1, y2)
 #pragma omp parallel for schedule(static)
@@ -73,7 +69,8 @@ void bench_fast_lse(int64_t n, int64_t m, const float *x, const float *y, float 
     free(y0);
 }
 
-void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out)
+static void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k,
+                               int64_t *out)
 {
     SOA(float, y, m, y0, y1, y2)
 #pragma omp parallel
@@ -92,17 +89,8 @@ void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, in
                     const float d0 = x0 - y0[j0 + jj], d1 = x1 - y1[j0 + jj], d2 = x2 - y2[j0 + jj];
                     dist[jj] = d0 * d0 + d1 * d1 + d2 * d2;
                 }
-                for (int jj = 0; jj < nb; jj++) {
-                    const float v = dist[jj];
-                    if (!(v < best[k - 1]))
-                        continue;
-                    int p = k - 1;
-                    while (p > 0 && v < best[p - 1]) {
-                        best[p] = best[p - 1], bi[p] = bi[p - 1];
-                        p--;
-                    }
-                    best[p] = v, bi[p] = j0 + jj;
-                }
+                for (int jj = 0; jj < nb; jj++)
+                    bench_kbest_insert(best, bi, k, dist[jj], j0 + jj);
             }
             for (int q = 0; q < k; q++)
                 out[i * k + q] = bi[q];
@@ -110,3 +98,10 @@ void bench_fast_argkmin(int64_t n, int64_t m, const float *x, const float *y, in
     }
     free(y0);
 }
+
+const struct bench_loops bench_fast_loops = {
+    /* .gauss = */ bench_fast_gauss,
+    /* .gauss_f64 = */ bench_fast_gauss_f64,
+    /* .lse = */ bench_fast_lse,
+    /* .argkmin = */ bench_fast_argkmin,
+};

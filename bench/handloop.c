@@ -10,6 +10,8 @@
  */
 #include <stdint.h>
 
+#include "handloop.h"
+
 #pragma omp declare simd notinbranch
 extern float expf(float);
 
@@ -17,16 +19,9 @@ extern float expf(float);
 extern double exp(double);
 extern float logf(float);
 
-void bench_hand_gauss(int64_t n, int64_t m, const float *x, const float *y, const float *b, float g,
-                      float *out);
-void bench_hand_gauss_f64(int64_t n, int64_t m, const double *x, const double *y, const double *b,
-                          double g, double *out);
-void bench_hand_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out);
-void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out);
-
 /* The mat-vec in the scalar type T with the exponential EXP, as one writes it by hand. */
 #define HAND_GAUSS(name, T, EXP)                                                                   \
-    void name(int64_t n, int64_t m, const T *x, const T *y, const T *b, T g, T *out)               \
+    static void name(int64_t n, int64_t m, const T *x, const T *y, const T *b, T g, T *out)        \
     {                                                                                              \
         _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < n; i++)               \
         {                                                                                          \
@@ -46,7 +41,8 @@ HAND_GAUSS(bench_hand_gauss_f64, double, exp)
 
 /* out_i = log sum_j exp(-g |x_i - y_j|^2), the usual two passes (the largest term, then the sum
  * of the shifted exponentials), each vectorised. */
-void bench_hand_lse(int64_t n, int64_t m, const float *x, const float *y, float g, float *out)
+static void bench_hand_lse(int64_t n, int64_t m, const float *x, const float *y, float g,
+                           float *out)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -71,7 +67,8 @@ void bench_hand_lse(int64_t n, int64_t m, const float *x, const float *y, float 
 /* out_i = the indices of the k smallest |x_i - y_j|^2 (increasing, ties by index): distances of
  * a block of 512 j by a vectorised loop, then an insertion into the sorted list of the k best
  * for the few that beat the k-th. */
-void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k, int64_t *out)
+static void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, int k,
+                               int64_t *out)
 {
 #pragma omp parallel
     {
@@ -90,20 +87,18 @@ void bench_hand_argkmin(int64_t n, int64_t m, const float *x, const float *y, in
                     const float d0 = x0 - y[3 * j], d1 = x1 - y[3 * j + 1], d2 = x2 - y[3 * j + 2];
                     dist[jj] = d0 * d0 + d1 * d1 + d2 * d2;
                 }
-                for (int jj = 0; jj < nb; jj++) {
-                    const float v = dist[jj];
-                    if (!(v < best[k - 1]))
-                        continue;
-                    int p = k - 1;
-                    while (p > 0 && v < best[p - 1]) {
-                        best[p] = best[p - 1], bi[p] = bi[p - 1];
-                        p--;
-                    }
-                    best[p] = v, bi[p] = j0 + jj;
-                }
+                for (int jj = 0; jj < nb; jj++)
+                    bench_kbest_insert(best, bi, k, dist[jj], j0 + jj);
             }
             for (int q = 0; q < k; q++)
                 out[i * k + q] = bi[q];
         }
     }
 }
+
+const struct bench_loops bench_hand_loops = {
+    /* .gauss = */ bench_hand_gauss,
+    /* .gauss_f64 = */ bench_hand_gauss_f64,
+    /* .lse = */ bench_hand_lse,
+    /* .argkmin = */ bench_hand_argkmin,
+};
