@@ -10,6 +10,7 @@
  * <= 1.3), and the gradient kernel's formula after the simplifier. Kernels are compiled
  * before timing.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "symred.h"
 
 #include "bench.h"

@@ -14,6 +14,10 @@ import subprocess
 import sys
 import time
 
+# The benchmarks time compiled code: kernel creation waits for the compiler unless the environment
+# asks otherwise (symred reads SYMRED_JIT when it makes its context, after this import).
+os.environ.setdefault("SYMRED_JIT", "sync")
+
 
 def best(fn, reps):
     """The best time of reps calls of fn, after one untimed call that compiles the kernels

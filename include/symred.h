@@ -97,7 +97,8 @@ SR_API const char *sr_version(void);
     X(ENOTSUP, -9, "not supported")                                                                \
     X(EIO, -10, "input/output error")                                                              \
     X(EINTERNAL, -11, "internal error")                                                            \
-    X(ENOCONV, -12, "no convergence")
+    X(ENOCONV, -12, "no convergence")                                                              \
+    X(ETIMEDOUT, -13, "timed out")
 
 typedef enum sr_status {
 #define SR_STATUS_ENUM_(name, value, desc) SR_##name = value,
@@ -717,6 +718,18 @@ SR_API sr_status sr_kernel_solve(const sr_kernel *kernel, const sr_solve_desc *d
 /* Text describing the kernel: the formula, the reduction, the backend and its plan. The pointer
  * is owned by the kernel and valid until sr_kernel_free. */
 SR_API const char *sr_kernel_explain(const sr_kernel *kernel);
+
+/*
+ * Waits until the kernel's tier is final. With SYMRED_JIT=async (the default) a CPU kernel is
+ * served by the tile interpreter from its creation while its module compiles in the background,
+ * and by the compiled code from the first call after it is ready (docs/tiers.md); this waits for
+ * that compile to end (ready, or failed: the tile interpreter then keeps serving, and explain
+ * says why). Kernels without a background compile return at once. timeout_s < 0: no limit.
+ * Returns SR_OK when the tier is final, SR_ETIMEDOUT when timeout_s passed first, SR_EINVAL for a
+ * NULL kernel. Thread-safe; never needed for correct results (every tier computes the same
+ * values), only to time compiled code or to know it serves the next call.
+ */
+SR_API sr_status sr_kernel_wait(const sr_kernel *kernel, double timeout_s);
 
 /* The most workspace in bytes one call of the kernel uses (all threads together), as planned at
  * creation under the context's memory budget; sr_kernel_explain says how it is made up. 0 for a

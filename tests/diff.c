@@ -37,8 +37,12 @@ const char *diff_dtype_tag(sr_dtype dt)
     return tags[dt];
 }
 
+const char *diff_backend_override;
+
 const char *diff_backend_name(sr_device dev)
 {
+    if (diff_backend_override && dev == SR_DEVICE_CPU)
+        return diff_backend_override;
     return dev == SR_DEVICE_CUDA ? "cuda" : dev == SR_DEVICE_REFERENCE ? "reference" : "cpu-jit";
 }
 

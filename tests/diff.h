@@ -32,8 +32,10 @@ struct diff_tol diff_tol_widen(sr_dtype dt, struct diff_tol f32);
 /* "f32", "f64", "f16", "bf16". */
 const char *diff_dtype_tag(sr_dtype dt);
 
-/* The backend name a kernel made for dev must report ("cpu-jit", "cuda"). */
+/* The backend name a kernel made for dev must report ("cpu-jit", "cuda"); for SR_DEVICE_CPU,
+ * diff_backend_override when set (a test file whose context runs the CPU on another backend). */
 const char *diff_backend_name(sr_device dev);
+extern const char *diff_backend_override;
 
 /* Parses formula with the aliases; fails the test with the message otherwise. */
 sr_expr *diff_parse(sr_ctx *ctx, const char *formula, const char *const *aliases, int n);

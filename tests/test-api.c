@@ -132,7 +132,7 @@ Test(api, status_str_every_code)
                      sr_status_str(SR_##name));
     SR_STATUS_MAP(CHECK_STR_)
 #undef CHECK_STR_
-    const int unknown[] = {1, -13, -1000, 42, INT32_MIN, INT32_MAX};
+    const int unknown[] = {1, -14, -1000, 42, INT32_MIN, INT32_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++)
         cr_assert_str_eq(sr_status_str(unknown[i]), "unknown status", "sr_status_str(%d) = \"%s\"",
                          unknown[i], sr_status_str(unknown[i]));

@@ -322,7 +322,7 @@ Test(jit, no_compiler_falls_back)
     sr_kernel_desc d = sr_kernel_desc_default();
     sr_kernel *k = NULL;
     cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
-    cr_assert_str_eq(k->backend->name, "reference");
+    cr_assert_str_eq(k->backend->name, "tile interpreter");
     float x[3] = {0, 0, 0}, y[6] = {0, 0, 0, 1, 0, 0}, b[2] = {1, 2}, g = 1, out[1];
     const void *args[] = {x, y, b, &g};
     cr_assert_eq(sr_kernel_run(k, 1, 2, args, out), SR_OK);

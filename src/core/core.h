@@ -46,8 +46,14 @@ enum sr_backend_id {
  * afterwards only by sr_ctx_set_option (options.c). Nothing after sr_ctx_new reads a SYMRED_*
  * variable that a context owns: planning, compiling and running read these fields.
  */
+/* SYMRED_JIT: how the CPU JIT meets its compiler. async: a kernel is served by the tile
+ * interpreter from its creation and by the compiled code once a background compile has made it;
+ * sync: creation waits for the compiled code; off: the tile interpreter serves every call. */
+enum sr_jit_mode { SR_JIT_ASYNC, SR_JIT_SYNC, SR_JIT_OFF };
+
 struct sr_options {
     int device;           /* SYMRED_DEVICE: the sr_device of SR_DEVICE_AUTO kernels */
+    int jit;              /* SYMRED_JIT: enum sr_jit_mode */
     int simplify;         /* SYMRED_SIMPLIFY: 0 or 1 */
     int acc;              /* SYMRED_ACC: 0 block, 1 kahan, 2 f64 (sr_acc - 1) */
     int jit_keep;         /* SYMRED_JIT_KEEP: 0 or 1 */
@@ -207,6 +213,7 @@ void sr__fill_identity(const struct sr_kernel *k, const sr_run_desc *r, int64_t 
  *                  the backend runs the kernel's formula whole
  */
 struct sr_plan;
+enum { SR_STAGE_FINAL, SR_STAGE_PENDING, SR_STAGE_COMPILED, SR_STAGE_FAILED };
 struct sr_backend_i {
     const char *name;
     sr_status (*prepare)(struct sr_kernel *k);
@@ -233,6 +240,14 @@ struct sr_backend_i {
      * without side effects, as its prepare would offer them; returns their number (0: none,
      * e.g. no compiler). NULL: the backend offers none (the sum split, split.c, needs them). */
     int (*offer)(const struct sr_kernel *k, struct sr_plan *out);
+    /* Where a kernel with a background compile stands: SR_STAGE_PENDING (an interpreter serves
+     * the calls while the compile runs), SR_STAGE_COMPILED (compiled code serves them),
+     * SR_STAGE_FAILED (the interpreter serves them for good). Its explain text is rebuilt when
+     * the stage changes. NULL: the backend has no background compiles (SR_STAGE_FINAL). */
+    int (*stage)(const struct sr_kernel *k);
+    /* sr_kernel_wait: blocks until the tier is final or timeout_s (>= 0) passes (SR_ETIMEDOUT);
+     * NULL: the tier is always final. */
+    sr_status (*wait)(const struct sr_kernel *k, double timeout_s);
 };
 
 /* The registered backends' interface objects (SR_BACKEND_MAP), by id (registry.c). */
@@ -333,6 +348,12 @@ struct sr_kernel {
     struct sr_simp_info simp;
     struct sr_plan plans[SR_MAX_PLANS]; /* the backend's candidates (plan.c) */
     int nplans;
+    /* The explain text follows the backend's stage: rebuilt, under explain_lock, the first time
+     * sr_kernel_explain sees the stage changed (once at most: pending to compiled or failed); the
+     * text it replaced stays valid until the kernel is freed (a caller may still hold it). */
+    int explain_stage;
+    char *explain_old;
+    pthread_mutex_t explain_lock;
 };
 
 /* ---- planning (plan.c) ---- */

@@ -288,6 +288,8 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
         free(k);
         return st;
     }
+    k->explain_stage = k->backend->stage ? k->backend->stage(k) : SR_STAGE_FINAL;
+    pthread_mutex_init(&k->explain_lock, NULL);
     build_explain(k);
     *out = k;
     return SR_OK;
@@ -302,6 +304,8 @@ void sr_kernel_free(sr_kernel *k)
     simp_kernel_release(k);
     free(k->vars);
     free(k->explain);
+    free(k->explain_old);
+    pthread_mutex_destroy(&k->explain_lock);
     free(k);
 }
 
@@ -320,10 +324,28 @@ sr_status sr_kernel_var(const sr_kernel *k, int index, sr_cat *cat, int *dim)
     return SR_OK;
 }
 
+sr_status sr_kernel_wait(const sr_kernel *k, double timeout_s)
+{
+    if (!k)
+        return SR_EINVAL;
+    return k->backend->wait ? k->backend->wait(k, timeout_s) : SR_OK;
+}
+
 const char *sr_kernel_explain(const sr_kernel *k)
 {
     if (!k)
         return "";
+    if (k->backend->stage && k->backend->stage(k) != k->explain_stage) {
+        sr_kernel *mk = (sr_kernel *)k; /* the kernel is immutable but for this text */
+        pthread_mutex_lock(&mk->explain_lock);
+        int stage = k->backend->stage(k);
+        if (stage != mk->explain_stage && !mk->explain_old) {
+            mk->explain_old = mk->explain;
+            mk->explain_stage = stage;
+            build_explain(mk);
+        }
+        pthread_mutex_unlock(&mk->explain_lock);
+    }
     return k->explain ? k->explain : "(explain text unavailable: out of memory)";
 }
 

@@ -26,6 +26,9 @@ _Static_assert(SR_ACC_BLOCK == 1 && SR_ACC_KAHAN == 2 && SR_ACC_F64 == 3,
 static const char *const gemm_modes[] = {"auto", "on", "off"};
 static const char *const gemm_kernels[] = {"auto", "avx512", "blis"};
 static const char *const refine_modes[] = {"on", "off"};
+static const char *const jit_modes[] = {"async", "sync", "off"}; /* enum sr_jit_mode */
+_Static_assert(SR_JIT_ASYNC == 0 && SR_JIT_SYNC == 1 && SR_JIT_OFF == 2,
+               "jit_modes[] spells enum sr_jit_mode in order");
 
 /* One option: its variable, how its value is spelled, its default and where it lives in the
  * context. An alias row (SYMRED_BLIS) sets the field of the row before it, and is read from the
@@ -64,6 +67,7 @@ static const struct opt_row opt_rows[] = {
     CHOICE("SYMRED_SIMPLIFY", on_off, 1, opt.simplify),
     STR("SYMRED_CC", OPT_STRING, "cc", opt.cc),
     CHOICE("SYMRED_ACC", accs, 0, opt.acc),
+    CHOICE("SYMRED_JIT", jit_modes, SR_JIT_ASYNC, opt.jit),
     CHOICE("SYMRED_JIT_KEEP", on_off, 0, opt.jit_keep),
     /* Generous: a cold kernel compiles in well under a second, so only a hung compiler
      * reaches it. */

@@ -381,4 +381,57 @@ const struct jit_module *cpu_jit_module(const struct sr_kernel *k);
 sr_status cpu_jit_block_module(const struct sr_kernel *k, const struct jit_module **out,
                                int64_t *per_thread);
 
+/* ---- the reference interpreter's evaluator (reference.c) ---- */
+
+/* Node e's value in float64 from its children's values in[c] (dim(child c) each) into out
+ * (dim(e) values): docs/semantics.md, literally. Variables are not evaluated here. */
+void cpu_ref_eval(const sr_expr *e, double *out, const double *const *in);
+
+/* ---- the tile interpreter (tile.c, tile-isa.c, tile-kern.h) ----
+ * Tier 0 of the CPU: the simplified formula interpreted one op at a time over tiles of reduced
+ * indices with vector loops compiled into the library, so it needs no compiler. */
+
+/* The operands of one op over a tile: operand c's component k is at p[c] + k * cs[c] (in
+ * elements of the kernel's dtype), its element t at + t * es[c] (es 0: one value broadcast over
+ * the tile). */
+struct tile_opnds {
+    const void *p[EXPR_MAX_ARITY];
+    int64_t cs[EXPR_MAX_ARITY];
+    int64_t es[EXPR_MAX_ARITY];
+};
+
+/* The loops of one element type and vector unit (tile-kern.h). op evaluates node e over n
+ * elements into out (component stride ocs; scratch holds the float64 values of e and its
+ * operands for the ops that run element by element through cpu_ref_eval). The tile reductions
+ * take n >= 1 elements and accumulate in float64: sum; max (special: a NaN or +inf, or all -inf);
+ * expsum: sum exp(x - m), the exponentials stored in p unless NULL; dot; ext: min, or max when
+ * desc, NaN when any is NaN. */
+struct tile_isa {
+    void (*op)(const sr_expr *e, void *out, int64_t ocs, const struct tile_opnds *opd, int n,
+               double *scratch);
+    double (*sum)(const void *x, int n);
+    double (*max)(const void *x, int n, int *special);
+    double (*expsum)(const void *x, void *p, int n, double m);
+    double (*dot)(const void *p, const void *g, int n);
+    double (*ext)(const void *x, int n, int desc);
+};
+/* The loops for dtype (SR_F32 or SR_F64) on the widest vector unit this CPU has ("AVX-512",
+ * "AVX2", "baseline" in *name, which may be NULL). */
+const struct tile_isa *cpu_tile_isa(sr_dtype dtype, const char **name);
+
+/* The tile interpreter as a backend: serves any kernel on the CPU (every op, reduction, axis,
+ * range and the memory budget) without a compiler. */
+extern const struct sr_backend_i cpu_tile_backend;
+/* Its program for kernel k, built without touching k (cpu_tile_free frees it), and the calls
+ * the CPU JIT makes while its compiled module is not ready: run, run_ranges and workspace as the
+ * backend members, on program t. */
+struct tile_prog;
+sr_status cpu_tile_new(const struct sr_kernel *k, struct tile_prog **out);
+void cpu_tile_free(struct tile_prog *t);
+sr_status cpu_tile_run(const struct sr_kernel *k, const struct tile_prog *t, const sr_run_desc *r,
+                       const struct sr_rplan *p);
+int64_t cpu_tile_workspace(const struct sr_kernel *k, const struct tile_prog *t,
+                           int64_t *per_thread, int *threads);
+void cpu_tile_explain(const struct sr_kernel *k, const struct tile_prog *t, struct expr_buf *b);
+
 #endif /* SYMRED_CPU_H */

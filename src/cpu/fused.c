@@ -1891,4 +1891,6 @@ const struct sr_backend_i cpu_fused_backend = {
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ fused_run_lse,
     /* .offer = */ NULL,
+    /* .stage = */ NULL,
+    /* .wait = */ NULL,
 };

@@ -888,6 +888,8 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ cpu_attn_run_lse,
     /* .offer = */ NULL,
+    /* .stage = */ NULL,
+    /* .wait = */ NULL,
 };
 
 void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)

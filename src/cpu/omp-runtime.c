@@ -13,18 +13,48 @@
 #include "../jit/jit.h"
 #include "cpu.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+/*
+ * A background compile of a direct kernel's module (SYMRED_JIT=async), shared by the kernel and
+ * the compiling thread and freed by whichever lets go last. The thread publishes the loaded
+ * module in m (release order; calls read it with acquire order, so a call runs either the tile
+ * interpreter or the whole module, never a mix) unless the kernel is gone, in which case it
+ * releases the module itself. The context waits for its background compiles when it is freed
+ * (jit_ctx_free), so the thread may use the context to the end.
+ */
+struct jit_bg {
+    pthread_mutex_t lock;
+    pthread_cond_t done_cv; /* broadcast when done becomes true */
+    _Atomic(struct jit_module *) m;
+    sr_ctx *ctx;
+    char *src;
+    size_t len;
+    int refs;         /* under lock */
+    bool kernel_gone; /* under lock */
+    bool done;        /* under lock: status, why and info are set */
+    sr_status status;
+    char why[512];
+    struct jit_load_info info;
+};
+
 /* A direct-strategy kernel. Its module m has no sr_block: the block module bm (the same source
  * with sr_block) is built on the first sr_kernel_eval_block, under block_lock, as the kernel
- * may be used from many threads at once. */
+ * may be used from many threads at once. With a background compile (bg), m is NULL and the
+ * module comes from bg; until then the tile interpreter runs t0. */
 struct jit_kernel {
     struct jit_module *m;
+    struct jit_bg *bg;
+    struct tile_prog *t0;
+    atomic_int logged; /* SYMRED_LOG: 1 the first tile interpreter call said, 2 compiled too */
     struct jit_plan plan;
     struct jit_load_info info;
     int acc;
@@ -37,13 +67,24 @@ struct jit_kernel {
 /* Reduced ranges shorter than this are never split. */
 #define SPLIT_MIN_REDUCED 4096
 
+/* The module the kernel's calls run: its own, or the background compile's once published;
+ * NULL while the tile interpreter serves them. */
+static struct jit_module *module_of(const struct jit_kernel *jk)
+{
+    if (jk->m)
+        return jk->m;
+    return jk->bg ? atomic_load_explicit(&((struct jit_bg *)jk->bg)->m, memory_order_acquire)
+                  : NULL;
+}
+
 /* Whether splitting the reduced range (nt partial states of nout rows each, on top of the
  * threads' workspaces) fits in the budget. */
 static bool split_fits(const sr_kernel *k, int nt, int64_t nout)
 {
     const struct jit_kernel *jk = k->backend_data;
     int64_t lim = k->ctx->mem_limit;
-    return lim <= 0 || (int64_t)nt * (jk->plan.workspace_bytes + nout * jk->m->state_bytes) <= lim;
+    return lim <= 0 ||
+           (int64_t)nt * (jk->plan.workspace_bytes + nout * jk->plan.state_bytes) <= lim;
 }
 
 static int64_t jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
@@ -55,7 +96,18 @@ static int64_t jit_workspace(const sr_kernel *k, int64_t *per_thread, int *threa
     int64_t split_rows = (int64_t)nt * SPLIT_ROWS_PER_THREAD - 1;
     int64_t total = (int64_t)nt * pt;
     if (nt > 1 && split_fits(k, nt, split_rows))
-        total = (int64_t)nt * (pt + split_rows * jk->m->state_bytes);
+        total = (int64_t)nt * (pt + split_rows * jk->plan.state_bytes);
+    if (jk->t0) {
+        /* Tier 0 serves the calls until the module is ready: the larger of the two. */
+        int64_t tpt;
+        int tnt;
+        int64_t t = cpu_tile_workspace(k, jk->t0, &tpt, &tnt);
+        if (t > total) {
+            total = t;
+            pt = tpt;
+            nt = tnt;
+        }
+    }
     if (per_thread)
         *per_thread = pt;
     if (threads)
@@ -68,7 +120,7 @@ const struct jit_module *cpu_jit_module(const sr_kernel *k)
     if (k->backend != &cpu_jit_backend || !k->backend_data)
         return NULL;
     const struct jit_kernel *jk = k->backend_data;
-    return jk->m;
+    return module_of(jk);
 }
 
 sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out,
@@ -79,6 +131,10 @@ sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out
         return SR_OK;
     struct jit_kernel *jk = k->backend_data;
     *per_thread = jk->plan.workspace_bytes;
+    /* While a background compile runs, no call waits for a compiler: the caller evaluates the
+     * block without a module. */
+    if (jk->bg && !module_of(jk))
+        return SR_OK;
     sr_status st = SR_OK;
     pthread_mutex_lock(&jk->block_lock);
     if (!jk->bm) {
@@ -101,17 +157,17 @@ sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out
     return st;
 }
 
-/* Runs k on the reference interpreter; why (a static string) goes to explain, detail (NULL:
- * why) to the log. */
+/* Runs k on the tile interpreter; why (a static string) goes to explain, detail (NULL: why) to
+ * the log. */
 static sr_status fall_back(sr_kernel *k, const char *why, const char *detail)
 {
     struct jit_ctx *jc = jit_ctx_of(k->ctx);
     if (k->ctx->log_level >= 1 && jc && !jc->logged_fallback) {
-        fprintf(stderr, "symred: CPU JIT unavailable (%s); using the reference backend\n",
+        fprintf(stderr, "symred: CPU JIT unavailable (%s); using the tile interpreter\n",
                 detail ? detail : why);
         jc->logged_fallback = true;
     }
-    k->backend = &cpu_reference_backend;
+    k->backend = &cpu_tile_backend;
     k->nplans = 0; /* the JIT's candidates do not apply to the interpreter */
     k->fallback_why = why;
     return k->backend->prepare ? k->backend->prepare(k) : SR_OK;
@@ -161,9 +217,164 @@ int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
 static int jit_offer(const sr_kernel *k, struct sr_plan *out)
 {
     struct jit_ctx *jc = NULL;
-    if (jit_ctx_get(k->ctx, &jc) != SR_OK || jit_no_compiler(jc))
+    if (k->ctx->opt.jit == SR_JIT_OFF || jit_ctx_get(k->ctx, &jc) != SR_OK || jit_no_compiler(jc))
         return 0;
     return cpu_plans(k, k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc, out);
+}
+
+/* ---- the background compile (SYMRED_JIT=async) ---- */
+
+static void bg_unref(struct jit_bg *bg)
+{
+    pthread_mutex_lock(&bg->lock);
+    int left = --bg->refs;
+    pthread_mutex_unlock(&bg->lock);
+    if (left)
+        return;
+    pthread_cond_destroy(&bg->done_cv);
+    pthread_mutex_destroy(&bg->lock);
+    free(bg->src);
+    free(bg);
+}
+
+/* At most as many compilers at once, process-wide, as the machine has processors: a program that
+ * creates many kernels at once queues their compiles instead of starting them all. */
+static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t slot_cv = PTHREAD_COND_INITIALIZER;
+static int slots_busy;
+
+static void slot_take(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    int max = n > 1 ? (int)n : 1;
+    pthread_mutex_lock(&slot_lock);
+    while (slots_busy >= max)
+        pthread_cond_wait(&slot_cv, &slot_lock);
+    slots_busy++;
+    pthread_mutex_unlock(&slot_lock);
+}
+
+static void slot_give(void)
+{
+    pthread_mutex_lock(&slot_lock);
+    slots_busy--;
+    pthread_cond_signal(&slot_cv);
+    pthread_mutex_unlock(&slot_lock);
+}
+
+static void *bg_main(void *arg)
+{
+    struct jit_bg *bg = arg;
+    sr_ctx *ctx = bg->ctx;
+    struct jit_ctx *jc = jit_ctx_of(ctx);
+    char err[SR_ERR_MAX];
+    struct jit_module *m = NULL;
+    struct jit_load_info info;
+    /* The compile's failures are the kernel's to show in explain, not the context's message. */
+    slot_take();
+    expr_error_redirect(err, sizeof err);
+    sr_status st = jit_module_get(ctx, bg->src, bg->len, &m, &info);
+    expr_error_redirect(NULL, 0);
+    slot_give();
+    pthread_mutex_lock(&bg->lock);
+    bool gone = bg->kernel_gone;
+    bg->done = true;
+    bg->status = st;
+    bg->info = info;
+    snprintf(bg->why, sizeof bg->why, "%.500s", st == SR_OK ? "" : err);
+    if (st == SR_OK && !gone)
+        atomic_store_explicit(&bg->m, m, memory_order_release);
+    pthread_cond_broadcast(&bg->done_cv);
+    pthread_mutex_unlock(&bg->lock);
+    if (st == SR_OK && gone)
+        jit_module_release(ctx, m);
+    if (ctx->log_level >= 1) {
+        if (st == SR_OK)
+            fprintf(stderr,
+                    "symred: background compile done (module from %s, %.1f ms): the kernel's "
+                    "calls run compiled code from now on\n",
+                    info.origin, info.compile_ms);
+        else
+            fprintf(stderr,
+                    "symred: background compile failed (%s): the tile interpreter keeps serving "
+                    "the kernel\n",
+                    err);
+    }
+    bg_unref(bg);
+    /* The last use of the context: jit_ctx_free may free it as soon as the lock is let go. */
+    pthread_mutex_lock(&jc->lock);
+    if (--jc->bg_running == 0)
+        pthread_cond_broadcast(&jc->bg_idle);
+    pthread_mutex_unlock(&jc->lock);
+    return NULL;
+}
+
+/* Serves k on the tile interpreter and compiles src on a thread of its own (src passes to the
+ * thread). SR_OK: started; otherwise nothing changed and src is still the caller's. */
+static sr_status bg_start(sr_kernel *k, struct jit_kernel *jk, struct jit_ctx *jc,
+                          struct expr_buf *src)
+{
+    struct tile_prog *t0 = NULL;
+    sr_status st = cpu_tile_new(k, &t0);
+    if (st != SR_OK)
+        return st;
+    struct jit_bg *bg = calloc(1, sizeof *bg);
+    if (!bg || pthread_mutex_init(&bg->lock, NULL) != 0) {
+        free(bg);
+        cpu_tile_free(t0);
+        return SR_ENOMEM;
+    }
+    if (pthread_cond_init(&bg->done_cv, NULL) != 0) {
+        pthread_mutex_destroy(&bg->lock);
+        free(bg);
+        cpu_tile_free(t0);
+        return SR_ENOMEM;
+    }
+    bg->ctx = k->ctx;
+    bg->src = src->data;
+    bg->len = src->len;
+    bg->refs = 2;
+    pthread_mutex_lock(&jc->lock);
+    jc->bg_running++;
+    pthread_mutex_unlock(&jc->lock);
+    pthread_attr_t attr;
+    pthread_t th;
+    bool started = pthread_attr_init(&attr) == 0;
+    if (started) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        started = pthread_create(&th, &attr, bg_main, bg) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (!started) {
+        pthread_mutex_lock(&jc->lock);
+        jc->bg_running--;
+        pthread_mutex_unlock(&jc->lock);
+        pthread_cond_destroy(&bg->done_cv);
+        pthread_mutex_destroy(&bg->lock);
+        free(bg);
+        cpu_tile_free(t0);
+        return SR_ENOMEM;
+    }
+    src->data = NULL;
+    jk->bg = bg;
+    jk->t0 = t0;
+    return SR_OK;
+}
+
+/* At SYMRED_LOG >= 1, the first call of a kernel on each tier says so. */
+static void log_tier(const sr_kernel *k, const struct jit_kernel *jk, bool compiled)
+{
+    if (k->ctx->log_level < 1 || !jk->bg)
+        return;
+    int want = compiled ? 2 : 1;
+    atomic_int *logged = (atomic_int *)&jk->logged;
+    int was = atomic_load(logged);
+    if (was >= want || !atomic_compare_exchange_strong(logged, &was, want))
+        return;
+    fprintf(stderr, "symred: %s\n",
+            compiled ? "calls of the kernel run its compiled module (tier 1)"
+                     : "calls of the kernel run on the tile interpreter (tier 0) while its module "
+                       "compiles in the background");
 }
 
 static sr_status jit_prepare(sr_kernel *k)
@@ -173,6 +384,8 @@ static sr_status jit_prepare(sr_kernel *k)
     sr_status st0 = jit_ctx_get(ctx, &jc);
     if (st0 != SR_OK)
         return st0;
+    if (ctx->opt.jit == SR_JIT_OFF)
+        return fall_back(k, "SYMRED_JIT=off", NULL);
     if (jit_no_compiler(jc))
         return fall_back(k, "no C compiler", NULL);
     struct jit_kernel *jk = calloc(1, sizeof *jk);
@@ -204,8 +417,10 @@ static sr_status jit_prepare(sr_kernel *k)
     /* sr_block waits for the first sr_kernel_eval_block (cpu_jit_block_module). */
     jk->plan.no_block = true;
     /* The direct strategy's generated code reads and writes float16 and bfloat16 arrays itself
-     * (no float32 copies); every failure below leaves the kernel to core's copies again. */
-    k->io_native = k->io != k->dtype;
+     * (no float32 copies); every failure below leaves the kernel to core's copies again. A
+     * kernel served by the tile interpreter first runs on core's copies throughout. */
+    bool async = ctx->opt.jit == SR_JIT_ASYNC;
+    k->io_native = k->io != k->dtype && !async;
     struct expr_buf src = {0};
     sr_status st = jit_emit_c(k, (enum jit_acc)jk->acc, &src, &jk->plan);
     if (st == SR_OK && src.oom)
@@ -230,6 +445,13 @@ static sr_status jit_prepare(sr_kernel *k)
                          "bytes of workspace (one thread, tiles of 16 reduced indices x 1 row), "
                          "the budget is %lld bytes (SYMRED_MEM_LIMIT or sr_ctx_set_mem_limit)",
                          (long long)need, (long long)ctx->mem_limit);
+    }
+    if (async && pthread_mutex_init(&jk->block_lock, NULL) == 0) {
+        if (bg_start(k, jk, jc, &src) == SR_OK) {
+            k->backend_data = jk;
+            return SR_OK;
+        }
+        pthread_mutex_destroy(&jk->block_lock);
     }
     st = jit_module_get(ctx, src.data, src.len, &jk->m, &jk->info);
     free(src.data);
@@ -261,6 +483,16 @@ static void jit_release(sr_kernel *k)
     struct jit_kernel *jk = k->backend_data;
     if (!jk)
         return;
+    if (jk->bg) {
+        struct jit_bg *bg = jk->bg;
+        pthread_mutex_lock(&bg->lock);
+        bg->kernel_gone = true;
+        struct jit_module *m = atomic_exchange(&bg->m, NULL);
+        pthread_mutex_unlock(&bg->lock);
+        jit_module_release(k->ctx, m);
+        bg_unref(bg);
+    }
+    cpu_tile_free(jk->t0);
     jit_module_release(k->ctx, jk->m);
     jit_module_release(k->ctx, jk->bm);
     pthread_mutex_destroy(&jk->block_lock);
@@ -271,7 +503,10 @@ static void jit_release(sr_kernel *k)
 static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
 {
     const struct jit_kernel *jk = k->backend_data;
-    const struct jit_module *m = jk->m;
+    const struct jit_module *m = module_of(jk);
+    log_tier(k, jk, m != NULL);
+    if (!m)
+        return cpu_tile_run(k, jk->t0, r, NULL);
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
     int nt = sr__threads(k->ctx, jk->plan.workspace_bytes);
@@ -330,7 +565,10 @@ static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
 static sr_status jit_run_ranges(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p)
 {
     const struct jit_kernel *jk = k->backend_data;
-    const struct jit_module *m = jk->m;
+    const struct jit_module *m = module_of(jk);
+    log_tier(k, jk, m != NULL);
+    if (!m)
+        return cpu_tile_run(k, jk->t0, r, p);
     int nt = sr__threads(k->ctx, jk->plan.workspace_bytes);
     int64_t chunk = (p->nrows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
     if (chunk > m->rows_per_block)
@@ -378,11 +616,83 @@ static sr_status jit_run_ranges(const sr_kernel *k, const sr_run_desc *r, const 
     return SR_OK;
 }
 
+static sr_status jit_wait(const sr_kernel *k, double timeout_s)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    if (!jk || !jk->bg)
+        return SR_OK;
+    struct jit_bg *bg = jk->bg;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_s >= 0) {
+        double s = timeout_s > 1e9 ? 1e9 : timeout_s;
+        until.tv_sec += (time_t)s;
+        until.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    sr_status st = SR_OK;
+    pthread_mutex_lock(&bg->lock);
+    while (!bg->done && st == SR_OK) {
+        if (timeout_s < 0)
+            pthread_cond_wait(&bg->done_cv, &bg->lock);
+        else if (pthread_cond_timedwait(&bg->done_cv, &bg->lock, &until) != 0 && !bg->done)
+            st = SR_ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&bg->lock);
+    return st;
+}
+
+static int jit_stage(const sr_kernel *k)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    if (!jk || !jk->bg)
+        return SR_STAGE_FINAL;
+    if (module_of(jk))
+        return SR_STAGE_COMPILED;
+    struct jit_bg *bg = jk->bg;
+    pthread_mutex_lock(&bg->lock);
+    bool failed = bg->done && bg->status != SR_OK;
+    pthread_mutex_unlock(&bg->lock);
+    return failed ? SR_STAGE_FAILED : SR_STAGE_PENDING;
+}
+
 static void jit_explain(const sr_kernel *k, struct expr_buf *b)
 {
     const struct jit_kernel *jk = k->backend_data;
     if (!jk)
         return;
+    struct jit_load_info info = jk->info;
+    if (jk->bg) {
+        struct jit_bg *bg = jk->bg;
+        pthread_mutex_lock(&bg->lock);
+        bool done = bg->done;
+        sr_status st = bg->status;
+        info = bg->info;
+        char why[512];
+        snprintf(why, sizeof why, "%s", bg->why);
+        pthread_mutex_unlock(&bg->lock);
+        if (!done) {
+            expr_buf_printf(b, "tier: 0, the tile interpreter, until the module compiling in the "
+                               "background (SYMRED_JIT=async) is ready; then 1, compiled code\n");
+            info = (struct jit_load_info){.origin = "compiling", .cache = "pending"};
+        } else if (st != SR_OK) {
+            expr_buf_printf(b,
+                            "tier: 0, the tile interpreter: the background compile failed "
+                            "(%s)\n",
+                            why);
+            info = (struct jit_load_info){.origin = "none", .cache = "failed"};
+        } else {
+            expr_buf_printf(b, "tier: 1, compiled code (built in the background; the tile "
+                               "interpreter served the calls before)\n");
+        }
+        if (!done || st != SR_OK)
+            cpu_tile_explain(k, jk->t0, b);
+    } else {
+        expr_buf_printf(b, "tier: 1, compiled code\n");
+    }
     const struct jit_plan *p = &jk->plan;
     expr_buf_printf(b,
                     "strategy: direct (generated C, %s)\n"
@@ -408,14 +718,14 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     sr__threads(k->ctx, p->workspace_bytes), SPLIT_ROWS_PER_THREAD,
                     k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
                     jit_ctx_of(k->ctx) ? jit_ctx_of(k->ctx)->cc : "cc", jit_cflags_text(),
-                    jk->info.origin, jk->info.cache, jk->info.compile_ms);
+                    info.origin, info.cache, info.compile_ms);
     if (k->io_native)
         expr_buf_printf(b,
                         "arrays: %s, read and written by the generated code (no float32 "
                         "copies)\n",
                         sr__dtype_name(k->io));
-    if (jk->info.path[0])
-        expr_buf_printf(b, "path: %s\n", jk->info.path);
+    if (info.path[0])
+        expr_buf_printf(b, "path: %s\n", info.path);
 }
 
 const struct sr_backend_i cpu_jit_backend = {
@@ -432,4 +742,6 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ cpu_attn_run_lse,
     /* .offer = */ jit_offer,
+    /* .stage = */ jit_stage,
+    /* .wait = */ jit_wait,
 };

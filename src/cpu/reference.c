@@ -425,6 +425,11 @@ static const evalfn evaluators[OP_COUNT] = {
 #undef REF_EVAL_ENTRY_
 };
 
+void cpu_ref_eval(const sr_expr *e, double *out, const double *const *in)
+{
+    evaluators[e->op](e, out, in);
+}
+
 /* ---- the program ------------------------------------------------------------------------------
  * The DAG of F and of the weight formula, merged and in topological order, split in three
  * stages by what a node depends on: 0 = constants and parameters (once per call), 1 = the
@@ -848,4 +853,6 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .vjp = */ NULL,
     /* .run_lse = */ NULL,
     /* .offer = */ NULL,
+    /* .stage = */ NULL,
+    /* .wait = */ NULL,
 };

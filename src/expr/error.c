@@ -19,10 +19,26 @@ void expr_ctx_free(struct expr_ctx *c)
     pthread_mutex_destroy(&c->err.lock);
 }
 
+/* The calling thread's redirection of non-builder errors (expr_error_redirect). */
+static _Thread_local char *redirect_buf;
+static _Thread_local size_t redirect_cap;
+
+void expr_error_redirect(char *buf, size_t cap)
+{
+    redirect_buf = cap ? buf : NULL;
+    redirect_cap = cap;
+    if (redirect_buf)
+        redirect_buf[0] = 0;
+}
+
 sr_status expr_verror(sr_ctx *ctx, sr_status status, bool builder, const char *fmt, va_list ap)
 {
     if (!ctx)
         return status;
+    if (redirect_buf && !builder) {
+        vsnprintf(redirect_buf, redirect_cap, fmt, ap);
+        return status;
+    }
     struct expr_errors *e = &expr_ctx(ctx)->err;
     pthread_mutex_lock(&e->lock);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
@@ -54,6 +70,10 @@ void expr_error_get(sr_ctx *ctx, char *buf, size_t cap)
 {
     if (!cap)
         return;
+    if (redirect_buf) {
+        snprintf(buf, cap, "%s", redirect_buf);
+        return;
+    }
     struct expr_errors *e = &expr_ctx(ctx)->err;
     pthread_mutex_lock(&e->lock);
     size_t n = strnlen(e->msg, cap - 1);

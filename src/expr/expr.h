@@ -325,6 +325,10 @@ sr_status expr_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 sr_status expr_builder_error(sr_ctx *ctx, sr_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Sends the calling thread's error messages (not the builders') to buf instead of the context's
+ * sink until called again with cap 0: a library thread working for a context (a background
+ * compile) keeps its failures out of the message that sr_ctx_error shows the user. */
+void expr_error_redirect(char *buf, size_t cap);
 /* Copies the current message of ctx (for callers that re-report it with context); a shorter
  * buffer gets the message's start. */
 void expr_error_get(sr_ctx *ctx, char *buf, size_t cap);

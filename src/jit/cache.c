@@ -66,6 +66,11 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
             free(jc);
             return sr__error(ctx, SR_ENOMEM, "out of memory");
         }
+        if (pthread_cond_init(&jc->bg_idle, NULL) != 0) {
+            pthread_mutex_destroy(&jc->lock);
+            free(jc);
+            return sr__error(ctx, SR_ENOMEM, "out of memory");
+        }
         ctx->backend_state[SR_BACKEND_JIT] = jc;
     }
     /* The context's options as they are now (sr_ctx_set_option may have changed them since the
@@ -105,6 +110,13 @@ void jit_ctx_free(void *state)
     struct jit_ctx *jc = state;
     if (!jc)
         return;
+    /* Background compiles use the context until they end (each ends within the compile
+     * timeout); their kernels are gone, so they only drop what they made. */
+    pthread_mutex_lock(&jc->lock);
+    while (jc->bg_running > 0)
+        pthread_cond_wait(&jc->bg_idle, &jc->lock);
+    pthread_mutex_unlock(&jc->lock);
+    pthread_cond_destroy(&jc->bg_idle);
     for (struct jit_module *m = jc->modules, *next; m; m = next) {
         next = m->next;
         module_free(m);
@@ -457,9 +469,11 @@ static void sweep_stale(int dfd, int timeout_s)
     closedir(d);
 }
 
-/* Compiles into a fresh private directory under parent; on success so is its kernel.so. */
-static sr_status build(sr_ctx *ctx, struct jit_ctx *jc, const char *src, size_t len,
-                       const char *parent, char *tdir, size_t tcap, char *so, size_t socap)
+/* Compiles into a fresh private directory under parent with the compiler options of opt (a
+ * snapshot of jc's); on success so is its kernel.so. Takes jc's lock for its counters. */
+static sr_status build(sr_ctx *ctx, struct jit_ctx *jc, const struct jit_ctx *opt, const char *src,
+                       size_t len, const char *parent, char *tdir, size_t tcap, char *so,
+                       size_t socap)
 {
     snprintf(tdir, tcap, "%s/tmp-XXXXXX", parent);
     if (!mkdtemp(tdir))
@@ -467,12 +481,14 @@ static sr_status build(sr_ctx *ctx, struct jit_ctx *jc, const char *src, size_t 
                          strerror(errno));
     snprintf(so, socap, "%s/kernel.so", tdir);
     char err[1800];
-    sr_status st = jit_compile(jc, src, len, tdir, so, err, sizeof err);
+    sr_status st = jit_compile(opt, src, len, tdir, so, err, sizeof err);
+    pthread_mutex_lock(&jc->lock);
     jc->compiles++;
+    if (st == SR_ENODEV)
+        jc->no_compiler = true;
+    pthread_mutex_unlock(&jc->lock);
     if (st != SR_OK) {
         rm_tree_flat(tdir);
-        if (st == SR_ENODEV)
-            jc->no_compiler = true;
         return sr__error(ctx, st, "%s", err);
     }
     return SR_OK;
@@ -487,28 +503,56 @@ static struct jit_module *new_module(const char *key)
     return m;
 }
 
-static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, size_t len,
-                            struct jit_module **out, struct jit_load_info *info)
+/* The module of key in jc's memory cache, with one more reference, or NULL. Under jc's lock. */
+static struct jit_module *memory_hit(struct jit_ctx *jc, const char *key)
 {
-    uint64_t ccid;
-    char iderr[1024];
-    sr_status idst = jit_compiler_id(jc->cc, jc->compile_timeout, &ccid, iderr, sizeof iderr);
-    if (idst != SR_OK) {
-        if (idst == SR_ENODEV)
-            jc->no_compiler = true;
-        return sr__error(ctx, idst, "%s", iderr);
-    }
-    char key[JIT_KEY_BYTES + 1];
-    make_key(jc, src, len, ccid, key);
     for (struct jit_module *m = jc->modules; m; m = m->next)
         if (strcmp(m->key, key) == 0) {
             m->refs++;
-            jc->mem_hits++;
-            info->origin = "memory";
-            snprintf(info->cache, sizeof info->cache, "hit (context)");
-            *out = m;
-            return SR_OK;
+            return m;
         }
+    return NULL;
+}
+
+/*
+ * Finds or builds the module for src. jc's lock is held only around the context's shared state
+ * (the module list, the counters, no_compiler), never across the compiler, the disk or the
+ * loader: a background compile (omp-runtime.c) must not stall the context's other kernels. The
+ * options are a snapshot taken under the lock at the start. Two threads that build the same
+ * module at once both compile it; the second to finish uses the first's and drops its own.
+ */
+static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, size_t len,
+                            struct jit_module **out, struct jit_load_info *info)
+{
+    struct jit_ctx snap;
+    pthread_mutex_lock(&jc->lock);
+    memcpy(&snap, jc, sizeof snap);
+    pthread_mutex_unlock(&jc->lock);
+    const struct jit_ctx *opt = &snap;
+    uint64_t ccid;
+    char iderr[1024];
+    sr_status idst = jit_compiler_id(opt->cc, opt->compile_timeout, &ccid, iderr, sizeof iderr);
+    if (idst != SR_OK) {
+        if (idst == SR_ENODEV) {
+            pthread_mutex_lock(&jc->lock);
+            jc->no_compiler = true;
+            pthread_mutex_unlock(&jc->lock);
+        }
+        return sr__error(ctx, idst, "%s", iderr);
+    }
+    char key[JIT_KEY_BYTES + 1];
+    make_key(opt, src, len, ccid, key);
+    pthread_mutex_lock(&jc->lock);
+    struct jit_module *hit = memory_hit(jc, key);
+    if (hit)
+        jc->mem_hits++;
+    pthread_mutex_unlock(&jc->lock);
+    if (hit) {
+        info->origin = "memory";
+        snprintf(info->cache, sizeof info->cache, "hit (context)");
+        *out = hit;
+        return SR_OK;
+    }
     struct jit_module *m = new_module(key);
     if (!m)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
@@ -537,7 +581,9 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
             }
             if (st == SR_OK) {
                 close(dfd);
+                pthread_mutex_lock(&jc->lock);
                 jc->disk_hits++;
+                pthread_mutex_unlock(&jc->lock);
                 info->origin = "disk";
                 snprintf(info->cache, sizeof info->cache, "hit");
                 snprintf(info->path, sizeof info->path, "%s", path);
@@ -546,8 +592,8 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
             jlog(ctx, 1, "cache entry %s is unusable (%s): rebuilding it", path, err);
             unlinkat(dfd, name, 0);
         }
-        sweep_stale(dfd, jc->compile_timeout);
-        st = build(ctx, jc, src, len, dir, tdir, sizeof tdir, so, sizeof so);
+        sweep_stale(dfd, opt->compile_timeout);
+        st = build(ctx, jc, opt, src, len, dir, tdir, sizeof tdir, so, sizeof so);
         if (st == SR_EIO || (st == SR_ECOMPILE && strstr(sr_ctx_error(ctx), "No space left"))) {
             /* A read-only or full cache: compile where the cache is off. */
             close(dfd);
@@ -567,7 +613,7 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
             goto load_private;
         }
         rm_tree_flat(tdir);
-        if (jc->keep_source) {
+        if (opt->keep_source) {
             char cpath[2200], tmpc[2300];
             snprintf(cpath, sizeof cpath, "%s/%s.c", dir, key);
             snprintf(tmpc, sizeof tmpc, "%s.%ld.tmp", cpath, (long)getpid());
@@ -602,7 +648,8 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
       private:
         jlog(ctx, 1, "kernel cache %s; compiling in a private temporary directory", why);
         const char *tmp = getenv("TMPDIR");
-        st = build(ctx, jc, src, len, tmp && *tmp ? tmp : "/tmp", tdir, sizeof tdir, so, sizeof so);
+        st = build(ctx, jc, opt, src, len, tmp && *tmp ? tmp : "/tmp", tdir, sizeof tdir, so,
+                   sizeof so);
         if (st != SR_OK)
             goto fail;
     load_private:
@@ -617,9 +664,18 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
     }
 found:
     info->compile_ms = now_ms() - t0;
-    m->refs = 1;
-    m->next = jc->modules;
-    jc->modules = m;
+    pthread_mutex_lock(&jc->lock);
+    hit = memory_hit(jc, key);
+    if (!hit) {
+        m->refs = 1;
+        m->next = jc->modules;
+        jc->modules = m;
+    }
+    pthread_mutex_unlock(&jc->lock);
+    if (hit) {
+        module_free(m);
+        m = hit;
+    }
     *out = m;
     return SR_OK;
 fail:
@@ -635,10 +691,7 @@ sr_status jit_module_get(sr_ctx *ctx, const char *src, size_t len, struct jit_mo
     sr_status st = jit_ctx_get(ctx, &jc);
     if (st != SR_OK)
         return st;
-    pthread_mutex_lock(&jc->lock);
-    st = module_get(ctx, jc, src, len, out, info);
-    pthread_mutex_unlock(&jc->lock);
-    return st;
+    return module_get(ctx, jc, src, len, out, info);
 }
 
 /* Unloads the idle modules (no kernel uses them) beyond the idle_max most recently released:

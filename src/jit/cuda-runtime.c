@@ -728,4 +728,6 @@ const struct sr_backend_i cuda_backend = {
     /* .vjp = */ NULL,
     /* .run_lse = */ NULL,
     /* .offer = */ NULL,
+    /* .stage = */ NULL,
+    /* .wait = */ NULL,
 };

@@ -201,6 +201,10 @@ struct jit_ctx {
     struct jit_module *modules;
     uint64_t clock; /* counts modules becoming idle: the least recently used goes first */
     unsigned long mem_hits, disk_hits, compiles;
+    /* Background compiles running for kernels of the context (SYMRED_JIT=async, omp-runtime.c);
+     * jit_ctx_free waits on bg_idle until there are none. */
+    int bg_running;
+    pthread_cond_t bg_idle;
     pthread_mutex_t lock;
 };
 

@@ -64,6 +64,7 @@ STATUS_NAMES = {
     -10: "EIO",
     -11: "EINTERNAL",
     -12: "ENOCONV",
+    -13: "ETIMEDOUT",
 }
 SR_OK = 0
 SR_EINVAL = -1
@@ -73,6 +74,7 @@ SR_EBUDGET = -6
 SR_ENODEV = -8
 SR_ENOTSUP = -9
 SR_ENOCONV = -12
+SR_ETIMEDOUT = -13
 _VALUE_ERRORS = {SR_EINVAL, SR_EPARSE, SR_EDIM}
 
 # Mirrors sr_dtype, sr_device and sr_cat.

@@ -1,0 +1,838 @@
+/*
+ * tile.c — the tile interpreter: tier 0 of the CPU, which serves any kernel at vector speed with
+ * no compiler, while the JIT compiles (omp-runtime.c) or where there is none.
+ *
+ * The simplified formula (F and the weight, merged, in topological order) is split by what each
+ * node depends on, as the JIT's emitter places it: constants and parameters (once per call), the
+ * output row's terms (once per row), the reduced index's terms (once per tile, shared by a block
+ * of rows) and the pair's (per row and tile). A thread takes a block of rb output rows at a time
+ * and walks the reduced range in tiles of tj indices: it loads the tile's variables transposed
+ * (component by component), evaluates the reduced-index nodes once, then for each row of the
+ * block the pair nodes, one op over the whole tile at a time (tile-kern.h: vector loops compiled
+ * for AVX-512, AVX2 or the baseline), and folds the tile of F into the row's reduction state.
+ *
+ * Values are computed in the kernel's dtype like the compiled kernels, and reduced with the
+ * reference's rules (cpu.h) on float64 state: sums of a tile are accumulated in float64, Min,
+ * Max and the K-selections skip a tile that cannot change the state, LogSumExp and
+ * SumSoftMaxWeight fold a tile through its maximum, and any tile holding NaN or an infinity
+ * where those rules care goes element by element. With few output rows and a long reduced range
+ * the threads split the reduced range and merge their states in index order, so ties resolve to
+ * the lowest index as everywhere.
+ */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { ST_CONST, ST_OUTER, ST_INNER, ST_PAIR, NST };
+static const char *const stage_names[NST] = {"constant", "per output row", "per reduced tile",
+                                             "per pair"};
+
+struct tile_node {
+    const sr_expr *e;
+    int stage;
+    /* ST_CONST: first value in the call's constants; ST_OUTER: in a row's values; ST_INNER and
+     * ST_PAIR: first tile row (a tile row holds tj values of one component). */
+    int64_t off;
+    int child[EXPR_MAX_ARITY];
+};
+
+struct tile_prog {
+    const struct tile_isa *isa;
+    const char *isa_name;
+    int64_t es; /* bytes per value */
+    int n;
+    struct tile_node *node;
+    int *list[NST];
+    int nlist[NST];
+    int64_t ncst, nouter, nrows; /* constants, values per output row, tile rows */
+    int f, w;                    /* node numbers of F and of the weight (-1: none) */
+    int64_t fcopy, wcopy, prow;  /* tile rows: F and the weight broadcast when they are not
+                                    tiles (-1: they are), the softmax weights of a tile */
+    int tj, rb;                  /* reduced indices per tile, output rows per block */
+    int nscratch;                /* float64 scratch of the element-by-element ops */
+    int D, K, W;
+    int nsd, nsi, nsn;  /* per row state: doubles, indices, counts */
+    int64_t state_b;    /* bytes of one row's state */
+    int64_t odim;       /* values (and indices) per output row */
+    int64_t per_thread; /* workspace bytes of one thread */
+};
+
+/* ---- the program ------------------------------------------------------------------------- */
+
+struct build {
+    const sr_expr **order;
+    int n, cap;
+    int *at; /* node id -> number + 1, 0 when not placed */
+};
+
+static bool place(struct build *b, const sr_expr *e)
+{
+    if (b->at[e->id])
+        return true;
+    for (int c = 0; c < expr_arity(e); c++)
+        if (!place(b, e->child[c]))
+            return false;
+    if (b->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 64;
+        const sr_expr **o = realloc(b->order, (size_t)cap * sizeof *o);
+        if (!o)
+            return false;
+        b->order = o;
+        b->cap = cap;
+    }
+    b->order[b->n++] = e;
+    b->at[e->id] = b->n;
+    return true;
+}
+
+static int stage_of(const sr_expr *e, int axis)
+{
+    int red = axis == 1 ? DEP_J : DEP_I, outer = axis == 1 ? DEP_I : DEP_J;
+    if (e->deps & red)
+        return e->deps & outer ? ST_PAIR : ST_INNER;
+    return e->deps & outer ? ST_OUTER : ST_CONST;
+}
+
+static uint32_t max_id(const sr_expr *e, uint32_t m)
+{
+    if (e->id > m)
+        m = e->id;
+    for (int c = 0; c < expr_arity(e); c++)
+        m = max_id(e->child[c], m);
+    return m;
+}
+
+void cpu_tile_free(struct tile_prog *t)
+{
+    if (!t)
+        return;
+    free(t->node);
+    for (int s = 0; s < NST; s++)
+        free(t->list[s]);
+    free(t);
+}
+
+/* The tiles under the memory budget: tj from 256 down to 16 reduced indices, then rb from 16
+ * output rows down to 1. false when even the smallest does not fit. */
+static int64_t ws_bytes(const struct tile_prog *t, int tj, int rb)
+{
+    return t->nrows * tj * t->es + rb * (t->nouter * t->es + t->state_b) + t->ncst * t->es +
+           (t->nscratch + 2 * t->odim) * 8 + 4 * 64;
+}
+
+static bool fit_tiles(struct tile_prog *t, int64_t lim)
+{
+    t->tj = 256;
+    t->rb = 16;
+    while (lim > 0 && ws_bytes(t, t->tj, t->rb) > lim && t->tj > 16)
+        t->tj /= 2;
+    while (lim > 0 && ws_bytes(t, t->tj, t->rb) > lim && t->rb > 1)
+        t->rb /= 2;
+    t->per_thread = ws_bytes(t, t->tj, t->rb);
+    return lim <= 0 || t->per_thread <= lim;
+}
+
+sr_status cpu_tile_new(const sr_kernel *k, struct tile_prog **out)
+{
+    *out = NULL;
+    sr_ctx *ctx = k->ctx;
+    struct tile_prog *t = calloc(1, sizeof *t);
+    uint32_t mid = max_id(k->f, 0);
+    if (k->weight)
+        mid = max_id(k->weight, mid);
+    struct build b = {NULL, 0, 0, calloc((size_t)mid + 1, sizeof(int))};
+    bool ok = t && b.at && place(&b, k->f) && (!k->weight || place(&b, k->weight));
+    if (ok)
+        t->node = calloc((size_t)b.n, sizeof *t->node);
+    for (int s = 0; ok && s < NST; s++)
+        ok = (t->list[s] = malloc((size_t)b.n * sizeof(int))) != NULL;
+    if (!ok || !t->node) {
+        free(b.order);
+        free(b.at);
+        cpu_tile_free(t);
+        return sr__error(ctx, SR_ENOMEM, "tile interpreter: out of memory");
+    }
+    t->isa = cpu_tile_isa(k->dtype, &t->isa_name);
+    t->es = (int64_t)sr_dtype_size(k->dtype);
+    t->n = b.n;
+    int maxdims = 0;
+    for (int i = 0; i < b.n; i++) {
+        const sr_expr *e = b.order[i];
+        struct tile_node *nd = &t->node[i];
+        nd->e = e;
+        nd->stage = stage_of(e, k->axis);
+        int dims = e->dim;
+        for (int c = 0; c < expr_arity(e); c++) {
+            nd->child[c] = b.at[e->child[c]->id] - 1;
+            dims += e->child[c]->dim;
+        }
+        if (dims > maxdims)
+            maxdims = dims;
+        int64_t *slot = nd->stage == ST_CONST   ? &t->ncst
+                        : nd->stage == ST_OUTER ? &t->nouter
+                                                : &t->nrows;
+        nd->off = *slot;
+        *slot += e->dim;
+        t->list[nd->stage][t->nlist[nd->stage]++] = i;
+    }
+    t->f = b.at[k->f->id] - 1;
+    t->w = k->weight ? b.at[k->weight->id] - 1 : -1;
+    free(b.order);
+    free(b.at);
+    t->nscratch = maxdims;
+    /* F and the weight are folded as tiles: when one does not depend on the reduced index, it
+     * is broadcast into tile rows of its own. SumSoftMaxWeight needs a row for its weights. */
+    t->fcopy = t->wcopy = t->prow = -1;
+    if (t->node[t->f].stage < ST_INNER) {
+        t->fcopy = t->nrows;
+        t->nrows += k->fdim;
+    }
+    if (t->w >= 0 && t->node[t->w].stage < ST_INNER) {
+        t->wcopy = t->nrows;
+        t->nrows += k->weight->dim;
+    }
+    if (t->w >= 0)
+        t->prow = t->nrows++;
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    t->D = k->fdim;
+    t->K = k->k;
+    t->W = k->weight ? k->weight->dim : 0;
+    switch (ri->family) {
+    case SR_RED_FAM_SUM:
+        t->nsd = t->D;
+        break;
+    case SR_RED_FAM_EXT:
+    case SR_RED_FAM_ARGEXT:
+        t->nsd = t->D;
+        t->nsi = t->D;
+        break;
+    case SR_RED_FAM_KSEL:
+        t->nsd = t->D * t->K;
+        t->nsi = t->D * t->K;
+        t->nsn = t->D;
+        break;
+    case SR_RED_FAM_LSE:
+        t->nsd = 2 * t->D;
+        break;
+    case SR_RED_FAM_SSMW:
+        t->nsd = 2 + t->W;
+        break;
+    default:
+        break;
+    }
+    /* The float64 scratch also holds the softmax's weighted sums and one set of weights. */
+    t->nscratch += 2 * t->W;
+    t->state_b = t->nsd * 8 + t->nsi * 8 + t->nsn * 4;
+    t->state_b = (t->state_b + 7) / 8 * 8;
+    t->odim = k->out_dim;
+    if (!fit_tiles(t, ctx->mem_limit)) {
+        int64_t need = t->per_thread;
+        cpu_tile_free(t);
+        return sr__error(ctx, SR_EBUDGET,
+                         "memory budget exceeded: the tile interpreter needs at least %lld bytes "
+                         "of workspace (one thread, tiles of 16 reduced indices x 1 row), the "
+                         "budget is %lld bytes (SYMRED_MEM_LIMIT or sr_ctx_set_mem_limit)",
+                         (long long)need, (long long)ctx->mem_limit);
+    }
+    *out = t;
+    return SR_OK;
+}
+
+/* ---- evaluation -------------------------------------------------------------------------- */
+
+/* One thread's buffers. */
+struct frame {
+    const sr_kernel *k;
+    const struct tile_prog *t;
+    const void *const *args;
+    const char *cbuf; /* the call's constants (shared) */
+    char *obuf;       /* rb rows of output-row values */
+    char *tbuf;       /* the tile rows */
+    double *scratch;  /* nscratch values */
+    double *row;      /* one output row's values and indices, before they are stored */
+    int64_t *row_idx;
+    char *state; /* rb rows of reduction state */
+    void *mem;
+};
+
+/* Where node i's values are for row slot s: component k at *p + k * *cs. */
+static void *node_at(const struct frame *fr, int i, int s, int64_t *cs)
+{
+    const struct tile_prog *t = fr->t;
+    const struct tile_node *nd = &t->node[i];
+    switch (nd->stage) {
+    case ST_CONST:
+        *cs = 1;
+        return (char *)fr->cbuf + nd->off * t->es;
+    case ST_OUTER:
+        *cs = 1;
+        return fr->obuf + ((int64_t)s * t->nouter + nd->off) * t->es;
+    default:
+        *cs = t->tj;
+        return fr->tbuf + nd->off * t->tj * t->es;
+    }
+}
+
+/* Loads variable e (node i): a parameter or an output row o's values (n = 1), or the reduced
+ * indices [r0, r0 + n) transposed into tile rows. */
+static void load_var(const struct frame *fr, int i, int s, int64_t o, int64_t r0, int n)
+{
+    const struct tile_prog *t = fr->t;
+    const sr_expr *e = t->node[i].e;
+    int64_t cs, d = e->dim, es = t->es;
+    char *dst = node_at(fr, i, s, &cs);
+    const char *a = fr->args[e->iattr[0]];
+    int stage = t->node[i].stage;
+    if (stage == ST_CONST || stage == ST_OUTER) {
+        memcpy(dst, a + (stage == ST_OUTER ? o * d * es : 0), (size_t)(d * es));
+        return;
+    }
+    if (es == 4) {
+        const float *src = (const float *)a + r0 * d;
+        float *o4 = (float *)dst;
+        for (int64_t c = 0; c < d; c++)
+            for (int u = 0; u < n; u++)
+                o4[c * cs + u] = src[u * d + c];
+    } else {
+        const double *src = (const double *)a + r0 * d;
+        double *o8 = (double *)dst;
+        for (int64_t c = 0; c < d; c++)
+            for (int u = 0; u < n; u++)
+                o8[c * cs + u] = src[u * d + c];
+    }
+}
+
+/* Evaluates node i (not a variable) for row slot s over n elements. */
+static void eval_node(const struct frame *fr, int i, int s, int n)
+{
+    const struct tile_prog *t = fr->t;
+    const struct tile_node *nd = &t->node[i];
+    struct tile_opnds opd = {{NULL, NULL, NULL}, {0, 0, 0}, {0, 0, 0}};
+    for (int c = 0; c < expr_arity(nd->e); c++) {
+        int ch = nd->child[c];
+        opd.p[c] = node_at(fr, ch, s, &opd.cs[c]);
+        opd.es[c] = t->node[ch].stage >= ST_INNER;
+        if (t->node[ch].e->dim == 1)
+            opd.cs[c] = 0;
+    }
+    int64_t ocs;
+    void *out = node_at(fr, i, s, &ocs);
+    t->isa->op(nd->e, out, ocs, &opd, nd->stage >= ST_INNER ? n : 1, fr->scratch);
+}
+
+static void eval_list(const struct frame *fr, int stage, int s, int64_t o, int64_t r0, int n)
+{
+    const struct tile_prog *t = fr->t;
+    for (int q = 0; q < t->nlist[stage]; q++) {
+        int i = t->list[stage][q];
+        if (t->node[i].e->op == OP_VAR)
+            load_var(fr, i, s, o, r0, n);
+        else
+            eval_node(fr, i, s, n);
+    }
+}
+
+/* Component c of node i (F or the weight) as a tile of n values for row slot s: the node's own
+ * tile row, or its value broadcast into tile row copy + c. */
+static const void *tile_of(const struct frame *fr, int i, int64_t copy, int c, int s, int n)
+{
+    const struct tile_prog *t = fr->t;
+    int64_t cs;
+    char *p = node_at(fr, i, s, &cs);
+    if (copy < 0)
+        return p + c * cs * t->es;
+    char *dst = fr->tbuf + (copy + c) * t->tj * t->es;
+    const char *v = p + c * t->es;
+    for (int u = 0; u < n; u++)
+        memcpy(dst + u * t->es, v, (size_t)t->es);
+    return dst;
+}
+
+static inline double elem(const struct tile_prog *t, const void *x, int u)
+{
+    return t->es == 4 ? (double)((const float *)x)[u] : ((const double *)x)[u];
+}
+
+/* ---- reduction state ----------------------------------------------------------------------
+ * Row state at st: nsd doubles, then nsi indices, then nsn counts. */
+
+struct rowst {
+    double *d;
+    int64_t *ix;
+    int *cnt;
+};
+
+static struct rowst row_state(const struct tile_prog *t, char *base, int s)
+{
+    char *p = base + (int64_t)s * t->state_b;
+    return (struct rowst){(double *)p, (int64_t *)(p + t->nsd * 8),
+                          (int *)(p + t->nsd * 8 + t->nsi * 8)};
+}
+
+static void state_init(const sr_kernel *k, const struct tile_prog *t, struct rowst r)
+{
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    switch (ri->family) {
+    case SR_RED_FAM_SUM:
+        for (int c = 0; c < t->D; c++)
+            cpu_sum_init(&r.d[c]);
+        break;
+    case SR_RED_FAM_EXT:
+    case SR_RED_FAM_ARGEXT:
+        for (int c = 0; c < t->D; c++)
+            cpu_ext_init(ri->order, &r.d[c], &r.ix[c]);
+        break;
+    case SR_RED_FAM_KSEL:
+        for (int c = 0; c < t->D; c++)
+            r.cnt[c] = 0;
+        break;
+    case SR_RED_FAM_LSE:
+        for (int c = 0; c < t->D; c++) {
+            struct cpu_lse a;
+            cpu_lse_init(&a);
+            r.d[2 * c] = a.m;
+            r.d[2 * c + 1] = a.s;
+        }
+        break;
+    case SR_RED_FAM_SSMW:
+        cpu_ssmw_init(&r.d[0], &r.d[1], r.d + 2, t->W);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Folds the tile of reduced indices [r0, r0 + n) of row slot s into its state. */
+static void fold(const struct frame *fr, struct rowst r, int s, int64_t r0, int n)
+{
+    const sr_kernel *k = fr->k;
+    const struct tile_prog *t = fr->t;
+    const struct tile_isa *isa = t->isa;
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    switch (ri->family) {
+    case SR_RED_FAM_SUM:
+        for (int c = 0; c < t->D; c++)
+            cpu_sum_push(&r.d[c], isa->sum(tile_of(fr, t->f, t->fcopy, c, s, n), n));
+        break;
+    case SR_RED_FAM_EXT:
+    case SR_RED_FAM_ARGEXT: {
+        int desc = ri->order == SR_RED_DESC;
+        for (int c = 0; c < t->D; c++) {
+            const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
+            double v = isa->ext(x, n, desc), cur = r.d[c];
+            /* Nothing in the tile ranks ahead of the state (later indices lose ties). */
+            if (r.ix[c] >= 0 && (isnan(cur) || (!isnan(v) && !(desc ? v > cur : v < cur))))
+                continue;
+            for (int u = 0; u < n; u++)
+                cpu_ext_push(ri->order, &r.d[c], &r.ix[c], elem(t, x, u), r0 + u);
+        }
+        break;
+    }
+    case SR_RED_FAM_KSEL: {
+        int K = t->K;
+        for (int c = 0; c < t->D; c++) {
+            const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
+            double *v = r.d + (int64_t)c * K;
+            int64_t *ix = r.ix + (int64_t)c * K;
+            if (r.cnt[c] == K) {
+                double lo = isa->ext(x, n, 0);
+                if (!isnan(lo) && !(lo < v[K - 1]))
+                    continue;
+            }
+            for (int u = 0; u < n; u++)
+                r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, elem(t, x, u), r0 + u);
+        }
+        break;
+    }
+    case SR_RED_FAM_LSE:
+        for (int c = 0; c < t->D; c++) {
+            const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
+            struct cpu_lse a = {r.d[2 * c], r.d[2 * c + 1]};
+            int special;
+            double m = isa->max(x, n, &special);
+            if (special) {
+                for (int u = 0; u < n; u++)
+                    cpu_lse_push(&a, elem(t, x, u));
+            } else {
+                cpu_lse_combine(&a, (struct cpu_lse){m, isa->expsum(x, NULL, n, m)});
+            }
+            r.d[2 * c] = a.m;
+            r.d[2 * c + 1] = a.s;
+        }
+        break;
+    case SR_RED_FAM_SSMW: {
+        const void *x = tile_of(fr, t->f, t->fcopy, 0, s, n);
+        int special, W = t->W;
+        double m = isa->max(x, n, &special), *acc = fr->scratch, *g = acc + W;
+        if (special) {
+            for (int u = 0; u < n; u++) {
+                for (int c = 0; c < W; c++)
+                    g[c] = elem(t, tile_of(fr, t->w, t->wcopy, c, s, n), u);
+                cpu_ssmw_push(&r.d[0], &r.d[1], r.d + 2, W, elem(t, x, u), g);
+            }
+            break;
+        }
+        void *p = fr->tbuf + t->prow * t->tj * t->es;
+        double sum = isa->expsum(x, p, n, m);
+        for (int c = 0; c < W; c++)
+            acc[c] = isa->dot(p, tile_of(fr, t->w, t->wcopy, c, s, n), n);
+        cpu_ssmw_combine(&r.d[0], &r.d[1], r.d + 2, W, m, sum, acc);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* Merges row state b (later reduced indices) into a. */
+static void state_merge(const sr_kernel *k, const struct tile_prog *t, struct rowst a,
+                        struct rowst b)
+{
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    switch (ri->family) {
+    case SR_RED_FAM_SUM:
+        for (int c = 0; c < t->D; c++)
+            cpu_sum_combine(&a.d[c], b.d[c]);
+        break;
+    case SR_RED_FAM_EXT:
+    case SR_RED_FAM_ARGEXT:
+        for (int c = 0; c < t->D; c++)
+            cpu_ext_combine(ri->order, &a.d[c], &a.ix[c], b.d[c], b.ix[c]);
+        break;
+    case SR_RED_FAM_KSEL:
+        for (int c = 0; c < t->D; c++) {
+            int64_t o = (int64_t)c * t->K;
+            a.cnt[c] =
+                cpu_kmin_combine(a.d + o, a.ix + o, a.cnt[c], t->K, b.d + o, b.ix + o, b.cnt[c]);
+        }
+        break;
+    case SR_RED_FAM_LSE:
+        for (int c = 0; c < t->D; c++) {
+            struct cpu_lse x = {a.d[2 * c], a.d[2 * c + 1]};
+            cpu_lse_combine(&x, (struct cpu_lse){b.d[2 * c], b.d[2 * c + 1]});
+            a.d[2 * c] = x.m;
+            a.d[2 * c + 1] = x.s;
+        }
+        break;
+    case SR_RED_FAM_SSMW:
+        cpu_ssmw_combine(&a.d[0], &a.d[1], a.d + 2, t->W, b.d[0], b.d[1], b.d + 2);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Writes output row o from its state. */
+static void state_final(const sr_kernel *k, const struct tile_prog *t, struct rowst r,
+                        const sr_run_desc *run, int64_t o, double *row, int64_t *row_idx)
+{
+    const struct sr_reduction_info *ri = &sr_reductions[k->red];
+    int64_t D = t->D, K = t->K, odim = k->out_dim;
+    switch (ri->family) {
+    case SR_RED_FAM_SUM:
+        memcpy(row, r.d, (size_t)D * sizeof *row);
+        break;
+    case SR_RED_FAM_EXT:
+    case SR_RED_FAM_ARGEXT:
+        memcpy(row, r.d, (size_t)D * sizeof *row);
+        memcpy(row_idx, r.ix, (size_t)D * sizeof *row_idx);
+        break;
+    case SR_RED_FAM_KSEL:
+        for (int64_t c = 0; c < D; c++)
+            for (int64_t u = 0; u < K; u++) {
+                bool have = u < r.cnt[c];
+                row[u * D + c] = have ? r.d[c * K + u] : INFINITY;
+                row_idx[u * D + c] = have ? r.ix[c * K + u] : -1;
+            }
+        break;
+    case SR_RED_FAM_LSE:
+        for (int64_t c = 0; c < D; c++)
+            row[c] = cpu_lse_finish((struct cpu_lse){r.d[2 * c], r.d[2 * c + 1]});
+        break;
+    case SR_RED_FAM_SSMW:
+        cpu_ssmw_finish(r.d[1], r.d + 2, t->W, row);
+        break;
+    default:
+        break;
+    }
+    if (ri->values) {
+        if (t->es == 8)
+            memcpy((double *)run->out + o * odim, row, (size_t)odim * sizeof *row);
+        else
+            for (int64_t u = 0; u < odim; u++)
+                ((float *)run->out)[o * odim + u] = (float)row[u];
+    }
+    if (ri->indices)
+        memcpy(run->out_idx + o * odim, row_idx, (size_t)odim * sizeof *row_idx);
+}
+
+/* Folds the reduced intervals iv[0 .. 2 niv) into the states (at st, one per row) of output rows
+ * [o0, o0 + nb), nb <= rb; init: start from the empty state. */
+static void fold_rows(struct frame *fr, char *st, int64_t o0, int nb, const int64_t *iv,
+                      int64_t niv, bool init)
+{
+    const struct tile_prog *t = fr->t;
+    for (int s = 0; s < nb; s++) {
+        eval_list(fr, ST_OUTER, s, o0 + s, 0, 1);
+        if (init)
+            state_init(fr->k, t, row_state(t, st, s));
+    }
+    for (int64_t q = 0; q < niv; q++)
+        for (int64_t r0 = iv[2 * q]; r0 < iv[2 * q + 1]; r0 += t->tj) {
+            int n = (int)(iv[2 * q + 1] - r0 < t->tj ? iv[2 * q + 1] - r0 : t->tj);
+            eval_list(fr, ST_INNER, 0, 0, r0, n);
+            for (int s = 0; s < nb; s++) {
+                eval_list(fr, ST_PAIR, s, o0 + s, r0, n);
+                fold(fr, row_state(t, st, s), s, r0, n);
+            }
+        }
+}
+
+/* The output rows [o0, o1) over intervals iv, finished into the outputs. */
+static void reduce_rows(struct frame *fr, const sr_run_desc *run, int64_t o0, int64_t o1,
+                        const int64_t *iv, int64_t niv)
+{
+    const struct tile_prog *t = fr->t;
+    for (int64_t b = o0; b < o1; b += t->rb) {
+        int nb = (int)(o1 - b < t->rb ? o1 - b : t->rb);
+        fold_rows(fr, fr->state, b, nb, iv, niv, true);
+        for (int s = 0; s < nb; s++)
+            state_final(fr->k, t, row_state(t, fr->state, s), run, b + s, fr->row, fr->row_idx);
+    }
+}
+
+static bool frame_new(struct frame *fr, const sr_kernel *k, const struct tile_prog *t,
+                      const sr_run_desc *run, const char *cbuf)
+{
+    memset(fr, 0, sizeof *fr);
+    fr->k = k;
+    fr->t = t;
+    fr->args = run->args;
+    fr->cbuf = cbuf;
+    int64_t odim = k->out_dim;
+    size_t tb = (size_t)(t->nrows * t->tj * t->es), ob = (size_t)(t->rb * t->nouter * t->es);
+    size_t sb = (size_t)(t->nscratch + 2 * odim) * 8;
+    size_t stb = (size_t)(t->rb * t->state_b);
+    char *m = aligned_alloc(64, ((tb + ob + sb + stb + 4 * 64) + 63) / 64 * 64);
+    if (!m)
+        return false;
+    fr->mem = m;
+    fr->tbuf = m;
+    fr->obuf = m + (tb + 63) / 64 * 64;
+    fr->scratch = (double *)(fr->obuf + (ob + 63) / 64 * 64);
+    fr->row = fr->scratch + t->nscratch;
+    fr->row_idx = (int64_t *)(fr->row + odim);
+    fr->state = (char *)fr->scratch + (sb + 63) / 64 * 64;
+    return true;
+}
+
+/* The constants of a call, evaluated once (cbuf: ncst values). */
+static bool eval_consts(const sr_kernel *k, const struct tile_prog *t, const sr_run_desc *run,
+                        char *cbuf)
+{
+    struct frame fr;
+    if (!frame_new(&fr, k, t, run, cbuf))
+        return false;
+    fr.cbuf = cbuf;
+    eval_list(&fr, ST_CONST, 0, 0, 0, 1);
+    free(fr.mem);
+    return true;
+}
+
+/* Fewer output rows than this many per thread: the threads split the reduced range. */
+#define SPLIT_ROWS_PER_THREAD 16
+#define SPLIT_MIN_REDUCED     4096
+
+int64_t cpu_tile_workspace(const sr_kernel *k, const struct tile_prog *t, int64_t *per_thread,
+                           int *threads)
+{
+    int nt = sr__threads(k->ctx, t->per_thread);
+    int64_t split = (int64_t)nt * SPLIT_ROWS_PER_THREAD * t->state_b;
+    if (per_thread)
+        *per_thread = t->per_thread;
+    if (threads)
+        *threads = nt;
+    return (int64_t)nt * t->per_thread + (nt > 1 ? split : 0);
+}
+
+sr_status cpu_tile_run(const sr_kernel *k, const struct tile_prog *t, const sr_run_desc *run,
+                       const struct sr_rplan *p)
+{
+    int64_t nout = k->axis == 1 ? run->nx : run->ny;
+    int64_t nred = k->axis == 1 ? run->ny : run->nx;
+    int nt = sr__threads(k->ctx, t->per_thread);
+    char *cbuf = malloc((size_t)(t->ncst * t->es) + 8);
+    if (!cbuf || !eval_consts(k, t, run, cbuf)) {
+        free(cbuf);
+        return sr__error(k->ctx, SR_ENOMEM, "tile interpreter: out of memory");
+    }
+    int failed = 0;
+    int64_t lim = k->ctx->mem_limit;
+    bool split = !p && nt > 1 && nout < (int64_t)nt * SPLIT_ROWS_PER_THREAD &&
+                 nred >= SPLIT_MIN_REDUCED &&
+                 (lim <= 0 || (int64_t)nt * (t->per_thread + nout * t->state_b) <= lim);
+    if (split) {
+        /* Each thread folds its slice of the reduced range into states of every row; the
+         * slices' states merge in index order. */
+        char *states = malloc((size_t)(nout * t->state_b) * (size_t)nt);
+        if (!states) {
+            free(cbuf);
+            return sr__error(k->ctx, SR_ENOMEM, "tile interpreter: out of memory");
+        }
+        int64_t slice = (nred + nt - 1) / nt;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(nt)
+#endif
+        for (int q = 0; q < nt; q++) {
+            struct frame fr;
+            if (!frame_new(&fr, k, t, run, cbuf)) {
+                failed = 1;
+                continue;
+            }
+            int64_t iv[2] = {(int64_t)q * slice, (int64_t)(q + 1) * slice};
+            if (iv[0] > nred)
+                iv[0] = nred;
+            if (iv[1] > nred)
+                iv[1] = nred;
+            char *st = states + (size_t)(nout * t->state_b) * (size_t)q;
+            for (int64_t b = 0; b < nout; b += t->rb) {
+                int nb = (int)(nout - b < t->rb ? nout - b : t->rb);
+                fold_rows(&fr, st + b * t->state_b, b, nb, iv, 1, true);
+            }
+            free(fr.mem);
+        }
+        if (!failed) {
+            struct frame fr;
+            if (frame_new(&fr, k, t, run, cbuf)) {
+                for (int64_t o = 0; o < nout; o++) {
+                    struct rowst a = row_state(t, states, (int)o);
+                    for (int q = 1; q < nt; q++)
+                        state_merge(
+                            k, t, a,
+                            row_state(t, states + (size_t)(nout * t->state_b) * (size_t)q, (int)o));
+                    state_final(k, t, a, run, o, fr.row, fr.row_idx);
+                }
+                free(fr.mem);
+            } else {
+                failed = 1;
+            }
+        }
+        free(states);
+    } else {
+        /* Pieces of at most one block of rows (flat rows of the ranges' blocks). */
+        int64_t rows = p ? p->nrows : nout;
+        int64_t piece = (rows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
+        if (piece > t->rb)
+            piece = t->rb;
+        if (piece < 1)
+            piece = 1;
+        int64_t npieces = (rows + piece - 1) / piece;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1 && npieces > 1)
+#endif
+        {
+            struct frame fr;
+            bool have = frame_new(&fr, k, t, run, cbuf);
+            if (!have)
+                failed = 1;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t q = 0; q < npieces; q++) {
+                if (!have)
+                    continue;
+                int64_t f0 = q * piece, f1 = f0 + piece < rows ? f0 + piece : rows;
+                if (!p) {
+                    const int64_t dense[2] = {0, nred};
+                    reduce_rows(&fr, run, f0, f1, dense, 1);
+                    continue;
+                }
+                for (int64_t c = sr__rplan_block(p, f0); c < p->nblocks && p->rows[c] < f1; c++) {
+                    int64_t o0, o1;
+                    sr__rplan_seg(p, c, f0, f1, &o0, &o1);
+                    reduce_rows(&fr, run, o0, o1, p->iv + 2 * p->ivoff[c],
+                                p->ivoff[c + 1] - p->ivoff[c]);
+                }
+            }
+            if (have)
+                free(fr.mem);
+        }
+    }
+    free(cbuf);
+    if (failed)
+        return sr__error(k->ctx, SR_ENOMEM, "tile interpreter: out of memory for the workspace");
+    return SR_OK;
+}
+
+void cpu_tile_explain(const sr_kernel *k, const struct tile_prog *t, struct expr_buf *b)
+{
+    expr_buf_printf(
+        b, "tile interpreter (tier 0, no compiler): %d nodes of the simplified formula (", t->n);
+    for (int s = 0; s < NST; s++)
+        expr_buf_printf(b, "%s%d %s", s ? ", " : "", t->nlist[s], stage_names[s]);
+    expr_buf_printf(b,
+                    "), tiles of %d output rows x %d reduced indices, %s loops in %s, sums "
+                    "accumulated in float64, %lld bytes of workspace per thread\n",
+                    t->rb, t->tj, t->isa_name, sr__dtype_name(k->dtype), (long long)t->per_thread);
+}
+
+/* ---- the backend ----------------------------------------------------------------------- */
+
+static sr_status tile_prepare(sr_kernel *k)
+{
+    struct tile_prog *t = NULL;
+    sr_status st = cpu_tile_new(k, &t);
+    if (st == SR_OK)
+        k->backend_data = t;
+    return st;
+}
+
+static void tile_release(sr_kernel *k)
+{
+    cpu_tile_free(k->backend_data);
+    k->backend_data = NULL;
+}
+
+static sr_status tile_run(const sr_kernel *k, const sr_run_desc *r)
+{
+    return cpu_tile_run(k, k->backend_data, r, NULL);
+}
+
+static sr_status tile_run_ranges(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p)
+{
+    return cpu_tile_run(k, k->backend_data, r, p);
+}
+
+static int64_t tile_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
+{
+    return cpu_tile_workspace(k, k->backend_data, per_thread, threads);
+}
+
+static void tile_explain(const sr_kernel *k, struct expr_buf *b)
+{
+    cpu_tile_explain(k, k->backend_data, b);
+}
+
+const struct sr_backend_i cpu_tile_backend = {
+    /* .name = */ "tile interpreter",
+    /* .prepare = */ tile_prepare,
+    /* .run = */ tile_run,
+    /* .release = */ tile_release,
+    /* .explain = */ tile_explain,
+    /* .run_ranges = */ tile_run_ranges,
+    /* .workspace = */ tile_workspace,
+    /* .run_device = */ NULL,
+    /* .ctx_free = */ NULL,
+    /* .post_rewrite = */ true,
+    /* .vjp = */ NULL,
+    /* .run_lse = */ NULL,
+    /* .offer = */ NULL,
+    /* .stage = */ NULL,
+    /* .wait = */ NULL,
+};

@@ -1,0 +1,233 @@
+/*
+ * test-async.c — tiered execution (SYMRED_JIT=async): a kernel is served by the tile interpreter
+ * from its creation while its module compiles on a background thread, then by the compiled code.
+ *
+ * The values agree with the reference on both tiers; sr_kernel_wait and explain follow the
+ * switch; a kernel freed while its module compiles, a context freed while compiles run, a
+ * compiler that fails, one that hangs past the timeout, and calls from many threads across the
+ * switch neither change a result nor block a call. The compiles go to a cache directory of this
+ * test's own, emptied first, so that they really run.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "symred.h"
+#include "diff.h"
+#include "util.h"
+
+static char cache[] = "/tmp/symred-async-XXXXXX";
+
+static void setup(void)
+{
+    cr_assert(mkdtemp(cache) != NULL);
+    setenv("SYMRED_CACHE_DIR", cache, 1);
+    setenv("SYMRED_JIT", "async", 1);
+    unsetenv("SYMRED_CC");
+    unsetenv("SYMRED_COMPILE_TIMEOUT");
+}
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
+    cr_assert_eq(system(cmd), 0);
+}
+TestSuite(async, .init = setup, .fini = teardown);
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static const char *const al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(2)", "g=Pm(1)"};
+static const char *const gauss = "Exp(-SqDist(x, y) * g) * b";
+
+enum { NX = 301, NY = 517 };
+static float xs[NX * 3], ys[NY * 3], bs[NY * 2], gs = 0.7f;
+
+static void fill(void)
+{
+    uint64_t seed = 3;
+    for (int i = 0; i < NX * 3; i++)
+        xs[i] = (float)tu_uniform(&seed, 0, 1);
+    for (int j = 0; j < NY * 3; j++)
+        ys[j] = (float)tu_uniform(&seed, 0, 1);
+    for (int j = 0; j < NY * 2; j++)
+        bs[j] = (float)tu_uniform(&seed, -1, 1);
+}
+
+static void run(const sr_kernel *k, sr_ctx *ctx, float *out)
+{
+    const void *args[] = {xs, ys, bs, &gs};
+    cr_assert_eq(sr_kernel_run(k, NX, NY, args, out), SR_OK, "%s", sr_ctx_error(ctx));
+}
+
+static void expect_close(const float *a, const float *b, int n, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        cr_assert(fabsf(a[i] - b[i]) <= 2e-4f * (1 + fabsf(b[i])), "%s [%d]: %g vs %g", what, i,
+                  a[i], b[i]);
+}
+
+static sr_kernel *make(sr_ctx *ctx, sr_device dev)
+{
+    sr_expr *f = diff_parse(ctx, gauss, al, 4);
+    return diff_kernel(ctx, f, sr_kernel_desc_default(), dev);
+}
+
+/* Creation does not wait; the first calls run the tile interpreter, later ones compiled code,
+ * both equal to the reference; explain says which tier serves the calls. */
+Test(async, tier0_then_compiled)
+{
+    fill();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    static float ref[NX * 2], out[NX * 2];
+    sr_kernel *kr = make(ctx, SR_DEVICE_REFERENCE);
+    run(kr, ctx, ref);
+    double t0 = now_s();
+    sr_kernel *k = make(ctx, SR_DEVICE_CPU);
+    run(k, ctx, out);
+    double first = now_s() - t0;
+    expect_close(out, ref, NX * 2, "first call");
+    /* A cold compile takes a tenth of a second at least; creation plus a first call of this
+     * size on the tile interpreter take milliseconds. */
+    cr_assert(first < 0.08, "creation and first call took %.3f s", first);
+    cr_assert(strstr(sr_kernel_explain(k), "tier: 0"), "%s", sr_kernel_explain(k));
+    cr_assert_eq(sr_kernel_wait(k, 120), SR_OK);
+    cr_assert(strstr(sr_kernel_explain(k), "tier: 1"), "%s", sr_kernel_explain(k));
+    memset(out, 0, sizeof out);
+    run(k, ctx, out);
+    expect_close(out, ref, NX * 2, "compiled");
+    cr_assert_eq(sr_kernel_wait(NULL, 0), SR_EINVAL);
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+    sr_ctx_free(ctx);
+}
+
+/* Kernels freed while their modules compile, and the context freed right after: nothing leaks
+ * or crashes (the sanitizer build runs this), and the context's free waits for the compiles. */
+Test(async, free_while_compiling)
+{
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    static const char *const forms[] = {"Exp(-SqDist(x, y) * g) * b", "Exp(-Norm2(x - y)) * b",
+                                        "Inv(1 + SqDist(x, y) * g) * b"};
+    for (int i = 0; i < 3; i++) {
+        sr_expr *f = diff_parse(ctx, forms[i], al, 4);
+        sr_kernel *k = diff_kernel(ctx, f, sr_kernel_desc_default(), SR_DEVICE_CPU);
+        sr_kernel_free(k);
+    }
+    sr_ctx_free(ctx);
+}
+
+/* A script standing for the compiler; mode "fail" exits 1, "hang" sleeps. */
+static void script(char *path, const char *body)
+{
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "#!/bin/sh\ncase \"$1\" in --version) echo fake-cc 1.0; exit 0;; esac\n%s\n", body);
+    fclose(f);
+    chmod(path, 0700);
+}
+
+/* A compiler that fails, or hangs past SYMRED_COMPILE_TIMEOUT: the calls never wait, their
+ * values stay right, the tile interpreter keeps serving, explain says why, and the context's own
+ * error message is not the compiler's. */
+Test(async, failing_or_hanging_compiler)
+{
+    fill();
+    for (int mode = 0; mode < 2; mode++) {
+        char path[] = "/tmp/symred-fakecc-XXXXXX";
+        script(path, mode ? "sleep 30" : "echo 'fake-cc: error: no' >&2; exit 1");
+        setenv("SYMRED_CC", path, 1);
+        setenv("SYMRED_COMPILE_TIMEOUT", "1", 1);
+        sr_ctx *ctx;
+        cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+        unsetenv("SYMRED_CC");
+        unsetenv("SYMRED_COMPILE_TIMEOUT");
+        static float ref[NX * 2], out[NX * 2];
+        sr_kernel *kr = make(ctx, SR_DEVICE_REFERENCE);
+        run(kr, ctx, ref);
+        double t0 = now_s();
+        sr_kernel *k = make(ctx, SR_DEVICE_CPU);
+        run(k, ctx, out);
+        cr_assert(now_s() - t0 < 0.5, "the call waited %.3f s", now_s() - t0);
+        expect_close(out, ref, NX * 2, mode ? "hanging compiler" : "failing compiler");
+        cr_assert_eq(sr_kernel_wait(k, 60), SR_OK);
+        const char *ex = sr_kernel_explain(k);
+        cr_assert(strstr(ex, "tier: 0, the tile interpreter: the background compile failed"), "%s",
+                  ex);
+        cr_assert(mode ? strstr(ex, "timeout") || strstr(ex, "timed out") || strstr(ex, "killed")
+                       : strstr(ex, "fake-cc: error") != NULL,
+                  "%s", ex);
+        cr_assert(!strstr(sr_ctx_error(ctx), "fake-cc"), "%s", sr_ctx_error(ctx));
+        run(k, ctx, out);
+        expect_close(out, ref, NX * 2, "after the failure");
+        sr_kernel_free(k);
+        sr_kernel_free(kr);
+        sr_ctx_free(ctx);
+        unlink(path);
+    }
+}
+
+/* Many threads calling one kernel across the switch from the tile interpreter to the compiled
+ * module: every call's values are right (a call runs one tier whole). */
+struct caller {
+    const sr_kernel *k;
+    sr_ctx *ctx;
+    const float *ref;
+    int bad;
+};
+
+static void *call_loop(void *arg)
+{
+    struct caller *c = arg;
+    float *out = malloc(sizeof(float) * NX * 2);
+    const void *args[] = {xs, ys, bs, &gs};
+    for (int it = 0; it < 40; it++) {
+        if (sr_kernel_run(c->k, NX, NY, args, out) != SR_OK)
+            c->bad++;
+        for (int i = 0; i < NX * 2; i++)
+            if (!(fabsf(out[i] - c->ref[i]) <= 2e-4f * (1 + fabsf(c->ref[i]))))
+                c->bad++;
+    }
+    free(out);
+    return NULL;
+}
+
+Test(async, threads_across_the_switch)
+{
+    fill();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_NUM_THREADS", "1"), SR_OK);
+    static float ref[NX * 2];
+    sr_kernel *kr = make(ctx, SR_DEVICE_REFERENCE);
+    run(kr, ctx, ref);
+    sr_kernel *k = make(ctx, SR_DEVICE_CPU);
+    pthread_t th[4];
+    struct caller c[4];
+    for (int t = 0; t < 4; t++) {
+        c[t] = (struct caller){k, ctx, ref, 0};
+        cr_assert_eq(pthread_create(&th[t], NULL, call_loop, &c[t]), 0);
+    }
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        cr_assert_eq(c[t].bad, 0, "thread %d: %d wrong values or failed calls", t, c[t].bad);
+    }
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+    sr_ctx_free(ctx);
+}

@@ -1,0 +1,174 @@
+/*
+ * test-tile.c — the tile interpreter (tier 0 of the CPU) against the reference interpreter.
+ *
+ * The context runs with SYMRED_JIT=off, so every CPU kernel is served by the tile interpreter:
+ * every op (the differential harness's op groups, the simplifier off), every reduction on both
+ * axes in every dtype at sizes 0, 1, primes and sizes no tile divides, the split of the reduced
+ * range over threads, NaN/Inf inputs and ties, block-sparse ranges, tiles shrunk by the memory
+ * budget, and a kernel built with no compiler at all.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "symred.h"
+#include "diff.h"
+#include "util.h"
+
+static sr_ctx *ctx;
+
+static void setup(void)
+{
+    unsetenv("SYMRED_NUM_THREADS");
+    unsetenv("SYMRED_MEM_LIMIT");
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "off"), SR_OK, "%s", sr_ctx_error(ctx));
+    diff_backend_override = "tile interpreter";
+}
+static void teardown(void) { sr_ctx_free(ctx); }
+TestSuite(tile, .init = setup, .fini = teardown);
+
+#define OPS(name, grp)                                                                             \
+    Test(tile, ops_##name##_f32) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_F32); }               \
+    Test(tile, ops_##name##_f64) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_F64); }               \
+    Test(tile, ops_##name##_bf16) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_BF16); }
+DIFF_OP_TESTS(OPS)
+
+#define RED(R, name)                                                                               \
+    Test(tile, red_##name##_f32) { diff_reduction(ctx, SR_DEVICE_CPU, R, SR_F32); }                \
+    Test(tile, red_##name##_f64) { diff_reduction(ctx, SR_DEVICE_CPU, R, SR_F64); }                \
+    Test(tile, red_##name##_f16) { diff_reduction(ctx, SR_DEVICE_CPU, R, SR_F16); }
+DIFF_RED_TESTS(RED)
+
+#define SPECIAL(name, R, gen, k, f)                                                                \
+    Test(tile, name) { diff_special(ctx, SR_DEVICE_CPU, R, gen, k, f); }
+DIFF_SPECIAL_TESTS(SPECIAL)
+
+static sr_kernel *kernel(const char *formula, const char *const *al, int nal, sr_kernel_desc d,
+                         sr_device dev)
+{
+    sr_expr *f = diff_parse(ctx, formula, al, nal);
+    return diff_kernel(ctx, f, d, dev);
+}
+
+/* The simplified Gaussian (hoisted terms per row, per tile and per call), both axes, through
+ * the row blocks and tiles at sizes that no tile divides. */
+Test(tile, gaussian_simplified)
+{
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(2)", "g=Pm(1)"};
+    for (int dt = 0; dt < 2; dt++)
+        for (int axis = 1; axis >= 0; axis--) {
+            sr_kernel_desc d = sr_kernel_desc_default();
+            d.dtype = dt ? SR_F64 : SR_F32;
+            d.axis = axis;
+            sr_kernel *kt = kernel("Exp(-SqDist(x, y) * g) * b", al, 4, d, SR_DEVICE_CPU);
+            sr_kernel *kr = kernel("Exp(-SqDist(x, y) * g) * b", al, 4, d, SR_DEVICE_REFERENCE);
+            cr_assert(strstr(sr_kernel_explain(kt), "backend: tile interpreter\n"), "%s",
+                      sr_kernel_explain(kt));
+            diff_run(ctx, kt, kr, 257, 515, DIFF_UNIFORM, 0, 1, 3, diff_tol_of(d.dtype),
+                     "gaussian");
+            diff_run(ctx, kt, kr, 33, 9001, DIFF_UNIFORM, 0, 1, 4, diff_tol_of(d.dtype),
+                     "gaussian, reduced range split");
+            sr_kernel_free(kt);
+            sr_kernel_free(kr);
+        }
+}
+
+/* A memory budget below the default tiles: the tiles shrink and the values stay; below the
+ * smallest tile: SR_EBUDGET naming the bytes. */
+Test(tile, budget_shrinks_tiles)
+{
+    static const char *al[] = {"x=Vi(16)", "y=Vj(16)"};
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_ARGKMIN;
+    d.k = 5;
+    sr_kernel *kr = kernel("SqDist(x, y)", al, 2, d, SR_DEVICE_REFERENCE);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 4096), SR_OK);
+    sr_kernel *kt = kernel("SqDist(x, y)", al, 2, d, SR_DEVICE_CPU);
+    cr_assert(strstr(sr_kernel_explain(kt), "x 32 reduced indices") ||
+                  strstr(sr_kernel_explain(kt), "x 16 reduced indices"),
+              "%s", sr_kernel_explain(kt));
+    diff_run(ctx, kt, kr, 41, 263, DIFF_GRID, -1, 1, 9, diff_tol_of(SR_F32), "argkmin budget");
+    sr_kernel_free(kt);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 600), SR_OK);
+    sr_kernel *k2 = NULL;
+    sr_expr *f = diff_parse(ctx, "SqDist(x, y)", al, 2);
+    cr_assert_eq(sr_kernel_new(ctx, f, &d, &k2), SR_EBUDGET);
+    cr_assert(strstr(sr_ctx_error(ctx), "bytes"), "%s", sr_ctx_error(ctx));
+    sr_kernel_free(kr);
+}
+
+/* Block-sparse ranges: only the blocks' pairs, the identity elsewhere, as the reference. */
+Test(tile, ranges_match_reference)
+{
+    static const char *al[] = {"x=Vi(2)", "y=Vj(2)"};
+    for (int r = 0; r < 2; r++) {
+        sr_kernel_desc d = sr_kernel_desc_default();
+        d.reduction = r ? SR_MIN_ARGMIN : SR_LOGSUMEXP;
+        sr_kernel *kt = kernel("-SqDist(x, y)", al, 2, d, SR_DEVICE_CPU);
+        sr_kernel *kr = kernel("-SqDist(x, y)", al, 2, d, SR_DEVICE_REFERENCE);
+        enum { NX = 53, NY = 301 };
+        float x[NX * 2], y[NY * 2];
+        uint64_t seed = 7;
+        for (int i = 0; i < NX * 2; i++)
+            x[i] = (float)tu_uniform(&seed, -1, 1);
+        for (int j = 0; j < NY * 2; j++)
+            y[j] = (float)tu_uniform(&seed, -1, 1);
+        /* Rows [0, 10) over [0, 40) and [100, 290); rows [20, 53) over [7, 301). */
+        int64_t ranges_i[] = {0, 10, 20, 53}, slices_i[] = {2, 3};
+        int64_t redranges_j[] = {0, 40, 100, 290, 7, 301};
+        sr_ranges R = {0};
+        R.ranges_i = ranges_i;
+        R.nranges_i = 2;
+        R.slices_i = slices_i;
+        R.redranges_j = redranges_j;
+        R.nredranges_j = 3;
+        float ot[NX], orf[NX];
+        int64_t it[NX], ir[NX];
+        const void *args[] = {x, y};
+        sr_run_desc rd = {NX, NY, 2, args, ot, r ? it : NULL};
+        cr_assert_eq(sr_kernel_run_ranges(kt, &rd, &R), SR_OK, "%s", sr_ctx_error(ctx));
+        rd.out = orf;
+        rd.out_idx = r ? ir : NULL;
+        cr_assert_eq(sr_kernel_run_ranges(kr, &rd, &R), SR_OK, "%s", sr_ctx_error(ctx));
+        for (int i = 0; i < NX; i++) {
+            if (isinf(orf[i]))
+                cr_assert_eq(ot[i], orf[i], "row %d: %g vs %g", i, ot[i], orf[i]);
+            else
+                cr_assert_float_eq(ot[i], orf[i], 1e-5 * (1 + fabsf(orf[i])), "row %d: %g vs %g", i,
+                                   ot[i], orf[i]);
+            if (r)
+                cr_assert_eq(it[i], ir[i], "row %d: index %lld vs %lld", i, (long long)it[i],
+                             (long long)ir[i]);
+        }
+        sr_kernel_free(kt);
+        sr_kernel_free(kr);
+    }
+}
+
+/* No compiler at all (the default SYMRED_JIT): the CPU kernel is served by the tile
+ * interpreter, and explain says why. */
+Test(tile, no_compiler_serves_tier0)
+{
+    sr_ctx *c2 = NULL;
+    setenv("SYMRED_CC", "/nonexistent/cc", 1);
+    cr_assert_eq(sr_ctx_new(&c2), SR_OK);
+    unsetenv("SYMRED_CC");
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)"};
+    sr_expr *f = diff_parse(c2, "Exp(-SqDist(x, y))", al, 2);
+    sr_kernel_desc d = sr_kernel_desc_default();
+    sr_kernel *k = NULL;
+    cr_assert_eq(sr_kernel_new(c2, f, &d, &k), SR_OK, "%s", sr_ctx_error(c2));
+    const char *ex = sr_kernel_explain(k);
+    cr_assert(strstr(ex, "backend: tile interpreter\n") && strstr(ex, "compiler"), "%s", ex);
+    float x[6] = {0, 0, 0, 1, 1, 1}, y[3] = {0, 0, 0}, out[2];
+    const void *args[] = {x, y};
+    cr_assert_eq(sr_kernel_run(k, 2, 1, args, out), SR_OK, "%s", sr_ctx_error(c2));
+    cr_assert_float_eq(out[0], 1.0f, 1e-6, "%g", out[0]);
+    cr_assert_float_eq(out[1], expf(-3.0f), 1e-6, "%g", out[1]);
+    sr_kernel_free(k);
+    sr_ctx_free(c2);
+}
