@@ -388,6 +388,14 @@ static sr_status jit_prepare(sr_kernel *k)
         return fall_back(k, "SYMRED_JIT=off", NULL);
     if (jit_no_compiler(jc))
         return fall_back(k, "no C compiler", NULL);
+    /* A background compile learns late that there is no compiler; a missing one is seen now,
+     * so the kernel says so from its creation. */
+    if (ctx->opt.jit == SR_JIT_ASYNC && !jit_compiler_found(jc->cc)) {
+        pthread_mutex_lock(&jc->lock);
+        jc->no_compiler = true;
+        pthread_mutex_unlock(&jc->lock);
+        return fall_back(k, "no C compiler", "the C compiler was not found (SYMRED_CC, PATH)");
+    }
     struct jit_kernel *jk = calloc(1, sizeof *jk);
     if (!jk)
         return sr__error(ctx, SR_ENOMEM, "out of memory");

@@ -233,6 +233,29 @@ static int spawn_wait(char *const *argv, const char *log_path, char *out, size_t
     return wait_child(pid, pfd[0], out, outcap, timeout_s, wstatus);
 }
 
+bool jit_compiler_found(const char *cc)
+{
+    if (!cc[0])
+        return false;
+    if (strchr(cc, '/'))
+        return access(cc, X_OK) == 0;
+    /* posix_spawnp's search: the directories of PATH, or its default when PATH is unset. */
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/bin:/usr/bin";
+    char buf[4096];
+    for (const char *p = path;;) {
+        const char *end = strchr(p, ':');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        int n = snprintf(buf, sizeof buf, "%.*s%s%s", (int)len, p, len ? "/" : "", cc);
+        if (n > 0 && (size_t)n < sizeof buf && access(buf, X_OK) == 0)
+            return true;
+        if (!end)
+            return false;
+        p = end + 1;
+    }
+}
+
 /* The message of a compiler run that did not finish: timed out or interrupted. */
 static void unfinished(char *err, size_t errcap, const char *cc, const char *what, int rc,
                        int timeout_s)

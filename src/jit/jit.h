@@ -246,6 +246,9 @@ void jit_module_release(sr_ctx *ctx, struct jit_module *m);
  * group is killed), SR_EIO. */
 sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
                       const char *so_path, char *err, size_t errcap);
+/* Whether the compiler cc is an executable file (a path), or one in a directory of PATH (a
+ * name), as the compile would find it: a cheap check, without running it. */
+bool jit_compiler_found(const char *cc);
 /* The compiler flags, and the libraries that follow the source; jit_cflags_text has both, for
  * keys and explain. */
 extern const char *const jit_cflags[];
