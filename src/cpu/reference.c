@@ -420,10 +420,15 @@ static void ev_CSUMT(const sr_expr *e, double *out, const double *const *in)
 
 /* A missing evaluator is a compile error (undeclared ev_<id>), never an empty slot. */
 static const evalfn evaluators[OP_COUNT] = {
-#define REF_EVAL_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = ev_##id,
+#define REF_EVAL_ENTRY_(id, ...) [OP_##id] = ev_##id,
     EXPR_OP_MAP(REF_EVAL_ENTRY_)
 #undef REF_EVAL_ENTRY_
 };
+
+void cpu_ref_eval(const sr_expr *e, double *out, const double *const *in)
+{
+    evaluators[e->op](e, out, in);
+}
 
 /* ---- the program ------------------------------------------------------------------------------
  * The DAG of F and of the weight formula, merged and in topological order, split in three
