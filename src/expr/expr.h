@@ -86,10 +86,10 @@ struct expr_flops {
  * (src/expr/grad.c) and the reference evaluator ev_<id> (src/cpu/reference.c).
  *
  * Attributes (iattr): Var (index, cat) with the dimension in dim; IntCst (n); RatCst (p, q),
- * reduced, q > 0; Cst keeps its value in fattr; Pow (p); Round (decimals); ClampInt (lo, hi);
- * Elem (m); Extract (start, len); OneHot (dim); ElemT (n, m); ExtractT (start, dim); SumT
- * (dim); TensorDot (the index of its interned index lists in the context, see struct expr_tdot,
- * and their hash); ComplexSumT (dim, in reals).
+ * reduced, q > 0; Cst keeps its value in fattr; Pow (p); Round (decimals); ClampInt and
+ * DiffClampInt (lo, hi); Elem (m); Extract (start, len); OneHot (dim); ElemT (n, m); ExtractT
+ * (start, dim); SumT (dim); TensorDot (the index of its interned index lists in the context, see
+ * struct expr_tdot, and their hash); ComplexSumT (dim, in reals).
  *
  * Complex values are interleaved reals: a complex vector of dimension d is a real vector of
  * dimension 2d (re, im, re, im, ...), as in KeOps. The Complex* ops, Conj, Real2Complex and
@@ -173,6 +173,8 @@ struct expr_flops {
       NULL, NULL)                                                                                  \
     X(CLAMPINT,       "ClampInt",         1, 2, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
       "($a < ($T)$0 ? ($T)$0 : $a) > ($T)$1 ? ($T)$1 : ($a < ($T)$0 ? ($T)$0 : $a)", NULL)         \
+    X(DIFFCLAMPINT,   "DiffClampInt",     1, 2, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "$a < ($T)$0 || $a > ($T)$1 ? ($T)0 : ($T)1", NULL)                                          \
     X(CLAMP,          "Clamp",            3, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
       "$b != $b || $c != $c ? $a + $b + $c : ($a < $b ? $b : $a) > $c ? $c : "                     \
       "($a < $b ? $b : $a)", NULL)                                                                 \

@@ -125,6 +125,9 @@ static void gr_zero(struct grad *G, const sr_expr *e, sr_expr *g) {}
 #define gr_ARGMIN    gr_zero
 #define gr_ONEHOT    gr_zero
 
+/* DiffClampInt, the mask of ClampInt's derivative, is piecewise constant too. */
+#define gr_DIFFCLAMPINT gr_zero
+
 static void gr_ADD(struct grad *G, const sr_expr *e, sr_expr *g)
 {
     ACC(0, g);
