@@ -171,9 +171,11 @@ static const char *const op_groups[DIFF_OP_GROUPS - 1] = {
     " Concat(Concat(Atan(x-y), Abs(x-y)), Concat(Sign(x-y), Step(x-y)))))",
     /* unary, continued, and the special points */
     "Concat(Concat(Concat(ReLU(x-y), Floor(x*2-y)), Concat(SinXDivX(x-y), Pow(x-y,3))),"
-    " Concat(Concat(Pow(x-y,-2), Pow(x-y,0)), Concat(Round(x-y,2), ClampInt((x-y)*3,-1,1))))"
+    " Concat(Concat(Pow(x-y,-2), Pow(x-y,0)), Concat(Round(x-y,2), Concat(ClampInt((x-y)*3,-1,1),"
+    " DiffClampInt((x-y)*3,-1,1)))))"
     " + Concat(Concat(Concat(Rsqrt(x*0), XLogX(y*0)), Concat(SinXDivX(x*0), Pow(y,17))),"
-    " Concat(Concat(Round(y,0), Pow(x-y,-19)), Concat(IntCst(3)*x, RatCst(-1,3)*y)))",
+    " Concat(Concat(Round(y,0), Pow(x-y,-19)), Concat(IntCst(3)*x, Concat(RatCst(-1,3)*y,"
+    " DiffClampInt(Floor(y*2),0,0)))))",
     /* binary, ternary, broadcasting */
     "Concat(Concat(Concat(Concat(x+y, x-y), Concat(x*y, x/y)), Concat(Concat(Powf(Abs(x), y),"
     " Atan2(x, y)), Concat(Less(x, y), LessEq(x, Floor(y))))), Concat(Concat(Concat(Greater(x,"

@@ -272,6 +272,7 @@ static const struct op_gen op_gens[OP_COUNT] = {
     [OP_POW] = {NULL, make_pow, DOM_ANY},
     [OP_ROUND] = {NULL, make_round, DOM_ANY},
     [OP_CLAMPINT] = {NULL, make_clampint, DOM_ANY},
+    [OP_DIFFCLAMPINT] = {NULL, make_clampint, DOM_ANY},
     [OP_ELEM] = {only1, make_elem, DOM_ANY},
     [OP_EXTRACT] = {NULL, make_extract, DOM_ANY},
     [OP_CONCAT] = {at_least2, make_concat, DOM_ANY},

@@ -149,6 +149,7 @@ static const struct op_case op_cases[] = {
     {"Pow(x,1)+Pow(y,0)", 0.5, 2},
     {"Round(x,2)", -2, 2},
     {"ClampInt(x*4,-1,1)", -1, 1},
+    {"DiffClampInt(x*4,-1,1)*y", -1, 1},
     {"Clamp(x*4-2,y-1,p)", 0, 1},
     {"IfElse(x-0.5,y,p)", 0, 1},
     {"Mod(x+2,y*0.3+1,p*0.05)", 0.1, 0.9},
@@ -419,17 +420,12 @@ Test(grad, values_at_kinks)
         const char *formula;
         double at, want;
     } kinks[] = {
-        {"Abs(x)", 0, 0},
-        {"ReLU(x)", 0, 1},
-        {"Sqrt(x)", 0, 0},
-        {"Rsqrt(x)", 0, 0},
-        {"SinXDivX(x)", 0, 0},
-        {"Norm2(x)", 0, 0},
-        {"Step(x)", 0, 0},
-        {"ClampInt(x,0,1)", 0, 1},
-        {"ClampInt(x,0,1)", 1, 1},
-        {"Asin(x)", 1, 0},
-        {"Clamp(x,Elem(x,1),p)", 0, 1},
+        {"Abs(x)", 0, 0},          {"ReLU(x)", 0, 1},
+        {"Sqrt(x)", 0, 0},         {"Rsqrt(x)", 0, 0},
+        {"SinXDivX(x)", 0, 0},     {"Norm2(x)", 0, 0},
+        {"Step(x)", 0, 0},         {"ClampInt(x,0,1)", 0, 1},
+        {"ClampInt(x,0,1)", 1, 1}, {"DiffClampInt(x,0,1)", 0, 0},
+        {"Asin(x)", 1, 0},         {"Clamp(x,Elem(x,1),p)", 0, 1},
     };
     for (size_t i = 0; i < sizeof kinks / sizeof *kinks; i++) {
         sr_expr *f = parse(kinks[i].formula);

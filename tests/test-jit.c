@@ -58,6 +58,26 @@ static sr_expr *parse(const char *formula, const char *const *aliases, int n)
     Test(jit, ops_##name##_bf16) { diff_op_group(ctx, SR_DEVICE_CPU, grp, SR_BF16); }
 DIFF_OP_TESTS(OPS)
 
+/* The op groups above (run by the CUDA emulator's test-cuda too) use every op of the table. */
+Test(jit, op_groups_use_every_op)
+{
+    bool seen[OP_COUNT] = {false};
+    for (int grp = 0; grp < DIFF_OP_GROUPS; grp++) {
+        const char *const *al;
+        const char *text = diff_op_group_formula(grp, &al);
+        sr_expr *f = parse(text, al, 4);
+        size_t n = expr_toposort(f, NULL, 0);
+        const sr_expr **order = malloc(n * sizeof *order);
+        cr_assert_not_null(order);
+        expr_toposort(f, order, n);
+        for (size_t t = 0; t < n; t++)
+            seen[order[t]->op] = true;
+        free(order);
+    }
+    for (int op = 0; op < OP_COUNT; op++)
+        cr_expect(seen[op], "no op group of tests/diff.c uses %s", expr_ops[op].name);
+}
+
 Test(jit, knn_big_dim)
 {
     static const char *al[] = {"q=Vi(64)", "p=Vj(64)"};

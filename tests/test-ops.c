@@ -11,6 +11,7 @@
 
 #include <complex.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,13 +36,14 @@ static double rnd(sr_dtype dt, double v) { return dt == SR_F64 ? v : (double)(fl
  * Evaluates f at one pair: arg[v] holds the n[v] values of variable index v (already rounded to
  * dt), nx = ny = 1, Sum over j. Writes sr_kernel_out_dim values to out and returns that count.
  */
+static sr_device eval_device = SR_DEVICE_REFERENCE; /* where eval1 runs */
 static int eval1(sr_expr *f, sr_dtype dt, int nargs, const double *const *arg, const int *n,
                  double *out)
 {
     cr_assert_not_null(f, "building the formula failed: %s", sr_ctx_error(ctx));
     sr_kernel_desc d = sr_kernel_desc_default();
     d.dtype = dt;
-    d.device = SR_DEVICE_REFERENCE;
+    d.device = eval_device;
     sr_kernel *k;
     cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "sr_kernel_new: %s", sr_ctx_error(ctx));
     cr_assert_eq(sr_kernel_nargs(k), nargs, "kernel takes %d args, test gives %d",
@@ -344,6 +346,35 @@ Test(ops, clampint)
               (int[]){NSPECIAL}, got);
         expect_vec(dt, got, want, NSPECIAL, "ClampInt");
     }
+}
+
+/* DiffClampInt(x, lo, hi): 1 on [lo, hi], 0 outside, 1 at NaN (no comparison holds, as in
+ * KeOps); 0 everywhere when lo > hi. On the reference and in the C kernels. */
+Test(ops, diffclampint)
+{
+    static const char *const formulas[] = {"DiffClampInt(x,-1,2)", "DiffClampInt(x,2,1)"};
+    static const sr_device devs[] = {SR_DEVICE_REFERENCE, SR_DEVICE_CPU};
+    char alias[32];
+    snprintf(alias, sizeof alias, "x=Vi(%d)", NSPECIAL);
+    const char *al[] = {alias};
+    for (int f = 0; f < 2; f++)
+        for (int dv = 0; dv < 2; dv++)
+            for (int t = 0; t < 2; t++) {
+                sr_dtype dt = dtypes[t];
+                double x[NSPECIAL], want[NSPECIAL], got[MAXOUT];
+                for (int v = 0; v < NSPECIAL; v++) {
+                    x[v] = rnd(dt, special[v]);
+                    want[v] = isnan(x[v]) || (f == 0 && x[v] >= -1 && x[v] <= 2) ? 1.0 : 0.0;
+                }
+                sr_expr *e;
+                cr_assert_eq(sr_parse(ctx, formulas[f], al, 1, &e), SR_OK, "%s", sr_ctx_error(ctx));
+                eval_device = devs[dv];
+                eval1(e, dt, 1, (const double *[]){x}, (int[]){NSPECIAL}, got);
+                eval_device = SR_DEVICE_REFERENCE;
+                for (int v = 0; v < NSPECIAL; v++)
+                    cr_expect_eq(got[v], want[v], "%s at %g (%s, device %d): %g, want %g",
+                                 formulas[f], x[v], dtname(dt), (int)devs[dv], got[v], want[v]);
+            }
 }
 
 Test(ops, elem_extract_concat)

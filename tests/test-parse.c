@@ -246,6 +246,7 @@ Test(parse, every_op_text_round_trips)
                                         "Pow(x,4)",
                                         "Round(x,-1)",
                                         "ClampInt(x,-2,2)",
+                                        "DiffClampInt(x,-2,2)",
                                         "Clamp(x,b,y)",
                                         "IfElse(g,x,y)",
                                         "Mod(x,g,0.5)",
@@ -678,10 +679,9 @@ Test(parse, keops_derived_functions)
     assert_parses_to("IntInv(4)", sr_ratcst(ctx, 1, 4));
     assert_parses_to("Zero(1)", sr_intcst(ctx, 0));
     assert_parses_to("Zero(4)", sr_onehot(ctx, sr_intcst(ctx, -1), 4));
+    /* DiffClampInt is an op of its own (one node), not KeOps' definition through comparisons */
     assert_parses_to("DiffClampInt(x,-1,2)",
-                     sr_sub(ctx,
-                            sr_sub(ctx, sr_intcst(ctx, 1), sr_less(ctx, x, sr_intcst(ctx, -1))),
-                            sr_greater(ctx, x, sr_intcst(ctx, 2))));
+                     expr_make(ctx, OP_DIFFCLAMPINT, &x, (int64_t[]){-1, 2}, 0, 0.0));
     /* Kron = TensorDot with the axes of a and b interleaved (np.kron) */
     int d[2] = {1, 3}, e[2] = {1, 2}, perm[4] = {0, 2, 1, 3};
     sr_expr *z = sr_vj(ctx, 4, 2);
@@ -741,7 +741,7 @@ Test(parse, keops_derived_function_errors)
     assert_fails("SqNormIso(y,x)", SR_EDIM, "SqNormIso", "dimension 3");
     assert_fails("SqNormDiag(z,x)", SR_EDIM, "SqNormDiag", NULL);
     assert_fails("SymSqNorm(y,x)", SR_EDIM, "SymSqNorm", "needs 9");
-    assert_fails("DiffClampInt(x,2,1)", SR_EPARSE, "DiffClampInt", NULL);
+    assert_fails("DiffClampInt(x,1)", SR_EPARSE, "DiffClampInt", NULL);
     assert_fails("Zero(0)", SR_EDIM, "Zero", "not positive");
     assert_fails("x+Zero(2)", SR_EDIM, NULL, NULL);
     assert_fails("Laplacian(x,x)", SR_EDIM, "Laplacian", NULL);

@@ -113,6 +113,8 @@ Test(print, infix_and_functions)
     assert_text(sr_pow(ctx, x, -2), "Pow(Var(0,3,0),-2)");
     assert_text(sr_extract(ctx, sr_vi(ctx, 0, 5), 1, 3), "Extract(Var(0,5,0),1,3)");
     assert_text(sr_clampint(ctx, x, -1, 4), "ClampInt(Var(0,3,0),-1,4)");
+    assert_text(expr_make(ctx, OP_DIFFCLAMPINT, &x, (int64_t[]){-1, 4}, 0, 0.0),
+                "DiffClampInt(Var(0,3,0),-1,4)");
     assert_text(sr_clamp(ctx, x, y, sr_intcst(ctx, 1)), "Clamp(Var(0,3,0),Var(1,3,1),1)");
     assert_text(sr_exp(ctx, sr_neg(ctx, sr_sqdist(ctx, x, y))),
                 "Exp((-SqDist(Var(0,3,0),Var(1,3,1))))");
@@ -207,6 +209,8 @@ static sr_expr *sample(enum expr_op op)
         return sr_round(ctx, x, 2);
     case OP_CLAMPINT:
         return sr_clampint(ctx, x, -1, 1);
+    case OP_DIFFCLAMPINT:
+        return expr_make(ctx, OP_DIFFCLAMPINT, &x, (int64_t[]){-1, 1}, 0, 0.0);
     case OP_CLAMP:
         return sr_clamp(ctx, x, s, y);
     case OP_IFELSE:
@@ -346,6 +350,7 @@ static sr_expr *random_expr(uint64_t *rng, int steps)
             at[0] = (int64_t)(tu_rand(rng) % 7) - 3;
             break;
         case OP_CLAMPINT:
+        case OP_DIFFCLAMPINT:
             at[0] = (int64_t)(tu_rand(rng) % 5) - 3;
             at[1] = at[0] + (int64_t)(tu_rand(rng) % 4);
             break;

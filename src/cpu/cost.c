@@ -63,27 +63,6 @@
 #define OUT_REGS        8     /* accumulators that AVX2's 16 vector registers hold beside F */
 #define PANEL           16
 
-/* Whether e is a transcendental function (the simplifier counts 10 or more flops per value). */
-static bool transcendental(const sr_expr *e)
-{
-    switch ((enum expr_op)e->op) {
-    case OP_EXP:
-    case OP_LOG:
-    case OP_XLOGX:
-    case OP_SIN:
-    case OP_COS:
-    case OP_ASIN:
-    case OP_ACOS:
-    case OP_ATAN:
-    case OP_POWF:
-    case OP_ATAN2:
-    case OP_SINXDIVX:
-        return true;
-    default:
-        return false;
-    }
-}
-
 void cpu_cost_gen(const sr_expr *const *roots, int nroots, const sr_expr *skip, struct cpu_cost *c)
 {
     for (int r = 0; r < nroots; r++) {
@@ -98,7 +77,7 @@ void cpu_cost_gen(const sr_expr *const *roots, int nroots, const sr_expr *skip, 
             const sr_expr *e = order[t];
             if (e == skip || (e->deps & (DEP_I | DEP_J)) != (DEP_I | DEP_J))
                 continue; /* the tile's inner product, or a hoisted term */
-            if (transcendental(e))
+            if (expr_ops[e->op].flops.trans)
                 c->trans += simp_op_flops(e);
             else
                 c->arith += simp_op_flops(e);

@@ -201,6 +201,14 @@ static inline void cpu_ssmw_finish(double s, const double *acc, int W, double *o
         out[c] = acc[c] / s;
 }
 
+/* ---- the reference interpreter's evaluators (src/cpu/reference.c) ---- */
+
+/* Evaluates node e in double precision from its operands' values: in[c] points at the dim of
+ * child c values, out receives dim(e) values. One function per op (the reference column of the
+ * op table); e must not be a Var, whose values come from the caller's arrays. Pure and
+ * thread-safe. */
+void cpu_ref_eval(const sr_expr *e, double *out, const double *const *in);
+
 /* ---- symred's AVX-512 gemm (gemm-avx512.c), used by the gemm-epilogue strategy ------------
  * C (m x n, row stride ldc) = A B^T, A (m x K) and B (n x K) row-major with K contiguous, float32
  * or (f64) float64. A is packed once (cpu_avx512_pack_a into cpu_avx512_pack_a_bytes(m, K)

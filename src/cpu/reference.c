@@ -138,6 +138,12 @@ static void ev_CLAMPINT(const sr_expr *e, double *out, const double *const *in)
     for (int k = 0; k < e->dim; k++)
         out[k] = clamp(in[0][k], (double)e->iattr[0], (double)e->iattr[1]);
 }
+/* 1 on [lo, hi], 0 outside; a NaN is in no comparison's way: 1, as KeOps. */
+static void ev_DIFFCLAMPINT(const sr_expr *e, double *out, const double *const *in)
+{
+    for (int k = 0; k < e->dim; k++)
+        out[k] = in[0][k] < (double)e->iattr[0] || in[0][k] > (double)e->iattr[1] ? 0.0 : 1.0;
+}
 
 EV_TERNARY(CLAMP, clamp(a, b, c))
 EV_TERNARY(IFELSE, a >= 0.0 ? b : c)            /* a NaN condition compares false: selects c */
@@ -420,7 +426,7 @@ static void ev_CSUMT(const sr_expr *e, double *out, const double *const *in)
 
 /* A missing evaluator is a compile error (undeclared ev_<id>), never an empty slot. */
 static const evalfn evaluators[OP_COUNT] = {
-#define REF_EVAL_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = ev_##id,
+#define REF_EVAL_ENTRY_(id, ...) [OP_##id] = ev_##id,
     EXPR_OP_MAP(REF_EVAL_ENTRY_)
 #undef REF_EVAL_ENTRY_
 };

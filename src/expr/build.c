@@ -6,8 +6,8 @@
 #include <string.h>
 
 const struct expr_opinfo expr_ops[OP_COUNT] = {
-#define EXPR_OP_INFO_(id, name, arity, nattr, dimrule, infix)                                      \
-    [OP_##id] = {name, arity, nattr, dimrule, infix},
+#define EXPR_OP_INFO_(id, name, arity, nattr, dimrule, infix, flops, c, cuda)                      \
+    [OP_##id] = {name, arity, nattr, dimrule, infix, flops, c, cuda},
     EXPR_OP_MAP(EXPR_OP_INFO_)
 #undef EXPR_OP_INFO_
 };
@@ -41,13 +41,24 @@ static int64_t gcd64(int64_t a, int64_t b)
     return a;
 }
 
+/* *dim = d, or an error naming the op when d exceeds the largest dimension. */
+static sr_status dims_fit(sr_ctx *ctx, const char *name, int64_t d, int *dim)
+{
+    if (d > EXPR_MAX_DIM)
+        return expr_builder_error(ctx, SR_EDIM, "%s: output dimension %lld exceeds the limit %d",
+                                  name, (long long)d, EXPR_MAX_DIM);
+    *dim = (int)d;
+    return SR_OK;
+}
+
 /* Checks the operand dimensions of op; on success *dim is the output dimension. */
 static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, const int64_t *at,
                             int *dim)
 {
     const char *name = expr_ops[op].name;
     int arity = expr_ops[op].arity;
-    switch (expr_ops[op].dimrule) {
+    enum expr_dimrule rule = expr_ops[op].dimrule;
+    switch (rule) {
     case DIM_LEAF:
         return SR_OK; /* set by the caller */
     case DIM_SAME:
@@ -79,6 +90,35 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
                                       c[0]->dim, c[1]->dim);
         *dim = 1;
         return SR_OK;
+    case DIM_CAT:
+        return dims_fit(ctx, name, (int64_t)c[0]->dim + c[1]->dim, dim);
+    case DIM_OUTER:
+        return dims_fit(ctx, name, (int64_t)c[0]->dim * c[1]->dim, dim);
+    case DIM_CEW: {
+        /* KeOps' vectorised complex ops: equal dimensions, or one complex scalar (dimension 2)
+         * broadcast over the other */
+        int da = c[0]->dim, db = c[1]->dim;
+        if (da % 2 != 0 || db % 2 != 0 || (da != db && da != 2 && db != 2))
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: operand dimensions %d and %d do not match (complex "
+                                      "operands need equal even dimensions, or dimension 2 to "
+                                      "broadcast)",
+                                      name, da, db);
+        *dim = da > db ? da : db;
+        return SR_OK;
+    }
+    case DIM_CSAME:
+    case DIM_CHALF:
+    case DIM_CTO1:
+        if (c[0]->dim % 2 != 0)
+            return expr_builder_error(ctx, SR_EDIM,
+                                      "%s: the operand must be complex (an even dimension: "
+                                      "interleaved real and imaginary parts), not dimension %d",
+                                      name, c[0]->dim);
+        *dim = rule == DIM_CSAME ? c[0]->dim : rule == DIM_CHALF ? c[0]->dim / 2 : 2;
+        return SR_OK;
+    case DIM_TOC:
+        return dims_fit(ctx, name, 2 * (int64_t)c[0]->dim, dim);
     case DIM_SPECIAL:
         break;
     }
@@ -100,9 +140,6 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
                                       "operand of dimension %lld",
                                       (long long)at[0], (long long)at[1], (long long)da);
         d = at[1];
-        break;
-    case OP_CONCAT:
-        d = da + db;
         break;
     case OP_ONEHOT:
     case OP_SUMT: /* a scalar to a vector of dimension at[0] */
@@ -131,9 +168,6 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
                                       "the vector dimension %lld",
                                       (long long)db, (long long)da);
         d = db / da;
-        break;
-    case OP_TENSORPROD:
-        d = da * db;
         break;
     case OP_ELEMT:
         if (da != 1)
@@ -187,20 +221,6 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
         d = 1;
         break;
     }
-    case OP_CADD:
-    case OP_CSUB:
-    case OP_CMULT:
-    case OP_CDIV:
-        /* KeOps' vectorised complex ops: equal dimensions, or one complex scalar (dimension 2)
-         * broadcast over the other */
-        if (da % 2 != 0 || db % 2 != 0 || (da != db && da != 2 && db != 2))
-            return expr_builder_error(ctx, SR_EDIM,
-                                      "%s: operand dimensions %lld and %lld do not match (complex "
-                                      "operands need equal even dimensions, or dimension 2 to "
-                                      "broadcast)",
-                                      name, (long long)da, (long long)db);
-        d = da > db ? da : db;
-        break;
     case OP_CSCAL:
     case OP_CREALSCAL: {
         int64_t want = op == OP_CSCAL ? 2 : 1; /* a complex or a real scalar */
@@ -213,26 +233,6 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
         d = db;
         break;
     }
-    case OP_CONJ:
-    case OP_CEXP:
-    case OP_CREAL:
-    case OP_CIMAG:
-    case OP_CABS:
-    case OP_CSQUAREABS:
-    case OP_CANGLE:
-    case OP_CSUM:
-        if (da % 2 != 0)
-            return expr_builder_error(ctx, SR_EDIM,
-                                      "%s: the operand must be complex (an even dimension: "
-                                      "interleaved real and imaginary parts), not dimension %lld",
-                                      name, (long long)da);
-        d = op == OP_CONJ || op == OP_CEXP ? da : op == OP_CSUM ? 2 : da / 2;
-        break;
-    case OP_REAL2C:
-    case OP_IMAG2C:
-    case OP_CEXP1J:
-        d = 2 * da;
-        break;
     case OP_CSUMT:
         if (da != 2)
             return expr_builder_error(
@@ -250,11 +250,7 @@ static sr_status check_dims(sr_ctx *ctx, enum expr_op op, sr_expr *const *c, con
     default:
         return expr_builder_error(ctx, SR_EINTERNAL, "%s: no dimension rule", name);
     }
-    if (d > EXPR_MAX_DIM)
-        return expr_builder_error(ctx, SR_EDIM, "%s: output dimension %lld exceeds the limit %d",
-                                  name, (long long)d, EXPR_MAX_DIM);
-    *dim = (int)d;
-    return SR_OK;
+    return dims_fit(ctx, name, d, dim);
 }
 
 static sr_status check_leaf(sr_ctx *ctx, enum expr_op op, int64_t *at, int dim, double fattr)

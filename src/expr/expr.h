@@ -17,121 +17,257 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* How an op's output dimension follows from its operands. */
+/* How an op's output dimension follows from its operands (the dimension check of build.c). */
 enum expr_dimrule {
     DIM_LEAF,   /* Var and constants: stored in the node */
     DIM_SAME,   /* unary elementwise: dim(a) */
     DIM_EW,     /* elementwise over 2-3 operands: all equal, or 1 (broadcast) */
     DIM_TO1,    /* any vector to a scalar: SqNorm2, Sum, Max, ... */
     DIM_PAIR1,  /* two vectors of equal dimension to a scalar: SqDist, Scalprod */
-    DIM_SPECIAL /* checked by its own rule in build.c */
+    DIM_CAT,    /* two vectors to dim(a) + dim(b): Concat */
+    DIM_OUTER,  /* two vectors to dim(a) * dim(b): TensorProd */
+    DIM_CEW,    /* complex elementwise: equal even dimensions, or 2 (a complex scalar) broadcast */
+    DIM_CSAME,  /* a complex vector (even dimension) to one of the same dimension */
+    DIM_CHALF,  /* a complex vector to a real one, one component per complex value: dim(a) / 2 */
+    DIM_CTO1,   /* a complex vector to a complex scalar: 2 */
+    DIM_TOC,    /* a real vector to a complex one: 2 dim(a) */
+    DIM_SPECIAL /* checked by its own rule in build.c (attributes, matrices, weights) */
 };
 
+/* How an op's cost in flop-equivalents follows from its dimensions (the cost column). */
+enum expr_flops_rule {
+    FLOPS_LINEAR,    /* per_out dim + per_a dim(a) + per_b dim(b) + fixed */
+    FLOPS_POW,       /* Pow(a, n): square-and-multiply by the exponent, a division if n < 0 */
+    FLOPS_TENSORDOT, /* 2 dim * the product of the contracted dimensions */
+    FLOPS_WEIGHTED   /* WeightedSqNorm and WeightedSqDist: by the weight's shape */
+};
+struct expr_flops {
+    enum expr_flops_rule rule;
+    bool trans; /* transcendental (Exp, Log, Sin, ...): the CPU cost model prices these apart */
+    double per_out, per_a, per_b, fixed;
+};
+/* The cost column's spellings: arithmetic, transcendental, and by a rule of its own. */
+#define FLOPS(d, a, b, k)                                                                          \
+    {                                                                                              \
+        FLOPS_LINEAR, false, d, a, b, k                                                            \
+    }
+#define TRANS(d, a, b, k)                                                                          \
+    {                                                                                              \
+        FLOPS_LINEAR, true, d, a, b, k                                                             \
+    }
+#define FLOPS_BY(rule)                                                                             \
+    {                                                                                              \
+        FLOPS_##rule, false, 0, 0, 0, 0                                                            \
+    }
+
 /*
- * The op table. X(id, name, arity, nattr, dimrule, infix)
+ * The op table: every fact about an op that is data. X(id, name, arity, nattr, dimrule, infix,
+ * flops, c, cuda)
  *   id      — OP_<id>
  *   name    — the KeOps spelling, used by the parser and the printer for function syntax
  *   arity   — number of expression operands (0..3)
  *   nattr   — number of integer attributes written after the operands: Pow(f,3), Elem(f,2)
  *   dimrule — enum expr_dimrule
  *   infix   — the operator symbol for ops printed infix or prefix, else NULL
+ *   flops   — the cost in flop-equivalents (src/formulas/cost.c): FLOPS(per output component,
+ *             per component of a, per component of b, fixed), TRANS(...) for a transcendental
+ *             function, FLOPS_BY(rule) where the cost needs a rule of its own
+ *   c       — the C spelling of one output component, for ops computed component by component:
+ *             $a $b $c are the operands' components (broadcast), $F the libm suffix of the
+ *             dtype, $T the scalar type, $0 $1 the integer attributes. NULL: the C emitter has
+ *             an emitter function for the op (src/jit/emit-ops.c, c_fns), which must exist
+ *   cuda    — the CUDA spelling where C's does not suit CUDA, else NULL (C's). Rsqrt uses
+ *             libdevice's rsqrt (within 2 ulp in float, 1 in double); Atan's C spelling calls
+ *             sr_atan, the C prelude's name for libm's. The fast intrinsics (__expf, __sinf, ...)
+ *             lose accuracy for large arguments, so the libdevice functions (C's names) stay.
+ *
+ * The columns that are functions of higher layers are not here: each layer token-pastes its own
+ * from the id, so a missing one is a compile error there — the derivative gr_<id>
+ * (src/expr/grad.c) and the reference evaluator ev_<id> (src/cpu/reference.c).
  *
  * Attributes (iattr): Var (index, cat) with the dimension in dim; IntCst (n); RatCst (p, q),
- * reduced, q > 0; Cst keeps its value in fattr; Pow (p); Round (decimals); ClampInt (lo, hi);
- * Elem (m); Extract (start, len); OneHot (dim); ElemT (n, m); ExtractT (start, dim); SumT
- * (dim); TensorDot (the index of its interned index lists in the context, see struct expr_tdot,
- * and their hash); ComplexSumT (dim, in reals).
+ * reduced, q > 0; Cst keeps its value in fattr; Pow (p); Round (decimals); ClampInt and
+ * DiffClampInt (lo, hi); Elem (m); Extract (start, len); OneHot (dim); ElemT (n, m); ExtractT
+ * (start, dim); SumT (dim); TensorDot (the index of its interned index lists in the context, see
+ * struct expr_tdot, and their hash); ComplexSumT (dim, in reals).
  *
  * Complex values are interleaved reals: a complex vector of dimension d is a real vector of
  * dimension 2d (re, im, re, im, ...), as in KeOps. The Complex* ops, Conj, Real2Complex and
  * Imag2Complex read and write that layout; to the rest of the IR they are real maps.
  */
+// clang-format off
 #define EXPR_OP_MAP(X)                                                                             \
-    X(VAR, "Var", 0, 2, DIM_LEAF, NULL)                                                            \
-    X(INTCST, "IntCst", 0, 1, DIM_LEAF, NULL)                                                      \
-    X(RATCST, "RatCst", 0, 2, DIM_LEAF, NULL)                                                      \
-    X(CST, "Cst", 0, 0, DIM_LEAF, NULL)                                                            \
-    X(ADD, "Add", 2, 0, DIM_EW, "+")                                                               \
-    X(SUB, "Subtract", 2, 0, DIM_EW, "-")                                                          \
-    X(MUL, "Mult", 2, 0, DIM_EW, "*")                                                              \
-    X(DIV, "Divide", 2, 0, DIM_EW, "/")                                                            \
-    X(MINUS, "Minus", 1, 0, DIM_SAME, "-")                                                         \
-    X(POWF, "Powf", 2, 0, DIM_EW, NULL)                                                            \
-    X(ATAN2, "Atan2", 2, 0, DIM_EW, NULL)                                                          \
-    X(LESS, "Less", 2, 0, DIM_EW, NULL)                                                            \
-    X(LESSEQ, "LessEq", 2, 0, DIM_EW, NULL)                                                        \
-    X(GREATER, "Greater", 2, 0, DIM_EW, NULL)                                                      \
-    X(GREATEREQ, "GreaterEq", 2, 0, DIM_EW, NULL)                                                  \
-    X(EQUAL, "Equal", 2, 0, DIM_EW, NULL)                                                          \
-    X(NOTEQUAL, "NotEqual", 2, 0, DIM_EW, NULL)                                                    \
-    X(INV, "Inv", 1, 0, DIM_SAME, NULL)                                                            \
-    X(SQUARE, "Square", 1, 0, DIM_SAME, NULL)                                                      \
-    X(SQRT, "Sqrt", 1, 0, DIM_SAME, NULL)                                                          \
-    X(RSQRT, "Rsqrt", 1, 0, DIM_SAME, NULL)                                                        \
-    X(EXP, "Exp", 1, 0, DIM_SAME, NULL)                                                            \
-    X(LOG, "Log", 1, 0, DIM_SAME, NULL)                                                            \
-    X(XLOGX, "XLogX", 1, 0, DIM_SAME, NULL)                                                        \
-    X(SIN, "Sin", 1, 0, DIM_SAME, NULL)                                                            \
-    X(COS, "Cos", 1, 0, DIM_SAME, NULL)                                                            \
-    X(ASIN, "Asin", 1, 0, DIM_SAME, NULL)                                                          \
-    X(ACOS, "Acos", 1, 0, DIM_SAME, NULL)                                                          \
-    X(ATAN, "Atan", 1, 0, DIM_SAME, NULL)                                                          \
-    X(ABS, "Abs", 1, 0, DIM_SAME, NULL)                                                            \
-    X(SIGN, "Sign", 1, 0, DIM_SAME, NULL)                                                          \
-    X(STEP, "Step", 1, 0, DIM_SAME, NULL)                                                          \
-    X(RELU, "ReLU", 1, 0, DIM_SAME, NULL)                                                          \
-    X(FLOOR, "Floor", 1, 0, DIM_SAME, NULL)                                                        \
-    X(SINXDIVX, "SinXDivX", 1, 0, DIM_SAME, NULL)                                                  \
-    X(POW, "Pow", 1, 1, DIM_SAME, NULL)                                                            \
-    X(ROUND, "Round", 1, 1, DIM_SAME, NULL)                                                        \
-    X(CLAMPINT, "ClampInt", 1, 2, DIM_SAME, NULL)                                                  \
-    X(CLAMP, "Clamp", 3, 0, DIM_EW, NULL)                                                          \
-    X(IFELSE, "IfElse", 3, 0, DIM_EW, NULL)                                                        \
-    X(MOD, "Mod", 3, 0, DIM_EW, NULL)                                                              \
-    X(SQNORM2, "SqNorm2", 1, 0, DIM_TO1, NULL)                                                     \
-    X(NORM2, "Norm2", 1, 0, DIM_TO1, NULL)                                                         \
-    X(NORMALIZE, "Normalize", 1, 0, DIM_SAME, NULL)                                                \
-    X(SQDIST, "SqDist", 2, 0, DIM_PAIR1, NULL)                                                     \
-    X(SCALPROD, "Scalprod", 2, 0, DIM_PAIR1, "|")                                                  \
-    X(SUM, "Sum", 1, 0, DIM_TO1, NULL)                                                             \
-    X(MAX, "Max", 1, 0, DIM_TO1, NULL)                                                             \
-    X(MIN, "Min", 1, 0, DIM_TO1, NULL)                                                             \
-    X(ARGMAX, "ArgMax", 1, 0, DIM_TO1, NULL)                                                       \
-    X(ARGMIN, "ArgMin", 1, 0, DIM_TO1, NULL)                                                       \
-    X(ELEM, "Elem", 1, 1, DIM_SPECIAL, NULL)                                                       \
-    X(EXTRACT, "Extract", 1, 2, DIM_SPECIAL, NULL)                                                 \
-    X(CONCAT, "Concat", 2, 0, DIM_SPECIAL, NULL)                                                   \
-    X(ONEHOT, "OneHot", 1, 1, DIM_SPECIAL, NULL)                                                   \
-    X(MATVECMULT, "MatVecMult", 2, 0, DIM_SPECIAL, NULL)                                           \
-    X(VECMATMULT, "VecMatMult", 2, 0, DIM_SPECIAL, NULL)                                           \
-    X(TENSORPROD, "TensorProd", 2, 0, DIM_SPECIAL, NULL)                                           \
-    X(WEIGHTEDSQNORM, "WeightedSqNorm", 2, 0, DIM_SPECIAL, NULL)                                   \
-    X(WEIGHTEDSQDIST, "WeightedSqDist", 3, 0, DIM_SPECIAL, NULL)                                   \
-    X(SUMT, "SumT", 1, 1, DIM_SPECIAL, NULL)                                                       \
-    X(ELEMT, "ElemT", 1, 2, DIM_SPECIAL, NULL)                                                     \
-    X(EXTRACTT, "ExtractT", 1, 2, DIM_SPECIAL, NULL)                                               \
-    X(TENSORDOT, "TensorDot", 2, 2, DIM_SPECIAL, NULL)                                             \
-    X(CADD, "ComplexAdd", 2, 0, DIM_SPECIAL, NULL)                                                 \
-    X(CSUB, "ComplexSubtract", 2, 0, DIM_SPECIAL, NULL)                                            \
-    X(CMULT, "ComplexMult", 2, 0, DIM_SPECIAL, NULL)                                               \
-    X(CDIV, "ComplexDivide", 2, 0, DIM_SPECIAL, NULL)                                              \
-    X(CSCAL, "ComplexScal", 2, 0, DIM_SPECIAL, NULL)                                               \
-    X(CREALSCAL, "ComplexRealScal", 2, 0, DIM_SPECIAL, NULL)                                       \
-    X(CONJ, "Conj", 1, 0, DIM_SPECIAL, NULL)                                                       \
-    X(CEXP, "ComplexExp", 1, 0, DIM_SPECIAL, NULL)                                                 \
-    X(CEXP1J, "ComplexExp1j", 1, 0, DIM_SPECIAL, NULL)                                             \
-    X(CREAL, "ComplexReal", 1, 0, DIM_SPECIAL, NULL)                                               \
-    X(CIMAG, "ComplexImag", 1, 0, DIM_SPECIAL, NULL)                                               \
-    X(CABS, "ComplexAbs", 1, 0, DIM_SPECIAL, NULL)                                                 \
-    X(CSQUAREABS, "ComplexSquareAbs", 1, 0, DIM_SPECIAL, NULL)                                     \
-    X(CANGLE, "ComplexAngle", 1, 0, DIM_SPECIAL, NULL)                                             \
-    X(REAL2C, "Real2Complex", 1, 0, DIM_SPECIAL, NULL)                                             \
-    X(IMAG2C, "Imag2Complex", 1, 0, DIM_SPECIAL, NULL)                                             \
-    X(CSUM, "ComplexSum", 1, 0, DIM_SPECIAL, NULL)                                                 \
-    X(CSUMT, "ComplexSumT", 1, 1, DIM_SPECIAL, NULL)
+    X(VAR,            "Var",              0, 2, DIM_LEAF,    NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(INTCST,         "IntCst",           0, 1, DIM_LEAF,    NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(RATCST,         "RatCst",           0, 2, DIM_LEAF,    NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CST,            "Cst",              0, 0, DIM_LEAF,    NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(ADD,            "Add",              2, 0, DIM_EW,      "+",  FLOPS(1, 0, 0, 0),              \
+      "$a + $b", NULL)                                                                             \
+    X(SUB,            "Subtract",         2, 0, DIM_EW,      "-",  FLOPS(1, 0, 0, 0),              \
+      "$a - $b", NULL)                                                                             \
+    X(MUL,            "Mult",             2, 0, DIM_EW,      "*",  FLOPS(1, 0, 0, 0),              \
+      "$a * $b", NULL)                                                                             \
+    X(DIV,            "Divide",           2, 0, DIM_EW,      "/",  FLOPS(4, 0, 0, 0),              \
+      "$a / $b", NULL)                                                                             \
+    X(MINUS,          "Minus",            1, 0, DIM_SAME,    "-",  FLOPS(1, 0, 0, 0),              \
+      "-$a", NULL)                                                                                 \
+    X(POWF,           "Powf",             2, 0, DIM_EW,      NULL, TRANS(20, 0, 0, 0),             \
+      "pow$F($a, $b)", NULL)                                                                       \
+    X(ATAN2,          "Atan2",            2, 0, DIM_EW,      NULL, TRANS(20, 0, 0, 0),             \
+      "atan2$F($a, $b)", NULL)                                                                     \
+    X(LESS,           "Less",             2, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
+      "$a < $b ? ($T)1 : ($T)0", NULL)                                                             \
+    X(LESSEQ,         "LessEq",           2, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
+      "$a <= $b ? ($T)1 : ($T)0", NULL)                                                            \
+    X(GREATER,        "Greater",          2, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
+      "$a > $b ? ($T)1 : ($T)0", NULL)                                                             \
+    X(GREATEREQ,      "GreaterEq",        2, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
+      "$a >= $b ? ($T)1 : ($T)0", NULL)                                                            \
+    X(EQUAL,          "Equal",            2, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
+      "$a == $b ? ($T)1 : ($T)0", NULL)                                                            \
+    X(NOTEQUAL,       "NotEqual",         2, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
+      "$a != $b ? ($T)1 : ($T)0", NULL)                                                            \
+    X(INV,            "Inv",              1, 0, DIM_SAME,    NULL, FLOPS(4, 0, 0, 0),              \
+      "($T)1 / $a", NULL)                                                                          \
+    X(SQUARE,         "Square",           1, 0, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "$a * $a", NULL)                                                                             \
+    X(SQRT,           "Sqrt",             1, 0, DIM_SAME,    NULL, FLOPS(4, 0, 0, 0),              \
+      "sqrt$F($a)", NULL)                                                                          \
+    X(RSQRT,          "Rsqrt",            1, 0, DIM_SAME,    NULL, FLOPS(4, 0, 0, 0),              \
+      "$a == 0 ? ($T)0 : ($T)1 / sqrt$F($a)", "$a == 0 ? ($T)0 : rsqrt$F($a)")                     \
+    X(EXP,            "Exp",              1, 0, DIM_SAME,    NULL, TRANS(10, 0, 0, 0),             \
+      "sr_exp($a)", NULL)                                                                          \
+    X(LOG,            "Log",              1, 0, DIM_SAME,    NULL, TRANS(10, 0, 0, 0),             \
+      "log$F($a)", NULL)                                                                           \
+    X(XLOGX,          "XLogX",            1, 0, DIM_SAME,    NULL, TRANS(11, 0, 0, 0),             \
+      "$a == 0 ? ($T)0 : $a * log$F($a)", NULL)                                                    \
+    X(SIN,            "Sin",              1, 0, DIM_SAME,    NULL, TRANS(15, 0, 0, 0),             \
+      "sin$F($a)", NULL)                                                                           \
+    X(COS,            "Cos",              1, 0, DIM_SAME,    NULL, TRANS(15, 0, 0, 0),             \
+      "cos$F($a)", NULL)                                                                           \
+    X(ASIN,           "Asin",             1, 0, DIM_SAME,    NULL, TRANS(15, 0, 0, 0),             \
+      "asin$F($a)", NULL)                                                                          \
+    X(ACOS,           "Acos",             1, 0, DIM_SAME,    NULL, TRANS(15, 0, 0, 0),             \
+      "acos$F($a)", NULL)                                                                          \
+    X(ATAN,           "Atan",             1, 0, DIM_SAME,    NULL, TRANS(15, 0, 0, 0),             \
+      "sr_atan$F($a)", "atan$F($a)")                                                               \
+    X(ABS,            "Abs",              1, 0, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "fabs$F($a)", NULL)                                                                          \
+    X(SIGN,           "Sign",             1, 0, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "$a > 0 ? ($T)1 : $a < 0 ? ($T)-1 : $a == 0 ? ($T)0 : $a", NULL)                             \
+    X(STEP,           "Step",             1, 0, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "$a >= 0 ? ($T)1 : $a < 0 ? ($T)0 : $a", NULL)                                               \
+    X(RELU,           "ReLU",             1, 0, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "$a > 0 ? $a : $a <= 0 ? ($T)0 : $a", NULL)                                                  \
+    X(FLOOR,          "Floor",            1, 0, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "floor$F($a)", NULL)                                                                         \
+    X(SINXDIVX,       "SinXDivX",         1, 0, DIM_SAME,    NULL, TRANS(20, 0, 0, 0),             \
+      "$a == 0 ? ($T)1 : sin$F($a) / $a", NULL)                                                    \
+    X(POW,            "Pow",              1, 1, DIM_SAME,    NULL, FLOPS_BY(POW),                  \
+      NULL, NULL)                                                                                  \
+    X(ROUND,          "Round",            1, 1, DIM_SAME,    NULL, FLOPS(4, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CLAMPINT,       "ClampInt",         1, 2, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "($a < ($T)$0 ? ($T)$0 : $a) > ($T)$1 ? ($T)$1 : ($a < ($T)$0 ? ($T)$0 : $a)", NULL)         \
+    X(DIFFCLAMPINT,   "DiffClampInt",     1, 2, DIM_SAME,    NULL, FLOPS(1, 0, 0, 0),              \
+      "$a < ($T)$0 || $a > ($T)$1 ? ($T)0 : ($T)1", NULL)                                          \
+    X(CLAMP,          "Clamp",            3, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
+      "$b != $b || $c != $c ? $a + $b + $c : ($a < $b ? $b : $a) > $c ? $c : "                     \
+      "($a < $b ? $b : $a)", NULL)                                                                 \
+    X(IFELSE,         "IfElse",           3, 0, DIM_EW,      NULL, FLOPS(1, 0, 0, 0),              \
+      "$a >= 0 ? $b : $c", NULL)                                                                   \
+    X(MOD,            "Mod",              3, 0, DIM_EW,      NULL, FLOPS(6, 0, 0, 0),              \
+      "fma$F(-($b), floor$F(($a - $c) / $b), $a)", NULL)                                           \
+    X(SQNORM2,        "SqNorm2",          1, 0, DIM_TO1,     NULL, FLOPS(0, 2, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(NORM2,          "Norm2",            1, 0, DIM_TO1,     NULL, FLOPS(0, 2, 0, 4),              \
+      NULL, NULL)                                                                                  \
+    X(NORMALIZE,      "Normalize",        1, 0, DIM_SAME,    NULL, FLOPS(0, 3, 0, 4),              \
+      NULL, NULL)                                                                                  \
+    X(SQDIST,         "SqDist",           2, 0, DIM_PAIR1,   NULL, FLOPS(0, 3, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(SCALPROD,       "Scalprod",         2, 0, DIM_PAIR1,   "|",  FLOPS(0, 2, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(SUM,            "Sum",              1, 0, DIM_TO1,     NULL, FLOPS(0, 1, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(MAX,            "Max",              1, 0, DIM_TO1,     NULL, FLOPS(0, 1, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(MIN,            "Min",              1, 0, DIM_TO1,     NULL, FLOPS(0, 1, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(ARGMAX,         "ArgMax",           1, 0, DIM_TO1,     NULL, FLOPS(0, 1, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(ARGMIN,         "ArgMin",           1, 0, DIM_TO1,     NULL, FLOPS(0, 1, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(ELEM,           "Elem",             1, 1, DIM_SPECIAL, NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(EXTRACT,        "Extract",          1, 2, DIM_SPECIAL, NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CONCAT,         "Concat",           2, 0, DIM_CAT,     NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(ONEHOT,         "OneHot",           1, 1, DIM_SPECIAL, NULL, FLOPS(1, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(MATVECMULT,     "MatVecMult",       2, 0, DIM_SPECIAL, NULL, FLOPS(0, 2, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(VECMATMULT,     "VecMatMult",       2, 0, DIM_SPECIAL, NULL, FLOPS(0, 0, 2, 0),              \
+      NULL, NULL)                                                                                  \
+    X(TENSORPROD,     "TensorProd",       2, 0, DIM_OUTER,   NULL, FLOPS(1, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(WEIGHTEDSQNORM, "WeightedSqNorm",   2, 0, DIM_SPECIAL, NULL, FLOPS_BY(WEIGHTED),             \
+      NULL, NULL)                                                                                  \
+    X(WEIGHTEDSQDIST, "WeightedSqDist",   3, 0, DIM_SPECIAL, NULL, FLOPS_BY(WEIGHTED),             \
+      NULL, NULL)                                                                                  \
+    X(SUMT,           "SumT",             1, 1, DIM_SPECIAL, NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(ELEMT,          "ElemT",            1, 2, DIM_SPECIAL, NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(EXTRACTT,       "ExtractT",         1, 2, DIM_SPECIAL, NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(TENSORDOT,      "TensorDot",        2, 2, DIM_SPECIAL, NULL, FLOPS_BY(TENSORDOT),            \
+      NULL, NULL)                                                                                  \
+    X(CADD,           "ComplexAdd",       2, 0, DIM_CEW,     NULL, FLOPS(1, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CSUB,           "ComplexSubtract",  2, 0, DIM_CEW,     NULL, FLOPS(1, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CMULT,          "ComplexMult",      2, 0, DIM_CEW,     NULL, FLOPS(3, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CDIV,           "ComplexDivide",    2, 0, DIM_CEW,     NULL, FLOPS(8, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CSCAL,          "ComplexScal",      2, 0, DIM_SPECIAL, NULL, FLOPS(3, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CREALSCAL,      "ComplexRealScal",  2, 0, DIM_SPECIAL, NULL, FLOPS(1, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CONJ,           "Conj",             1, 0, DIM_CSAME,   NULL, FLOPS(1, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CEXP,           "ComplexExp",       1, 0, DIM_CSAME,   NULL, FLOPS(21, 0, 0, 0),             \
+      NULL, NULL)                                                                                  \
+    X(CEXP1J,         "ComplexExp1j",     1, 0, DIM_TOC,     NULL, FLOPS(15, 0, 0, 0),             \
+      NULL, NULL)                                                                                  \
+    X(CREAL,          "ComplexReal",      1, 0, DIM_CHALF,   NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CIMAG,          "ComplexImag",      1, 0, DIM_CHALF,   NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CABS,           "ComplexAbs",       1, 0, DIM_CHALF,   NULL, FLOPS(7, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CSQUAREABS,     "ComplexSquareAbs", 1, 0, DIM_CHALF,   NULL, FLOPS(3, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CANGLE,         "ComplexAngle",     1, 0, DIM_CHALF,   NULL, FLOPS(20, 0, 0, 0),             \
+      NULL, NULL)                                                                                  \
+    X(REAL2C,         "Real2Complex",     1, 0, DIM_TOC,     NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(IMAG2C,         "Imag2Complex",     1, 0, DIM_TOC,     NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CSUM,           "ComplexSum",       1, 0, DIM_CTO1,    NULL, FLOPS(0, 1, 0, 0),              \
+      NULL, NULL)                                                                                  \
+    X(CSUMT,          "ComplexSumT",      1, 1, DIM_SPECIAL, NULL, FLOPS(0, 0, 0, 0),              \
+      NULL, NULL)
+// clang-format on
 
 enum expr_op {
-#define EXPR_OP_ENUM_(id, name, arity, nattr, dimrule, infix) OP_##id,
+#define EXPR_OP_ENUM_(id, ...) OP_##id,
     EXPR_OP_MAP(EXPR_OP_ENUM_)
 #undef EXPR_OP_ENUM_
         OP_COUNT
@@ -146,6 +282,9 @@ struct expr_opinfo {
     int nattr;
     enum expr_dimrule dimrule;
     const char *infix;
+    struct expr_flops flops;
+    const char *c;    /* NULL: an emitter function */
+    const char *cuda; /* NULL: the C spelling */
 };
 
 /* Indexed by enum expr_op. */

@@ -125,6 +125,9 @@ static void gr_zero(struct grad *G, const sr_expr *e, sr_expr *g) {}
 #define gr_ARGMIN    gr_zero
 #define gr_ONEHOT    gr_zero
 
+/* DiffClampInt, the mask of ClampInt's derivative, is piecewise constant too. */
+#define gr_DIFFCLAMPINT gr_zero
+
 static void gr_ADD(struct grad *G, const sr_expr *e, sr_expr *g)
 {
     ACC(0, g);
@@ -538,7 +541,7 @@ static void gr_TENSORDOT(struct grad *G, const sr_expr *e, sr_expr *g)
 /* The derivative column of the op table: a missing rule is a compile error (gr_<id>
  * undeclared), and the assertion keeps the table as long as the op list. */
 static const grad_rule grad_rules[] = {
-#define GRAD_RULE_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = gr_##id,
+#define GRAD_RULE_ENTRY_(id, ...) [OP_##id] = gr_##id,
     EXPR_OP_MAP(GRAD_RULE_ENTRY_)
 #undef GRAD_RULE_ENTRY_
 };

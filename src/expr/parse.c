@@ -18,7 +18,7 @@
  * TensorDot and Kron take lists of integers, [2,3] or [] (KeOps' index sequences). The infix
  * ops have function spellings too (Add, Subtract, Mult, Divide, Minus). Some KeOps functions are
  * built here from other ops, as keopscore defines them (SqNormIso, SqNormDiag, SymSqNorm,
- * IntInv, DiffClampInt, Zero, LessThan, LessOrEqual, Kron, GradMatrix, Divergence, Laplacian:
+ * IntInv, Zero, LessThan, LessOrEqual, Kron, GradMatrix, Divergence, Laplacian:
  * see "derived" below); the KeOps functions symred lacks (BSpline, SoftDTW_SqDist) are named in
  * the error.
  *
@@ -790,13 +790,12 @@ static sr_expr *parse_tensordot_call(struct parser *p, const struct tok *name, b
 
 enum derived {
     DV_NONE,
-    DV_SQNORMISO,    /* SqNormIso(s, x) = s SqNorm2(x), s scalar */
-    DV_SQNORMDIAG,   /* SqNormDiag(s, x) = Sum(s x^2), s of dim(x) */
-    DV_SYMSQNORM,    /* SymSqNorm(A, x) = x^T A x, A of dim(x)^2 */
-    DV_INTINV,       /* IntInv(n) = RatCst(1, n) */
-    DV_DIFFCLAMPINT, /* DiffClampInt(x, a, b) = 1 - Less(x, a) - Greater(x, b) */
-    DV_ZERO,         /* Zero(d) = the zero vector, OneHot(-1, d) (0 for d = 1) */
-    DV_LESSTHAN,     /* keopscore's names of Less and LessEq */
+    DV_SQNORMISO,  /* SqNormIso(s, x) = s SqNorm2(x), s scalar */
+    DV_SQNORMDIAG, /* SqNormDiag(s, x) = Sum(s x^2), s of dim(x) */
+    DV_SYMSQNORM,  /* SymSqNorm(A, x) = x^T A x, A of dim(x)^2 */
+    DV_INTINV,     /* IntInv(n) = RatCst(1, n) */
+    DV_ZERO,       /* Zero(d) = the zero vector, OneHot(-1, d) (0 for d = 1) */
+    DV_LESSTHAN,   /* keopscore's names of Less and LessEq */
     DV_LESSOREQUAL
 };
 
@@ -804,10 +803,13 @@ static const struct {
     const char *name;
     int nexpr, nlit;
 } derived_fns[] = {
-    [DV_SQNORMISO] = {"SqNormIso", 2, 0},       [DV_SQNORMDIAG] = {"SqNormDiag", 2, 0},
-    [DV_SYMSQNORM] = {"SymSqNorm", 2, 0},       [DV_INTINV] = {"IntInv", 0, 1},
-    [DV_DIFFCLAMPINT] = {"DiffClampInt", 1, 2}, [DV_ZERO] = {"Zero", 0, 1},
-    [DV_LESSTHAN] = {"LessThan", 2, 0},         [DV_LESSOREQUAL] = {"LessOrEqual", 2, 0},
+    [DV_SQNORMISO] = {"SqNormIso", 2, 0},
+    [DV_SQNORMDIAG] = {"SqNormDiag", 2, 0},
+    [DV_SYMSQNORM] = {"SymSqNorm", 2, 0},
+    [DV_INTINV] = {"IntInv", 0, 1},
+    [DV_ZERO] = {"Zero", 0, 1},
+    [DV_LESSTHAN] = {"LessThan", 2, 0},
+    [DV_LESSOREQUAL] = {"LessOrEqual", 2, 0},
 };
 
 static enum derived derived_kind(const struct parser *p, const struct tok *t)
@@ -820,13 +822,11 @@ static enum derived derived_kind(const struct parser *p, const struct tok *t)
 
 static sr_expr *parse_derived_call(struct parser *p, const struct tok *name, enum derived kind)
 {
-    static const char *const lits[] = {"lower bound", "upper bound"}, *const n1[] = {"n"};
+    static const char *const n1[] = {"n"};
     const char *fn = derived_fns[kind].name;
     static const char *const dim1[] = {"dimension"};
     struct signature sig = {derived_fns[kind].nexpr, derived_fns[kind].nlit, false,
-                            kind == DV_INTINV ? n1
-                            : kind == DV_ZERO ? dim1
-                                              : lits};
+                            kind == DV_INTINV ? n1 : dim1};
     sr_expr *c[2] = {NULL, NULL};
     struct num v[2] = {{0}};
     size_t col = name->start;
@@ -856,16 +856,6 @@ static sr_expr *parse_derived_call(struct parser *p, const struct tok *name, enu
         if (v[0].i < 1 || v[0].i > INT_MAX)
             return fail(p, SR_EDIM, col, "Zero: dimension %lld is not positive", (long long)v[0].i);
         return built(p, col, expr_zeros(ctx, (int)v[0].i));
-    case DV_DIFFCLAMPINT:
-        if (v[0].i > v[1].i || v[0].i < INT_MIN || v[1].i > INT_MAX)
-            return fail(p, SR_EPARSE, col,
-                        "DiffClampInt: bounds %lld and %lld are not an "
-                        "interval of ints",
-                        (long long)v[0].i, (long long)v[1].i);
-        return built(
-            p, col,
-            sr_sub(ctx, sr_sub(ctx, sr_intcst(ctx, 1), sr_less(ctx, c[0], sr_intcst(ctx, v[0].i))),
-                   sr_greater(ctx, c[0], sr_intcst(ctx, v[1].i))));
     default:
         return fail(p, SR_EINTERNAL, col, "%s: no expansion", fn);
     }

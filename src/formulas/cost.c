@@ -15,106 +15,26 @@
 
 double simp_op_flops(const sr_expr *e)
 {
+    const struct expr_flops *f = &expr_ops[e->op].flops;
     double d = e->dim;
     double a = expr_arity(e) ? e->child[0]->dim : 0;
     double b = expr_arity(e) > 1 ? e->child[1]->dim : 0;
-    switch ((enum expr_op)e->op) {
-    case OP_VAR:
-    case OP_INTCST:
-    case OP_RATCST:
-    case OP_CST:
-    case OP_ELEM:
-    case OP_EXTRACT:
-    case OP_CONCAT:
-        return 0;
-    case OP_DIV:
-    case OP_INV:
-    case OP_SQRT:
-    case OP_RSQRT:
-    case OP_ROUND:
-        return 4 * d;
-    case OP_EXP:
-    case OP_LOG:
-        return 10 * d;
-    case OP_XLOGX:
-        return 11 * d;
-    case OP_SIN:
-    case OP_COS:
-    case OP_ASIN:
-    case OP_ACOS:
-    case OP_ATAN:
-        return 15 * d;
-    case OP_POWF:
-    case OP_ATAN2:
-    case OP_SINXDIVX:
-        return 20 * d;
-    case OP_MOD:
-        return 6 * d;
-    case OP_POW: {
+    switch (f->rule) {
+    case FLOPS_LINEAR:
+        return f->per_out * d + f->per_a * a + f->per_b * b + f->fixed;
+    case FLOPS_POW: {
         double n = fabs((double)e->iattr[0]);
         return d * (n > 1 ? ceil(log2(n)) + 1 : 1) + (e->iattr[0] < 0 ? 4 * d : 0);
     }
-    case OP_SQNORM2:
-    case OP_SCALPROD:
-        return 2 * a;
-    case OP_NORM2:
-        return 2 * a + 4;
-    case OP_NORMALIZE:
-        return 3 * a + 4;
-    case OP_SQDIST:
-        return 3 * a;
-    case OP_SUM:
-    case OP_MAX:
-    case OP_MIN:
-    case OP_ARGMAX:
-    case OP_ARGMIN:
-        return a;
-    case OP_ONEHOT:
-        return d;
-    case OP_MATVECMULT:
-        return 2 * a;
-    case OP_VECMATMULT:
-        return 2 * b;
-    case OP_TENSORPROD:
-        return d;
-    case OP_SUMT:
-    case OP_ELEMT:
-    case OP_EXTRACTT:
-        return 0;
-    case OP_TENSORDOT:
+    case FLOPS_TENSORDOT:
         return 2 * d * (double)expr_tdot_of(e)->ncont;
-    case OP_WEIGHTEDSQNORM:
-    case OP_WEIGHTEDSQDIST: {
+    case FLOPS_WEIGHTED: { /* a is the weight, b the point: diagonal, isotropic or full */
         double x = b, w = a;
         double base = w == 1 ? 2 * x + 1 : w == x ? 3 * x : 2 * w + 2 * x;
         return base + (e->op == OP_WEIGHTEDSQDIST ? x : 0);
     }
-    /* complex ops, per real component of the output (a pair is two) */
-    case OP_CMULT:
-    case OP_CSCAL:
-    case OP_CSQUAREABS:
-        return 3 * d;
-    case OP_CDIV:
-        return 8 * d;
-    case OP_CEXP:
-        return 21 * d;
-    case OP_CEXP1J:
-        return 15 * d;
-    case OP_CABS:
-        return 7 * d;
-    case OP_CANGLE:
-        return 20 * d;
-    case OP_CSUM:
-        return a;
-    case OP_CREAL:
-    case OP_CIMAG:
-    case OP_REAL2C:
-    case OP_IMAG2C:
-    case OP_CSUMT:
-        return 0;
-    default: /* elementwise arithmetic, comparisons, Abs, Sign, ... */
-        return d;
     }
+    return d;
 }
 
 static bool is_pair(const sr_expr *e) { return (e->deps & (DEP_I | DEP_J)) == (DEP_I | DEP_J); }

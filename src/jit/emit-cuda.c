@@ -26,14 +26,13 @@
 
 #define P(...) expr_buf_printf(b, __VA_ARGS__)
 
-/* CUDA spellings that differ from C's: rsqrt is a hardware-assisted libdevice function with
- * at most 2 ulp error (float) / 1 ulp (double), within what Rsqrt's users expect. The other
- * fast intrinsics (__expf, __logf, __sinf, ...) lose accuracy for large arguments, so the
- * libdevice functions (the C spellings) stay. */
-static const char *const cuda_spell[OP_COUNT] = {
-    [OP_RSQRT] = "$a == 0 ? ($T)0 : rsqrt$F($a)",
-    [OP_ATAN] = "atan$F($a)", /* the C spelling calls sr_atan, a name for libm's (emit-c.c) */
+/* The CUDA spellings that differ from C's: the cuda column of the op table (expr.h). */
+static const char *const cuda_spell[] = {
+#define CUDA_SPELL_ENTRY_(id, name, arity, nattr, dimrule, infix, flops, c, cuda) [OP_##id] = cuda,
+    EXPR_OP_MAP(CUDA_SPELL_ENTRY_)
+#undef CUDA_SPELL_ENTRY_
 };
+_Static_assert(sizeof cuda_spell / sizeof *cuda_spell == OP_COUNT, "a CUDA spelling per op");
 
 /* Largest K * D of the K-reductions: their state lives in registers (or local memory). */
 #define CUDA_MAX_KD 256

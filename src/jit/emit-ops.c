@@ -13,15 +13,10 @@
 #include <string.h>
 
 /* ---- the op table: one C spelling per op ---------------------------------------------------
- * An elementwise op is a template: $a $b $c are the operands' components (broadcast), $F the
- * libm suffix of the dtype, $T the scalar type, $0 $1 the integer attributes. Other ops name an
- * emitter function. Every op of EXPR_OP_MAP needs a JIT_C_<id> definition: a missing one is a
- * compile error in the table below. */
+ * An op computed component by component has its template in the op table (the c column of
+ * EXPR_OP_MAP, src/expr/expr.h). The others have none there and an emitter function here, in
+ * c_fns: an op with neither is an internal error when it is emitted, never a silent default. */
 typedef void (*emit_fn)(struct emitter *E, const sr_expr *e);
-struct jit_cop {
-    const char *ew;
-    emit_fn fn;
-};
 
 static void e_var(struct emitter *E, const sr_expr *e);
 static void e_const(struct emitter *E, const sr_expr *e);
@@ -54,107 +49,55 @@ static void e_tensordot(struct emitter *E, const sr_expr *e);
 static void e_complex(struct emitter *E, const sr_expr *e);
 static void e_csum(struct emitter *E, const sr_expr *e);
 
-#define EW(s)                                                                                      \
-    {                                                                                              \
-        s, NULL                                                                                    \
-    }
-#define FN(f)                                                                                      \
-    {                                                                                              \
-        NULL, f                                                                                    \
-    }
-#define JIT_C_VAR       FN(e_var)
-#define JIT_C_INTCST    FN(e_const)
-#define JIT_C_RATCST    FN(e_const)
-#define JIT_C_CST       FN(e_const)
-#define JIT_C_ADD       EW("$a + $b")
-#define JIT_C_SUB       EW("$a - $b")
-#define JIT_C_MUL       EW("$a * $b")
-#define JIT_C_DIV       EW("$a / $b")
-#define JIT_C_MINUS     EW("-$a")
-#define JIT_C_POWF      EW("pow$F($a, $b)")
-#define JIT_C_ATAN2     EW("atan2$F($a, $b)")
-#define JIT_C_LESS      EW("$a < $b ? ($T)1 : ($T)0")
-#define JIT_C_LESSEQ    EW("$a <= $b ? ($T)1 : ($T)0")
-#define JIT_C_GREATER   EW("$a > $b ? ($T)1 : ($T)0")
-#define JIT_C_GREATEREQ EW("$a >= $b ? ($T)1 : ($T)0")
-#define JIT_C_EQUAL     EW("$a == $b ? ($T)1 : ($T)0")
-#define JIT_C_NOTEQUAL  EW("$a != $b ? ($T)1 : ($T)0")
-#define JIT_C_INV       EW("($T)1 / $a")
-#define JIT_C_SQUARE    EW("$a * $a")
-#define JIT_C_SQRT      EW("sqrt$F($a)")
-#define JIT_C_RSQRT     EW("$a == 0 ? ($T)0 : ($T)1 / sqrt$F($a)")
-#define JIT_C_EXP       EW("sr_exp($a)")
-#define JIT_C_LOG       EW("log$F($a)")
-#define JIT_C_XLOGX     EW("$a == 0 ? ($T)0 : $a * log$F($a)")
-#define JIT_C_SIN       EW("sin$F($a)")
-#define JIT_C_COS       EW("cos$F($a)")
-#define JIT_C_ASIN      EW("asin$F($a)")
-#define JIT_C_ACOS      EW("acos$F($a)")
-#define JIT_C_ATAN      EW("sr_atan$F($a)") /* libm's atan, not gcc's builtin (emit-c.c) */
-#define JIT_C_ABS       EW("fabs$F($a)")
-#define JIT_C_SIGN      EW("$a > 0 ? ($T)1 : $a < 0 ? ($T)-1 : $a == 0 ? ($T)0 : $a")
-#define JIT_C_STEP      EW("$a >= 0 ? ($T)1 : $a < 0 ? ($T)0 : $a")
-#define JIT_C_RELU      EW("$a > 0 ? $a : $a <= 0 ? ($T)0 : $a")
-#define JIT_C_FLOOR     EW("floor$F($a)")
-#define JIT_C_SINXDIVX  EW("$a == 0 ? ($T)1 : sin$F($a) / $a")
-#define JIT_C_POW       FN(e_pow)
-#define JIT_C_ROUND     FN(e_round)
-#define JIT_C_CLAMPINT                                                                             \
-    EW("($a < ($T)$0 ? ($T)$0 : $a) > ($T)$1 ? ($T)$1 : ($a < ($T)$0 ? ($T)$0 : $a)")
-/* A NaN bound gives NaN (docs/semantics.md); the comparisons alone would ignore it. */
-#define JIT_C_CLAMP                                                                                \
-    EW("$b != $b || $c != $c ? $a + $b + $c : ($a < $b ? $b : $a) > $c ? $c : ($a < $b ? $b : "    \
-       "$a)")
-#define JIT_C_IFELSE         EW("$a >= 0 ? $b : $c")
-#define JIT_C_MOD            EW("fma$F(-($b), floor$F(($a - $c) / $b), $a)")
-#define JIT_C_SQNORM2        FN(e_sqnorm)
-#define JIT_C_NORM2          FN(e_sqnorm)
-#define JIT_C_NORMALIZE      FN(e_normalize)
-#define JIT_C_SQDIST         FN(e_pair)
-#define JIT_C_SCALPROD       FN(e_pair)
-#define JIT_C_SUM            FN(e_sum)
-#define JIT_C_MAX            FN(e_minmax)
-#define JIT_C_MIN            FN(e_minmax)
-#define JIT_C_ARGMAX         FN(e_minmax)
-#define JIT_C_ARGMIN         FN(e_minmax)
-#define JIT_C_ELEM           FN(e_slice)
-#define JIT_C_EXTRACT        FN(e_slice)
-#define JIT_C_CONCAT         FN(e_slice)
-#define JIT_C_ONEHOT         FN(e_onehot)
-#define JIT_C_MATVECMULT     FN(e_matvec)
-#define JIT_C_VECMATMULT     FN(e_matvec)
-#define JIT_C_TENSORPROD     FN(e_tensor)
-#define JIT_C_WEIGHTEDSQNORM FN(e_weighted)
-#define JIT_C_WEIGHTEDSQDIST FN(e_weighted)
-#define JIT_C_SUMT           FN(e_slice)
-#define JIT_C_ELEMT          FN(e_slice)
-#define JIT_C_EXTRACTT       FN(e_slice)
-#define JIT_C_TENSORDOT      FN(e_tensordot)
-#define JIT_C_CADD           FN(e_complex)
-#define JIT_C_CSUB           FN(e_complex)
-#define JIT_C_CMULT          FN(e_complex)
-#define JIT_C_CDIV           FN(e_complex)
-#define JIT_C_CSCAL          FN(e_complex)
-#define JIT_C_CREALSCAL      FN(e_complex)
-#define JIT_C_CONJ           FN(e_complex)
-#define JIT_C_CEXP           FN(e_complex)
-#define JIT_C_CEXP1J         FN(e_complex)
-#define JIT_C_REAL2C         FN(e_complex)
-#define JIT_C_IMAG2C         FN(e_complex)
-#define JIT_C_CSUMT          FN(e_complex)
-#define JIT_C_CREAL          FN(e_complex)
-#define JIT_C_CIMAG          FN(e_complex)
-#define JIT_C_CABS           FN(e_complex)
-#define JIT_C_CSQUAREABS     FN(e_complex)
-#define JIT_C_CANGLE         FN(e_complex)
-#define JIT_C_CSUM           FN(e_csum)
-
-static const struct jit_cop c_ops[] = {
-#define JIT_C_ENTRY_(id, name, arity, nattr, dimrule, infix) [OP_##id] = JIT_C_##id,
-    EXPR_OP_MAP(JIT_C_ENTRY_)
-#undef JIT_C_ENTRY_
+static const emit_fn c_fns[OP_COUNT] = {
+    [OP_VAR] = e_var,
+    [OP_INTCST] = e_const,
+    [OP_RATCST] = e_const,
+    [OP_CST] = e_const,
+    [OP_POW] = e_pow,
+    [OP_ROUND] = e_round,
+    [OP_SQNORM2] = e_sqnorm,
+    [OP_NORM2] = e_sqnorm,
+    [OP_NORMALIZE] = e_normalize,
+    [OP_SQDIST] = e_pair,
+    [OP_SCALPROD] = e_pair,
+    [OP_SUM] = e_sum,
+    [OP_MAX] = e_minmax,
+    [OP_MIN] = e_minmax,
+    [OP_ARGMAX] = e_minmax,
+    [OP_ARGMIN] = e_minmax,
+    [OP_ELEM] = e_slice,
+    [OP_EXTRACT] = e_slice,
+    [OP_CONCAT] = e_slice,
+    [OP_ONEHOT] = e_onehot,
+    [OP_MATVECMULT] = e_matvec,
+    [OP_VECMATMULT] = e_matvec,
+    [OP_TENSORPROD] = e_tensor,
+    [OP_WEIGHTEDSQNORM] = e_weighted,
+    [OP_WEIGHTEDSQDIST] = e_weighted,
+    [OP_SUMT] = e_slice,
+    [OP_ELEMT] = e_slice,
+    [OP_EXTRACTT] = e_slice,
+    [OP_TENSORDOT] = e_tensordot,
+    [OP_CADD] = e_complex,
+    [OP_CSUB] = e_complex,
+    [OP_CMULT] = e_complex,
+    [OP_CDIV] = e_complex,
+    [OP_CSCAL] = e_complex,
+    [OP_CREALSCAL] = e_complex,
+    [OP_CONJ] = e_complex,
+    [OP_CEXP] = e_complex,
+    [OP_CEXP1J] = e_complex,
+    [OP_REAL2C] = e_complex,
+    [OP_IMAG2C] = e_complex,
+    [OP_CSUMT] = e_complex,
+    [OP_CREAL] = e_complex,
+    [OP_CIMAG] = e_complex,
+    [OP_CABS] = e_complex,
+    [OP_CSQUAREABS] = e_complex,
+    [OP_CANGLE] = e_complex,
+    [OP_CSUM] = e_csum,
 };
-_Static_assert(sizeof c_ops / sizeof *c_ops == OP_COUNT, "every op needs a C spelling");
 
 /* ---- helpers --------------------------------------------------------------------------------
  * Nodes of dimension <= JIT_BIG are "small": one named scalar per component (v<id>_<c>), and
@@ -1014,7 +957,7 @@ static void e_csum(struct emitter *E, const sr_expr *e)
 /* Big nodes of these ops are inlined where used instead of computed into an array. */
 bool jit_lazy_op(const struct emitter *E, const sr_expr *e)
 {
-    bool computed = c_ops[e->op].ew || e->op == OP_ROUND || c_ops[e->op].fn == e_complex;
+    bool computed = expr_ops[e->op].c || e->op == OP_ROUND || c_fns[e->op] == e_complex;
     if (computed)
         return !(E->compact && big(e));
     return e->op == OP_EXTRACT || e->op == OP_CONCAT || e->op == OP_SUMT || e->op == OP_ELEMT ||
@@ -1029,25 +972,29 @@ int64_t jit_unroll_limit(const struct emitter *E)
 /* The elementwise template of op for the target: its override, else the C spelling. */
 static const char *ew_tmpl(const struct emitter *E, int op)
 {
-    return E->spell && E->spell[op] ? E->spell[op] : c_ops[op].ew;
+    return E->spell && E->spell[op] ? E->spell[op] : expr_ops[op].c;
 }
 
 static const char *lazy_expr(struct emitter *E, const sr_expr *e, const char *idx)
 {
-    if (c_ops[e->op].ew)
+    if (expr_ops[e->op].c)
         return ew_expr(E, e, ew_tmpl(E, e->op), idx);
     if (e->op == OP_ROUND)
         return round_expr(E, e, idx);
-    if (c_ops[e->op].fn == e_complex)
+    if (c_fns[e->op] == e_complex)
         return complex_expr(E, e, idx);
     return slice_expr(E, e, idx);
 }
 
 void jit_emit_node(struct emitter *E, const sr_expr *e)
 {
-    const struct jit_cop *op = &c_ops[e->op];
-    if (op->ew)
+    if (expr_ops[e->op].c)
         ew(E, e, ew_tmpl(E, e->op));
-    else
-        op->fn(E, e);
+    else if (c_fns[e->op])
+        c_fns[e->op](E, e);
+    else if (!E->fail)
+        E->fail = sr__error(E->k->ctx, SR_EINTERNAL,
+                            "%s: the op has neither a C template in the op table nor an emitter "
+                            "function",
+                            expr_ops[e->op].name);
 }
