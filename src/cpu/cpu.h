@@ -389,11 +389,6 @@ const struct jit_module *cpu_jit_module(const struct sr_kernel *k);
 sr_status cpu_jit_block_module(const struct sr_kernel *k, const struct jit_module **out,
                                int64_t *per_thread);
 
-/* ---- the reference interpreter's evaluator (reference.c) ---- */
-
-/* Node e's value in float64 from its children's values in[c] (dim(child c) each) into out
- * (dim(e) values): docs/semantics.md, literally. Variables are not evaluated here. */
-void cpu_ref_eval(const sr_expr *e, double *out, const double *const *in);
 
 /* ---- the tile interpreter (tile.c, tile-isa.c, tile-kern.h) ----
  * Tier 0 of the CPU: the simplified formula interpreted one op at a time over tiles of reduced
