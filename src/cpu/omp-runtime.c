@@ -418,6 +418,16 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
         expr_buf_printf(b, "path: %s\n", jk->info.path);
 }
 
+static void jit_plan_info(const sr_kernel *k, sr_plan_info *info)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    info->strategy = SR_STRATEGY_DIRECT;
+    info->device = SR_DEVICE_CPU;
+    info->tile_rows = jk->plan.rows_per_block;
+    info->tile_cols = jk->plan.tile_j;
+    info->tier = 1;
+}
+
 const struct sr_backend_i cpu_jit_backend = {
     /* .name = */ "cpu-jit",
     /* .prepare = */ jit_prepare,
@@ -432,4 +442,5 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ cpu_attn_run_lse,
     /* .offer = */ jit_offer,
+    /* .plan_info = */ jit_plan_info,
 };

@@ -848,4 +848,5 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .vjp = */ NULL,
     /* .run_lse = */ NULL,
     /* .offer = */ NULL,
+    /* .plan_info = */ NULL, /* core's default: the reference interpreter's plan */
 };
