@@ -74,6 +74,12 @@ sr_plan_info tu_plan(const sr_kernel *k)
     return p;
 }
 
+bool tu_runs_fused(const sr_kernel *k)
+{
+    sr_strategy s = tu_plan(k).inner;
+    return s == SR_STRATEGY_FUSED || s == SR_STRATEGY_SYMMETRIC;
+}
+
 bool tu_runs_jit(const sr_kernel *k) { return strcmp(tu_plan(k).backend, "cpu-jit") == 0; }
 
 const char *tu_strategy_name(const sr_kernel *k)

@@ -27,6 +27,10 @@ sr_plan_info tu_plan(const sr_kernel *k);
 /* Whether the CPU JIT's generated code does k's pair work (the plan's backend is "cpu-jit"):
  * false where no C compiler can be run and the reference interpreter serves a CPU kernel. */
 bool tu_runs_jit(const sr_kernel *k);
+/* Whether k's pair work runs a fused two-product (sr_plan_info.inner: the kernel's own strategy,
+ * or its inner kernel's for a reduction rewrite or a sum split): SR_STRATEGY_FUSED or its
+ * symmetric driver. */
+bool tu_runs_fused(const sr_kernel *k);
 /* The name of k's strategy, for messages. */
 const char *tu_strategy_name(const sr_kernel *k);
 
