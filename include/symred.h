@@ -714,8 +714,9 @@ SR_API sr_solve_desc sr_solve_desc_default(void);
 SR_API sr_status sr_kernel_solve(const sr_kernel *kernel, const sr_solve_desc *desc, int64_t n,
                                  const void *const *args, const void *rhs, void *out);
 
-/* Text describing the kernel: the formula, the reduction, the backend and its plan. The pointer
- * is owned by the kernel and valid until sr_kernel_free. */
+/* Text describing the kernel, for people: the formula, the reduction, the backend and its plan.
+ * The pointer is owned by the kernel and valid until sr_kernel_free. Programs that need to know
+ * which plan runs read sr_kernel_plan instead: the text's wording is not an interface. */
 SR_API const char *sr_kernel_explain(const sr_kernel *kernel);
 
 /* The most workspace in bytes one call of the kernel uses (all threads together), as planned at
