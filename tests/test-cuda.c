@@ -595,6 +595,31 @@ static void fused_kernels(sr_reduction red, int R, sr_dtype dt, int axis, sr_ker
     fused_form_kernels(NULL, red, R, dt, axis, kc, kr);
 }
 
+/* sr_kernel_plan of CUDA kernels: the direct kernel for one right-hand side, the fused one for
+ * 64, each on the GPU in compiled code, its tile the block's rows by the shared-memory tile's
+ * reduced indices. */
+Test(cuda, plan_info)
+{
+    need_gpu();
+    for (int wide = 0; wide < 2; wide++) {
+        sr_kernel *kc, *kr;
+        fused_kernels(SR_SUM, wide ? 64 : 1, SR_F32, 1, &kc, &kr);
+        const sr_plan_info p = tu_plan(kc);
+        const char *ex = sr_kernel_explain(kc);
+        cr_assert_eq(p.strategy, wide ? SR_STRATEGY_FUSED : SR_STRATEGY_DIRECT, "%s:\n%s", p.name,
+                     ex);
+        cr_assert_str_eq(p.backend, "cuda", "%s", ex);
+        cr_assert_eq(p.device, SR_DEVICE_CUDA, "%s", ex);
+        cr_assert_eq(p.tier, 1, "%s", ex);
+        cr_assert_null(p.fallback, "%s", ex);
+        cr_assert(p.tile_rows > 0 && p.tile_cols > 0, "tiles %d x %d:\n%s", p.tile_rows,
+                  p.tile_cols, ex);
+        cr_assert_eq(tu_plan(kr).strategy, SR_STRATEGY_REFERENCE);
+        sr_kernel_free(kc);
+        sr_kernel_free(kr);
+    }
+}
+
 /* Whether kernel k runs the fused kernel on the GPU (its plan says so). */
 static bool runs_fused(sr_kernel *k)
 {
