@@ -167,6 +167,8 @@ def test_plan():
     else:  # no C compiler: the reference interpreter, saying why
         assert cpu["strategy"] == "reference" and cpu["fallback"], cpu
     assert len(f._h.kernels) == 2
+    with pytest.raises(symred.SymredValueError):
+        symred._lib.kernel_plan(None)
 
 
 def test_accuracy_options_are_kept():
