@@ -770,10 +770,10 @@ SR_API const char *sr_strategy_name(sr_strategy s);
  *     info.size = sizeof info;
  *     if (sr_kernel_plan(k, &info) == SR_OK && info.strategy == SR_STRATEGY_GEMM_EPILOGUE) ...
  *
- * and the library fills the
- * members it knows that fit in size bytes, zeroes the rest of those bytes, and sets size to the
- * bytes it filled, so that a program built against a newer header can tell which members an
- * older library wrote, and an older program never has bytes written past its struct.
+ * and the library fills the members it knows that fit in size bytes, zeroes the rest of those
+ * bytes, and sets size to the bytes it filled, so that a program built against a newer header can
+ * tell which members an older library wrote, and an older program never has bytes written past
+ * its struct.
  *
  * A kernel composed of inner kernels (SUM_SPLIT, POST_REWRITE) reports its own strategy in
  * strategy and the strategy of the kernel that does its pair work in inner (for SUM_SPLIT the
