@@ -5,8 +5,9 @@
  *     out_i = sum_j exp(-g |x_i - y_j|^2) b_j,   x_i, y_j in R^D, float64
  *
  * The budget is set with sr_ctx_set_mem_limit (the same as SYMRED_MEM_LIMIT=64MB); the kernel's
- * workspace is printed from explain, the peak RSS from getrusage, and rows of the result are
- * checked against a plain double-precision loop (--rows of them, spread over the output).
+ * workspace is printed from sr_kernel_workspace_bytes, the peak RSS from getrusage, and rows of
+ * the result are checked against a plain double-precision loop (--rows of them, spread over the
+ * output).
  *
  * Usage: bench-budget [n [D]] [--budget BYTES] [--rows R]   (default n = 100000, D = 3)
  * With SYMRED_BENCH_RECORD set, the figures are appended to that file as data (bench/record.h).

@@ -83,8 +83,15 @@ static double timed_kern(sr_ctx *ctx, sr_expr *f, const sr_kernel_desc *d, const
         fprintf(stderr, "bench-gemm: %s\n", sr_ctx_error(ctx));
         exit(1);
     }
-    const char *s = strstr(sr_kernel_explain(k), "strategy: ");
-    snprintf(strat, 16, "%s", s && strncmp(s + 10, "gemm", 4) == 0 ? "gemm" : "direct");
+    sr_plan_info plan = {0};
+    plan.size = sizeof plan;
+    sr_kernel_plan(k, &plan);
+    /* The pair work's strategy (a reduction rewrite's inner kernel's); "fused" for either fused
+     * two-product. */
+    snprintf(strat, 16, "%s",
+             plan.inner == SR_STRATEGY_GEMM_EPILOGUE                                  ? "gemm"
+             : plan.inner == SR_STRATEGY_FUSED || plan.inner == SR_STRATEGY_SYMMETRIC ? "fused"
+                                                                                      : plan.name);
     double best = 1e30, c0 = 0, c1 = 0, p0 = rt ? bench_fma_peak(0.5, NULL, &c0) : 0;
     for (int r = 0; r < reps; r++) {
         double t0 = bench_now(), u0 = bench_cpu_now();

@@ -63,10 +63,12 @@ static void wide_case(sr_ctx *ctx, sr_expr *f, sr_expr *w, const void **args, in
         return;
     sr_run_desc r = {.nx = n, .ny = n, .nargs = nargs, .args = args, .out = out};
     double t = best_run(ctx, k, &r);
-    const char *e = sr_kernel_explain(k);
+    sr_plan_info plan = {0};
+    plan.size = sizeof plan;
+    sr_kernel_plan(k, &plan);
     printf("%s R=%d N=%lld: %.4f s (%.0f GFLOP/s in the product, %s)\n", name, R, (long long)n, t,
            2.0 * (double)n * (double)n * R / t * 1e-9,
-           e && strstr(e, "strategy fused") ? "fused" : "direct");
+           plan.inner == SR_STRATEGY_FUSED ? "fused" : "direct");
     if (js)
         fprintf(js, "%s  {\"case\": \"%s\", \"R\": %d, \"N\": %lld, \"seconds\": %.6f}", *sep, name,
                 R, (long long)n, t),

@@ -45,14 +45,12 @@ def race(fa, fb, reps):
     return ta, tb
 
 
-def strategy(explain):
-    """The chosen strategy from a kernel's explain text ("fused" for the fused two-product, the
-    symmetric driver's included; "reference" for the interpreter), not the alternatives it beat."""
-    for line in explain.splitlines():
-        if line.startswith("strategy: "):
-            s = line[len("strategy: "):]
-            return "fused" if "fused two-product" in s.split("(")[0] else s.split()[0].rstrip(":")
-    return "reference"
+def strategy(plan):
+    """The strategy of a kernel's pair work from its plan (Genred.plan): "fused" for the fused
+    two-product, the symmetric driver's included; else the strategy's name ("direct",
+    "gemm-epilogue", "reference")."""
+    s = plan["inner"]
+    return "fused" if "fused two-product" in s else s
 
 
 def paired(ta, tb):
@@ -102,7 +100,7 @@ def main():
         la, lb = race(lambda: k(x, y, b, g), lambda: K @ bt, a.reps)
         ts, tb, ratio = min(la), min(lb), paired(la, lb)
         err = float(np.abs(out - (K @ bt).numpy()).max() / max(1e-30, np.abs(out).max()))
-        strat = strategy(k.explain())
+        strat = strategy(k.plan())
         rec.row(job="matvec", n=n, d=3, r=R, symred_s=round(ts, 4), base_s=round(tb, 4),
                 baseline="K @ B (torch, K prebuilt)", ratio=round(ratio, 3),
                 ratio_best=round(ts / tb, 3),
@@ -126,7 +124,7 @@ def main():
         ts, tb, ratio = min(la), min(lb), paired(la, lb)
         ref = sdpa(qt, kt, vt)[0, 0].numpy()
         err = float(np.abs(out - ref).max() / max(1e-30, np.abs(ref).max()))
-        strat = strategy(k.explain())
+        strat = strategy(k.plan())
         rec.row(job="attention", n=N, d=D, r=D, symred_s=round(ts, 4), base_s=round(tb, 4),
                 baseline="torch scaled_dot_product_attention", ratio=round(ratio, 3),
                 ratio_best=round(ts / tb, 3),

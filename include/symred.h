@@ -715,8 +715,9 @@ SR_API sr_solve_desc sr_solve_desc_default(void);
 SR_API sr_status sr_kernel_solve(const sr_kernel *kernel, const sr_solve_desc *desc, int64_t n,
                                  const void *const *args, const void *rhs, void *out);
 
-/* Text describing the kernel: the formula, the reduction, the backend and its plan. The pointer
- * is owned by the kernel and valid until sr_kernel_free. */
+/* Text describing the kernel, for people: the formula, the reduction, the backend and its plan.
+ * The pointer is owned by the kernel and valid until sr_kernel_free. Programs that need to know
+ * which plan runs read sr_kernel_plan instead: the text's wording is not an interface. */
 SR_API const char *sr_kernel_explain(const sr_kernel *kernel);
 
 /*
@@ -735,6 +736,96 @@ SR_API sr_status sr_kernel_wait(const sr_kernel *kernel, double timeout_s);
  * creation under the context's memory budget; sr_kernel_explain says how it is made up. 0 for a
  * NULL kernel. */
 SR_API int64_t sr_kernel_workspace_bytes(const sr_kernel *kernel);
+
+/*
+ * The plan a kernel runs, as data: what sr_kernel_explain says in words, for programs (tests,
+ * benchmarks, bindings) that need to know which strategy, backend and tiles serve a kernel.
+ *
+ * Strategies, X(name, value, text); the values are ABI. The CUDA backend runs the direct and
+ * the fused two-product strategies too (sr_plan_info.device tells the two apart).
+ *   REFERENCE      the reference interpreter (SR_DEVICE_REFERENCE, or the CPU's fallback when
+ *                  no C compiler can be run: sr_plan_info.fallback says why)
+ *   DIRECT         generated code evaluates F per pair in registers (CPU JIT, CUDA)
+ *   GEMM_EPILOGUE  a tile of inner products by a gemm, then F and the reduction on the tile
+ *   FUSED          the fused two-product: a tile of F times the tile of B or of the softmax
+ *                  weight (wide outputs, attention; CPU JIT, CUDA)
+ *   SYMMETRIC      the fused two-product's symmetric driver (F(x, y) = F(y, x); it uses each
+ *                  off-diagonal tile for both triangles when x and y are one array at run time,
+ *                  and runs as FUSED otherwise)
+ *   SUM_SPLIT      a Sum of F = F1 + F2 run as two kernels whose outputs add
+ *   POST_REWRITE   the simplifier's reduction rewrite: an inner kernel reduces part of F, a post
+ *                  formula gives the output once per output row
+ */
+#define SR_STRATEGY_MAP(X)                                                                         \
+    X(REFERENCE, 0, "reference")                                                                   \
+    X(DIRECT, 1, "direct")                                                                         \
+    X(GEMM_EPILOGUE, 2, "gemm-epilogue")                                                           \
+    X(FUSED, 3, "fused two-product")                                                               \
+    X(SYMMETRIC, 4, "symmetric fused two-product")                                                 \
+    X(SUM_SPLIT, 5, "sum split")                                                                   \
+    X(POST_REWRITE, 6, "reduction rewrite")
+
+typedef enum sr_strategy {
+#define SR_STRATEGY_ENUM_(name, value, text) SR_STRATEGY_##name = value,
+    SR_STRATEGY_MAP(SR_STRATEGY_ENUM_)
+#undef SR_STRATEGY_ENUM_
+} sr_strategy;
+
+/* The static name of a strategy ("gemm-epilogue"; the text column above, which is also how
+ * sr_kernel_explain names it), or NULL if s is not one. Thread-safe. */
+SR_API const char *sr_strategy_name(sr_strategy s);
+
+/*
+ * What sr_kernel_plan reports. Growth: members are only ever appended. The caller sets size to
+ * sizeof(sr_plan_info) as it was compiled:
+ *
+ *     sr_plan_info info = {0};
+ *     info.size = sizeof info;
+ *     if (sr_kernel_plan(k, &info) == SR_OK && info.strategy == SR_STRATEGY_GEMM_EPILOGUE) ...
+ *
+ * and the library fills the members it knows that fit in size bytes, zeroes the rest of those
+ * bytes, and sets size to the bytes it filled, so that a program built against a newer header can
+ * tell which members an older library wrote, and an older program never has bytes written past
+ * its struct.
+ *
+ * A kernel composed of inner kernels (SUM_SPLIT, POST_REWRITE) reports its own strategy in
+ * strategy and the strategy of the kernel that does its pair work in inner (for SUM_SPLIT the
+ * first part's; both parts run a fused two-product); backend, device, tiles, tier and fallback
+ * are that inner kernel's too, while the workspace and threads are the composed kernel's. Any
+ * other kernel has inner == strategy. Every string is static: valid for the life of the process.
+ */
+typedef struct sr_plan_info {
+    size_t size;          /* in: sizeof(sr_plan_info); out: the bytes the library filled */
+    sr_strategy strategy; /* what runs the kernel */
+    sr_strategy inner;    /* composed kernels: the strategy of their pair work; else strategy */
+    const char *name;     /* sr_strategy_name(strategy) */
+    const char *backend;  /* the backend that does the pair work: "cpu-jit", "reference", "cuda" */
+    sr_device device;     /* where the pair work runs: SR_DEVICE_CPU, SR_DEVICE_CUDA, or
+                             SR_DEVICE_REFERENCE for the reference interpreter */
+    int tile_rows;        /* output rows per tile (per CUDA block); 0 where not tiled */
+    int tile_cols;        /* reduced indices per tile; 0 where not tiled */
+    int threads;          /* CPU threads a call uses (the budget and SYMRED_NUM_THREADS cap it) */
+    int64_t workspace_bytes;      /* sr_kernel_workspace_bytes: all threads together */
+    int64_t workspace_per_thread; /* the part each thread needs */
+    /* 0: an interpreter (the reference or the tile interpreter) serves the calls; 1: compiled
+     * code does. */
+    int tier;
+    /* 1 while a compile of the kernel's code is pending in the background, the calls meanwhile
+     * served at tier 0; 0 once it has landed, and for every kernel whose code sr_kernel_new
+     * compiled itself. */
+    int compiling;
+    /* Why the kernel runs on a fallback rather than the backend its device asked for (the
+     * tile interpreter of a CPU kernel when no C compiler can be run, or SYMRED_JIT=off), or
+     * NULL. */
+    const char *fallback;
+} sr_plan_info;
+
+/* Fills *info with the plan of the kernel (above). info->size must be set first; sizes from
+ * offsetof(sr_plan_info, fallback) + sizeof(const char *) up are accepted (the first version
+ * of the struct). Errors: SR_EINVAL for a NULL kernel or info, or a smaller size (recorded in
+ * the kernel's context when there is a kernel); *info is not written then. Thread-safe: it only
+ * reads the immutable kernel, and may run while the kernel runs (not while it is freed). */
+SR_API sr_status sr_kernel_plan(const sr_kernel *kernel, sr_plan_info *info);
 
 /* Writes the values of the kernel's formula F (not the reduction) for the block of rows
  * [i0, i0 + ni) and columns [j0, j0 + nj) into out, row-major ni x nj x dim(F) values of the

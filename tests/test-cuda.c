@@ -595,11 +595,36 @@ static void fused_kernels(sr_reduction red, int R, sr_dtype dt, int axis, sr_ker
     fused_form_kernels(NULL, red, R, dt, axis, kc, kr);
 }
 
-/* Whether kernel k runs the fused kernel (its explain says so). */
+/* sr_kernel_plan of CUDA kernels: the direct kernel for one right-hand side, the fused one for
+ * 64, each on the GPU in compiled code, its tile the block's rows by the shared-memory tile's
+ * reduced indices. */
+Test(cuda, plan_info)
+{
+    need_gpu();
+    for (int wide = 0; wide < 2; wide++) {
+        sr_kernel *kc, *kr;
+        fused_kernels(SR_SUM, wide ? 64 : 1, SR_F32, 1, &kc, &kr);
+        const sr_plan_info p = tu_plan(kc);
+        const char *ex = sr_kernel_explain(kc);
+        cr_assert_eq(p.strategy, wide ? SR_STRATEGY_FUSED : SR_STRATEGY_DIRECT, "%s:\n%s", p.name,
+                     ex);
+        cr_assert_str_eq(p.backend, "cuda", "%s", ex);
+        cr_assert_eq(p.device, SR_DEVICE_CUDA, "%s", ex);
+        cr_assert_eq(p.tier, 1, "%s", ex);
+        cr_assert_null(p.fallback, "%s", ex);
+        cr_assert(p.tile_rows > 0 && p.tile_cols > 0, "tiles %d x %d:\n%s", p.tile_rows,
+                  p.tile_cols, ex);
+        cr_assert_eq(tu_plan(kr).strategy, SR_STRATEGY_REFERENCE);
+        sr_kernel_free(kc);
+        sr_kernel_free(kr);
+    }
+}
+
+/* Whether kernel k runs the fused kernel on the GPU (its plan says so). */
 static bool runs_fused(sr_kernel *k)
 {
-    const char *e = sr_kernel_explain(k);
-    return e && strstr(e, "strategy fused two-product") != NULL;
+    sr_plan_info p = tu_plan(k);
+    return p.inner == SR_STRATEGY_FUSED && p.device == SR_DEVICE_CUDA;
 }
 
 /* Every width on both axes in both dtypes, at sizes 0, 1, primes and sizes no tile divides
@@ -617,9 +642,9 @@ static void fused_widths(const char *form, sr_reduction red, enum diff_gen gen, 
                 fused_form_kernels(form, red, widths[w], (sr_dtype)dt, axis, &kc, &kr);
                 cr_assert_eq(runs_fused(kc), widths[w] >= 16, "R = %d: %s", widths[w],
                              sr_kernel_explain(kc));
-                const char *plan = widths[w] >= 16 ? "chosen: fused two-product" : "chosen: direct";
-                cr_assert(strstr(sr_kernel_explain(kc), plan), "R = %d: %s", widths[w],
-                          sr_kernel_explain(kc));
+                cr_assert_eq(tu_plan(kc).inner,
+                             widths[w] >= 16 ? SR_STRATEGY_FUSED : SR_STRATEGY_DIRECT, "R = %d: %s",
+                             widths[w], sr_kernel_explain(kc));
                 for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
                     char what[160];
                     snprintf(what, sizeof what, "%s %s R %d axis %d %s", sr_reduction_name(red),
@@ -741,7 +766,7 @@ static bool runs_dot_tile(sr_kernel *k, int d)
     char want[64];
     snprintf(want, sizeof want, "F's inner product of %d values", d);
     const char *e = sr_kernel_explain(k);
-    return e && strstr(e, "strategy fused two-product") && strstr(e, want);
+    return runs_fused(k) && e && strstr(e, want);
 }
 
 /* The gradients d/dx and d/dy of the Gaussian mat-vec Sum(Exp(-g |x - y|^2) b) at D = 3 with b
@@ -768,8 +793,9 @@ static void dot_gradients(enum diff_gen gen, double lo, const int *widths, int n
                              R, axis, dt ? "f64" : "f32");
                     const char *ex = sr_kernel_explain(gc);
                     cr_assert_eq(runs_dot_tile(gc, R), R >= 16, "%s: %s", what, ex);
-                    cr_assert(strstr(ex, R >= 16 ? "chosen: fused two-product" : "chosen: direct"),
-                              "%s: %s", what, ex);
+                    cr_assert_eq(tu_plan(gc).inner,
+                                 R >= 16 ? SR_STRATEGY_FUSED : SR_STRATEGY_DIRECT, "%s: %s", what,
+                                 ex);
                     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
                         diff_run(ctx, gc, gr, axis ? sizes[s][0] : sizes[s][1],
                                  axis ? sizes[s][1] : sizes[s][0], gen, lo, 1, 41 + s,

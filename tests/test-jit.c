@@ -242,6 +242,8 @@ static void sum_with_env(const char *var, const char *value, const char *expect_
     sr_kernel *kj = new_kernel(f, d, SR_DEVICE_CPU), *kr = new_kernel(f, d, SR_DEVICE_REFERENCE);
     const char *ex = sr_kernel_explain(kj);
     cr_assert(strstr(ex, expect_in_explain), "explain lacks \"%s\":\n%s", expect_in_explain, ex);
+    if (strcmp(var, "SYMRED_NUM_THREADS") == 0)
+        cr_assert_eq(tu_plan(kj).threads, atoi(value), "%s", ex);
     diff_run(ctx, kj, kr, 5, 100000, DIFF_UNIFORM, -1, 1, 3, (struct diff_tol){2e-5, 0}, value);
     diff_run(ctx, kj, kr, 300, 3000, DIFF_UNIFORM, -1, 1, 4, (struct diff_tol){2e-5, 0}, value);
     sr_kernel_free(kj);

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 uint64_t tu_rand(uint64_t *s)
 {
@@ -58,4 +59,31 @@ void tu_set(void *buf, sr_dtype dtype, int64_t at, double v)
         ((double *)buf)[at] = v;
     else
         ((float *)buf)[at] = (float)v;
+}
+
+sr_plan_info tu_plan(const sr_kernel *k)
+{
+    sr_plan_info p;
+    memset(&p, 0, sizeof p);
+    p.size = sizeof p;
+    if (sr_kernel_plan(k, &p) != SR_OK) {
+        memset(&p, 0, sizeof p);
+        p.strategy = p.inner = (sr_strategy)-1;
+        p.name = p.backend = "(sr_kernel_plan failed)";
+    }
+    return p;
+}
+
+bool tu_runs_fused(const sr_kernel *k)
+{
+    sr_strategy s = tu_plan(k).inner;
+    return s == SR_STRATEGY_FUSED || s == SR_STRATEGY_SYMMETRIC;
+}
+
+bool tu_runs_jit(const sr_kernel *k) { return strcmp(tu_plan(k).backend, "cpu-jit") == 0; }
+
+const char *tu_strategy_name(const sr_kernel *k)
+{
+    const char *n = sr_strategy_name(tu_plan(k).strategy);
+    return n ? n : "(none)";
 }

@@ -21,5 +21,17 @@ int tu_close(double a, double b, double rtol, double atol);
 /* Whether BLIS can be loaded for the gemm strategies (and BLIS_ARCH_TYPE does not force a
  * sub-configuration); symred's AVX-512 gemm is the other (cpu_avx512_usable). */
 bool tu_blis_usable(void);
+/* The plan of kernel k (sr_kernel_plan). When the call fails, strategy and inner are -1 and the
+ * strings say so, so that every check on the plan fails with a readable message. */
+sr_plan_info tu_plan(const sr_kernel *k);
+/* Whether the CPU JIT's generated code does k's pair work (the plan's backend is "cpu-jit"):
+ * false where no C compiler can be run and the reference interpreter serves a CPU kernel. */
+bool tu_runs_jit(const sr_kernel *k);
+/* Whether k's pair work runs a fused two-product (sr_plan_info.inner: the kernel's own strategy,
+ * or its inner kernel's for a reduction rewrite or a sum split): SR_STRATEGY_FUSED or its
+ * symmetric driver. */
+bool tu_runs_fused(const sr_kernel *k);
+/* The name of k's strategy, for messages. */
+const char *tu_strategy_name(const sr_kernel *k);
 
 #endif

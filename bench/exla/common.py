@@ -134,8 +134,9 @@ def find_symred_lib(build=True):
 
 
 def strategy(genred):
-    """The CPU strategy a symred Genred took: "gemm-epilogue" or "direct"."""
-    return "gemm-epilogue" if "gemm-epilogue" in genred.explain(backend="CPU") else "direct"
+    """The CPU strategy of a symred Genred's pair work (its plan): "gemm-epilogue", "direct",
+    "fused two-product", ... ("reference" without a C compiler)."""
+    return genred.plan(backend="CPU")["inner"]
 
 
 def import_symred():

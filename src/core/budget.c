@@ -101,7 +101,7 @@ int64_t sr__reference_workspace(const sr_kernel *k)
     return 8 * (slots + kd + w + k->fdim + 2 + k->out_dim) + 8 * (kd + k->out_dim) + 4 * k->fdim;
 }
 
-static int64_t kernel_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
+int64_t sr__kernel_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
 {
     if (k->backend->workspace && k->backend_data)
         return k->backend->workspace(k, per_thread, threads);
@@ -115,7 +115,7 @@ static int64_t kernel_workspace(const sr_kernel *k, int64_t *per_thread, int *th
 
 int64_t sr_kernel_workspace_bytes(const sr_kernel *k)
 {
-    return k ? kernel_workspace(k, NULL, NULL) : 0;
+    return k ? sr__kernel_workspace(k, NULL, NULL) : 0;
 }
 
 sr_status sr__budget_check(sr_kernel *k)
@@ -123,7 +123,7 @@ sr_status sr__budget_check(sr_kernel *k)
     int64_t lim = k->ctx->mem_limit;
     if (lim <= 0)
         return SR_OK;
-    int64_t ws = kernel_workspace(k, NULL, NULL);
+    int64_t ws = sr__kernel_workspace(k, NULL, NULL);
     if (ws <= lim)
         return SR_OK;
     return sr__error(k->ctx, SR_EBUDGET,
@@ -136,7 +136,7 @@ void sr__budget_explain(const sr_kernel *k, struct expr_buf *b)
 {
     int64_t pt = 0;
     int nt = 1;
-    int64_t ws = kernel_workspace(k, &pt, &nt);
+    int64_t ws = sr__kernel_workspace(k, &pt, &nt);
     if (k->ctx->mem_limit > 0)
         expr_buf_printf(b, "memory budget: %lld bytes\n", (long long)k->ctx->mem_limit);
     else

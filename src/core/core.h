@@ -125,6 +125,10 @@ bool sr__a_and_b(const sr_kernel *k, const sr_expr *e, int *avar, int *asign, in
 sr_status sr__budget_check(struct sr_kernel *k);
 /* The reference interpreter's working set for kernel k, in bytes (one thread). */
 int64_t sr__reference_workspace(const struct sr_kernel *k);
+/* The most workspace one call of k uses, all threads together, with the per-thread part and the
+ * thread count (either pointer may be NULL): the backend's workspace member, else the reference
+ * interpreter's estimate on one thread. (budget.c) */
+int64_t sr__kernel_workspace(const struct sr_kernel *k, int64_t *per_thread, int *threads);
 /* Appends the budget and the kernel's workspace to its explain text. */
 void sr__budget_explain(const struct sr_kernel *k, struct expr_buf *b);
 /* Copies the current message of ctx (for callers that re-report it with context). */
@@ -248,6 +252,12 @@ struct sr_backend_i {
     /* sr_kernel_wait: blocks until the tier is final or timeout_s (>= 0) passes (SR_ETIMEDOUT);
      * NULL: the tier is always final. */
     sr_status (*wait)(const struct sr_kernel *k, double timeout_s);
+    /* sr_kernel_plan (plan.c): core fills info's common members (backend = name, the
+     * workspace and threads, fallback = k->fallback_why) and the reference interpreter's plan
+     * (strategy REFERENCE, device SR_DEVICE_REFERENCE, tier 0, no tiles); this member, called
+     * on a prepared kernel, overrides what differs for the backend: strategy, inner (left
+     * alone, it becomes strategy), device, tiles, tier, fallback. NULL: the reference's plan. */
+    void (*plan_info)(const struct sr_kernel *k, sr_plan_info *info);
 };
 
 /* The registered backends' interface objects (SR_BACKEND_MAP), by id (registry.c). */
@@ -369,6 +379,10 @@ const struct sr_plan *sr__plan_best(const struct sr_plan *p, int n);
 const struct sr_plan *sr__plan_reject(sr_kernel *k, const char *why);
 /* Appends the candidates, chosen first, with their costs, tiles, workspace and reasons. */
 void sr__plan_explain(const sr_kernel *k, struct expr_buf *b);
+/* The plan_info of a kernel composed of inner kernels (post.c, split.c): strategy outer, and the
+ * pair work's strategy, backend, device, tiles, tier, compile state and fallback (unless info
+ * has its own) from inner's sr_kernel_plan. */
+void sr__plan_info_composed(const sr_kernel *inner, sr_strategy outer, sr_plan_info *info);
 
 /* ---- the simplifier's kernel hooks (simp-kernel.c, post.c) ---- */
 

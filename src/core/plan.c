@@ -7,6 +7,9 @@
  * option forces one), and the backend realises the choice. Rewrites that serve one strategy (the
  * SqDist expansion for a gemm) are taken by that strategy when it is realised
  * (sr__simp_take_gemm_form), never before the choice.
+ *
+ * sr_kernel_plan reports the realised plan as data (struct sr_plan_info): core's common members
+ * here, the backend's through its plan_info member.
  */
 #include "core.h"
 
@@ -109,4 +112,71 @@ void sr__plan_explain(const sr_kernel *k, struct expr_buf *b)
     for (int i = 0; i < k->nplans; i++)
         if (&k->plans[i] != c)
             plan_line(&k->plans[i], c, b);
+}
+
+/* ---- sr_kernel_plan ---- */
+
+static const char *const strategy_names[] = {
+#define SR_STRATEGY_NAME_(name, value, text) [value] = text,
+    SR_STRATEGY_MAP(SR_STRATEGY_NAME_)
+#undef SR_STRATEGY_NAME_
+};
+
+const char *sr_strategy_name(sr_strategy s)
+{
+    if ((int)s < 0 || (size_t)s >= sizeof strategy_names / sizeof *strategy_names)
+        return NULL;
+    return strategy_names[s];
+}
+
+void sr__plan_info_composed(const sr_kernel *inner, sr_strategy outer, sr_plan_info *info)
+{
+    sr_plan_info in = {0};
+    in.size = sizeof in;
+    info->strategy = outer;
+    if (sr_kernel_plan(inner, &in) != SR_OK)
+        return;
+    info->inner = in.inner;
+    info->backend = in.backend;
+    info->device = in.device;
+    info->tile_rows = in.tile_rows;
+    info->tile_cols = in.tile_cols;
+    info->tier = in.tier;
+    info->compiling = in.compiling;
+    if (!info->fallback)
+        info->fallback = in.fallback;
+}
+
+/* The bytes of the first version of sr_plan_info, the least size a caller may pass. */
+#define PLAN_INFO_V1 (offsetof(sr_plan_info, fallback) + sizeof(const char *))
+
+sr_status sr_kernel_plan(const sr_kernel *k, sr_plan_info *info)
+{
+    if (!k)
+        return SR_EINVAL;
+    if (!info)
+        return sr__error(k->ctx, SR_EINVAL, "sr_kernel_plan: info is NULL");
+    if (info->size < PLAN_INFO_V1)
+        return sr__error(k->ctx, SR_EINVAL,
+                         "sr_kernel_plan: info->size is %zu, at least %zu expected (set it to "
+                         "sizeof(sr_plan_info))",
+                         info->size, (size_t)PLAN_INFO_V1);
+    sr_plan_info p;
+    memset(&p, 0, sizeof p);
+    p.strategy = SR_STRATEGY_REFERENCE;
+    p.inner = (sr_strategy)-1;
+    p.backend = k->backend->name;
+    p.device = SR_DEVICE_REFERENCE;
+    p.workspace_bytes = sr__kernel_workspace(k, &p.workspace_per_thread, &p.threads);
+    p.fallback = k->fallback_why;
+    if (k->backend->plan_info)
+        k->backend->plan_info(k, &p);
+    if ((int)p.inner < 0)
+        p.inner = p.strategy;
+    p.name = sr_strategy_name(p.strategy);
+    size_t n = info->size < sizeof p ? info->size : sizeof p;
+    p.size = n;
+    memset(info, 0, info->size);
+    memcpy(info, &p, n);
+    return SR_OK;
 }

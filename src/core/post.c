@@ -190,6 +190,12 @@ static void post_explain(const sr_kernel *k, struct expr_buf *b)
     sr__plan_explain(d->inner, b);
 }
 
+static void post_plan_info(const sr_kernel *k, sr_plan_info *info)
+{
+    const struct post_data *d = k->backend_data;
+    sr__plan_info_composed(d->inner, SR_STRATEGY_POST_REWRITE, info);
+}
+
 const struct sr_backend_i simp_post_backend = {
     .name = "post",
     .prepare = post_prepare,
@@ -197,4 +203,5 @@ const struct sr_backend_i simp_post_backend = {
     .release = post_release,
     .explain = post_explain,
     .run_ranges = post_reduce,
+    .plan_info = post_plan_info,
 };

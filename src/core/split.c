@@ -162,6 +162,13 @@ static void split_explain(const sr_kernel *k, struct expr_buf *b)
     }
 }
 
+/* The first part's plan stands for both: each runs a fused two-product. */
+static void split_plan_info(const sr_kernel *k, sr_plan_info *info)
+{
+    const struct split_data *d = k->backend_data;
+    sr__plan_info_composed(d->part[0], SR_STRATEGY_SUM_SPLIT, info);
+}
+
 static sr_status split_run(const sr_kernel *k, const sr_run_desc *r)
 {
     return split_reduce(k, r, NULL);
@@ -270,6 +277,7 @@ sr_status sr__split_sum(sr_kernel *k)
         .explain = split_explain,
         .run_ranges = split_reduce,
         .workspace = split_workspace,
+        .plan_info = split_plan_info,
     };
     k->backend_data = d;
     k->backend = &d->vt;

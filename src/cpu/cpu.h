@@ -436,5 +436,7 @@ sr_status cpu_tile_run(const struct sr_kernel *k, const struct tile_prog *t, con
 int64_t cpu_tile_workspace(const struct sr_kernel *k, const struct tile_prog *t,
                            int64_t *per_thread, int *threads);
 void cpu_tile_explain(const struct sr_kernel *k, const struct tile_prog *t, struct expr_buf *b);
+/* The plan of program t: the direct strategy on the CPU at tier 0, its tiles. */
+void cpu_tile_plan_info(const struct sr_kernel *k, const struct tile_prog *t, sr_plan_info *info);
 
 #endif /* SYMRED_CPU_H */

@@ -1877,6 +1877,17 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
     }
 }
 
+/* The symmetric driver's kernels report SYMMETRIC whether or not a call's arrays let it run. */
+static void fused_plan_info(const sr_kernel *k, sr_plan_info *info)
+{
+    const struct fused_kernel *fk = k->backend_data;
+    info->strategy = fk->sym ? SR_STRATEGY_SYMMETRIC : SR_STRATEGY_FUSED;
+    info->device = SR_DEVICE_CPU;
+    info->tile_rows = fk->ti;
+    info->tile_cols = fk->tj;
+    info->tier = 1;
+}
+
 const struct sr_backend_i cpu_fused_backend = {
     /* .name = */ "cpu-jit",
     /* .prepare = */ NULL,
@@ -1893,4 +1904,5 @@ const struct sr_backend_i cpu_fused_backend = {
     /* .offer = */ NULL,
     /* .stage = */ NULL,
     /* .wait = */ NULL,
+    /* .plan_info = */ fused_plan_info,
 };

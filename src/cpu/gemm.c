@@ -874,6 +874,16 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
                            "ArgKMin with K = 1 is ranked)\n");
 }
 
+static void gemm_plan_info(const sr_kernel *k, sr_plan_info *info)
+{
+    const struct gemm_kernel *g = k->backend_data;
+    info->strategy = SR_STRATEGY_GEMM_EPILOGUE;
+    info->device = SR_DEVICE_CPU;
+    info->tile_rows = g->ti;
+    info->tile_cols = g->tj;
+    info->tier = 1;
+}
+
 const struct sr_backend_i cpu_gemm_backend = {
     /* .name = */ "cpu-jit", /* the JIT backend with its gemm-epilogue strategy */
     /* .prepare = */ NULL,
@@ -890,6 +900,7 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .offer = */ NULL,
     /* .stage = */ NULL,
     /* .wait = */ NULL,
+    /* .plan_info = */ gemm_plan_info,
 };
 
 void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)

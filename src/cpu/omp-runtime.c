@@ -736,6 +736,20 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
         expr_buf_printf(b, "path: %s\n", info.path);
 }
 
+static void jit_plan_info(const sr_kernel *k, sr_plan_info *info)
+{
+    const struct jit_kernel *jk = k->backend_data;
+    info->strategy = SR_STRATEGY_DIRECT;
+    info->device = SR_DEVICE_CPU;
+    info->tile_rows = jk->plan.rows_per_block;
+    info->tile_cols = jk->plan.tile_j;
+    int stage = jit_stage(k);
+    info->tier = stage == SR_STAGE_FINAL || stage == SR_STAGE_COMPILED;
+    info->compiling = stage == SR_STAGE_PENDING;
+    if (!info->tier)
+        cpu_tile_plan_info(k, jk->t0, info);
+}
+
 const struct sr_backend_i cpu_jit_backend = {
     /* .name = */ "cpu-jit",
     /* .prepare = */ jit_prepare,
@@ -752,4 +766,5 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .offer = */ jit_offer,
     /* .stage = */ jit_stage,
     /* .wait = */ jit_wait,
+    /* .plan_info = */ jit_plan_info,
 };

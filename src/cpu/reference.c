@@ -861,4 +861,5 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .offer = */ NULL,
     /* .stage = */ NULL,
     /* .wait = */ NULL,
+    /* .plan_info = */ NULL, /* core's default: the reference interpreter's plan */
 };

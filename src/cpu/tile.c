@@ -782,6 +782,15 @@ void cpu_tile_explain(const sr_kernel *k, const struct tile_prog *t, struct expr
                     t->rb, t->tj, t->isa_name, sr__dtype_name(k->dtype), (long long)t->per_thread);
 }
 
+void cpu_tile_plan_info(const sr_kernel *k, const struct tile_prog *t, sr_plan_info *info)
+{
+    info->strategy = SR_STRATEGY_DIRECT;
+    info->device = SR_DEVICE_CPU;
+    info->tile_rows = t->rb;
+    info->tile_cols = t->tj;
+    info->tier = 0;
+}
+
 /* ---- the backend ----------------------------------------------------------------------- */
 
 static sr_status tile_prepare(sr_kernel *k)
@@ -819,6 +828,11 @@ static void tile_explain(const sr_kernel *k, struct expr_buf *b)
     cpu_tile_explain(k, k->backend_data, b);
 }
 
+static void tile_plan_info(const sr_kernel *k, sr_plan_info *info)
+{
+    cpu_tile_plan_info(k, k->backend_data, info);
+}
+
 const struct sr_backend_i cpu_tile_backend = {
     /* .name = */ "tile interpreter",
     /* .prepare = */ tile_prepare,
@@ -835,4 +849,5 @@ const struct sr_backend_i cpu_tile_backend = {
     /* .offer = */ NULL,
     /* .stage = */ NULL,
     /* .wait = */ NULL,
+    /* .plan_info = */ tile_plan_info,
 };

@@ -714,6 +714,17 @@ static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
                     ck->info.path);
 }
 
+/* Tiles: a block's output rows x the reduced indices of a shared-memory tile. */
+static void cuda_plan_info(const sr_kernel *k, sr_plan_info *info)
+{
+    const struct cuda_kernel *ck = k->backend_data;
+    info->strategy = ck->fused ? SR_STRATEGY_FUSED : SR_STRATEGY_DIRECT;
+    info->device = SR_DEVICE_CUDA;
+    info->tile_rows = ck->fused ? ck->fplan.ti : ck->plan.block;
+    info->tile_cols = ck->fused ? ck->fplan.tj : ck->plan.tile;
+    info->tier = 1;
+}
+
 const struct sr_backend_i cuda_backend = {
     /* .name = */ "cuda",
     /* .prepare = */ cuda_prepare,
@@ -730,4 +741,5 @@ const struct sr_backend_i cuda_backend = {
     /* .offer = */ NULL,
     /* .stage = */ NULL,
     /* .wait = */ NULL,
+    /* .plan_info = */ cuda_plan_info,
 };

@@ -135,6 +135,27 @@ class Ranges(ctypes.Structure):
     ]
 
 
+class PlanInfo(ctypes.Structure):
+    """struct sr_plan_info (version 1; size is set before each call)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("strategy", ctypes.c_int),
+        ("inner", ctypes.c_int),
+        ("name", ctypes.c_char_p),
+        ("backend", ctypes.c_char_p),
+        ("device", ctypes.c_int),
+        ("tile_rows", ctypes.c_int),
+        ("tile_cols", ctypes.c_int),
+        ("threads", ctypes.c_int),
+        ("workspace_bytes", ctypes.c_int64),
+        ("workspace_per_thread", ctypes.c_int64),
+        ("tier", ctypes.c_int),
+        ("compiling", ctypes.c_int),
+        ("fallback", ctypes.c_char_p),
+    ]
+
+
 class SolveDesc(ctypes.Structure):
     """struct sr_solve_desc."""
 
@@ -258,6 +279,8 @@ def _declare(lib):
                                          c_void_p, P(c_void_p)]),
         "sr_kernel_run_lse_ranges": (c_int, [c_void_p, P(RunDesc), P(Ranges), c_void_p]),
         "sr_kernel_explain": (c_char_p, [c_void_p]),
+        "sr_kernel_plan": (c_int, [c_void_p, P(PlanInfo)]),
+        "sr_strategy_name": (c_char_p, [c_int]),
         "sr_kernel_eval_block": (
             c_int,
             [c_void_p, ctypes.c_int64, ctypes.c_int64, P(c_void_p), ctypes.c_int64,
@@ -291,6 +314,45 @@ _declare(lib)
 def version():
     """The version string of the loaded C library."""
     return lib.sr_version().decode()
+
+
+# sr_device values, as kernel_plan names them.
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "reference"}
+
+
+def kernel_plan(kernel):
+    """The plan of a compiled kernel (an sr_kernel pointer), from sr_kernel_plan: a dict with
+    ``strategy`` (its name: "direct", "gemm-epilogue", "fused two-product", "symmetric fused
+    two-product", "sum split", "reduction rewrite" or "reference"), ``inner`` (the strategy of
+    the pair work: a composed kernel's inner kernel's, else ``strategy``), ``backend``
+    ("cpu-jit", "reference", "cuda"), ``device`` ("cpu", "cuda" or "reference"),
+    ``tile_rows``, ``tile_cols`` (0 where not tiled), ``threads``, ``workspace_bytes`` (all
+    threads), ``workspace_per_thread``, ``tier`` (0: an interpreter serves the calls, 1:
+    compiled code), ``compiling`` (a background compile is pending) and ``fallback`` (why the
+    kernel runs on a fallback, or None)."""
+    info = PlanInfo(size=ctypes.sizeof(PlanInfo))
+    st = lib.sr_kernel_plan(kernel, ctypes.byref(info))
+    if st != 0:
+        raise make_error(st, None, "sr_kernel_plan")
+
+    def name(s):
+        n = lib.sr_strategy_name(s)
+        return n.decode() if n else str(s)
+
+    return {
+        "strategy": name(info.strategy),
+        "inner": name(info.inner),
+        "backend": info.backend.decode() if info.backend else None,
+        "device": _DEVICE_NAMES.get(info.device, str(info.device)),
+        "tile_rows": info.tile_rows,
+        "tile_cols": info.tile_cols,
+        "threads": info.threads,
+        "workspace_bytes": info.workspace_bytes,
+        "workspace_per_thread": info.workspace_per_thread,
+        "tier": info.tier,
+        "compiling": bool(info.compiling),
+        "fallback": info.fallback.decode() if info.fallback else None,
+    }
 
 
 def ctx_error(ctx):

@@ -22,6 +22,7 @@ from ._lib import (
     RunDesc,
     SymredValueError,
     check,
+    kernel_plan,
     lib,
 )
 
@@ -639,6 +640,17 @@ class Genred:
         with self._h.lock:
             k = self._kernel(_DTYPES[dt], device)
             return lib.sr_kernel_explain(k).decode(errors="replace")
+
+    def plan(self, dtype=None, backend="auto"):
+        """The plan the kernel runs, as a dict (sr_kernel_plan; :func:`symred._lib.kernel_plan`
+        lists the keys): ``plan()["strategy"]`` is "direct", "gemm-epilogue", "fused
+        two-product", ..., ``plan()["backend"]`` "cpu-jit", "reference" or "cuda". What
+        :meth:`explain` says in words, for programs: read this rather than the explain text.
+        ``dtype`` and ``backend`` as for :meth:`explain`."""
+        dt = _check_dtype_option(dtype) or self.dtype or np.dtype(np.float32)
+        device = self._device(backend)
+        with self._h.lock:
+            return kernel_plan(self._kernel(_DTYPES[dt], device))
 
     def eval_block(self, *args, rows, cols, out=None):
         """The formula's values (not the reduction) on a block of the nx x ny matrix

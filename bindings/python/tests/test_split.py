@@ -29,7 +29,7 @@ def dense(z, x, g, Zt, zn):
 
 def test_split_fires_and_equals_dense():
     g = Genred(FORMULA, ALIASES, reduction_op="Sum", axis=1, dtype="float64")
-    assert "sum split applied" in g.explain(backend="cpu")
+    assert g.plan(backend="cpu")["strategy"] == "sum split", g.explain(backend="cpu")
     args = data()
     np.testing.assert_allclose(g(*args, backend="cpu"), dense(*args), rtol=1e-12, atol=1e-12)
 
@@ -37,7 +37,7 @@ def test_split_fires_and_equals_dense():
 def test_split_with_batch_dimensions_equals_the_loop():
     g = Genred(FORMULA, ALIASES, reduction_op="Sum", axis=1, dtype="float64")
     z, x, gg, Zt, zn = data(seed=1, batch=(3,))
-    assert "sum split applied" in g.explain(backend="cpu")
+    assert g.plan(backend="cpu")["strategy"] == "sum split", g.explain(backend="cpu")
     out = g(z, x, gg, Zt, zn, backend="cpu")
     assert out.shape == (3, 40, M)
     for b in range(3):
@@ -50,7 +50,7 @@ def test_split_gradients_through_torch():
     from symred.torch import Genred as TGenred
     g = TGenred(FORMULA, ALIASES, reduction_op="Sum", axis=1, dtype="float64")
     z, x, gg, Zt, zn = (torch.tensor(a, requires_grad=True) for a in data(seed=2))
-    assert "sum split applied" in g.explain(backend="cpu")
+    assert g.plan(backend="cpu")["strategy"] == "sum split", g.explain(backend="cpu")
     out = g(z, x, gg, Zt, zn, backend="cpu")
     w = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     gz, gx, gp = torch.autograd.grad((out * w).sum(), (z, x, gg))
