@@ -9,7 +9,9 @@
 # MPI, the examples and the install test again); clang-format on the C sources; the Python tests
 # when bindings/python/tests exists, in that environment (PyTorch 2.x, symred.jax,
 # symred.gpytorch) and the files that use torch again with Debian's python3 (torch 1.13), and
-# pykeops 2.3's own test suite against symred (scripts/pykeops-suite.sh); 150 cases of differential
+# pykeops 2.3's own test suite against symred (scripts/pykeops-suite.sh); the binary wheel
+# installed with pip alone into a fresh environment and run without a C compiler
+# (scripts/test-wheel.sh); 150 cases of differential
 # fuzzing with a seed fresh for each commit (printed) and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a
 # ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
 # threads (docs/fuzzing.md). Every step runs even after a failure. The closing summary gives each
@@ -259,6 +261,7 @@ if [ -d bindings/python/tests ]; then
     step "python tests (PyTorch 2.x, jax, GPyTorch)" python_tests_venv
     step "python tests that use torch (Debian: PyTorch 1.13)" python_tests_debian
     step "pykeops 2.3 test suite" pykeops_suite
+    step "python wheel without a C compiler (test-wheel.sh)" ./scripts/test-wheel.sh
 fi
 step "fuzz: differential (${SYMRED_FUZZ_CASES:-150} cases)" fuzz_diff
 step "fuzz: libFuzzer parser (${SYMRED_FUZZ_PARSE_SECONDS:-30} s)" fuzz_parse
