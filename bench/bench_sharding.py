@@ -2,8 +2,9 @@
 (D = 3, float32, N = M = --n) on one JAX host device, then the same total work on --devices
 host devices (XLA_FLAGS=--xla_force_host_platform_device_count, set here before jax is
 imported) with the reduced rows sharded (partial sums and a psum) and with both sides sharded
-(the ppermute ring). The host devices share the machine's cores, so this measures what
-partitioning and the collectives cost, not a speedup. Prints each time (--reps timed calls
+(the ppermute ring), and a plain jax.jit of the Genred on x sharded by rows over a mesh of
+Auto axes (XLA partitions the custom call). The host devices share the machine's cores, so
+this measures what partitioning and the collectives cost, not a speedup. Prints each time (--reps timed calls
 after one that compiles, each configuration's best; the configurations alternate call by call)
 and the ratios to one device; records them with bench/record.py when SYMRED_BENCH_RECORD is
 set.
@@ -51,12 +52,20 @@ def main():
     gauss = Genred("Exp(-g * SqDist(x, y)) * b", ["x = Vi(3)", "y = Vj(3)", "b = Vj(1)",
                                                   "g = Pm(1)"], reduction_op="Sum", axis=1)
     mesh = jax.make_mesh((a.devices,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    # A plain jax.jit of the Genred on x sharded by rows over a mesh of Auto axes (y, b and g
+    # on every device): XLA partitions symred's custom call (custom_partitioning).
+    auto = jax.make_mesh((a.devices,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    rows = jax.sharding.NamedSharding(auto, jax.sharding.PartitionSpec("d"))
+    every = jax.sharding.NamedSharding(auto, jax.sharding.PartitionSpec())
+    put = (jax.device_put(x, rows),) + tuple(jax.device_put(v, every) for v in (y, b, g))
+    plain = jax.jit(lambda *v: gauss(*v))
     configs = {
         "1 device": jax.jit(gauss),
         f"{a.devices} devices, reduced rows sharded (psum)":
             jax.jit(sharded(gauss, mesh, reduced="d")),
         f"{a.devices} devices, both sides sharded (ring)":
             jax.jit(sharded(gauss, mesh, rows="d", reduced="d")),
+        f"{a.devices} devices, plain jit, rows sharded": lambda *_: plain(*put),
     }
     ref = None
     for name, f in configs.items():  # compile, and check against one device

@@ -57,7 +57,9 @@ ABOUT = {
     "bench_sharding": "symred.jax_sharding's overhead ([scale-out.md](scale-out.md)): the "
                       "Gaussian mat-vec (D = 3, float32, N = M) on one JAX host device against "
                       "the same total work on host devices sharing the same cores, the reduced "
-                      "rows sharded (psum) and both sides sharded (ppermute ring); ratio = time "
+                      "rows sharded (psum), both sides sharded (ppermute ring), and a plain "
+                      "`jax.jit` on x sharded by rows over an Auto mesh (custom_partitioning); "
+                      "ratio = time "
                       "over one device's, best of the alternating calls (target <= 1.3).",
     "bench_wide": "Wide outputs on the fused two-product strategy ([wide.md](wide.md)): `matvec` "
                   "is `Exp(-SqDist(x,y)*g)*b` with B of R columns against the dense `K @ B` with "

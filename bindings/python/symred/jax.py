@@ -23,6 +23,12 @@ parameter (``vmap`` over a bandwidth, say) becomes a variable of the output inde
 per row, in a kernel rebuilt from the Genred (still one call); only a parameter declared by
 ``Var()``, and batches on the GPU, run as a ``jax.lax.map`` loop.
 
+Sharding. Under ``jax.jit`` on arrays sharded over a mesh, XLA partitions each kernel run by
+symred's rules (``jax.experimental.custom_partitioning``, symred/_jax_partition.py): per shard
+when the output rows are sharded, partial results combined by the reduction's rule when the
+reduced rows are (docs/scale-out.md). Calls with block-sparse ranges, vmap's among them, are
+not partitioned.
+
 KernelSolve. (alpha I + K) a = b by conjugate gradients in JAX over the Genred's Sum
 (``jax.scipy.sparse.linalg.cg``): jit, implicit derivatives, and under vmap one call per
 iteration for all batches.
@@ -45,6 +51,7 @@ try:
     import jax.numpy as jnp
     from jax.extend.core import Primitive
     from jax._src import core as _jcore  # shard_map's varying axes (no public API yet)
+    from jax._src import dispatch as _jdispatch
     from jax.interpreters import ad, batching, mlir
 except ImportError as e:  # pragma: no cover - exercised where jax is missing
     raise ImportError(
@@ -319,8 +326,20 @@ def _reduce_abstract(*args, call):
 
 _reduce_p.def_impl(lambda *args, call: _ffi(call, args))
 _reduce_p.def_abstract_eval(_reduce_abstract)
-mlir.register_lowering(_reduce_p, mlir.lower_fun(lambda *args, call: _ffi(call, args),
-                                                 multiple_results=True))
+
+
+def _lower(ctx, *args, call):
+    """The custom call, wrapped so that XLA partitions it over the mesh of sharded arguments
+    (symred/_jax_partition.py); on one device it is the custom call alone."""
+    from . import _jax_partition  # imports this module
+
+    return mlir.lower_fun(lambda *a: _jax_partition.partitioned(call, a),
+                          multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(_reduce_p, _lower)
+# custom_partitioning needs the devices when it lowers (no public API to say so yet).
+_jdispatch.prim_requires_devices_during_lowering.add(_reduce_p)
 
 
 def _reduce_batch(args, dims, *, call):

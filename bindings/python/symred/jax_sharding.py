@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import _jax_partition as _part
 from . import _shard_rules as _rules
 from . import jax as _sjax
 from ._lib import SR_CAT_I, SR_CAT_J
@@ -75,33 +76,12 @@ def _axis_index(names):
     return lax.axis_index(names if len(names) > 1 else names[0])
 
 
-_SHARED = {}
-
-
-def _companion(genred, red, k=None, formula2="same"):
-    """A symred.jax Genred of the same formula with reduction ``red``: ``genred`` itself, or
-    one per process for each formula and reduction (each Genred owns a context and its
-    compiled kernels)."""
-    f2 = genred.formula2 if formula2 == "same" else formula2
-    if red == genred.reduction_op and k == genred.opt_arg and f2 == genred.formula2:
-        return genred
-    key = (genred.formula, tuple(genred.aliases), genred.axis, red, k, f2, genred.dtype,
-           genred.dtype_acc, genred.sum_scheme)
-    g = _SHARED.get(key)
-    if g is None:
-        g = _SHARED[key] = _sjax.Genred(genred.formula, genred.aliases, reduction_op=red,
-                                        axis=genred.axis, dtype=genred.dtype, opt_arg=k,
-                                        formula2=f2, dtype_acc=genred.dtype_acc,
-                                        sum_scheme=genred.sum_scheme)
-    return g
+_companion = _part.companion
+_big = _part.big
 
 
 def _qual(obj):
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
-def _big(dtype):
-    return jnp.iinfo(dtype).max
 
 
 class _Plan:
@@ -216,48 +196,13 @@ class _Plan:
     # ---- combining ---------------------------------------------------------------------
 
     def merge(self, vals, idx):
-        """The selection of the stacked candidates ``(B, n, k, d)`` with their global indices:
-        the first ``k_out`` in symred's order (Min/Max: NaN first, then by value; K-min: by
-        value, NaN after +inf; ties by the lower global index; padding last)."""
-        B, n, k, d = vals.shape
-        k_out = 1 if self.kind != "kmin" else self.K
-        v = jnp.moveaxis(vals, 0, 2).reshape(n, k * B, d)  # block order keeps indices ordered
-        i = jnp.moveaxis(idx, 0, 2).reshape(n, k * B, d)
-        v = jnp.moveaxis(v, 1, 2)
-        i = jnp.moveaxis(i, 1, 2)  # (n, d, B*k)
-        key = lax.stop_gradient(v)
-        nan = jnp.isnan(key)
-        pad = i == _big(self.idx_dtype)
-        if self.kind == "kmin":
-            cls = jnp.where(pad, 2, jnp.where(nan, 1, 0))
-        else:
-            cls = jnp.where(pad, 2, jnp.where(nan, 0, 1))
-        key = jnp.where(nan | pad, 0, key if self.kind != "max" else -key) + 0.0  # -0 == 0
-        iota = lax.broadcasted_iota(jnp.int32, key.shape, 2)
-        perm = lax.sort((cls.astype(jnp.int32), key, i, iota), dimension=2, num_keys=3)[3]
-        perm = perm[:, :, :k_out]
-        v = jnp.take_along_axis(v, perm, axis=2)
-        i = jnp.take_along_axis(i, perm, axis=2)
-        return jnp.moveaxis(v, 2, 1), jnp.moveaxis(i, 2, 1)  # (n, k_out, d)
+        """The selection of the stacked candidates ``(B, n, k, d)`` with their global indices
+        (symred._jax_partition.merge)."""
+        return _part.merge(self.kind, self.K, vals, idx, self.idx_dtype)
 
     def combine_collective(self, state, names):
         """The partial states of the devices along the mesh axes ``names``, combined."""
-        ax = names if len(names) > 1 else names[0]
-        if self.kind == "sum":
-            return (lax.psum(state[0], ax),)
-        if self.kind in ("lse", "ssw"):
-            lse = state[-1]
-            m = lax.pmax(lax.stop_gradient(lse), ax)
-            m = jnp.where(jnp.isfinite(m), m, 0)
-            w = jnp.exp(lse - m)
-            if self.kind == "lse":
-                return (m + jnp.log(lax.psum(w, ax)),)
-            tot = lax.psum(w, ax)
-            return (lax.psum(w * state[0], ax) / tot, m + jnp.log(tot))
-        # Invariant over the axes afterwards: every device merges the same candidates.
-        vals = lax.all_gather(state[0], ax, to="invarying")
-        idx = lax.all_gather(state[1], ax, to="invarying")
-        return self.merge(vals, idx)
+        return _part.combine(self.kind, self.K, state, names, self.idx_dtype)
 
     def combine_pair(self, a, b):
         """Two partial states folded into one (the ring's running state)."""
@@ -292,8 +237,7 @@ def _vary(x, axes):
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
-def _valid(total, per, parts):
-    return [int(min(max(total - p * per, 0), per)) for p in range(parts)]
+_valid = _part.valid
 
 
 def reduce(genred, *args, axis_name=None, out_axis_name=None, nred=None, nout=None,

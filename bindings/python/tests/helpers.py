@@ -61,3 +61,41 @@ def assert_same(got, want, dtype):
     else:
         assert got.dtype == np.dtype(dtype), (got.dtype, dtype)
         np.testing.assert_allclose(got, want, **tol(dtype))
+
+
+def run_check(script, devices=4):
+    """The JSON rows printed by ``script`` (a file of this folder comparing sharded results
+    with one device's), run in a process of its own with ``devices`` host devices (JAX reads
+    XLA_FLAGS when it starts); fails unless it ends with its "done" row."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import symred
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, SYMRED_LIB=symred.lib_path,
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               PYTHONPATH=str(here.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, str(here / script)], env=env, capture_output=True,
+                       text=True, timeout=600)
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert r.returncode == 0 and rows and rows[-1]["kind"] == "done", (
+        f"{script} failed (status {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+    return rows
+
+
+def bad_rows(rows):
+    """The rows of a check whose values differ beyond their tolerance, whose indices or index
+    dtype differ, or whose shapes differ."""
+    bad = []
+    for r in rows:
+        if r["kind"] == "values" and not r["rel"] <= r["tol"]:
+            bad.append(r)
+        elif r["kind"] == "indices" and (r["mismatches"] or r["dtype"] != r["want_dtype"]):
+            bad.append(r)
+        elif r["kind"] == "shape":
+            bad.append(r)
+    return bad

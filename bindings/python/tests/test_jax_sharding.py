@@ -14,47 +14,19 @@ user's own shard_map; jax.vmap over the sharded call; follow() under a plain jax
 SumSoftMaxWeight, Min, Max and KMin, and a jvp; the errors.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("jax")
 
-import symred  # noqa: E402
+from helpers import bad_rows as _bad, run_check  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 REDUCTIONS = ["Sum", "LogSumExp", "SumSoftMaxWeight", "Min", "Max", "ArgMin", "ArgMax",
               "Min_ArgMin", "Max_ArgMax", "KMin", "ArgKMin", "KMin_ArgKMin"]
 
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, SYMRED_LIB=symred.lib_path,
-               XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, str(HERE / "jax_sharding_check.py")], env=env,
-                       capture_output=True, text=True, timeout=600)
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert r.returncode == 0 and rows and rows[-1]["kind"] == "done", (
-        f"jax_sharding_check.py failed (status {r.returncode}):\n{r.stdout[-3000:]}\n"
-        f"{r.stderr[-5000:]}")
-    return rows
-
-
-def _bad(rows):
-    bad = []
-    for r in rows:
-        if r["kind"] == "values" and not r["rel"] <= r["tol"]:
-            bad.append(r)
-        elif r["kind"] == "indices" and (r["mismatches"] or r["dtype"] != r["want_dtype"]):
-            bad.append(r)
-        elif r["kind"] == "shape":
-            bad.append(r)
-    return bad
+    return run_check("jax_sharding_check.py")
 
 
 def test_values_and_indices_equal_one_device(results):
