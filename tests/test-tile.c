@@ -68,6 +68,14 @@ Test(tile, gaussian_simplified)
             sr_kernel *kr = kernel("Exp(-SqDist(x, y) * g) * b", al, 4, d, SR_DEVICE_REFERENCE);
             cr_assert(strstr(sr_kernel_explain(kt), "backend: tile interpreter\n"), "%s",
                       sr_kernel_explain(kt));
+            /* Under a cap (the test-tile-avx2 and -baseline entries), the capped loops run. */
+            const char *cap = getenv("SYMRED_TILE_ISA");
+            if (cap && strcmp(cap, "avx2") == 0 && __builtin_cpu_supports("avx2"))
+                cr_assert(strstr(sr_kernel_explain(kt), "AVX2 loops"), "%s",
+                          sr_kernel_explain(kt));
+            if (cap && strcmp(cap, "baseline") == 0)
+                cr_assert(strstr(sr_kernel_explain(kt), "baseline loops"), "%s",
+                          sr_kernel_explain(kt));
             diff_run(ctx, kt, kr, 257, 515, DIFF_UNIFORM, 0, 1, 3, diff_tol_of(d.dtype),
                      "gaussian");
             diff_run(ctx, kt, kr, 33, 9001, DIFF_UNIFORM, 0, 1, 4, diff_tol_of(d.dtype),
