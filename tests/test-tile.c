@@ -71,8 +71,7 @@ Test(tile, gaussian_simplified)
             /* Under a cap (the test-tile-avx2 and -baseline entries), the capped loops run. */
             const char *cap = getenv("SYMRED_TILE_ISA");
             if (cap && strcmp(cap, "avx2") == 0 && __builtin_cpu_supports("avx2"))
-                cr_assert(strstr(sr_kernel_explain(kt), "AVX2 loops"), "%s",
-                          sr_kernel_explain(kt));
+                cr_assert(strstr(sr_kernel_explain(kt), "AVX2 loops"), "%s", sr_kernel_explain(kt));
             if (cap && strcmp(cap, "baseline") == 0)
                 cr_assert(strstr(sr_kernel_explain(kt), "baseline loops"), "%s",
                           sr_kernel_explain(kt));

@@ -389,7 +389,6 @@ const struct jit_module *cpu_jit_module(const struct sr_kernel *k);
 sr_status cpu_jit_block_module(const struct sr_kernel *k, const struct jit_module **out,
                                int64_t *per_thread);
 
-
 /* ---- the tile interpreter (tile.c, tile-isa.c, tile-kern.h) ----
  * Tier 0 of the CPU: the simplified formula interpreted one op at a time over tiles of reduced
  * indices with vector loops compiled into the library, so it needs no compiler. */
