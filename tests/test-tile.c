@@ -179,3 +179,28 @@ Test(tile, no_compiler_serves_tier0)
     sr_kernel_free(k);
     sr_ctx_free(c2);
 }
+
+/* Distances and inner products over many components (the blocked loops: sums kept in registers
+ * across components, 32 reduced indices at a time, the tail per component): an output-row
+ * operand against a tile, two tiles, both axes, at sizes that leave partial tiles and blocks. */
+Test(tile, many_component_distances)
+{
+    static const char *al[] = {"x=Vi(16)", "y=Vj(16)", "z=Vj(16)"};
+    static const char *const forms[] = {"SqDist(x, y) + SqDist(y, z) * (x | z)",
+                                        "Exp(-SqDist(x, y) * 0.05) * (y | z)"};
+    for (int q = 0; q < 2; q++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int axis = 1; axis >= 0; axis--) {
+                sr_kernel_desc d = sr_kernel_desc_default();
+                d.dtype = dt ? SR_F64 : SR_F32;
+                d.axis = axis;
+                d.reduction = q ? SR_SUM : SR_ARGKMIN;
+                d.k = 3;
+                sr_kernel *kt = kernel(forms[q], al, 3, d, SR_DEVICE_CPU);
+                sr_kernel *kr = kernel(forms[q], al, 3, d, SR_DEVICE_REFERENCE);
+                diff_run(ctx, kt, kr, axis ? 37 : 1031, axis ? 1031 : 37, DIFF_GRID, -1, 1, 21,
+                         diff_tol_of(d.dtype), forms[q]);
+                sr_kernel_free(kt);
+                sr_kernel_free(kr);
+            }
+}
