@@ -204,3 +204,26 @@ Test(tile, many_component_distances)
                 sr_kernel_free(kr);
             }
 }
+
+/* KMin when a NaN fills the list's last place after one tile: a later tile of numbers, whose
+ * least is larger than every number so far, still replaces it (NaN ranks after +inf). */
+Test(tile, kmin_nan_then_numbers)
+{
+    static const char *al[] = {"x=Vi(1)", "y=Vj(1)"};
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_KMIN_ARGKMIN;
+    d.k = 2;
+    d.dtype = SR_F64;
+    sr_kernel *kt = kernel("x + y", al, 2, d, SR_DEVICE_CPU);
+    enum { NY = 300 };
+    double x[1] = {0}, y[NY], out[2];
+    int64_t idx[2];
+    for (int j = 0; j < NY; j++)
+        y[j] = j == 3 ? 10.0 : j < 256 ? NAN : 20.0 + j;
+    const void *args[] = {x, y};
+    sr_run_desc rd = {1, NY, 2, args, out, idx};
+    cr_assert_eq(sr_kernel_run_ex(kt, &rd), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert(out[0] == 10.0 && idx[0] == 3, "first: %g at %lld", out[0], (long long)idx[0]);
+    cr_assert(out[1] == 276.0 && idx[1] == 256, "second: %g at %lld", out[1], (long long)idx[1]);
+    sr_kernel_free(kt);
+}

@@ -440,9 +440,11 @@ static void fold(const struct frame *fr, struct rowst r, int s, int64_t r0, int 
             const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
             double *v = r.d + (int64_t)c * K;
             int64_t *ix = r.ix + (int64_t)c * K;
+            /* A full list whose last is a number keeps out a tile whose least is no smaller
+             * (later indices lose ties); NaN ranks last, so a NaN anywhere means a scan. */
             if (r.cnt[c] == K) {
                 double lo = isa->ext(x, n, 0);
-                if (!isnan(lo) && !(lo < v[K - 1]))
+                if (!isnan(lo) && !isnan(v[K - 1]) && !(lo < v[K - 1]))
                     continue;
             }
             for (int u = 0; u < n; u++)
