@@ -40,6 +40,9 @@ struct tile_node {
      * ST_PAIR: first tile row (a tile row holds tj values of one component). */
     int64_t off;
     int child[EXPR_MAX_ARITY];
+    /* A squared norm of a reduced-index variable, computed from the variable's rows as they
+     * are in memory: a variable read only that way is never loaded into the tile. */
+    bool rowwise;
 };
 
 struct tile_prog {
@@ -180,9 +183,31 @@ sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
         }
         if (dims > maxdims)
             maxdims = dims;
+        nd->rowwise = nd->stage == ST_INNER && e->op == OP_SQNORM2 && e->child[0]->op == OP_VAR;
+    }
+    /* The reduced-index variables that some node reads from the tile. */
+    bool *loaded = calloc((size_t)b.n, sizeof *loaded);
+    if (!loaded) {
+        free(b.order);
+        free(b.at);
+        cpu_tile_free(t);
+        return sr__error(ctx, SR_ENOMEM, "tile interpreter: out of memory");
+    }
+    for (int i = 0; i < b.n; i++) {
+        const struct tile_node *nd = &t->node[i];
+        for (int c = 0; b.order[i] != ext && !nd->rowwise && c < expr_arity(nd->e); c++)
+            loaded[nd->child[c]] = true;
+    }
+    loaded[b.at[k->f->id] - 1] = true;
+    if (k->weight)
+        loaded[b.at[k->weight->id] - 1] = true;
+    for (int i = 0; i < b.n; i++) {
+        const sr_expr *e = b.order[i];
+        struct tile_node *nd = &t->node[i];
         /* The variables of the call and of the output row are read where they are, the ext
-         * node from the caller's tile: neither takes room nor a place in the lists. */
-        if (e == ext || (e->op == OP_VAR && nd->stage <= ST_OUTER))
+         * node from the caller's tile: neither takes room nor a place in the lists; nor does a
+         * reduced-index variable that only squared norms read. */
+        if (e == ext || (e->op == OP_VAR && (nd->stage <= ST_OUTER || !loaded[i])))
             continue;
         int64_t *slot = nd->stage == ST_CONST   ? &t->ncst
                         : nd->stage == ST_OUTER ? &t->nouter
@@ -191,6 +216,7 @@ sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
         *slot += e->dim;
         t->list[nd->stage][t->nlist[nd->stage]++] = i;
     }
+    free(loaded);
     t->ext = ext ? b.at[ext->id] - 1 : -1;
     t->tj_max = tj_max > 0 ? tj_max : 256;
     t->f = b.at[k->f->id] - 1;
@@ -318,26 +344,44 @@ static void load_var(const struct tile_frame *fr, int i, int64_t r0, int n)
     int64_t cs, d = e->dim;
     char *dst = node_at(fr, i, 0, &cs);
     const char *a = fr->args[e->iattr[0]];
-    if (t->es == 4) {
-        const float *src = (const float *)a + r0 * d;
-        float *o4 = (float *)dst;
-        for (int64_t c = 0; c < d; c++)
+    /* In blocks of 16 components: each index's row is read a cache line at a time. */
+    for (int64_t c0 = 0; c0 < d; c0 += 16) {
+        int64_t c1 = c0 + 16 < d ? c0 + 16 : d;
+        if (t->es == 4) {
+            const float *src = (const float *)a + r0 * d;
+            float *o4 = (float *)dst;
             for (int u = 0; u < n; u++)
-                o4[c * cs + u] = src[u * d + c];
-    } else {
-        const double *src = (const double *)a + r0 * d;
-        double *o8 = (double *)dst;
-        for (int64_t c = 0; c < d; c++)
+                for (int64_t c = c0; c < c1; c++)
+                    o4[c * cs + u] = src[u * d + c];
+        } else {
+            const double *src = (const double *)a + r0 * d;
+            double *o8 = (double *)dst;
             for (int u = 0; u < n; u++)
-                o8[c * cs + u] = src[u * d + c];
+                for (int64_t c = c0; c < c1; c++)
+                    o8[c * cs + u] = src[u * d + c];
+        }
     }
 }
 
-/* Evaluates node i (not a variable) for row slot s over n elements. */
-static void eval_node(const struct tile_frame *fr, int i, int s, int n)
+/* Evaluates node i (not a variable) for row slot s over n elements (reduced indices from r0). */
+static void eval_node(const struct tile_frame *fr, int i, int s, int64_t r0, int n)
 {
     const struct tile_prog *t = fr->t;
     const struct tile_node *nd = &t->node[i];
+    if (nd->rowwise) {
+        int64_t ocs, d = nd->e->child[0]->dim;
+        void *out = node_at(fr, i, s, &ocs);
+        const char *a = (const char *)fr->args[nd->e->child[0]->iattr[0]] + r0 * d * t->es;
+        for (int u = 0; u < n; u++) {
+            const char *row = a + u * d * t->es;
+            double q = t->isa->dot(row, row, (int)d);
+            if (t->es == 4)
+                ((float *)out)[u] = (float)q;
+            else
+                ((double *)out)[u] = q;
+        }
+        return;
+    }
     struct tile_opnds opd = {{NULL, NULL, NULL}, {0, 0, 0}, {0, 0, 0}};
     for (int c = 0; c < expr_arity(nd->e); c++) {
         int ch = nd->child[c];
@@ -359,7 +403,7 @@ static void eval_list(const struct tile_frame *fr, int stage, int s, int64_t r0,
         if (t->node[i].e->op == OP_VAR)
             load_var(fr, i, r0, n);
         else
-            eval_node(fr, i, s, n);
+            eval_node(fr, i, s, r0, n);
     }
 }
 
@@ -465,13 +509,15 @@ static void fold(const struct tile_frame *fr, struct rowst r, int s, int64_t r0,
             const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
             double *v = r.d + (int64_t)c * K;
             int64_t *ix = r.ix + (int64_t)c * K;
-            if (r.cnt[c] == K) {
-                double lo = isa->ext(x, n, 0);
-                if (!isnan(lo) && !(lo < v[K - 1]))
-                    continue;
+            /* With K kept, what is not below the K-th (a NaN is neither) cannot enter: the
+             * tile's indices come after the state's, so ties stay out. */
+            if (r.cnt[c] == K && isa->ext(x, n, 0) >= v[K - 1])
+                continue;
+            for (int u = 0; u < n; u++) {
+                double xu = elem(t, x, u);
+                if (r.cnt[c] < K || !(xu >= v[K - 1]))
+                    r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, xu, r0 + u);
             }
-            for (int u = 0; u < n; u++)
-                r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, elem(t, x, u), r0 + u);
         }
         break;
     }
