@@ -172,3 +172,25 @@ Test(tile, no_compiler_serves_tier0)
     sr_kernel_free(k);
     sr_ctx_free(c2);
 }
+
+/* A K-selection whose K kept values are all NaN takes the finite values of a later tile (NaN
+ * sorts after +inf), whether or not the tile holds a NaN. */
+Test(tile, kmin_after_nan_tile)
+{
+    static const char *al[] = {"x=Vi(1)", "y=Vj(1)"};
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_KMIN_ARGKMIN;
+    d.k = 2;
+    sr_kernel *k = kernel("y", al, 2, d, SR_DEVICE_CPU);
+    enum { NY = 259 };
+    float x[1] = {0}, y[NY], v[2];
+    int64_t ix[2];
+    for (int j = 0; j < NY; j++)
+        y[j] = j < 256 ? NAN : (float)(NY - j);
+    const void *args[] = {x, y};
+    sr_run_desc r = {1, NY, 2, args, v, ix};
+    cr_assert_eq(sr_kernel_run_ex(k, &r), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert(v[0] == 1 && v[1] == 2 && ix[0] == 258 && ix[1] == 257, "%g %g %lld %lld", v[0],
+              v[1], (long long)ix[0], (long long)ix[1]);
+    sr_kernel_free(k);
+}
