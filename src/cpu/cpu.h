@@ -298,9 +298,10 @@ sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis);
 
 /* Realises the fused two-product strategy for kernel k (accumulation acc, enum jit_acc), as the
  * planner chose it: a Sum of F * B, or a SumSoftMaxWeight of F with weight B, F scalar and B of
- * the reduced axis. On SR_OK
- * k->backend is cpu_fused_backend; SR_ENOTSUP: not applicable; other errors are final. */
-sr_status cpu_fused_prepare(struct sr_kernel *k, int acc);
+ * the reduced axis. tier0: F's tiles (and a formula B's) formed by the tile interpreter, nothing
+ * compiled (no compiler, or SYMRED_JIT=off). On SR_OK k->backend is cpu_fused_backend; SR_ENOTSUP:
+ * not applicable; other errors are final. */
+sr_status cpu_fused_prepare(struct sr_kernel *k, int acc, bool tier0);
 /* The fused two-product's candidate plan for k (side-effect free): infeasible when its
  * prepare declines (F is not of its form, no tile gemm, a float32 accumulation other than
  * block, the memory budget below its smallest tiles); else its tiles, workspace lower bound and
@@ -470,6 +471,12 @@ void cpu_tile_final(struct tile_frame *f, const void *st, int64_t n, void *out, 
                     int64_t orow);
 void cpu_tile_merge(const struct sr_kernel *k, const struct tile_prog *t, void *a, const void *b,
                     int64_t rows);
+/* The values of the program's F for output rows [o0, o0 + nrows) (at most the frame's rows) and
+ * reduced indices [r0, r0 + n), without a reduction (the fused two-product's tiles of F on
+ * tier 0): component c of row s at index r0 + u to element s ldr + u ldu + c of out; the ext
+ * node read from G as by cpu_tile_fold. */
+void cpu_tile_block(struct tile_frame *f, int64_t o0, int64_t nrows, int64_t r0, int64_t n,
+                    const void *G, int64_t ldg, void *out, int64_t ldr, int64_t ldu);
 
 /* ---- background compiles (background.c) ----
  * A kernel served by the tile interpreter while its modules compile on a thread of their own

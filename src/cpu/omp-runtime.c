@@ -229,24 +229,27 @@ static void log_tier(const sr_kernel *k, const struct jit_kernel *jk, bool compi
                        "compiles in the background");
 }
 
-/* Without compiled code (why, detail as fall_back's): the gemm-epilogue with the tile
- * interpreter's epilogue where the planner chooses it among what tier 0 runs (the gemm-epilogue
- * and the direct strategy; the fused two-product's tiles of F are generated code), else the tile
- * interpreter's direct evaluation. */
+/* Without compiled code (why, detail as fall_back's): the plan the planner chooses among what
+ * tier 0 runs, its pair work done by the tile interpreter: the fused two-product (its tiles of F
+ * formed by the interpreter), the gemm-epilogue (the interpreter's epilogue on the gemm's tiles)
+ * or the interpreter's direct evaluation. */
 static sr_status tier0_prepare(sr_kernel *k, struct jit_ctx *jc, const char *why,
                                const char *detail)
 {
     int acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
     k->nplans = cpu_plans(k, acc, k->plans);
     const struct sr_plan *p = sr__plan_choose(k);
-    while (p && (p->id == CPU_PLAN_SYM || p->id == CPU_PLAN_FUSED))
-        p = sr__plan_reject(k, "tier 0 (no compiled code) has no fused two-product");
-    if (p && p->id == CPU_PLAN_GEMM) {
-        sr_status st = cpu_gemm_prepare(k, acc, CPU_GEMM_TIER0);
+    /* The symmetric driver's tiles of F are generated code only. */
+    while (p && p->id == CPU_PLAN_SYM)
+        p = sr__plan_reject(k, "tier 0 (no compiled code) has no symmetric driver");
+    while (p && (p->id == CPU_PLAN_FUSED || p->id == CPU_PLAN_GEMM)) {
+        sr_status st = p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, acc, true)
+                                               : cpu_gemm_prepare(k, acc, CPU_GEMM_TIER0);
         if (st == SR_OK)
             k->fallback_why = why;
         if (st != SR_ENOTSUP)
             return st;
+        p = sr__plan_reject(k, "declined when realised on tier 0");
     }
     return fall_back(k, why, detail);
 }
@@ -287,7 +290,7 @@ static sr_status jit_prepare(sr_kernel *k)
         sr_status sg =
             p->id == CPU_PLAN_SYM ? cpu_fused_sym_prepare(k, jk->acc)
             : p->id == CPU_PLAN_FUSED
-                ? cpu_fused_prepare(k, jk->acc)
+                ? cpu_fused_prepare(k, jk->acc, false)
                 : cpu_gemm_prepare(k, jk->acc,
                                    ctx->opt.jit == SR_JIT_ASYNC ? CPU_GEMM_ASYNC : CPU_GEMM_SYNC);
         if (sg != SR_ENOTSUP) {

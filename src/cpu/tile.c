@@ -944,6 +944,32 @@ void cpu_tile_final(struct tile_frame *f, const void *st, int64_t n, void *out, 
                     f->row_idx);
 }
 
+void cpu_tile_block(struct tile_frame *f, int64_t o0, int64_t nrows, int64_t r0, int64_t n,
+                    const void *G, int64_t ldg, void *out, int64_t ldr, int64_t ldu)
+{
+    const struct tile_prog *t = f->t;
+    int64_t es = t->es;
+    cpu_tile_begin(f, NULL, o0, nrows, false);
+    for (int64_t c0 = 0; c0 < n; c0 += t->tj) {
+        int m = (int)(n - c0 < t->tj ? n - c0 : t->tj);
+        eval_list(f, ST_INNER, 0, r0 + c0, m);
+        for (int64_t s = 0; s < nrows; s++) {
+            if (G)
+                f->ext = (const char *)G + (s * ldg + c0) * es;
+            eval_list(f, ST_PAIR, (int)s, r0 + c0, m);
+            for (int c = 0; c < t->D; c++) {
+                const char *x = tile_of(f, t->f, t->fcopy, c, (int)s, m);
+                char *o = (char *)out + (s * ldr + c0 * ldu + c) * es;
+                if (ldu == 1)
+                    memcpy(o, x, (size_t)(m * es));
+                else
+                    for (int u = 0; u < m; u++)
+                        memcpy(o + u * ldu * es, x + u * es, (size_t)es);
+            }
+        }
+    }
+}
+
 void cpu_tile_merge(const sr_kernel *k, const struct tile_prog *t, void *a, const void *b,
                     int64_t rows)
 {
