@@ -246,17 +246,13 @@ static void run_case(const struct wcase *c)
     sr_kernel_free(kr);
 }
 
-#define CASE(name, ...)                                                                            \
-    Test(wide, name)                                                                               \
-    {                                                                                              \
-        struct wcase c = {__VA_ARGS__};                                                            \
-        run_case(&c);                                                                              \
-    }                                                                                              \
-    Test(wide_blis, name)                                                                          \
+#define WCASE(suite, name, ...)                                                                    \
+    Test(suite, name)                                                                              \
     {                                                                                              \
         struct wcase c = {__VA_ARGS__};                                                            \
         run_case(&c);                                                                              \
     }
+#define CASE(name, ...) WCASE(wide, name, __VA_ARGS__) WCASE(wide_blis, name, __VA_ARGS__)
 
 /* Every width, Gaussian Sum, float32, axis 1, sizes no tile divides. */
 CASE(gauss_r1, GAUSS, 1, 1, 37, 1031, SR_F32, NONE)
@@ -334,12 +330,7 @@ CASE(ssmw_d128_r17, SSMW128, 17, 1, 13, 401, SR_F32, NONE)
 
 /* Tier 0: F per pair and from inner products, both dtypes and axes, passes over B's columns,
  * sizes 0 and no tile divides, NaN in F's inputs and scale. */
-#define CASE0(name, ...)                                                                           \
-    Test(wide_tier0, name)                                                                         \
-    {                                                                                              \
-        struct wcase c = {__VA_ARGS__};                                                            \
-        run_case(&c);                                                                              \
-    }
+#define CASE0(name, ...) WCASE(wide_tier0, name, __VA_ARGS__)
 CASE0(gauss_r16, GAUSS, 16, 1, 131, 1031, SR_F32, NONE)
 CASE0(gauss_r11_f64_axis0, GAUSS, 11, 0, 1031, 131, SR_F64, NONE)
 CASE0(gauss_r1101, GAUSS, 1101, 1, 29, 131, SR_F32, NONE)
