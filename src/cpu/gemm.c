@@ -1014,8 +1014,9 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
     }
     expr_buf_printf(b,
                     " of dimension %d (%s); %s computes tiles of %d output rows x %d reduced "
-                    "indices, single-threaded inside each OpenMP thread, and the generated "
-                    "epilogue folds each tile into the reduction\n",
+                    "indices, single-threaded inside each OpenMP thread, and the epilogue "
+                    "(generated code on tier 1, the tile interpreter on tier 0) folds each tile "
+                    "into the reduction\n",
                     g->dim, why, kern, g->ti, g->tj);
     struct jit_load_info info = g->info;
     int stage = SR_STAGE_FINAL;
