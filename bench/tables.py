@@ -34,6 +34,15 @@ ABOUT = {
                    "time (above 1: symred faster), median of alternating rounds (older rows: no "
                    "fast-math loop; the oldest, best times, float32 mat-vec only); cold first "
                    "call (empty cache) and warm creation (disk cache).",
+    "bench-tier0": "The tile interpreter (tier 0, [tiers.md](tiers.md)) against the compiled "
+                   "kernel (`SYMRED_JIT=sync`) and the reference interpreter on the same jobs in "
+                   "one process, float32: the Gaussian mat-vec and its LogSumExp at D = 3, "
+                   "ArgKMin (K = 10) at D = 16, kNN at D = 784 (the compiled kernel on the "
+                   "gemm-epilogue); `*_t0_over_jit` and `*_t0_over_ref` are speed ratios (tier 0's "
+                   "pairs per second over theirs, best of the reps). A new formula's first call "
+                   "at N = M = 1000 with an empty cache, async (the default) and sync; ten calls "
+                   "at N = M = 40 000 from creation in async mode over ten calls of the compiled "
+                   "kernel (target <= 1.15).",
     "bench-budget": "A float64 Gaussian mat-vec at a size whose kernel matrix could never be held, "
                     "under a memory budget (`sr_ctx_set_mem_limit`): time, kernel workspace and "
                     "peak resident set size, rows checked against a double loop.",

@@ -68,6 +68,13 @@ Test(tile, gaussian_simplified)
             sr_kernel *kr = kernel("Exp(-SqDist(x, y) * g) * b", al, 4, d, SR_DEVICE_REFERENCE);
             cr_assert(strstr(sr_kernel_explain(kt), "backend: tile interpreter\n"), "%s",
                       sr_kernel_explain(kt));
+            /* Under a cap (the test-tile-avx2 and -baseline entries), the capped loops run. */
+            const char *cap = getenv("SYMRED_TILE_ISA");
+            if (cap && strcmp(cap, "avx2") == 0 && __builtin_cpu_supports("avx2"))
+                cr_assert(strstr(sr_kernel_explain(kt), "AVX2 loops"), "%s", sr_kernel_explain(kt));
+            if (cap && strcmp(cap, "baseline") == 0)
+                cr_assert(strstr(sr_kernel_explain(kt), "baseline loops"), "%s",
+                          sr_kernel_explain(kt));
             diff_run(ctx, kt, kr, 257, 515, DIFF_UNIFORM, 0, 1, 3, diff_tol_of(d.dtype),
                      "gaussian");
             diff_run(ctx, kt, kr, 33, 9001, DIFF_UNIFORM, 0, 1, 4, diff_tol_of(d.dtype),
@@ -173,24 +180,50 @@ Test(tile, no_compiler_serves_tier0)
     sr_ctx_free(c2);
 }
 
-/* A K-selection whose K kept values are all NaN takes the finite values of a later tile (NaN
- * sorts after +inf), whether or not the tile holds a NaN. */
-Test(tile, kmin_after_nan_tile)
+/* Distances and inner products over many components (the blocked loops: sums kept in registers
+ * across components, 32 reduced indices at a time, the tail per component): an output-row
+ * operand against a tile, two tiles, both axes, at sizes that leave partial tiles and blocks. */
+Test(tile, many_component_distances)
+{
+    static const char *al[] = {"x=Vi(16)", "y=Vj(16)", "z=Vj(16)"};
+    static const char *const forms[] = {"SqDist(x, y) + SqDist(y, z) * (x | z)",
+                                        "Exp(-SqDist(x, y) * 0.05) * (y | z)"};
+    for (int q = 0; q < 2; q++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int axis = 1; axis >= 0; axis--) {
+                sr_kernel_desc d = sr_kernel_desc_default();
+                d.dtype = dt ? SR_F64 : SR_F32;
+                d.axis = axis;
+                d.reduction = q ? SR_SUM : SR_ARGKMIN;
+                d.k = 3;
+                sr_kernel *kt = kernel(forms[q], al, 3, d, SR_DEVICE_CPU);
+                sr_kernel *kr = kernel(forms[q], al, 3, d, SR_DEVICE_REFERENCE);
+                diff_run(ctx, kt, kr, axis ? 37 : 1031, axis ? 1031 : 37, DIFF_GRID, -1, 1, 21,
+                         diff_tol_of(d.dtype), forms[q]);
+                sr_kernel_free(kt);
+                sr_kernel_free(kr);
+            }
+}
+
+/* KMin when a NaN fills the list's last place after one tile: a later tile of numbers, whose
+ * least is larger than every number so far, still replaces it (NaN ranks after +inf). */
+Test(tile, kmin_nan_then_numbers)
 {
     static const char *al[] = {"x=Vi(1)", "y=Vj(1)"};
     sr_kernel_desc d = sr_kernel_desc_default();
     d.reduction = SR_KMIN_ARGKMIN;
     d.k = 2;
-    sr_kernel *k = kernel("y", al, 2, d, SR_DEVICE_CPU);
-    enum { NY = 259 };
-    float x[1] = {0}, y[NY], v[2];
-    int64_t ix[2];
+    d.dtype = SR_F64;
+    sr_kernel *kt = kernel("x + y", al, 2, d, SR_DEVICE_CPU);
+    enum { NY = 300 };
+    double x[1] = {0}, y[NY], out[2];
+    int64_t idx[2];
     for (int j = 0; j < NY; j++)
-        y[j] = j < 256 ? NAN : (float)(NY - j);
+        y[j] = j == 3 ? 10.0 : j < 256 ? NAN : 20.0 + j;
     const void *args[] = {x, y};
-    sr_run_desc r = {1, NY, 2, args, v, ix};
-    cr_assert_eq(sr_kernel_run_ex(k, &r), SR_OK, "%s", sr_ctx_error(ctx));
-    cr_assert(v[0] == 1 && v[1] == 2 && ix[0] == 258 && ix[1] == 257, "%g %g %lld %lld", v[0],
-              v[1], (long long)ix[0], (long long)ix[1]);
-    sr_kernel_free(k);
+    sr_run_desc rd = {1, NY, 2, args, out, idx};
+    cr_assert_eq(sr_kernel_run_ex(kt, &rd), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert(out[0] == 10.0 && idx[0] == 3, "first: %g at %lld", out[0], (long long)idx[0]);
+    cr_assert(out[1] == 276.0 && idx[1] == 256, "second: %g at %lld", out[1], (long long)idx[1]);
+    sr_kernel_free(kt);
 }

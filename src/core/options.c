@@ -86,7 +86,7 @@ static const struct opt_row opt_rows[] = {
 /* The variables read once per process, when the library they name is first needed: not
  * context options (sr_ctx_set_option says so). */
 static const char *const process_vars[] = {"SYMRED_BLIS_LIB", "SYMRED_NVRTC", "SYMRED_LIBCUDA",
-                                           "SYMRED_CUDA_DEVICE"};
+                                           "SYMRED_CUDA_DEVICE", "SYMRED_TILE_ISA"};
 
 /* The kernel cache's default directory: $XDG_CACHE_HOME/symred (an absolute XDG_CACHE_HOME),
  * else $HOME/.cache/symred, else "" (no cache directory). */

@@ -8,6 +8,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -88,13 +90,20 @@ static const struct tile_isa *isa_f32, *isa_f64;
 static const char *isa_name;
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
+/* SYMRED_TILE_ISA=avx2|baseline (read once per process) caps the vector unit, so that the tests
+ * run every variant on a CPU that has them all; anything else, or a unit the CPU lacks, is the
+ * automatic choice. */
 static void isa_pick(void)
 {
     isa_f32 = &tile_isa__base_f32;
     isa_f64 = &tile_isa__base_f64;
     isa_name = "baseline";
+    const char *cap = getenv("SYMRED_TILE_ISA");
+    if (cap && strcmp(cap, "baseline") == 0)
+        return;
 #ifdef TILE_X86
-    if (cpu_avx512_usable()) {
+    bool avx2_only = cap && strcmp(cap, "avx2") == 0;
+    if (cpu_avx512_usable() && !avx2_only) {
         isa_f32 = &tile_isa__avx512_f32;
         isa_f64 = &tile_isa__avx512_f64;
         isa_name = "AVX-512";

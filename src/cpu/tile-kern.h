@@ -206,10 +206,43 @@ static inline T TILE_NAME(texp_)(T a)
         }                                                                                          \
     } while (0)
 
+/* Many components: blocks of TILE_SUMK_BLOCK elements with their sums in registers across the
+ * components (one pass over the tile), then the element-per-pass form for the rest. */
+#define TILE_SUMK_BLOCK 32
+#define SUMK2_BLOCKS(LOADS)                                                                        \
+    do {                                                                                           \
+        for (; t0 + TILE_SUMK_BLOCK <= n; t0 += TILE_SUMK_BLOCK) {                                 \
+            T acc[TILE_SUMK_BLOCK];                                                                \
+            TILE_SIMD for (int u = 0; u < TILE_SUMK_BLOCK; u++) acc[u] = 0;                        \
+            for (int k = 0; k < kd; k++) {                                                         \
+                const T *A = OPD_P(0) + k * OPD_CS(0) + t0 * OPD_ES(0);                            \
+                const T *B = OPD_P(1) + k * OPD_CS(1) + t0 * OPD_ES(1);                            \
+                TILE_SIMD for (int u = 0; u < TILE_SUMK_BLOCK; u++)                                \
+                {                                                                                  \
+                    LOADS;                                                                         \
+                    acc[u] += (TERM);                                                              \
+                }                                                                                  \
+            }                                                                                      \
+            TILE_SIMD for (int u = 0; u < TILE_SUMK_BLOCK; u++) out[t0 + u] = acc[u];              \
+        }                                                                                          \
+    } while (0)
+
 #define SUMK2(TERM_)                                                                               \
     do {                                                                                           \
+        int t0 = 0;                                                                                \
+        if (kd >= 4 && OPD_ES(0) && OPD_ES(1))                                                     \
+            SUMK2_BLOCKS(T a = A[u]; T b = B[u]);                                                  \
+        else if (kd >= 4 && OPD_ES(0))                                                             \
+            SUMK2_BLOCKS(T a = A[u]; T b = B[0]);                                                  \
+        else if (kd >= 4 && OPD_ES(1))                                                             \
+            SUMK2_BLOCKS(T a = A[0]; T b = B[u]);                                                  \
+        if (t0 == n)                                                                               \
+            break;                                                                                 \
+        out += t0;                                                                                 \
+        n -= t0;                                                                                   \
         for (int k = 0; k < kd; k++) {                                                             \
-            const T *A = OPD_P(0) + k * OPD_CS(0), *B = OPD_P(1) + k * OPD_CS(1);                  \
+            const T *A = OPD_P(0) + k * OPD_CS(0) + t0 * OPD_ES(0);                                \
+            const T *B = OPD_P(1) + k * OPD_CS(1) + t0 * OPD_ES(1);                                \
             if (OPD_ES(0) && OPD_ES(1)) {                                                          \
                 SUMK2_PASS(T a = A[t]; T b = B[t]);                                                \
             } else if (OPD_ES(0)) {                                                                \
@@ -501,6 +534,8 @@ static const struct tile_isa TILE_NAME(tile_isa_) = {
 #undef SUMK1
 #undef SUMK2
 #undef SUMK2_PASS
+#undef SUMK2_BLOCKS
+#undef TILE_SUMK_BLOCK
 #undef OPD_P
 #undef OPD_CS
 #undef OPD_ES
