@@ -208,6 +208,31 @@ CASE0(elem_r100_no_rows, ELEM, 100, 1, 0, 257, SR_F32)
 CASE0(prod_r100, PROD, 100, 1, 100, 1031, SR_F64)
 CASE0(ssmw_r17, SSMW_B, 17, 1, 131, 1031, SR_F32)
 
+/* SYMRED_JIT=async: tier 0 while the modules of F's and B's tiles compile, then compiled code. */
+Test(hoist_tier0, async_then_compiled)
+{
+    char dir[] = "/tmp/symred-hoist-async-XXXXXX";
+    cr_assert(mkdtemp(dir) != NULL);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_CACHE_DIR", dir), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "async"), SR_OK);
+    struct hcase c = {SGPR, 100, 1, 100, 1031, SR_F64};
+    sr_kernel *kg, *kr;
+    kernels(&c, &kg, &kr);
+    sr_plan_info p = tu_plan(kg);
+    cr_assert(!have_gemm || (p.tier == 0 && p.compiling), "tier %d compiling %d", p.tier,
+              p.compiling);
+    compare(&c, kg, kr, NULL);
+    cr_assert_eq(sr_kernel_wait(kg, -1), SR_OK);
+    p = tu_plan(kg);
+    cr_assert(p.tier == 1 && !p.compiling, "tier %d compiling %d", p.tier, p.compiling);
+    compare(&c, kg, kr, NULL);
+    sr_kernel_free(kg);
+    sr_kernel_free(kr);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* Block-sparse ranges: two row blocks over different intervals, rows outside every block. */
 Test(hoist, ranges)
 {

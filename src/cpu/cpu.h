@@ -259,12 +259,12 @@ void cpu_avx2_strip_av(int64_t h, int64_t K, const float *A, int64_t lda, const 
  * inner product of an i-variable and a j-variable, the dimension is at least the measured
  * threshold, and a tile gemm is available (symred's AVX-512 one, or BLIS loaded). On SR_OK
  * k->backend is cpu_gemm_backend; SR_ENOTSUP: not applicable (use the direct strategy); other
- * errors (SR_EBUDGET, SR_ECOMPILE) are final. tier: CPU_GEMM_SYNC compiles the epilogue's
- * modules now; CPU_GEMM_ASYNC serves the calls with the tile interpreter's epilogue (on the
- * same gemm tiles) while they compile in the background; CPU_GEMM_TIER0 never compiles (no
+ * errors (SR_EBUDGET, SR_ECOMPILE) are final. tier: CPU_COMPILE_NOW compiles the epilogue's
+ * modules now; CPU_COMPILE_BACKGROUND serves the calls with the tile interpreter's epilogue (on the
+ * same gemm tiles) while they compile in the background; CPU_COMPILE_NEVER never compiles (no
  * compiler, or SYMRED_JIT=off). */
-enum cpu_gemm_tier { CPU_GEMM_SYNC, CPU_GEMM_ASYNC, CPU_GEMM_TIER0 };
-sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc, enum cpu_gemm_tier tier);
+enum cpu_compile { CPU_COMPILE_NOW, CPU_COMPILE_BACKGROUND, CPU_COMPILE_NEVER };
+sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc, enum cpu_compile tier);
 /* The gemm-epilogue's candidate plan for k (side-effect free): feasible exactly when
  * cpu_gemm_prepare's rules (SYMRED_GEMM, the crossover, the epilogue's cost, a tile gemm
  * available) let it plan k; its cost, tiles and why. */
@@ -298,10 +298,12 @@ sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis);
 
 /* Realises the fused two-product strategy for kernel k (accumulation acc, enum jit_acc), as the
  * planner chose it: a Sum of F * B, or a SumSoftMaxWeight of F with weight B, F scalar and B of
- * the reduced axis. tier0: F's tiles (and a formula B's) formed by the tile interpreter, nothing
- * compiled (no compiler, or SYMRED_JIT=off). On SR_OK k->backend is cpu_fused_backend; SR_ENOTSUP:
+ * the reduced axis. mode: CPU_COMPILE_NOW compiles the modules of F's tiles (and a formula B's)
+ * now; CPU_COMPILE_BACKGROUND forms them by the tile interpreter while the modules compile in
+ * the background; CPU_COMPILE_NEVER by the tile interpreter for good. On SR_OK
+ * k->backend is cpu_fused_backend; SR_ENOTSUP:
  * not applicable; other errors are final. */
-sr_status cpu_fused_prepare(struct sr_kernel *k, int acc, bool tier0);
+sr_status cpu_fused_prepare(struct sr_kernel *k, int acc, enum cpu_compile mode);
 /* The fused two-product's candidate plan for k (side-effect free): infeasible when its
  * prepare declines (F is not of its form, no tile gemm, a float32 accumulation other than
  * block, the memory budget below its smallest tiles); else its tiles, workspace lower bound and
@@ -482,7 +484,7 @@ void cpu_tile_block(struct tile_frame *f, int64_t o0, int64_t nrows, int64_t r0,
  * A kernel served by the tile interpreter while its modules compile on a thread of their own
  * (SYMRED_JIT=async): the direct strategy (one module) and the gemm-epilogue (its epilogue and
  * the module that ranks a selection's candidates again). */
-#define CPU_BG_MAX 2
+#define CPU_BG_MAX 3
 struct cpu_bg;
 /* Compiles src[0 .. n) (n <= CPU_BG_MAX) in order on a detached thread, whose data pass to it
  * on SR_OK (src[i].data is then NULL); otherwise nothing started and they are the caller's. */

@@ -310,16 +310,16 @@ static bool reduced_var(const sr_kernel *k, int v)
 static int candidates(int K) { return K + (K < 8 ? 4 : K > 32 ? 16 : K / 2); }
 
 /* The ranking of the candidates again: F as the user gave it, by the direct strategy's module
- * (compiled now for CPU_GEMM_SYNC, its source left in *rsrc for CPU_GEMM_ASYNC) and, unless
- * synchronous, by the tile interpreter (g->tr). SR_OK with g->kc 0 and g->no_refine set when it
- * cannot be had. */
+ * (compiled now for CPU_COMPILE_NOW, its source left in *rsrc for CPU_COMPILE_BACKGROUND) and,
+ * unless synchronous, by the tile interpreter (g->tr). SR_OK with g->kc 0 and g->no_refine set when
+ * it cannot be had. */
 static sr_status refine_prepare(sr_kernel *k, struct gemm_kernel *g, int64_t lim,
-                                enum cpu_gemm_tier tier, struct expr_buf *rsrc)
+                                enum cpu_compile tier, struct expr_buf *rsrc)
 {
     sr_kernel tr = *k;
     tr.f = k->simp.f_user ? k->simp.f_user : k->f;
     sr_status st = SR_OK;
-    if (tier != CPU_GEMM_TIER0) {
+    if (tier != CPU_COMPILE_NEVER) {
         memset(&g->rplan, 0, sizeof g->rplan);
         g->rplan.ws_limit = lim > 0 ? lim / 4 : 0;
         g->rplan.tile_j_max = candidates(k->k);
@@ -327,7 +327,7 @@ static sr_status refine_prepare(sr_kernel *k, struct gemm_kernel *g, int64_t lim
         if (st == SR_OK && rsrc->oom)
             st = SR_ENOMEM;
     }
-    if (st == SR_OK && tier == CPU_GEMM_SYNC) {
+    if (st == SR_OK && tier == CPU_COMPILE_NOW) {
         st = jit_module_get(k->ctx, rsrc->data, rsrc->len, &g->mr, &g->rinfo);
         free(rsrc->data);
         rsrc->data = NULL;
@@ -352,7 +352,7 @@ static sr_status refine_prepare(sr_kernel *k, struct gemm_kernel *g, int64_t lim
     for (int v = 0; v < k->nargs; v++)
         if (reduced_var(k, v))
             g->rdims += k->vars[v].dim;
-    if (tier != CPU_GEMM_SYNC) {
+    if (tier != CPU_COMPILE_NOW) {
         g->kr = tr;
         st = cpu_tile_new_ext(&g->kr, NULL, g->kc, &g->tr);
         if (st != SR_OK) {
@@ -385,7 +385,7 @@ const sr_kernel *cpu_gemm_form(const sr_kernel *k, sr_kernel *kx)
     return kx;
 }
 
-sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_gemm_tier tier)
+sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_compile tier)
 {
     sr_ctx *ctx = k->ctx;
     /* The context's SYMRED_GEMM, SYMRED_GEMM_KERNEL and SYMRED_GEMM_REFINE options. */
@@ -439,7 +439,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_gemm_tier tier)
         g->no_refine = "SYMRED_GEMM_REFINE=off";
     }
     /* Tier 0's epilogue: the tile interpreter reads the inner product from the gemm's tile. */
-    if (tier != CPU_GEMM_SYNC) {
+    if (tier != CPU_COMPILE_NOW) {
         g->kt = kk;
         st = cpu_tile_new_ext(&g->kt, S, 0, &g->t);
         if (st != SR_OK) {
@@ -464,7 +464,8 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_gemm_tier tier)
         g->plan.gemm_ld = g->tj;
         g->plan.gemm_rows = g->ti;
         g->plan.ws_limit = lim > 0 ? lim / 4 : 0;
-        st = tier == CPU_GEMM_TIER0 ? SR_OK : jit_emit_c(&kk, (enum jit_acc)acc, &src[0], &g->plan);
+        st = tier == CPU_COMPILE_NEVER ? SR_OK
+                                       : jit_emit_c(&kk, (enum jit_acc)acc, &src[0], &g->plan);
         if (st == SR_OK && src[0].oom)
             st = SR_ENOMEM;
         if (st != SR_OK) {
@@ -483,7 +484,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_gemm_tier tier)
             else
                 g->tj /= 2;
         }
-        if (tier != CPU_GEMM_TIER0 && (g->plan.gemm_ld != g->tj || g->plan.gemm_rows != g->ti)) {
+        if (tier != CPU_COMPILE_NEVER && (g->plan.gemm_ld != g->tj || g->plan.gemm_rows != g->ti)) {
             free(src[0].data); /* the leading dimension is compiled in: emit again */
             src[0] = (struct expr_buf){0};
             continue;
@@ -499,18 +500,18 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_gemm_tier tier)
         break;
     }
     st = SR_OK;
-    if (tier == CPU_GEMM_ASYNC) {
+    if (tier == CPU_COMPILE_BACKGROUND) {
         /* Tier 0 serves the calls while the modules compile; should no thread start, they
          * compile now. */
         if (cpu_bg_start(ctx, src, g->kc ? 2 : 1, &g->bg) != SR_OK)
-            tier = CPU_GEMM_SYNC;
+            tier = CPU_COMPILE_NOW;
     }
-    if (tier == CPU_GEMM_SYNC && g->kc && !g->mr) {
+    if (tier == CPU_COMPILE_NOW && g->kc && !g->mr) {
         st = jit_module_get(ctx, src[1].data, src[1].len, &g->mr, &g->rinfo);
         if (st == SR_OK && !g->mr->block)
             st = SR_ENOTSUP;
     }
-    if (tier == CPU_GEMM_SYNC && st == SR_OK)
+    if (tier == CPU_COMPILE_NOW && st == SR_OK)
         st = jit_module_get(ctx, src[0].data, src[0].len, &g->m, &g->info);
     free(src[0].data);
     free(src[1].data);

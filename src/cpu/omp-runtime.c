@@ -243,8 +243,8 @@ static sr_status tier0_prepare(sr_kernel *k, struct jit_ctx *jc, const char *why
     while (p && p->id == CPU_PLAN_SYM)
         p = sr__plan_reject(k, "tier 0 (no compiled code) has no symmetric driver");
     while (p && (p->id == CPU_PLAN_FUSED || p->id == CPU_PLAN_GEMM)) {
-        sr_status st = p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, acc, true)
-                                               : cpu_gemm_prepare(k, acc, CPU_GEMM_TIER0);
+        sr_status st = p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, acc, CPU_COMPILE_NEVER)
+                                               : cpu_gemm_prepare(k, acc, CPU_COMPILE_NEVER);
         if (st == SR_OK)
             k->fallback_why = why;
         if (st != SR_ENOTSUP)
@@ -287,12 +287,14 @@ static sr_status jit_prepare(sr_kernel *k)
      * lower bound), the direct strategy's emitter states the exact need (SR_EBUDGET). */
     k->nplans = cpu_plans(k, jk->acc, k->plans);
     for (const struct sr_plan *p = sr__plan_choose(k); p && p->id != CPU_PLAN_DIRECT;) {
-        sr_status sg =
-            p->id == CPU_PLAN_SYM ? cpu_fused_sym_prepare(k, jk->acc)
-            : p->id == CPU_PLAN_FUSED
-                ? cpu_fused_prepare(k, jk->acc, false)
-                : cpu_gemm_prepare(k, jk->acc,
-                                   ctx->opt.jit == SR_JIT_ASYNC ? CPU_GEMM_ASYNC : CPU_GEMM_SYNC);
+        sr_status sg = p->id == CPU_PLAN_SYM ? cpu_fused_sym_prepare(k, jk->acc)
+                       : p->id == CPU_PLAN_FUSED
+                           ? cpu_fused_prepare(k, jk->acc,
+                                               ctx->opt.jit == SR_JIT_ASYNC ? CPU_COMPILE_BACKGROUND
+                                                                            : CPU_COMPILE_NOW)
+                           : cpu_gemm_prepare(k, jk->acc,
+                                              ctx->opt.jit == SR_JIT_ASYNC ? CPU_COMPILE_BACKGROUND
+                                                                           : CPU_COMPILE_NOW);
         if (sg != SR_ENOTSUP) {
             free(jk);
             return sg;
