@@ -12,6 +12,12 @@
  * AVX-512 machine; explain must name the kernel that ran. Where neither is available the
  * strategy is never chosen and the results must still match. The AVX-512 gemm itself is checked
  * against a plain loop at sizes that are multiples of no tile (0, 1, primes, tile +- 1).
+ *
+ * Tier 0: the suite gemm_tier0 runs a case of every family with SYMRED_JIT=off (no compiled
+ * code: the tile interpreter evaluates the epilogue on the gemm's tiles and ranks the
+ * selections' candidates again), gemm_async with SYMRED_JIT=async and an empty cache of its own
+ * (the same on tier 0 while the epilogue compiles, then on tier 1 after sr_kernel_wait), each
+ * checking the plan's strategy and tier.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -29,6 +35,9 @@
 
 static sr_ctx *ctx;
 static bool have_blis, have_avx512, force_blis;
+/* The tier the suite's kernels start on: SYMRED_JIT=sync (1), off (0) or async (-1). */
+static int tier_mode = 1;
+static char async_cache[] = "/tmp/symred-gemm-async-XXXXXX";
 
 static void setup(void)
 {
@@ -61,15 +70,38 @@ static void setup_blis(void)
     set_opt("SYMRED_GEMM_KERNEL", "blis");
     force_blis = true;
 }
+static void setup_tier0(void)
+{
+    setup();
+    set_opt("SYMRED_JIT", "off");
+    tier_mode = 0;
+}
+static void setup_async(void)
+{
+    setup();
+    memcpy(async_cache + strlen(async_cache) - 6, "XXXXXX", 6);
+    cr_assert(mkdtemp(async_cache) != NULL);
+    set_opt("SYMRED_CACHE_DIR", async_cache);
+    set_opt("SYMRED_JIT", "async");
+    tier_mode = -1;
+}
 static void teardown(void)
 {
     sr_ctx_free(ctx);
+    if (tier_mode < 0) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", async_cache);
+        cr_assert_eq(system(cmd), 0);
+    }
+    tier_mode = 1;
     unsetenv("SYMRED_BLIS");
     unsetenv("SYMRED_GEMM");
     unsetenv("SYMRED_GEMM_KERNEL");
 }
 TestSuite(gemm, .init = setup, .fini = teardown);
 TestSuite(gemm_blis, .init = setup_blis, .fini = teardown);
+TestSuite(gemm_tier0, .init = setup_tier0, .fini = teardown);
+TestSuite(gemm_async, .init = setup_async, .fini = teardown);
 
 /* Multiples of 1/8 in [-1, 1]. */
 static void *grid(sr_dtype dt, int64_t n, uint64_t *s)
@@ -86,7 +118,7 @@ static void *grid(sr_dtype dt, int64_t n, uint64_t *s)
     return p;
 }
 
-enum form { KNN, GAUSS_SUM, LSE_DOT, SSMW_DOT };
+enum form { KNN, KNN_SCALED, GAUSS_SUM, LSE_DOT, SSMW_DOT };
 
 struct gcase {
     enum form form;
@@ -106,6 +138,8 @@ static sr_expr *formula(const struct gcase *c, sr_expr **weight)
     switch (c->form) {
     case KNN:
         return sr_sqdist(ctx, x, y);
+    case KNN_SCALED: /* a parameter in F as given, which the selection ranks again */
+        return sr_mul(ctx, sr_sqdist(ctx, x, y), sr_pm(ctx, 3, 1));
     case GAUSS_SUM: {
         /* exp(-|x-y|^2 / D) b, b of dimension 3: Sum with vector weights. */
         sr_expr *g = sr_pm(ctx, 3, 1);
@@ -119,6 +153,8 @@ static sr_expr *formula(const struct gcase *c, sr_expr **weight)
         return sr_mul(ctx, sr_scalprod(ctx, x, y), sr_pm(ctx, 3, 1));
     }
 }
+
+static void compare(const struct gcase *c, const void *o1, const void *o2, int64_t n, bool idx);
 
 static void run_case(const struct gcase *c)
 {
@@ -174,10 +210,43 @@ static void run_case(const struct gcase *c)
     size_t esz = idx ? 8 : c->dt == SR_F64 ? 8 : 4;
     void *o1 = calloc((size_t)(nout * od), esz), *o2 = calloc((size_t)(nout * od), esz);
     cr_assert_eq(nargs, c->form == KNN ? 2 : 4);
-    cr_assert_eq(sr_kernel_run(kg, c->nx, c->ny, args, o1), SR_OK, "%s", sr_ctx_error(ctx));
     cr_assert_eq(sr_kernel_run(kr, c->nx, c->ny, args, o2), SR_OK, "%s", sr_ctx_error(ctx));
+    /* Tier 0 (SYMRED_JIT=off, or async before the compile ends), then for async tier 1. */
+    for (int pass = 0; pass < (tier_mode < 0 ? 2 : 1); pass++) {
+        sr_plan_info pi = tu_plan(kg);
+        /* (The fused two-product, which a Sum of F * B or SumSoftMaxWeight may take, is
+         * compiled when the kernel is created.) */
+        gemm = pi.inner == SR_STRATEGY_GEMM_EPILOGUE;
+        if (gemm && tier_mode == 0)
+            cr_assert(pi.tier == 0 && !pi.compiling, "tier %d compiling %d", pi.tier, pi.compiling);
+        if (gemm && tier_mode < 0 && pass == 0) /* the epilogue compiles into an empty cache */
+            cr_assert(pi.tier == 0 && pi.compiling && strstr(ex, "tier: 0"),
+                      "tier %d compiling %d\n%s", pi.tier, pi.compiling, ex);
+        if (tier_mode < 0 && pass == 1) {
+            cr_assert_eq(sr_kernel_wait(kg, -1), SR_OK, "%s", sr_ctx_error(ctx));
+            pi = tu_plan(kg);
+            cr_assert(pi.tier == 1 && !pi.compiling, "tier %d compiling %d", pi.tier, pi.compiling);
+            cr_assert(!gemm || strstr(sr_kernel_explain(kg), "tier: 1"), "%s",
+                      sr_kernel_explain(kg));
+        }
+        memset(o1, 0xff, (size_t)(nout * od) * esz);
+        cr_assert_eq(sr_kernel_run(kg, c->nx, c->ny, args, o1), SR_OK, "%s", sr_ctx_error(ctx));
+        compare(c, o1, o2, nout * od, idx);
+    }
+    sr_kernel_free(kg);
+    sr_kernel_free(kr);
+    free(x);
+    free(y);
+    free(b);
+    free(o1);
+    free(o2);
+}
+
+/* Compares the kernel's outputs o1 with the reference's o2 (n values, or indices when idx). */
+static void compare(const struct gcase *c, const void *o1, const void *o2, int64_t n, bool idx)
+{
     double rtol = c->dt == SR_F64 ? 1e-11 : 2e-5;
-    for (int64_t t = 0; t < nout * od; t++) {
+    for (int64_t t = 0; t < n; t++) {
         if (idx) {
             int64_t a = ((int64_t *)o1)[t], e = ((int64_t *)o2)[t];
             cr_assert_eq(a, e, "D %d red %d [%lld]: index %lld, reference %lld", c->D, c->red,
@@ -189,26 +258,15 @@ static void run_case(const struct gcase *c)
                       c->red, (long long)t, a, e);
         }
     }
-    sr_kernel_free(kg);
-    sr_kernel_free(kr);
-    free(x);
-    free(y);
-    free(b);
-    free(o1);
-    free(o2);
 }
 
-#define CASE(name, ...)                                                                            \
-    Test(gemm, name)                                                                               \
-    {                                                                                              \
-        struct gcase c = {__VA_ARGS__};                                                            \
-        run_case(&c);                                                                              \
-    }                                                                                              \
-    Test(gemm_blis, name)                                                                          \
+#define GCASE(suite, name, ...)                                                                    \
+    Test(suite, name)                                                                              \
     {                                                                                              \
         struct gcase c = {__VA_ARGS__};                                                            \
         run_case(&c);                                                                              \
     }
+#define CASE(name, ...) GCASE(gemm, name, __VA_ARGS__) GCASE(gemm_blis, name, __VA_ARGS__)
 
 /* kNN-type reductions of SqDist (rewritten to norms + inner product from D = 32). */
 CASE(argkmin_d32, KNN, SR_ARGKMIN, 32, 10, 1, 523, 1031, SR_F32, true)
@@ -234,6 +292,69 @@ CASE(lse_d100_split, LSE_DOT, SR_LOGSUMEXP, 100, 1, 1, 2, 20011, SR_F32, true)
 CASE(ssmw_d32, SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 32, 1, 1, 131, 1031, SR_F32, true)
 CASE(ssmw_d784, SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 784, 1, 1, 7, 1031, SR_F32, true)
 CASE(ssmw_d100_f64, SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 100, 1, 1, 67, 300, SR_F64, true)
+/* Tier 0: a case of every family the gemm path serves; async (each a compile or two): a few. */
+#define CASE0(name, ...) GCASE(gemm_tier0, name, __VA_ARGS__)
+#define CASEA(name, ...) CASE0(name, __VA_ARGS__) GCASE(gemm_async, name, __VA_ARGS__)
+CASEA(argkmin_d32, KNN, SR_ARGKMIN, 32, 10, 1, 523, 1031, SR_F32, true)
+CASE0(argkmin_d32_row_blocks, KNN, SR_ARGKMIN, 32, 10, 1, 2100, 1543, SR_F32, true)
+CASE0(argkmin_d784_f64_axis0, KNN, SR_ARGKMIN, 784, 3, 0, 1031, 7, SR_F64, true)
+CASE0(kmin_d100, KNN, SR_KMIN, 100, 5, 1, 13, 2053, SR_F32, true)
+CASE0(argkmin_scaled_d100, KNN_SCALED, SR_ARGKMIN, 100, 6, 1, 37, 1031, SR_F32, true)
+CASE0(kmin_d784_one_row, KNN, SR_KMIN, 784, 3, 1, 1, 1031, SR_F32, true)
+CASE0(argmin_d784_one_col, KNN, SR_ARGMIN, 784, 1, 1, 7, 1, SR_F32, true)
+CASE0(argmin_d100_split, KNN, SR_ARGMIN, 100, 1, 1, 3, 20011, SR_F32, true)
+CASE0(argkmin_d32_no_rows, KNN, SR_ARGKMIN, 32, 2, 1, 0, 31, SR_F32, true)
+CASEA(min_d100_axis0, KNN, SR_MIN, 100, 1, 0, 1031, 7, SR_F32, true)
+CASEA(sum_gauss_d100_f64_axis0, GAUSS_SUM, SR_SUM, 100, 1, 0, 1031, 13, SR_F64, true)
+CASEA(lse_d784, LSE_DOT, SR_LOGSUMEXP, 784, 1, 1, 7, 1031, SR_F32, true)
+CASE0(lse_d100_split, LSE_DOT, SR_LOGSUMEXP, 100, 1, 1, 2, 20011, SR_F32, true)
+CASE0(ssmw_d100_f64, SSMW_DOT, SR_SUMSOFTMAXWEIGHT, 100, 1, 1, 67, 300, SR_F64, true)
+
+/* No compiler at all (the default SYMRED_JIT=async): the kNN kernel still takes the
+ * gemm-epilogue, on tier 0 for good, and explain says why. */
+Test(gemm_tier0, no_compiler)
+{
+    sr_ctx *c2 = NULL;
+    setenv("SYMRED_CC", "/nonexistent/cc", 1);
+    setenv("SYMRED_JIT", "async", 1);
+    cr_assert_eq(sr_ctx_new(&c2), SR_OK);
+    unsetenv("SYMRED_CC");
+    unsetenv("SYMRED_JIT");
+    sr_expr *f = sr_sqdist(c2, sr_vi(c2, 0, 784), sr_vj(c2, 1, 784));
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.reduction = SR_ARGKMIN;
+    d.k = 3;
+    sr_kernel *k = NULL;
+    cr_assert_eq(sr_kernel_new(c2, f, &d, &k), SR_OK, "%s", sr_ctx_error(c2));
+    sr_plan_info pi = tu_plan(k);
+    bool avail = have_avx512 || have_blis;
+    cr_assert(!avail || (pi.strategy == SR_STRATEGY_GEMM_EPILOGUE && pi.tier == 0 && !pi.compiling),
+              "strategy %d tier %d compiling %d", (int)pi.strategy, pi.tier, pi.compiling);
+    cr_assert_eq(sr_kernel_wait(k, 0), SR_OK);
+    const char *ex = sr_kernel_explain(k);
+    cr_assert(strstr(ex, "why this backend: no C compiler"), "%s", ex);
+    /* Row i of x is row 2 i + 1 of y: its nearest neighbours are 2 i + 1, then 2 i and 2 i + 2
+     * (equal distances, the lower index first). */
+    enum { NQ = 5, NY = 13 };
+    float x[NQ * 784], y[NY * 784];
+    for (int j = 0; j < NY; j++)
+        for (int c = 0; c < 784; c++)
+            y[j * 784 + c] = (float)j / 8;
+    for (int i = 0; i < NQ; i++)
+        memcpy(x + i * 784, y + (2 * i + 1) * 784, sizeof(float) * 784);
+    int64_t out[NQ * 3];
+    const void *args[] = {x, y};
+    cr_assert_eq(sr_kernel_run(k, NQ, NY, args, out), SR_OK, "%s", sr_ctx_error(c2));
+    for (int i = 0; i < NQ; i++) {
+        int64_t want[3] = {2 * i + 1, 2 * i, 2 * i + 2};
+        for (int q = 0; q < 3; q++)
+            cr_assert_eq(out[i * 3 + q], want[q], "row %d [%d]: %lld, expected %lld", i, q,
+                         (long long)out[i * 3 + q], (long long)want[q]);
+    }
+    sr_kernel_free(k);
+    sr_ctx_free(c2);
+}
+
 /* Below the threshold: the direct strategy. */
 CASE(below_threshold_direct, LSE_DOT, SR_LOGSUMEXP, 16, 1, 1, 131, 1031, SR_F32, false)
 CASE(just_below_threshold_direct, LSE_DOT, SR_LOGSUMEXP, 23, 1, 1, 131, 1031, SR_F32, false)

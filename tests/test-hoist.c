@@ -10,7 +10,8 @@
  * weight is such a formula;
  * block-sparse ranges; a memory budget that shrinks the tiles (B's tile among them), and one
  * that nothing fits (SR_EBUDGET). Explain must say that B was hoisted wherever the width
- * selects the fused strategy (R >= 4) and a tile gemm exists.
+ * selects the fused strategy (R >= 4) and a tile gemm exists. Suite hoist_tier0 runs a few with
+ * SYMRED_JIT=off: B's tile and F's formed by the tile interpreter.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -36,8 +37,14 @@ static void setup(void)
     have_gemm = cpu_avx512_usable() || tu_blis_usable();
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
 }
+static void setup_tier0(void)
+{
+    setup();
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "off"), SR_OK);
+}
 static void teardown(void) { sr_ctx_free(ctx); }
 TestSuite(hoist, .init = setup, .fini = teardown);
+TestSuite(hoist_tier0, .init = setup_tier0, .fini = teardown);
 
 enum form {
     SGPR,   /* Sum of Exp(-g SqDist(z, x)) * Exp(-g (SqNorm2(x) - 2 MatVecMult(Zt, x) + zn)) */
@@ -191,6 +198,40 @@ CASE(prod_r17_axis0_f32, PROD, 17, 0, 523, 17, SR_F32)
 /* A SumSoftMaxWeight whose weight is a formula of the reduced side. */
 CASE(ssmw_r17, SSMW_B, 17, 1, 131, 1031, SR_F32)
 CASE(ssmw_r100_axis0_f64, SSMW_B, 100, 0, 523, 37, SR_F64)
+
+/* Tier 0 (no compiled code). */
+#define CASE0(name, ...)                                                                           \
+    Test(hoist_tier0, name) { run_case((struct hcase){__VA_ARGS__}, NULL); }
+CASE0(sgpr_r17_f32, SGPR, 17, 1, 17, 1031, SR_F32)
+CASE0(sgpr_r100_axis0, SGPR, 100, 0, 2003, 100, SR_F64)
+CASE0(elem_r100_no_rows, ELEM, 100, 1, 0, 257, SR_F32)
+CASE0(prod_r100, PROD, 100, 1, 100, 1031, SR_F64)
+CASE0(ssmw_r17, SSMW_B, 17, 1, 131, 1031, SR_F32)
+
+/* SYMRED_JIT=async: tier 0 while the modules of F's and B's tiles compile, then compiled code. */
+Test(hoist_tier0, async_then_compiled)
+{
+    char dir[] = "/tmp/symred-hoist-async-XXXXXX";
+    cr_assert(mkdtemp(dir) != NULL);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_CACHE_DIR", dir), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "async"), SR_OK);
+    struct hcase c = {SGPR, 100, 1, 100, 1031, SR_F64};
+    sr_kernel *kg, *kr;
+    kernels(&c, &kg, &kr);
+    sr_plan_info p = tu_plan(kg);
+    cr_assert(!have_gemm || (p.tier == 0 && p.compiling), "tier %d compiling %d", p.tier,
+              p.compiling);
+    compare(&c, kg, kr, NULL);
+    cr_assert_eq(sr_kernel_wait(kg, -1), SR_OK);
+    p = tu_plan(kg);
+    cr_assert(p.tier == 1 && !p.compiling, "tier %d compiling %d", p.tier, p.compiling);
+    compare(&c, kg, kr, NULL);
+    sr_kernel_free(kg);
+    sr_kernel_free(kr);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
 
 /* Block-sparse ranges: two row blocks over different intervals, rows outside every block. */
 Test(hoist, ranges)

@@ -11,7 +11,8 @@
  * stay tested on an AVX-512 machine; explain must name the strategy where a gemm is available,
  * and the AVX2 strip products (src/cpu/gemm-avx2.c) where they run: float32 with F from inner
  * products on a CPU with AVX2 and FMA but not AVX-512F, unless SYMRED_GEMM_KERNEL=blis.
- * Wide formulas that are no fused two-product: tests/test-wide-reductions.c.
+ * Wide formulas that are no fused two-product: tests/test-wide-reductions.c. Suite wide_tier0
+ * runs a selection with SYMRED_JIT=off: the tiles of F formed by the tile interpreter (tier 0).
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -26,7 +27,8 @@
 #include "util.h"
 
 static sr_ctx *ctx;
-static bool have_gemm, force_blis;
+static bool have_gemm, force_blis, tier0, async;
+static char async_cache[] = "/tmp/symred-wide-async-XXXXXX";
 
 static void setup(void)
 {
@@ -36,7 +38,14 @@ static void setup(void)
     unsetenv("SYMRED_NUM_THREADS");
     have_gemm = cpu_avx512_usable() || tu_blis_usable();
     force_blis = false;
+    tier0 = async = false;
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+}
+static void setup_tier0(void)
+{
+    setup();
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "off"), SR_OK);
+    tier0 = true;
 }
 static void setup_blis(void)
 {
@@ -52,6 +61,24 @@ static void teardown(void)
 }
 TestSuite(wide, .init = setup, .fini = teardown);
 TestSuite(wide_blis, .init = setup_blis, .fini = teardown);
+static void setup_async(void)
+{
+    setup();
+    memcpy(async_cache + strlen(async_cache) - 6, "XXXXXX", 6);
+    cr_assert(mkdtemp(async_cache) != NULL);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_CACHE_DIR", async_cache), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "async"), SR_OK);
+    async = true;
+}
+static void teardown_async(void)
+{
+    teardown();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", async_cache);
+    cr_assert_eq(system(cmd), 0);
+}
+TestSuite(wide_tier0, .init = setup_tier0, .fini = teardown);
+TestSuite(wide_async, .init = setup_async, .fini = teardown_async);
 
 enum form {
     GAUSS,  /* Sum of Exp(-SqDist(x, y) g) b: F per pair, D = 3 */
@@ -211,6 +238,12 @@ static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
     cr_assert_str_eq(plan.backend, "cpu-jit", "expected the CPU JIT:\n%s", ex);
     if (fused)
         cr_assert(plan.workspace_bytes > 0 && plan.tile_rows > 0 && plan.tile_cols > 0, "%s", ex);
+    /* Tier 0 for good without compiled code; with async, while the modules compile (into an
+     * empty cache), except for the symmetric driver's, compiled at creation. */
+    bool bg = async && plan.strategy != SR_STRATEGY_SYMMETRIC;
+    if (fused)
+        cr_assert(plan.tier == (tier0 || bg ? 0 : 1) && plan.compiling == bg,
+                  "tier %d compiling %d\n%s", plan.tier, plan.compiling, ex);
     /* float32 with F from inner products, without AVX-512F: the AVX2 strip products unless
      * SYMRED_GEMM_KERNEL=blis. */
     bool strips = fused && c->dt == SR_F32 && c->form != GAUSS && c->form != SSMW3 && !force_blis &&
@@ -231,21 +264,24 @@ static void run_case(const struct wcase *c)
     sr_kernel *kg, *kr;
     kernels(c, &kg, &kr);
     compare(c, kg, kr, NULL);
+    if (async) { /* then on compiled code */
+        cr_assert_eq(sr_kernel_wait(kg, -1), SR_OK);
+        const sr_plan_info plan = tu_plan(kg);
+        cr_assert(plan.tier == 1 && !plan.compiling, "tier %d compiling %d\n%s", plan.tier,
+                  plan.compiling, sr_kernel_explain(kg));
+        compare(c, kg, kr, NULL);
+    }
     sr_kernel_free(kg);
     sr_kernel_free(kr);
 }
 
-#define CASE(name, ...)                                                                            \
-    Test(wide, name)                                                                               \
-    {                                                                                              \
-        struct wcase c = {__VA_ARGS__};                                                            \
-        run_case(&c);                                                                              \
-    }                                                                                              \
-    Test(wide_blis, name)                                                                          \
+#define WCASE(suite, name, ...)                                                                    \
+    Test(suite, name)                                                                              \
     {                                                                                              \
         struct wcase c = {__VA_ARGS__};                                                            \
         run_case(&c);                                                                              \
     }
+#define CASE(name, ...) WCASE(wide, name, __VA_ARGS__) WCASE(wide_blis, name, __VA_ARGS__)
 
 /* Every width, Gaussian Sum, float32, axis 1, sizes no tile divides. */
 CASE(gauss_r1, GAUSS, 1, 1, 37, 1031, SR_F32, NONE)
@@ -320,6 +356,22 @@ CASE(ssmw_scale_nan, SSMW, 16, 1, 37, 257, SR_F32, G_NAN)
  * products (384 per tile there), B of width 128 and 17. */
 CASE(ssmw_d128_tiles, SSMW128, 128, 1, 25, 800, SR_F32, NONE)
 CASE(ssmw_d128_r17, SSMW128, 17, 1, 13, 401, SR_F32, NONE)
+
+/* Tier 0: F per pair and from inner products, both dtypes and axes, passes over B's columns,
+ * sizes 0 and no tile divides, NaN in F's inputs and scale. */
+#define CASE0(name, ...) WCASE(wide_tier0, name, __VA_ARGS__)
+#define CASEA(name, ...) CASE0(name, __VA_ARGS__) WCASE(wide_async, name, __VA_ARGS__)
+CASEA(gauss_r16, GAUSS, 16, 1, 131, 1031, SR_F32, NONE)
+CASE0(gauss_r11_f64_axis0, GAUSS, 11, 0, 1031, 131, SR_F64, NONE)
+CASE0(gauss_r1101, GAUSS, 1101, 1, 29, 131, SR_F32, NONE)
+CASE0(gauss_r64_no_rows, GAUSS, 64, 1, 0, 1031, SR_F32, NONE)
+CASE0(gauss_nan_f, GAUSS, 16, 1, 37, 257, SR_F32, NAN_F)
+CASE0(dotexp_r16, DOTEXP, 16, 1, 131, 1031, SR_F32, NONE)
+CASEA(dotexp_r65_f64, DOTEXP, 65, 1, 131, 523, SR_F64, NONE)
+CASEA(ssmw_r64, SSMW, 64, 1, 229, 1031, SR_F32, NONE)
+CASE0(ssmw_r64_axis0, SSMW, 64, 0, 523, 229, SR_F32, NONE)
+CASE0(ssmw3_r16_f64_axis0, SSMW3, 16, 0, 1031, 131, SR_F64, NONE)
+CASE0(ssmw_scale_nan, SSMW, 16, 1, 37, 257, SR_F32, G_NAN)
 
 /* Block-sparse ranges: two row blocks over different intervals, rows outside every block. */
 static void ranges_case(const struct wcase *c)

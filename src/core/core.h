@@ -218,6 +218,10 @@ void sr__fill_identity(const struct sr_kernel *k, const sr_run_desc *r, int64_t 
  */
 struct sr_plan;
 enum { SR_STAGE_FINAL, SR_STAGE_PENDING, SR_STAGE_COMPILED, SR_STAGE_FAILED };
+/* k's stage (its backend's stage member, SR_STAGE_FINAL without one), and the stage of a kernel
+ * composed of two whose stages are a and b (kernel.c). */
+int sr__kernel_stage(const struct sr_kernel *k);
+int sr__stage_combine(int a, int b);
 struct sr_backend_i {
     const char *name;
     sr_status (*prepare)(struct sr_kernel *k);

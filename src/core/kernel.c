@@ -324,6 +324,21 @@ sr_status sr_kernel_var(const sr_kernel *k, int index, sr_cat *cat, int *dim)
     return SR_OK;
 }
 
+int sr__kernel_stage(const sr_kernel *k)
+{
+    return k->backend->stage ? k->backend->stage(k) : SR_STAGE_FINAL;
+}
+
+int sr__stage_combine(int a, int b)
+{
+    /* A compile still running counts first, then one that failed, then compiled code. */
+    static const int rank[] = {[SR_STAGE_FINAL] = 0,
+                               [SR_STAGE_COMPILED] = 1,
+                               [SR_STAGE_FAILED] = 2,
+                               [SR_STAGE_PENDING] = 3};
+    return rank[a] >= rank[b] ? a : b;
+}
+
 sr_status sr_kernel_wait(const sr_kernel *k, double timeout_s)
 {
     if (!k)

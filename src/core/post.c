@@ -196,6 +196,19 @@ static void post_plan_info(const sr_kernel *k, sr_plan_info *info)
     sr__plan_info_composed(d->inner, SR_STRATEGY_POST_REWRITE, info);
 }
 
+/* The inner kernel's background compile is the kernel's. */
+static int post_stage(const sr_kernel *k)
+{
+    const struct post_data *d = k->backend_data;
+    return sr__kernel_stage(d->inner);
+}
+
+static sr_status post_wait(const sr_kernel *k, double timeout_s)
+{
+    const struct post_data *d = k->backend_data;
+    return sr_kernel_wait(d->inner, timeout_s);
+}
+
 const struct sr_backend_i simp_post_backend = {
     .name = "post",
     .prepare = post_prepare,
@@ -204,4 +217,6 @@ const struct sr_backend_i simp_post_backend = {
     .explain = post_explain,
     .run_ranges = post_reduce,
     .plan_info = post_plan_info,
+    .stage = post_stage,
+    .wait = post_wait,
 };

@@ -27,6 +27,21 @@ struct split_data {
     int64_t chunk_cap; /* bytes of the second part's output chunk */
 };
 
+/* The parts' background compiles are the kernel's: pending while either's is, and a wait waits
+ * for each in turn (each up to timeout_s). */
+static int split_stage(const sr_kernel *k)
+{
+    const struct split_data *d = k->backend_data;
+    return sr__stage_combine(sr__kernel_stage(d->part[0]), sr__kernel_stage(d->part[1]));
+}
+
+static sr_status split_wait(const sr_kernel *k, double timeout_s)
+{
+    const struct split_data *d = k->backend_data;
+    sr_status st = sr_kernel_wait(d->part[0], timeout_s);
+    return st == SR_OK ? sr_kernel_wait(d->part[1], timeout_s) : st;
+}
+
 /* Rows of output per chunk (at least 1, at most nout). */
 static int64_t split_chunk(const sr_kernel *k, const struct split_data *d, int64_t nout)
 {
@@ -278,6 +293,8 @@ sr_status sr__split_sum(sr_kernel *k)
         .run_ranges = split_reduce,
         .workspace = split_workspace,
         .plan_info = split_plan_info,
+        .stage = split_stage,
+        .wait = split_wait,
     };
     k->backend_data = d;
     k->backend = &d->vt;

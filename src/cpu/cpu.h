@@ -259,8 +259,12 @@ void cpu_avx2_strip_av(int64_t h, int64_t K, const float *A, int64_t lda, const 
  * inner product of an i-variable and a j-variable, the dimension is at least the measured
  * threshold, and a tile gemm is available (symred's AVX-512 one, or BLIS loaded). On SR_OK
  * k->backend is cpu_gemm_backend; SR_ENOTSUP: not applicable (use the direct strategy); other
- * errors (SR_EBUDGET, SR_ECOMPILE) are final. */
-sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc);
+ * errors (SR_EBUDGET, SR_ECOMPILE) are final. tier: CPU_COMPILE_NOW compiles the epilogue's
+ * modules now; CPU_COMPILE_BACKGROUND serves the calls with the tile interpreter's epilogue (on the
+ * same gemm tiles) while they compile in the background; CPU_COMPILE_NEVER never compiles (no
+ * compiler, or SYMRED_JIT=off). */
+enum cpu_compile { CPU_COMPILE_NOW, CPU_COMPILE_BACKGROUND, CPU_COMPILE_NEVER };
+sr_status cpu_gemm_prepare(struct sr_kernel *k, int acc, enum cpu_compile tier);
 /* The gemm-epilogue's candidate plan for k (side-effect free): feasible exactly when
  * cpu_gemm_prepare's rules (SYMRED_GEMM, the crossover, the epilogue's cost, a tile gemm
  * available) let it plan k; its cost, tiles and why. */
@@ -294,9 +298,12 @@ sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis);
 
 /* Realises the fused two-product strategy for kernel k (accumulation acc, enum jit_acc), as the
  * planner chose it: a Sum of F * B, or a SumSoftMaxWeight of F with weight B, F scalar and B of
- * the reduced axis. On SR_OK
- * k->backend is cpu_fused_backend; SR_ENOTSUP: not applicable; other errors are final. */
-sr_status cpu_fused_prepare(struct sr_kernel *k, int acc);
+ * the reduced axis. mode: CPU_COMPILE_NOW compiles the modules of F's tiles (and a formula B's)
+ * now; CPU_COMPILE_BACKGROUND forms them by the tile interpreter while the modules compile in
+ * the background; CPU_COMPILE_NEVER by the tile interpreter for good. On SR_OK
+ * k->backend is cpu_fused_backend; SR_ENOTSUP:
+ * not applicable; other errors are final. */
+sr_status cpu_fused_prepare(struct sr_kernel *k, int acc, enum cpu_compile mode);
 /* The fused two-product's candidate plan for k (side-effect free): infeasible when its
  * prepare declines (F is not of its form, no tile gemm, a float32 accumulation other than
  * block, the memory budget below its smallest tiles); else its tiles, workspace lower bound and
@@ -437,5 +444,61 @@ int64_t cpu_tile_workspace(const struct sr_kernel *k, const struct tile_prog *t,
 void cpu_tile_explain(const struct sr_kernel *k, const struct tile_prog *t, struct expr_buf *b);
 /* The plan of program t: the direct strategy on the CPU at tier 0, its tiles. */
 void cpu_tile_plan_info(const struct sr_kernel *k, const struct tile_prog *t, sr_plan_info *info);
+
+/* A program whose node ext (a pair node of dimension 1, the inner product of the gemm-epilogue,
+ * or NULL) is not computed but read from a tile the caller provides (cpu_tile_fold), and whose
+ * tiles of reduced indices are at most tj_max wide (0: 256). */
+sr_status cpu_tile_new_ext(const struct sr_kernel *k, const sr_expr *ext, int tj_max,
+                           struct tile_prog **out);
+/* Driving a program by hand, as the gemm-epilogue's tier 0 does: a frame is one thread's buffers
+ * for blocks of at most rows output rows, reading the arrays args (which the caller may point
+ * elsewhere between calls, the parameters excepted: the frame evaluates the constants when it
+ * is made); the row states are the caller's, cpu_tile_state_bytes(t) each. begin starts the
+ * output rows [o0, o0 + n) (their row terms; their states st initialised when init); fold folds
+ * the reduced indices [r0, r0 + n) into the begun rows' states, the ext node's value for row s
+ * and reduced index r0 + u read at G[s * ldg + u] (G NULL without an ext node); final writes
+ * the results of n rows from their states st into rows orow, orow + 1, ... of out and out_idx
+ * (either may be NULL when the reduction has no such output); merge merges rows states b (later
+ * reduced indices) into a. Frames are single-threaded; NULL: out of memory. */
+struct tile_frame;
+int64_t cpu_tile_state_bytes(const struct tile_prog *t);
+int64_t cpu_tile_frame_bytes(const struct tile_prog *t, int64_t rows);
+struct tile_frame *cpu_tile_frame_new(const struct sr_kernel *k, const struct tile_prog *t,
+                                      const void *const *args, int64_t rows);
+void cpu_tile_frame_free(struct tile_frame *f);
+void cpu_tile_begin(struct tile_frame *f, void *st, int64_t o0, int64_t n, bool init);
+void cpu_tile_fold(struct tile_frame *f, void *st, int64_t r0, int64_t n, const void *G,
+                   int64_t ldg);
+void cpu_tile_final(struct tile_frame *f, const void *st, int64_t n, void *out, int64_t *out_idx,
+                    int64_t orow);
+void cpu_tile_merge(const struct sr_kernel *k, const struct tile_prog *t, void *a, const void *b,
+                    int64_t rows);
+/* The values of the program's F for output rows [o0, o0 + nrows) (at most the frame's rows) and
+ * reduced indices [r0, r0 + n), without a reduction (the fused two-product's tiles of F on
+ * tier 0): component c of row s at index r0 + u to element s ldr + u ldu + c of out; the ext
+ * node read from G as by cpu_tile_fold. */
+void cpu_tile_block(struct tile_frame *f, int64_t o0, int64_t nrows, int64_t r0, int64_t n,
+                    const void *G, int64_t ldg, void *out, int64_t ldr, int64_t ldu);
+
+/* ---- background compiles (background.c) ----
+ * A kernel served by the tile interpreter while its modules compile on a thread of their own
+ * (SYMRED_JIT=async): the direct strategy (one module) and the gemm-epilogue (its epilogue and
+ * the module that ranks a selection's candidates again). */
+#define CPU_BG_MAX 3
+struct cpu_bg;
+/* Compiles src[0 .. n) (n <= CPU_BG_MAX) in order on a detached thread, whose data pass to it
+ * on SR_OK (src[i].data is then NULL); otherwise nothing started and they are the caller's. */
+sr_status cpu_bg_start(sr_ctx *ctx, struct expr_buf *src, int n, struct cpu_bg **out);
+/* Module i once every module is loaded (acquire order: a call that sees one sees them all),
+ * else NULL; NULL for a NULL bg. */
+struct jit_module *cpu_bg_module(const struct cpu_bg *bg, int i);
+/* The kernel lets go (its release): the modules, loaded or to come, are released. */
+void cpu_bg_release(sr_ctx *ctx, struct cpu_bg *bg);
+/* sr_kernel_wait's and the stage member's answers (SR_STAGE_FINAL for a NULL bg). */
+sr_status cpu_bg_wait(struct cpu_bg *bg, double timeout_s);
+int cpu_bg_stage(struct cpu_bg *bg);
+/* Explain's tier line; the first module's load info in *info; returns the stage. */
+struct jit_load_info;
+int cpu_bg_explain(struct cpu_bg *bg, struct expr_buf *b, struct jit_load_info *info);
 
 #endif /* SYMRED_CPU_H */

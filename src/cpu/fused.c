@@ -89,6 +89,9 @@ struct fused_factor {
     struct jit_module *m;
     struct jit_plan plan;
     struct jit_load_info info;
+    /* Tier 0: the tile interpreter's program of the factor (kernel kt), instead of m. */
+    sr_kernel kt;
+    struct tile_prog *t;
 };
 
 /* A B that is a formula of the reduced side only (no variable of the output axis: k(x_j, U)
@@ -100,6 +103,8 @@ struct fused_hoist {
     struct jit_module *m;
     struct jit_plan plan;
     struct jit_load_info info;
+    sr_kernel kt; /* tier 0: the tile interpreter's program of B, instead of m */
+    struct tile_prog *t;
 };
 
 struct fused_kernel {
@@ -122,6 +127,11 @@ struct fused_kernel {
     float sdp_c;
     int64_t per_thread; /* workspace bytes per thread */
     const char *why;    /* why this strategy was chosen */
+    /* The tiles of F and B formed by the tile interpreter (programs fac[q].t, hoist.t): for good
+     * (tier0, no modules), or until bg, the background compile of the factors' modules and
+     * then B's, has them ready. */
+    bool tier0;
+    struct cpu_bg *bg;
     /* The symmetric driver (fused_run_sym): F(o, r) = F(r, o) with argument sym_i[p] paired with
      * sym_j[p], p < nsym; it runs when each pair is the same array and tiles of sym_t rows. */
     bool sym;
@@ -371,11 +381,12 @@ static int64_t thread_bytes(const sr_kernel *k, const struct fused_kernel *fk, i
                 al64(((int64_t)k->nargs + 2) * (int64_t)sizeof(void *)) + 64;
     if (fk->nfac > 1)
         b += al64(tr * tj * es);
-    if (fk->hoist.b) /* B's tile and its module's own */
-        b += al64((int64_t)tj * fk->R * es) + fk->hoist.plan.workspace_bytes;
+    if (fk->hoist.b) /* B's tile and its module's own (or the tile interpreter's frame) */
+        b += al64((int64_t)tj * fk->R * es) + fk->hoist.plan.workspace_bytes +
+             (fk->hoist.t ? cpu_tile_frame_bytes(fk->hoist.t, 1) : 0);
     for (int q = 0; q < fk->nfac; q++) {
         const struct fused_factor *fc = &fk->fac[q];
-        b += fc->plan.workspace_bytes;
+        b += fc->plan.workspace_bytes + (fc->t ? cpu_tile_frame_bytes(fc->t, ti) : 0);
         if (!fc->gemm)
             continue;
         D = fc->dim > D ? fc->dim : D;
@@ -405,9 +416,13 @@ static void fused_free(sr_ctx *ctx, struct fused_kernel *fk)
 {
     if (fk->hoist.m)
         jit_module_release(ctx, fk->hoist.m);
-    for (int q = 0; q < fk->nfac; q++)
+    cpu_bg_release(ctx, fk->bg);
+    cpu_tile_free(fk->hoist.t);
+    for (int q = 0; q < fk->nfac; q++) {
         if (fk->fac[q].m)
             jit_module_release(ctx, fk->fac[q].m);
+        cpu_tile_free(fk->fac[q].t);
+    }
     free(fk);
 }
 
@@ -423,16 +438,22 @@ static void part_plan(const sr_kernel *k, struct jit_plan *plan)
 
 /* The source of f alone as a Sum of its values (k's variables and tiles otherwise), used
  * through its sr_block. */
+static void part_kernel(const sr_kernel *k, const sr_expr *f, sr_kernel *kf)
+{
+    *kf = *k;
+    kf->f = f;
+    kf->fdim = f->dim;
+    kf->out_dim = f->dim;
+    kf->weight = NULL;
+    kf->red = SR_SUM;
+    kf->k = 0;
+}
+
 static sr_status emit_part(const sr_kernel *k, const sr_expr *f, struct jit_plan *plan,
                            struct expr_buf *src)
 {
-    sr_kernel kf = *k;
-    kf.f = f;
-    kf.fdim = f->dim;
-    kf.out_dim = f->dim;
-    kf.weight = NULL;
-    kf.red = SR_SUM;
-    kf.k = 0;
+    sr_kernel kf;
+    part_kernel(k, f, &kf);
     sr_status st = jit_emit_c(&kf, JIT_ACC_BLOCK, src, plan);
     if (st == SR_OK && src->oom)
         st = SR_ENOMEM;
@@ -457,12 +478,16 @@ static sr_status emit_factor(const sr_kernel *k, struct fused_kernel *fk, int q,
 
 /* The module of a formula B (fk->hoist.b): B alone as a Sum of its R values, used through its
  * sr_block on one output row (B does not depend on it), written TJ x R, row stride R. */
-static sr_status hoist_module(const sr_kernel *k, struct fused_kernel *fk)
+static sr_status hoist_module(const sr_kernel *k, struct fused_kernel *fk, struct expr_buf *keep)
 {
     struct fused_hoist *h = &fk->hoist;
     struct expr_buf src = {0};
     part_plan(k, &h->plan);
     sr_status st = emit_part(k, h->b, &h->plan, &src);
+    if (st == SR_OK && keep) { /* compiled in the background */
+        *keep = src;
+        return SR_OK;
+    }
     if (st == SR_OK)
         st = jit_module_get(k->ctx, src.data, src.len, &h->m, &h->info);
     if (st == SR_OK && !h->m->block)
@@ -583,8 +608,28 @@ static void fit_tiles(const sr_kernel *k, const struct fused_kernel *fk, int64_t
 }
 
 /* Realises k on the fused strategy with the formulas of km (as plan_form). */
-static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool gemm_form)
+/* Tier 0's programs of the factors of F (each reading its inner product from its gemm's tile)
+ * and of a formula B. */
+static sr_status tier0_programs(const sr_kernel *k, struct fused_kernel *fk,
+                                const sr_expr *const *S)
 {
+    sr_status st = SR_OK;
+    if (fk->hoist.b) {
+        part_kernel(k, fk->hoist.b, &fk->hoist.kt);
+        st = cpu_tile_new_ext(&fk->hoist.kt, NULL, 0, &fk->hoist.t);
+    }
+    for (int q = 0; q < fk->nfac && st == SR_OK; q++) {
+        struct fused_factor *fc = &fk->fac[q];
+        part_kernel(k, fc->f, &fc->kt);
+        st = cpu_tile_new_ext(&fc->kt, fc->gemm ? S[q] : NULL, 0, &fc->t);
+    }
+    return st;
+}
+
+static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool gemm_form,
+                              enum cpu_compile mode)
+{
+    const bool tier0 = mode == CPU_COMPILE_NEVER;
     sr_ctx *ctx = k->ctx;
     struct fused_kernel *fk = calloc(1, sizeof *fk);
     if (!fk)
@@ -597,14 +642,19 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
     fk->why = fused_why(k, fk);
     sr_status st = SR_OK;
     int64_t lim = ctx->mem_limit;
-    struct expr_buf src[FUSED_MAX_FACTORS] = {{0}};
-    if (fk->hoist.b && (st = hoist_module(k, fk)) != SR_OK) {
+    struct expr_buf src[FUSED_MAX_FACTORS + 1] = {{0}}; /* the factors', then B's */
+    fk->tier0 = tier0;
+    if (mode != CPU_COMPILE_NOW)
+        st = tier0_programs(k, fk, S);
+    if (st == SR_OK && !tier0 && fk->hoist.b)
+        st = hoist_module(k, fk, mode == CPU_COMPILE_BACKGROUND ? &src[fk->nfac] : NULL);
+    if (st != SR_OK) {
         fused_free(ctx, fk);
         return st == SR_ENOTSUP || st == SR_ENODEV ? SR_ENOTSUP : st;
     }
     for (;;) {
         bool any_gemm = false;
-        for (int q = 0; q < fk->nfac && st == SR_OK; q++) {
+        for (int q = 0; q < fk->nfac && st == SR_OK && !tier0; q++) {
             free(src[q].data);
             memset(&src[q], 0, sizeof src[q]);
             st = emit_factor(k, fk, q, S[q], &src[q]);
@@ -626,7 +676,19 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
             st = SR_ENOTSUP; /* the direct strategy reports the budget */
         break;
     }
-    for (int q = 0; q < fk->nfac && st == SR_OK; q++) {
+    if (st == SR_OK && mode == CPU_COMPILE_BACKGROUND &&
+        cpu_bg_start(ctx, src, fk->nfac + (fk->hoist.b != NULL), &fk->bg) != SR_OK) {
+        /* No thread: compile now. */
+        if (fk->hoist.b) {
+            st = jit_module_get(ctx, src[fk->nfac].data, src[fk->nfac].len, &fk->hoist.m,
+                                &fk->hoist.info);
+            if (st == SR_OK && !fk->hoist.m->block)
+                st = SR_ENOTSUP;
+        }
+        mode = CPU_COMPILE_NOW;
+    }
+    free(src[fk->nfac].data);
+    for (int q = 0; q < fk->nfac && st == SR_OK && mode == CPU_COMPILE_NOW; q++) {
         struct fused_factor *fc = &fk->fac[q];
         st = jit_module_get(ctx, src[q].data, src[q].len, &fc->m, &fc->info);
         if (st == SR_OK && !fc->m->block)
@@ -647,7 +709,7 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
     return SR_OK;
 }
 
-sr_status cpu_fused_prepare(sr_kernel *k, int acc)
+sr_status cpu_fused_prepare(sr_kernel *k, int acc, enum cpu_compile mode)
 {
     /* F with SqDist expanded into norms and an inner product (the simplifier's gemm form) when
      * that gives a factor of F its gemm: an absolute error of about the rounding of the norms
@@ -656,11 +718,11 @@ sr_status cpu_fused_prepare(sr_kernel *k, int acc)
     sr_kernel kx;
     const sr_kernel *km = cpu_gemm_form(k, &kx);
     if (km != k) {
-        sr_status st = prepare_form(k, km, acc, true);
+        sr_status st = prepare_form(k, km, acc, true, mode);
         if (st != SR_ENOTSUP)
             return st;
     }
-    return prepare_form(k, k, acc, false);
+    return prepare_form(k, k, acc, false, mode);
 }
 
 /* ---- the symmetric driver: planning ---------------------------------------------------------- */
@@ -782,7 +844,7 @@ void cpu_fused_sym_offer(const sr_kernel *k, int acc, struct sr_plan *p) { offer
 
 sr_status cpu_fused_sym_prepare(sr_kernel *k, int acc)
 {
-    sr_status st = cpu_fused_prepare(k, acc);
+    sr_status st = cpu_fused_prepare(k, acc, CPU_COMPILE_NOW);
     if (st != SR_OK)
         return st;
     struct fused_kernel *fk = k->backend_data;
@@ -829,11 +891,41 @@ struct fused_ws {
     char *mem;
     const struct fused_pre *pre; /* the AVX2 products' operands packed once per run, or NULL */
     const char *Kuse[FUSED_MAX_FACTORS]; /* the packed tile of K that the strips read */
+    /* The call's tier: the modules of the factors and of a formula B, or (NULL) the tile
+     * interpreter's frames. */
+    const struct jit_module *fm[FUSED_MAX_FACTORS], *hm;
+    struct tile_frame *tf[FUSED_MAX_FACTORS], *th;
     void *lse; /* SumSoftMaxWeight's log-normalizer per output row (fused_run_lse), or NULL */
 };
 
+static void ws_free(struct fused_ws *w)
+{
+    for (int q = 0; q < FUSED_MAX_FACTORS; q++)
+        cpu_tile_frame_free(w->tf[q]);
+    cpu_tile_frame_free(w->th);
+    free(w->mem);
+    memset(w, 0, sizeof *w);
+}
+
+/* The modules a call runs (the same for all its threads: a call runs one tier whole): the
+ * kernel's own, the background compile's once ready, or none (the tile interpreter). */
+struct fused_mods {
+    const struct jit_module *f[FUSED_MAX_FACTORS], *h;
+};
+
+static struct fused_mods mods_of(const struct fused_kernel *fk)
+{
+    struct fused_mods md = {{NULL}, fk->hoist.m};
+    bool ready = fk->bg && cpu_bg_module(fk->bg, 0);
+    for (int q = 0; q < fk->nfac; q++)
+        md.f[q] = fk->fac[q].m ? fk->fac[q].m : ready ? cpu_bg_module(fk->bg, q) : NULL;
+    if (fk->hoist.b && !md.h && ready)
+        md.h = cpu_bg_module(fk->bg, fk->nfac);
+    return md;
+}
+
 static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_run_desc *r,
-                   struct fused_ws *w)
+                   const struct fused_mods *md, struct fused_ws *w)
 {
     int f64 = k->dtype == SR_F64;
     int64_t es = f64 ? 8 : 4, ti = fk->ti, tj = fk->tj;
@@ -885,7 +977,18 @@ static bool ws_new(const sr_kernel *k, const struct fused_kernel *fk, const sr_r
         w->args[v] = r->args[v];
     w->args[k->nargs] = NULL;
     w->args[k->nargs + 1] = NULL;
-    return true;
+    bool ok = true;
+    w->hm = md->h;
+    for (int q = 0; q < fk->nfac; q++)
+        w->fm[q] = md->f[q];
+    if (fk->hoist.b && !w->hm)
+        ok = (w->th = cpu_tile_frame_new(&fk->hoist.kt, fk->hoist.t, w->args, 1)) != NULL;
+    for (int q = 0; q < fk->nfac && ok; q++)
+        if (!w->fm[q])
+            ok = (w->tf[q] = cpu_tile_frame_new(&fk->fac[q].kt, fk->fac[q].t, w->args, ti)) != NULL;
+    if (!ok)
+        ws_free(w);
+    return ok;
 }
 
 /* F[c] = exp(F[c] - m) (0 where F[c] is -inf), c < n; returns their sum. The algorithm of
@@ -1240,7 +1343,10 @@ static int factor_tiles(const sr_kernel *k, const struct fused_kernel *fk, const
         if (fk->sdp)
             return 0; /* the exponentials read G (softmax_sdp) */
         w->args[k->nargs] = w->G[q];
-        if (fc->m->block(o0, o1, rt, rt + nj, w->args, q ? w->F2 : w->F, nj, 1))
+        if (!w->fm[q])
+            cpu_tile_block(w->tf[q], o0, o1 - o0, rt, nj, fc->gemm ? w->G[q] : NULL, fk->tj,
+                           q ? w->F2 : w->F, nj, 1);
+        else if (w->fm[q]->block(o0, o1, rt, rt + nj, w->args, q ? w->F2 : w->F, nj, 1))
             return 1;
         if (q == 0)
             continue;
@@ -1365,7 +1471,9 @@ static int fold_cols(const sr_kernel *k, const struct fused_kernel *fk, const sr
         for (int64_t rt = iv[2 * q], r1 = iv[2 * q + 1]; rt < r1; rt += fk->tj) {
             const int64_t nj = r1 - rt < fk->tj ? r1 - rt : fk->tj;
             /* A formula B: its tile, evaluated here, once for all the tile's rows. */
-            if (fk->hoist.b && fk->hoist.m->block(0, 1, rt, rt + nj, w->args, w->Bh, nj * R, R))
+            if (fk->hoist.b && !w->hm)
+                cpu_tile_block(w->th, 0, 1, rt, nj, NULL, 0, w->Bh, nj * R, R);
+            else if (fk->hoist.b && w->hm->block(0, 1, rt, rt + nj, w->args, w->Bh, nj * R, R))
                 return 1;
             const char *Vt = fk->hoist.b ? V : V + rt * R * es;
             int64_t ldv = R;
@@ -1498,13 +1606,14 @@ static sr_status run_chunks(const sr_kernel *k, const sr_run_desc *r, const stru
     const struct fused_kernel *fk = k->backend_data;
     int nt = sr__threads(k->ctx, fk->per_thread);
     int64_t nchunks = chunk ? (p->nrows + chunk - 1) / chunk : 0;
+    const struct fused_mods md = mods_of(fk);
     int failed = 0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt) if (nt > 1 && nchunks > 1)
 #endif
     {
         struct fused_ws w;
-        bool ok = ws_new(k, fk, r, &w);
+        bool ok = ws_new(k, fk, r, &md, &w);
         w.pre = pre;
         w.lse = lse;
         if (pre) {
@@ -1532,7 +1641,7 @@ static sr_status run_chunks(const sr_kernel *k, const sr_run_desc *r, const stru
                 }
             }
         }
-        free(w.mem);
+        ws_free(&w);
     }
     if (failed)
         return sr__error(k->ctx, SR_ENOMEM, "fused two-product: out of memory for the workspace");
@@ -1826,9 +1935,15 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
         expr_print_to(b, fk->hoist.b);
         expr_buf_printf(b,
                         ", %d wide, evaluated once per tile of reduced indices into the workspace "
-                        "by generated code (module %s, cache %s, %.1f ms)\n",
-                        fk->R, fk->hoist.info.origin, fk->hoist.info.cache,
-                        fk->hoist.info.compile_ms);
+                        "by %s (module %s, cache %s, %.1f ms)\n",
+                        fk->R,
+                        fk->tier0 ? "the tile interpreter"
+                        : fk->bg  ? "generated code (the tile interpreter until it compiles)"
+                                  : "generated code",
+                        fk->hoist.m ? fk->hoist.info.origin
+                        : fk->bg    ? "background"
+                                    : "none",
+                        fk->hoist.m ? fk->hoist.info.cache : "unused", fk->hoist.info.compile_ms);
         expr_buf_printf(b, "  ");
     } else {
         expr_buf_printf(b, "  B: argument [%d], %d wide; ", fk->bvar, fk->R);
@@ -1864,6 +1979,23 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
                         "of n x %lld values per thread, added at the end; otherwise as above\n",
                         fk->sym_t, fk->sym_t, fk->sym_t, (long long)sym_ld(fk));
     }
+    if (fk->tier0) {
+        expr_buf_printf(b, "tier: 0, the tiles of F formed by the tile interpreter (no compiled "
+                           "code): ");
+        cpu_tile_explain(&fk->fac[0].kt, fk->fac[0].t, b);
+        return;
+    }
+    struct jit_load_info bi;
+    if (fk->bg) {
+        if (cpu_bg_explain(fk->bg, b, &bi) != SR_STAGE_COMPILED) {
+            expr_buf_printf(b, "tiles of F meanwhile: ");
+            cpu_tile_explain(&fk->fac[0].kt, fk->fac[0].t, b);
+        }
+        expr_buf_printf(b, "modules (compiled in the background): %s, cache %s, %.1f ms\n",
+                        bi.origin, bi.cache, bi.compile_ms);
+        return;
+    }
+    expr_buf_printf(b, "tier: 1, compiled code\n");
     for (int q = 0; q < fk->nfac; q++) {
         const struct fused_factor *fc = &fk->fac[q];
         if (fk->nfac > 1)
@@ -1885,7 +2017,21 @@ static void fused_plan_info(const sr_kernel *k, sr_plan_info *info)
     info->device = SR_DEVICE_CPU;
     info->tile_rows = fk->ti;
     info->tile_cols = fk->tj;
-    info->tier = 1;
+    int stage = fk->tier0 ? SR_STAGE_FAILED : cpu_bg_stage(fk->bg);
+    info->tier = stage == SR_STAGE_FINAL || stage == SR_STAGE_COMPILED;
+    info->compiling = stage == SR_STAGE_PENDING;
+}
+
+static int fused_stage(const sr_kernel *k)
+{
+    const struct fused_kernel *fk = k->backend_data;
+    return fk ? cpu_bg_stage(fk->bg) : SR_STAGE_FINAL;
+}
+
+static sr_status fused_wait(const sr_kernel *k, double timeout_s)
+{
+    const struct fused_kernel *fk = k->backend_data;
+    return fk ? cpu_bg_wait(fk->bg, timeout_s) : SR_OK;
 }
 
 const struct sr_backend_i cpu_fused_backend = {
@@ -1902,7 +2048,7 @@ const struct sr_backend_i cpu_fused_backend = {
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ fused_run_lse,
     /* .offer = */ NULL,
-    /* .stage = */ NULL,
-    /* .wait = */ NULL,
+    /* .stage = */ fused_stage,
+    /* .wait = */ fused_wait,
     /* .plan_info = */ fused_plan_info,
 };

@@ -164,7 +164,15 @@ struct gemm_kernel {
     int kc, rdims;
     struct jit_module *mr;
     struct jit_load_info rinfo;
+    struct jit_plan rplan;
     const char *no_refine; /* why a selection is not ranked again, NULL otherwise */
+    /* Tier 0: the tile interpreter's epilogue t, on the same gemm tiles, of kernel kt (k in the
+     * gemm form, a selection widened to kc candidates), and tr, which ranks the candidates again
+     * for kr (F as given). They serve the calls until bg, the background compile of m (and
+     * mr), has them ready, or always where nothing compiles (m and bg NULL). */
+    sr_kernel kt, kr;
+    struct tile_prog *t, *tr;
+    struct cpu_bg *bg;
 };
 
 enum { KERN_AVX512, KERN_BLIS };
@@ -232,14 +240,27 @@ static int64_t refine_bytes(const struct gemm_kernel *g, int ti, int64_t es)
 {
     if (!g->kc)
         return 0;
-    return (int64_t)ti * g->kc * (es + 8) + (int64_t)g->kc * (g->rdims * es + es + 16) +
-           g->mr->workspace_bytes;
+    int64_t ranker = g->tr ? cpu_tile_frame_bytes(g->tr, 1) + cpu_tile_state_bytes(g->tr) : 0;
+    if (g->rplan.workspace_bytes > ranker)
+        ranker = g->rplan.workspace_bytes;
+    return (int64_t)ti * g->kc * (es + 8) + (int64_t)g->kc * (g->rdims * es + es + 16) + ranker;
 }
 
+/* One thread's bytes: the tile of inner products, a block of row states, the packed operands,
+ * the epilogue's own buffers (the generated module's, or the tile interpreter's frame, the larger
+ * where both may run), and the ranking's. */
 static int64_t thread_bytes(const struct gemm_kernel *g, int ti, int tj, int64_t es, int64_t sb)
 {
-    return (int64_t)ti * tj * es + (int64_t)ti * sb + pack_bytes(g, ti, tj, es) +
-           g->plan.workspace_bytes + refine_bytes(g, ti, es);
+    int64_t epi = g->plan.workspace_bytes;
+    if (g->t) {
+        int64_t tsb = cpu_tile_state_bytes(g->t);
+        if (tsb > sb)
+            sb = tsb;
+        if (cpu_tile_frame_bytes(g->t, ti) > epi)
+            epi = cpu_tile_frame_bytes(g->t, ti);
+    }
+    return (int64_t)ti * tj * es + (int64_t)ti * sb + pack_bytes(g, ti, tj, es) + epi +
+           refine_bytes(g, ti, es);
 }
 
 /* The tile's gemm for SYMRED_GEMM_KERNEL=asked: symred's AVX-512 one where the CPU has AVX-512
@@ -288,38 +309,58 @@ static bool reduced_var(const sr_kernel *k, int v)
  * 100 000 float32: 4 more 3 %, 10 more 7 %, 22 more 14 %; ranking the candidates 1 %). */
 static int candidates(int K) { return K + (K < 8 ? 4 : K > 32 ? 16 : K / 2); }
 
-/* The direct strategy's module of F as the user gave it (no gemm expansion), for ranking the
- * candidates again. SR_OK with g->mr NULL and g->no_refine set when it cannot be had. */
-static sr_status refine_prepare(sr_kernel *k, struct gemm_kernel *g, int64_t lim)
+/* The ranking of the candidates again: F as the user gave it, by the direct strategy's module
+ * (compiled now for CPU_COMPILE_NOW, its source left in *rsrc for CPU_COMPILE_BACKGROUND) and,
+ * unless synchronous, by the tile interpreter (g->tr). SR_OK with g->kc 0 and g->no_refine set when
+ * it cannot be had. */
+static sr_status refine_prepare(sr_kernel *k, struct gemm_kernel *g, int64_t lim,
+                                enum cpu_compile tier, struct expr_buf *rsrc)
 {
     sr_kernel tr = *k;
     tr.f = k->simp.f_user ? k->simp.f_user : k->f;
-    struct jit_plan plan;
-    memset(&plan, 0, sizeof plan);
-    plan.ws_limit = lim > 0 ? lim / 4 : 0;
-    plan.tile_j_max = candidates(k->k);
-    struct expr_buf src = {0};
-    sr_status st = jit_emit_c(&tr, (enum jit_acc)g->acc, &src, &plan);
-    if (st == SR_OK && src.oom)
-        st = SR_ENOMEM;
-    if (st == SR_OK)
-        st = jit_module_get(k->ctx, src.data, src.len, &g->mr, &g->rinfo);
-    free(src.data);
-    if (st == SR_OK && !g->mr->block) {
-        jit_module_release(k->ctx, g->mr);
-        g->mr = NULL;
+    sr_status st = SR_OK;
+    if (tier != CPU_COMPILE_NEVER) {
+        memset(&g->rplan, 0, sizeof g->rplan);
+        g->rplan.ws_limit = lim > 0 ? lim / 4 : 0;
+        g->rplan.tile_j_max = candidates(k->k);
+        st = jit_emit_c(&tr, (enum jit_acc)g->acc, rsrc, &g->rplan);
+        if (st == SR_OK && rsrc->oom)
+            st = SR_ENOMEM;
     }
-    if (st == SR_ENOTSUP || st == SR_ENODEV || (st == SR_OK && !g->mr)) {
+    if (st == SR_OK && tier == CPU_COMPILE_NOW) {
+        st = jit_module_get(k->ctx, rsrc->data, rsrc->len, &g->mr, &g->rinfo);
+        free(rsrc->data);
+        rsrc->data = NULL;
+        if (st == SR_OK && !g->mr->block) {
+            jit_module_release(k->ctx, g->mr);
+            g->mr = NULL;
+            st = SR_ENOTSUP;
+        }
+    }
+    if (st == SR_ENOTSUP || st == SR_ENODEV) {
+        free(rsrc->data);
+        rsrc->data = NULL;
         g->no_refine = "F as given is too large for the direct strategy";
         return SR_OK;
     }
-    if (st != SR_OK)
+    if (st != SR_OK) {
+        free(rsrc->data);
+        rsrc->data = NULL;
         return st == SR_ENOMEM ? sr__error(k->ctx, st, "gemm-epilogue: out of memory") : st;
+    }
     g->kc = candidates(k->k);
     for (int v = 0; v < k->nargs; v++)
         if (reduced_var(k, v))
             g->rdims += k->vars[v].dim;
-    return SR_OK;
+    if (tier != CPU_COMPILE_NOW) {
+        g->kr = tr;
+        st = cpu_tile_new_ext(&g->kr, NULL, g->kc, &g->tr);
+        if (st != SR_OK) {
+            free(rsrc->data);
+            rsrc->data = NULL;
+        }
+    }
+    return st;
 }
 
 static void gemm_free(sr_ctx *ctx, struct gemm_kernel *g)
@@ -328,6 +369,9 @@ static void gemm_free(sr_ctx *ctx, struct gemm_kernel *g)
         jit_module_release(ctx, g->m);
     if (g->mr)
         jit_module_release(ctx, g->mr);
+    cpu_bg_release(ctx, g->bg);
+    cpu_tile_free(g->t);
+    cpu_tile_free(g->tr);
     free(g);
 }
 
@@ -341,7 +385,7 @@ const sr_kernel *cpu_gemm_form(const sr_kernel *k, sr_kernel *kx)
     return kx;
 }
 
-sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
+sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_compile tier)
 {
     sr_ctx *ctx = k->ctx;
     /* The context's SYMRED_GEMM, SYMRED_GEMM_KERNEL and SYMRED_GEMM_REFINE options. */
@@ -377,10 +421,11 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     g->asked = asked;
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
     int64_t lim = ctx->mem_limit;
+    struct expr_buf src[CPU_BG_MAX] = {{0}};
     /* A selection: the gemm pass keeps kc candidates per row (kernel kk), ranked again. */
     sr_kernel kk = *cpu_gemm_form(k, &kx);
     if (refinable(k) && refine == 0) {
-        st = refine_prepare(k, g, lim);
+        st = refine_prepare(k, g, lim, tier, &src[1]);
         if (st != SR_OK) {
             gemm_free(ctx, g);
             return st;
@@ -393,6 +438,16 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     } else if (refinable(k)) {
         g->no_refine = "SYMRED_GEMM_REFINE=off";
     }
+    /* Tier 0's epilogue: the tile interpreter reads the inner product from the gemm's tile. */
+    if (tier != CPU_COMPILE_NOW) {
+        g->kt = kk;
+        st = cpu_tile_new_ext(&g->kt, S, 0, &g->t);
+        if (st != SR_OK) {
+            free(src[1].data);
+            gemm_free(ctx, g);
+            return st;
+        }
+    }
     /* The tile of inner products: 2 MiB, 1024 x 512 float32 (256 x 1024 float64). Measured on
      * Fashion-MNIST kNN (ArgKMin k = 10, 10 000 x 60 000, D = 784, 2 threads, one run each
      * under load, the states kept across tiles): ti x tj = 512x1024 7.9 s, 512x512 6.2 s,
@@ -403,18 +458,19 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
      * 256x512, 576x512, 288x1024 and 144x2048; float64 keeps that shape.) */
     gemm_tiles(k->dtype, &g->ti, &g->tj);
     for (;;) {
-        struct expr_buf src = {0};
         memset(&g->plan, 0, sizeof g->plan);
         g->plan.gemm = S;
         g->plan.gemm_arg = k->nargs;
         g->plan.gemm_ld = g->tj;
         g->plan.gemm_rows = g->ti;
         g->plan.ws_limit = lim > 0 ? lim / 4 : 0;
-        st = jit_emit_c(&kk, (enum jit_acc)acc, &src, &g->plan);
-        if (st == SR_OK && src.oom)
+        st = tier == CPU_COMPILE_NEVER ? SR_OK
+                                       : jit_emit_c(&kk, (enum jit_acc)acc, &src[0], &g->plan);
+        if (st == SR_OK && src[0].oom)
             st = SR_ENOMEM;
         if (st != SR_OK) {
-            free(src.data);
+            free(src[0].data);
+            free(src[1].data);
             gemm_free(k->ctx, g);
             return st == SR_ENOTSUP ? SR_ENOTSUP
                                     : sr__error(ctx, st, "gemm-epilogue: cannot emit the epilogue");
@@ -428,21 +484,37 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
             else
                 g->tj /= 2;
         }
-        if (g->plan.gemm_ld != g->tj || g->plan.gemm_rows != g->ti) {
-            free(src.data); /* the leading dimension is compiled in: emit again */
+        if (tier != CPU_COMPILE_NEVER && (g->plan.gemm_ld != g->tj || g->plan.gemm_rows != g->ti)) {
+            free(src[0].data); /* the leading dimension is compiled in: emit again */
+            src[0] = (struct expr_buf){0};
             continue;
         }
         g->per_thread = thread_bytes(g, g->ti, g->tj, es, sb);
         if (lim > 0 && g->per_thread > lim) {
             /* The direct strategy may need less: let it try (and fail with SR_EBUDGET). */
-            free(src.data);
+            free(src[0].data);
+            free(src[1].data);
             gemm_free(k->ctx, g);
             return SR_ENOTSUP;
         }
-        st = jit_module_get(ctx, src.data, src.len, &g->m, &g->info);
-        free(src.data);
         break;
     }
+    st = SR_OK;
+    if (tier == CPU_COMPILE_BACKGROUND) {
+        /* Tier 0 serves the calls while the modules compile; should no thread start, they
+         * compile now. */
+        if (cpu_bg_start(ctx, src, g->kc ? 2 : 1, &g->bg) != SR_OK)
+            tier = CPU_COMPILE_NOW;
+    }
+    if (tier == CPU_COMPILE_NOW && g->kc && !g->mr) {
+        st = jit_module_get(ctx, src[1].data, src[1].len, &g->mr, &g->rinfo);
+        if (st == SR_OK && !g->mr->block)
+            st = SR_ENOTSUP;
+    }
+    if (tier == CPU_COMPILE_NOW && st == SR_OK)
+        st = jit_module_get(ctx, src[0].data, src[0].len, &g->m, &g->info);
+    free(src[0].data);
+    free(src[1].data);
     if (st != SR_OK) {
         gemm_free(k->ctx, g);
         return st == SR_ENODEV ? SR_ENOTSUP : st;
@@ -451,6 +523,13 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc)
     k->backend = &cpu_gemm_backend;
     k->backend_data = g;
     return SR_OK;
+}
+
+/* A row state's bytes: the module's, or the tile interpreter's where it may run, the larger. */
+static int64_t state_bytes(const struct gemm_kernel *g)
+{
+    int64_t sb = g->plan.state_bytes, tsb = g->t ? cpu_tile_state_bytes(g->t) : 0;
+    return sb > tsb ? sb : tsb;
 }
 
 static int64_t gemm_workspace(const sr_kernel *k, int64_t *per_thread, int *threads)
@@ -463,7 +542,7 @@ static int64_t gemm_workspace(const sr_kernel *k, int64_t *per_thread, int *thre
         *threads = nt;
     /* The split of the reduced range (fewer row blocks than threads) adds partial states for
      * up to nt * ti rows per thread when the budget allows it. */
-    int64_t split = (int64_t)nt * g->ti * g->m->state_bytes;
+    int64_t split = (int64_t)nt * g->ti * state_bytes(g);
     int64_t total = (int64_t)nt * g->per_thread;
     int64_t lim = k->ctx->mem_limit;
     if (nt > 1 && (lim <= 0 || total + (int64_t)nt * split <= lim))
@@ -473,12 +552,28 @@ static int64_t gemm_workspace(const sr_kernel *k, int64_t *per_thread, int *thre
 
 /* ---- run ----------------------------------------------------------------------------------- */
 
+/* One call: its tier (the modules, or NULL while the tile interpreter's epilogue serves), chosen
+ * once so that the whole call runs one tier, and the row state's bytes on it. */
 struct gemm_call {
     const sr_kernel *k;
     const struct gemm_kernel *g;
     const sr_run_desc *r;
     int64_t nred;
+    const struct jit_module *m, *mr;
+    int64_t sb;
 };
+
+static struct gemm_call call_new(const sr_kernel *k, const sr_run_desc *r, int64_t nred)
+{
+    const struct gemm_kernel *g = k->backend_data;
+    struct gemm_call c = {k, g, r, nred, g->m, g->mr, 0};
+    if (!c.m && g->bg) {
+        c.m = cpu_bg_module(g->bg, 0);
+        c.mr = c.m && g->kc ? cpu_bg_module(g->bg, 1) : NULL;
+    }
+    c.sb = c.m ? c.m->state_bytes : cpu_tile_state_bytes(g->t);
+    return c;
+}
 
 /* Folds reduced indices [r0, r1) into the states of output rows [o0, o1) (st), initialising
  * them first. G: the thread's tile; args: nargs + 2 pointers, the last one the thread's init
@@ -486,7 +581,7 @@ struct gemm_call {
  * jit.h): no scratch states, no merge, and the K-reductions keep their K-th value as a
  * rejection threshold across the tiles. */
 static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, const int64_t *iv, int64_t niv,
-                void *G, void *st, const void **args, char *pack)
+                void *G, void *st, const void **args, char *pack, struct tile_frame *tf)
 {
     const struct gemm_kernel *g = c->g;
     const sr_kernel *k = c->k;
@@ -498,8 +593,10 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, const int64_t
     int64_t total = 0;
     for (int64_t q = 0; q < niv; q++)
         total += iv[2 * q + 1] - iv[2 * q];
+    if (!c->m)
+        cpu_tile_begin(tf, st, o0, o1 - o0, true);
     if (total == 0)
-        return g->m->part(o0, o1, 0, 0, args, st); /* initialise only */
+        return c->m ? c->m->part(o0, o1, 0, 0, args, st) : 0; /* initialise only */
     /* symred's AVX-512 gemm: the rows are packed once for all the tiles. */
     char *bpack = NULL;
     if (g->kern == KERN_AVX512) {
@@ -520,9 +617,13 @@ static int fold(const struct gemm_call *c, int64_t o0, int64_t o1, const int64_t
                 blis.dgemm(0, 0, o1 - o0, nj, D, &oned, A, D, 1, B, 1, D, &zerod, G, g->tj, 1);
             else
                 blis.sgemm(0, 0, o1 - o0, nj, D, &onef, A, D, 1, B, 1, D, &zerof, G, g->tj, 1);
+            if (!c->m) {
+                cpu_tile_fold(tf, st, rt, nj, G, g->tj);
+                continue;
+            }
             *init = first;
             first = 0;
-            if (g->m->part(o0, o1, rt, rt + nj, args, st))
+            if (c->m->part(o0, o1, rt, rt + nj, args, st))
                 return 1;
         }
     return 0;
@@ -556,14 +657,12 @@ static int cand_cmp(const void *pa, const void *pb)
     return a->i < b->i ? -1 : a->i > b->i;
 }
 
-/* Row o's outputs from its nc candidates (indices ci, all >= 0): F at them through the direct
- * module, the K smallest written. args: the kernel's arguments with the reduced-axis variables
- * pointing at panels, which this fills. */
-static int rank_row(const struct gemm_call *c, int64_t o, const int64_t *ci, int nc,
-                    const void **args, char *panels, void *fv, struct cand *cd)
+/* Points the reduced-axis variables of args at panels, which this fills with the rows ci[0 .. nc)
+ * of each. */
+static void gather(const struct gemm_call *c, const int64_t *ci, int nc, const void **args,
+                   char *panels)
 {
     const sr_kernel *k = c->k;
-    const struct gemm_kernel *g = c->g;
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
     char *p = panels;
     for (int v = 0; v < k->nargs; v++) {
@@ -575,7 +674,41 @@ static int rank_row(const struct gemm_call *c, int64_t o, const int64_t *ci, int
         args[v] = p;
         p += nc * row;
     }
-    if (nc && g->mr->block(o, o + 1, 0, nc, args, fv, nc, 1))
+}
+
+static int index_cmp(const void *pa, const void *pb)
+{
+    int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    return a < b ? -1 : a > b;
+}
+
+/* rank_row on tier 0: the tile interpreter's program of F as given (frame rf over args, state
+ * rst) selects among the candidates, taken in index order so that its ties by position are ties
+ * by index. */
+static void rank_row0(const struct gemm_call *c, int64_t o, int64_t *ci, int nc, const void **args,
+                      char *panels, struct tile_frame *rf, void *rst)
+{
+    const sr_kernel *k = c->k;
+    qsort(ci, (size_t)nc, sizeof *ci, index_cmp);
+    gather(c, ci, nc, args, panels);
+    cpu_tile_begin(rf, rst, o, 1, true);
+    cpu_tile_fold(rf, rst, 0, nc, NULL, 0);
+    int64_t *oi = sr_reductions[k->red].indices ? c->r->out_idx : NULL;
+    cpu_tile_final(rf, rst, 1, c->r->out, oi, o);
+    for (int q = 0; oi && q < k->k; q++)
+        if (oi[o * k->k + q] >= 0)
+            oi[o * k->k + q] = ci[oi[o * k->k + q]];
+}
+
+/* Row o's outputs from its nc candidates (indices ci, all >= 0): F at them through the direct
+ * module, the K smallest written. args: the kernel's arguments with the reduced-axis variables
+ * pointing at panels, which this fills. */
+static int rank_row(const struct gemm_call *c, int64_t o, const int64_t *ci, int nc,
+                    const void **args, char *panels, void *fv, struct cand *cd)
+{
+    const sr_kernel *k = c->k;
+    gather(c, ci, nc, args, panels);
+    if (nc && c->mr->block(o, o + 1, 0, nc, args, fv, nc, 1))
         return 1;
     for (int q = 0; q < nc; q++) {
         cd[q].v = k->dtype == SR_F64 ? ((const double *)fv)[q] : ((const float *)fv)[q];
@@ -599,12 +732,16 @@ static int rank_row(const struct gemm_call *c, int64_t o, const int64_t *ci, int
 
 /* Writes the outputs of rows [o0, o1) from their states st (one per row): the module's final,
  * or, for a selection with candidates, each row ranked again (rows in chunks of ti). */
-static int finish(const struct gemm_call *c, const void *st, int64_t o0, int64_t o1)
+static int finish(const struct gemm_call *c, const void *st, int64_t o0, int64_t o1,
+                  struct tile_frame *tf)
 {
     const struct gemm_kernel *g = c->g;
     const sr_kernel *k = c->k;
     if (!g->kc) {
-        g->m->final(st, o0, o1, c->r->out, c->r->out_idx);
+        if (c->m)
+            c->m->final(st, o0, o1, c->r->out, c->r->out_idx);
+        else
+            cpu_tile_final(tf, st, o1 - o0, c->r->out, c->r->out_idx, o0);
         return 0;
     }
     int64_t es = (int64_t)sr_dtype_size(k->dtype), kc = g->kc;
@@ -613,24 +750,41 @@ static int finish(const struct gemm_call *c, const void *st, int64_t o0, int64_t
     struct cand *cd = malloc((size_t)kc * sizeof *cd);
     const void **args = malloc((size_t)(k->nargs ? k->nargs : 1) * sizeof *args);
     int failed = !buf || !cd || !args;
+    for (int v = 0; !failed && v < k->nargs; v++)
+        args[v] = c->r->args[v];
+    /* Tier 0 ranks with the tile interpreter: its frame reads args, its state is rst. */
+    struct tile_frame *rf = NULL;
+    void *rst = NULL;
+    if (!failed && !c->m) {
+        rf = cpu_tile_frame_new(&g->kr, g->tr, args, 1);
+        rst = malloc((size_t)cpu_tile_state_bytes(g->tr));
+        failed = !rf || !rst;
+    }
     if (!failed) {
         int64_t *ci = (int64_t *)buf;
         char *cv = buf + rows * kc * 8, *fv = cv + rows * kc * es, *panels = fv + kc * es;
-        for (int v = 0; v < k->nargs; v++)
-            args[v] = c->r->args[v];
         for (int64_t a = o0; a < o1 && !failed; a += rows) {
             int64_t b = a + rows < o1 ? a + rows : o1;
-            g->m->final((const char *)st + (a - o0) * g->m->state_bytes, 0, b - a, cv, ci);
+            const char *sa = (const char *)st + (a - o0) * c->sb;
+            if (c->m)
+                c->m->final(sa, 0, b - a, cv, ci);
+            else
+                cpu_tile_final(tf, sa, b - a, cv, ci, 0);
             for (int64_t o = a; o < b && !failed; o++) {
                 int64_t *row = ci + (o - a) * kc;
                 int nc = 0;
                 for (int q = 0; q < kc; q++)
                     if (row[q] >= 0)
                         row[nc++] = row[q];
-                failed = rank_row(c, o, row, nc, args, panels, fv, cd);
+                if (c->m)
+                    failed = rank_row(c, o, row, nc, args, panels, fv, cd);
+                else
+                    rank_row0(c, o, row, nc, args, panels, rf, rst);
             }
         }
     }
+    cpu_tile_frame_free(rf);
+    free(rst);
     free(buf);
     free(cd);
     free(args);
@@ -639,17 +793,23 @@ static int finish(const struct gemm_call *c, const void *st, int64_t o0, int64_t
 
 /* One thread's buffers: the gemm tile, a block of row states, the packing room (one
  * allocation, returned), and the argument array with the tile and init-flag slots. */
-static char *thread_buffers(const sr_kernel *k, const struct gemm_kernel *g, const sr_run_desc *r,
-                            const void ***args_out)
+static char *thread_buffers(const struct gemm_call *c, const void ***args_out,
+                            struct tile_frame **tf)
 {
-    int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = g->m->state_bytes;
+    const sr_kernel *k = c->k;
+    const struct gemm_kernel *g = c->g;
+    const sr_run_desc *r = c->r;
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = c->sb;
     size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * sb);
     size_t pbytes = g->kern == KERN_AVX512 ? (size_t)pack_bytes(g, g->ti, g->tj, es) : 0;
     char *buf = malloc(gbytes + sbytes + pbytes + 64);
     const void **args = malloc(((size_t)k->nargs + 2) * sizeof *args);
-    if (!buf || !args) {
+    *tf = c->m ? NULL : cpu_tile_frame_new(&g->kt, g->t, r->args, g->ti);
+    if (!buf || !args || (!c->m && !*tf)) {
         free(buf);
         free(args);
+        cpu_tile_frame_free(*tf);
+        *tf = NULL;
         return NULL;
     }
     for (int v = 0; v < k->nargs; v++)
@@ -664,7 +824,8 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
     int64_t nred = k->axis == 1 ? r->ny : r->nx;
     int nt = sr__threads(k->ctx, g->per_thread);
-    int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = g->m->state_bytes;
+    struct gemm_call c = call_new(k, r, nred);
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = c.sb;
     /* Row blocks of at most ti rows, as many as a multiple of the threads and all of one
      * size, so that no thread idles while the other finishes a last block (10 000 queries in
      * blocks of 512 would make 20 blocks, the last one of 272 rows). */
@@ -673,7 +834,6 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
         nblocks = (nblocks + nt - 1) / nt * nt;
     int64_t ti = (nout + nblocks - 1) / nblocks;
     nblocks = (nout + ti - 1) / ti;
-    struct gemm_call c = {k, g, r, nred};
     int64_t lim = k->ctx->mem_limit;
     /* Few row blocks: split the reduced range over the threads too, when the partial states of
      * every row fit in the budget. */
@@ -695,7 +855,8 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
     {
         size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * sb);
         const void **args = NULL;
-        char *buf = thread_buffers(k, g, r, &args);
+        struct tile_frame *tf = NULL;
+        char *buf = thread_buffers(&c, &args, &tf);
         if (!buf) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -716,12 +877,12 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
                 int64_t r1 = r0 + slice < nred ? r0 + slice : nred;
                 void *dst = nsplit > 1 ? partial + (size_t)((p * nout + o0) * sb) : st;
                 const int64_t iv[2] = {r0, r1};
-                if (fold(&c, o0, o1, iv, 1, G, dst, args, pack)) {
+                if (fold(&c, o0, o1, iv, 1, G, dst, args, pack, tf)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
                     failed = 1;
-                } else if (nsplit == 1 && finish(&c, st, o0, o1)) {
+                } else if (nsplit == 1 && finish(&c, st, o0, o1, tf)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -731,12 +892,22 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
         }
         free(buf);
         free(args);
+        cpu_tile_frame_free(tf);
     }
     if (!failed && nsplit > 1) {
-        for (int p = 1; p < nsplit && !failed; p++)
-            failed = g->m->merge(partial, partial + (size_t)(p * nout * sb), nout) != 0;
+        for (int p = 1; p < nsplit && !failed; p++) {
+            char *b = partial + (size_t)(p * nout * sb);
+            if (c.m)
+                failed = c.m->merge(partial, b, nout) != 0;
+            else
+                cpu_tile_merge(&g->kt, g->t, partial, b, nout);
+        }
+        struct tile_frame *tf = c.m ? NULL : cpu_tile_frame_new(&g->kt, g->t, r->args, 1);
+        if (!failed && !c.m && !tf)
+            failed = 1;
         if (!failed)
-            failed = finish(&c, partial, 0, nout);
+            failed = finish(&c, partial, 0, nout, tf);
+        cpu_tile_frame_free(tf);
     }
     free(partial);
     if (failed)
@@ -755,15 +926,16 @@ static sr_status gemm_run_ranges(const sr_kernel *k, const sr_run_desc *r, const
     int64_t chunk = (p->nrows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
     chunk = chunk > g->ti ? g->ti : chunk < 1 ? 1 : chunk;
     int64_t nchunks = (p->nrows + chunk - 1) / chunk;
-    struct gemm_call c = {k, g, r, k->axis == 1 ? r->ny : r->nx};
+    struct gemm_call c = call_new(k, r, k->axis == 1 ? r->ny : r->nx);
     int failed = 0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt) if (nt > 1 && nchunks > 1)
 #endif
     {
-        size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * g->m->state_bytes);
+        size_t gbytes = (size_t)(g->ti * g->tj * es), sbytes = (size_t)(g->ti * c.sb);
         const void **args = NULL;
-        char *buf = thread_buffers(k, g, r, &args);
+        struct tile_frame *tf = NULL;
+        char *buf = thread_buffers(&c, &args, &tf);
         int init = 1;
         if (!buf) {
 #ifdef _OPENMP
@@ -785,12 +957,12 @@ static sr_status gemm_run_ranges(const sr_kernel *k, const sr_run_desc *r, const
                 if (o0 == o1)
                     continue;
                 if (fold(&c, o0, o1, p->iv + 2 * p->ivoff[b], p->ivoff[b + 1] - p->ivoff[b], buf,
-                         buf + gbytes, args, buf + gbytes + sbytes)) {
+                         buf + gbytes, args, buf + gbytes + sbytes, tf)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
                     failed = 1;
-                } else if (finish(&c, buf + gbytes, o0, o1)) {
+                } else if (finish(&c, buf + gbytes, o0, o1, tf)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -800,6 +972,7 @@ static sr_status gemm_run_ranges(const sr_kernel *k, const sr_run_desc *r, const
         }
         free(buf);
         free(args);
+        cpu_tile_frame_free(tf);
     }
     if (failed)
         return sr__error(k->ctx, SR_ENOMEM, "gemm-epilogue: out of memory for the workspace");
@@ -842,9 +1015,34 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
     }
     expr_buf_printf(b,
                     " of dimension %d (%s); %s computes tiles of %d output rows x %d reduced "
-                    "indices, single-threaded inside each OpenMP thread, and the generated "
-                    "epilogue folds each tile into the reduction\n",
+                    "indices, single-threaded inside each OpenMP thread, and the epilogue "
+                    "(generated code on tier 1, the tile interpreter on tier 0) folds each tile "
+                    "into the reduction\n",
                     g->dim, why, kern, g->ti, g->tj);
+    struct jit_load_info info = g->info;
+    int stage = SR_STAGE_FINAL;
+    if (g->bg) {
+        stage = cpu_bg_explain(g->bg, b, &info);
+    } else if (!g->m) {
+        expr_buf_printf(b, "tier: 0, the tile interpreter evaluates the epilogue on the gemm's "
+                           "tiles (no compiled code)\n");
+        stage = SR_STAGE_FAILED;
+    } else {
+        expr_buf_printf(b, "tier: 1, compiled code\n");
+    }
+    if (stage == SR_STAGE_PENDING || stage == SR_STAGE_FAILED) {
+        expr_buf_printf(b, "epilogue on tier 0: ");
+        cpu_tile_explain(&g->kt, g->t, b);
+    }
+    if (!g->m && !g->bg) {
+        if (g->kc)
+            expr_buf_printf(b,
+                            "selection: the tiles keep the %d smallest values of each row, then F "
+                            "as given is computed at those pairs by the tile interpreter and the "
+                            "%d smallest kept (SYMRED_GEMM_REFINE=off skips it)\n",
+                            g->kc, k->k);
+        return;
+    }
     expr_buf_printf(b,
                     "epilogue: %d output-row nodes, %d reduced-index nodes, %d pair nodes; state "
                     "%lld bytes per output row; epilogue tile %d reduced indices\n"
@@ -853,8 +1051,7 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
                     "module: %s, cache %s, %.1f ms\n",
                     g->plan.hoisted_outer, g->plan.hoisted_inner, g->plan.pair_nodes,
                     (long long)g->plan.state_bytes, g->plan.tile_j,
-                    sr__threads(k->ctx, g->per_thread), g->info.origin, g->info.cache,
-                    g->info.compile_ms);
+                    sr__threads(k->ctx, g->per_thread), info.origin, info.cache, info.compile_ms);
     if (g->kc)
         expr_buf_printf(b,
                         "selection: the tiles keep the %d smallest values of each row (rounded "
@@ -862,8 +1059,9 @@ static void gemm_explain(const sr_kernel *k, struct expr_buf *b)
                         "pairs by the direct strategy and the %d smallest kept (exact unless more "
                         "than %d pairs lie within the epilogue's rounding of the %d-th; "
                         "SYMRED_GEMM_REFINE=off skips it); module: %s, cache %s, %.1f ms\n",
-                        g->kc, k->k, g->kc - k->k, k->k, g->rinfo.origin, g->rinfo.cache,
-                        g->rinfo.compile_ms);
+                        g->kc, k->k, g->kc - k->k, k->k, g->bg ? info.origin : g->rinfo.origin,
+                        g->bg ? info.cache : g->rinfo.cache,
+                        g->bg ? info.compile_ms : g->rinfo.compile_ms);
     else if (g->no_refine)
         expr_buf_printf(b, "selection: from the tiles' values as computed, not ranked again (%s)\n",
                         g->no_refine);
@@ -881,7 +1079,21 @@ static void gemm_plan_info(const sr_kernel *k, sr_plan_info *info)
     info->device = SR_DEVICE_CPU;
     info->tile_rows = g->ti;
     info->tile_cols = g->tj;
-    info->tier = 1;
+    int stage = g->bg ? cpu_bg_stage(g->bg) : g->m ? SR_STAGE_FINAL : SR_STAGE_FAILED;
+    info->tier = stage == SR_STAGE_FINAL || stage == SR_STAGE_COMPILED;
+    info->compiling = stage == SR_STAGE_PENDING;
+}
+
+static int gemm_stage(const sr_kernel *k)
+{
+    const struct gemm_kernel *g = k->backend_data;
+    return g ? cpu_bg_stage(g->bg) : SR_STAGE_FINAL;
+}
+
+static sr_status gemm_wait(const sr_kernel *k, double timeout_s)
+{
+    const struct gemm_kernel *g = k->backend_data;
+    return g ? cpu_bg_wait(g->bg, timeout_s) : SR_OK;
 }
 
 const struct sr_backend_i cpu_gemm_backend = {
@@ -898,8 +1110,8 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .vjp = */ cpu_attn_vjp,
     /* .run_lse = */ cpu_attn_run_lse,
     /* .offer = */ NULL,
-    /* .stage = */ NULL,
-    /* .wait = */ NULL,
+    /* .stage = */ gemm_stage,
+    /* .wait = */ gemm_wait,
     /* .plan_info = */ gemm_plan_info,
 };
 

@@ -17,34 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-/*
- * A background compile of a direct kernel's module (SYMRED_JIT=async), shared by the kernel and
- * the compiling thread and freed by whichever lets go last. The thread publishes the loaded
- * module in m (release order; calls read it with acquire order, so a call runs either the tile
- * interpreter or the whole module, never a mix) unless the kernel is gone, in which case it
- * releases the module itself. The context waits for its background compiles when it is freed
- * (jit_ctx_free), so the thread may use the context to the end.
- */
-struct jit_bg {
-    pthread_mutex_t lock;
-    pthread_cond_t done_cv; /* broadcast when done becomes true */
-    _Atomic(struct jit_module *) m;
-    sr_ctx *ctx;
-    char *src;
-    size_t len;
-    int refs;         /* under lock */
-    bool kernel_gone; /* under lock */
-    bool done;        /* under lock: status, why and info are set */
-    sr_status status;
-    char why[512];
-    struct jit_load_info info;
-};
 
 /* A direct-strategy kernel. Its module m has no sr_block: the block module bm (the same source
  * with sr_block) is built on the first sr_kernel_eval_block, under block_lock, as the kernel
@@ -52,7 +27,7 @@ struct jit_bg {
  * module comes from bg; until then the tile interpreter runs t0. */
 struct jit_kernel {
     struct jit_module *m;
-    struct jit_bg *bg;
+    struct cpu_bg *bg;
     struct tile_prog *t0;
     atomic_int logged; /* SYMRED_LOG: 1 the first tile interpreter call said, 2 compiled too */
     struct jit_plan plan;
@@ -71,10 +46,7 @@ struct jit_kernel {
  * NULL while the tile interpreter serves them. */
 static struct jit_module *module_of(const struct jit_kernel *jk)
 {
-    if (jk->m)
-        return jk->m;
-    return jk->bg ? atomic_load_explicit(&((struct jit_bg *)jk->bg)->m, memory_order_acquire)
-                  : NULL;
+    return jk->m ? jk->m : cpu_bg_module(jk->bg, 0);
 }
 
 /* Whether splitting the reduced range (nt partial states of nout rows each, on top of the
@@ -222,140 +194,20 @@ static int jit_offer(const sr_kernel *k, struct sr_plan *out)
     return cpu_plans(k, k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc, out);
 }
 
-/* ---- the background compile (SYMRED_JIT=async) ---- */
-
-static void bg_unref(struct jit_bg *bg)
-{
-    pthread_mutex_lock(&bg->lock);
-    int left = --bg->refs;
-    pthread_mutex_unlock(&bg->lock);
-    if (left)
-        return;
-    pthread_cond_destroy(&bg->done_cv);
-    pthread_mutex_destroy(&bg->lock);
-    free(bg->src);
-    free(bg);
-}
-
-/* At most as many compilers at once, process-wide, as the machine has processors: a program that
- * creates many kernels at once queues their compiles instead of starting them all. */
-static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t slot_cv = PTHREAD_COND_INITIALIZER;
-static int slots_busy;
-
-static void slot_take(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    int max = n > 1 ? (int)n : 1;
-    pthread_mutex_lock(&slot_lock);
-    while (slots_busy >= max)
-        pthread_cond_wait(&slot_cv, &slot_lock);
-    slots_busy++;
-    pthread_mutex_unlock(&slot_lock);
-}
-
-static void slot_give(void)
-{
-    pthread_mutex_lock(&slot_lock);
-    slots_busy--;
-    pthread_cond_signal(&slot_cv);
-    pthread_mutex_unlock(&slot_lock);
-}
-
-static void *bg_main(void *arg)
-{
-    struct jit_bg *bg = arg;
-    sr_ctx *ctx = bg->ctx;
-    struct jit_ctx *jc = jit_ctx_of(ctx);
-    char err[SR_ERR_MAX];
-    struct jit_module *m = NULL;
-    struct jit_load_info info;
-    /* The compile's failures are the kernel's to show in explain, not the context's message. */
-    slot_take();
-    expr_error_redirect(err, sizeof err);
-    sr_status st = jit_module_get(ctx, bg->src, bg->len, &m, &info);
-    expr_error_redirect(NULL, 0);
-    slot_give();
-    pthread_mutex_lock(&bg->lock);
-    bool gone = bg->kernel_gone;
-    bg->done = true;
-    bg->status = st;
-    bg->info = info;
-    snprintf(bg->why, sizeof bg->why, "%.500s", st == SR_OK ? "" : err);
-    if (st == SR_OK && !gone)
-        atomic_store_explicit(&bg->m, m, memory_order_release);
-    pthread_cond_broadcast(&bg->done_cv);
-    pthread_mutex_unlock(&bg->lock);
-    if (st == SR_OK && gone)
-        jit_module_release(ctx, m);
-    if (ctx->log_level >= 1) {
-        if (st == SR_OK)
-            fprintf(stderr,
-                    "symred: background compile done (module from %s, %.1f ms): the kernel's "
-                    "calls run compiled code from now on\n",
-                    info.origin, info.compile_ms);
-        else
-            fprintf(stderr,
-                    "symred: background compile failed (%s): the tile interpreter keeps serving "
-                    "the kernel\n",
-                    err);
-    }
-    bg_unref(bg);
-    /* The last use of the context: jit_ctx_free may free it as soon as the lock is let go. */
-    pthread_mutex_lock(&jc->lock);
-    if (--jc->bg_running == 0)
-        pthread_cond_broadcast(&jc->bg_idle);
-    pthread_mutex_unlock(&jc->lock);
-    return NULL;
-}
-
 /* Serves k on the tile interpreter and compiles src on a thread of its own (src passes to the
  * thread). SR_OK: started; otherwise nothing changed and src is still the caller's. */
-static sr_status bg_start(sr_kernel *k, struct jit_kernel *jk, struct jit_ctx *jc,
-                          struct expr_buf *src)
+static sr_status bg_start(sr_kernel *k, struct jit_kernel *jk, struct expr_buf *src)
 {
     struct tile_prog *t0 = NULL;
     sr_status st = cpu_tile_new(k, &t0);
     if (st != SR_OK)
         return st;
-    struct jit_bg *bg = calloc(1, sizeof *bg);
-    if (!bg || pthread_mutex_init(&bg->lock, NULL) != 0) {
-        free(bg);
+    struct cpu_bg *bg = NULL;
+    st = cpu_bg_start(k->ctx, src, 1, &bg);
+    if (st != SR_OK) {
         cpu_tile_free(t0);
-        return SR_ENOMEM;
+        return st;
     }
-    if (pthread_cond_init(&bg->done_cv, NULL) != 0) {
-        pthread_mutex_destroy(&bg->lock);
-        free(bg);
-        cpu_tile_free(t0);
-        return SR_ENOMEM;
-    }
-    bg->ctx = k->ctx;
-    bg->src = src->data;
-    bg->len = src->len;
-    bg->refs = 2;
-    pthread_mutex_lock(&jc->lock);
-    jc->bg_running++;
-    pthread_mutex_unlock(&jc->lock);
-    pthread_attr_t attr;
-    pthread_t th;
-    bool started = pthread_attr_init(&attr) == 0;
-    if (started) {
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        started = pthread_create(&th, &attr, bg_main, bg) == 0;
-        pthread_attr_destroy(&attr);
-    }
-    if (!started) {
-        pthread_mutex_lock(&jc->lock);
-        jc->bg_running--;
-        pthread_mutex_unlock(&jc->lock);
-        pthread_cond_destroy(&bg->done_cv);
-        pthread_mutex_destroy(&bg->lock);
-        free(bg);
-        cpu_tile_free(t0);
-        return SR_ENOMEM;
-    }
-    src->data = NULL;
     jk->bg = bg;
     jk->t0 = t0;
     return SR_OK;
@@ -377,6 +229,31 @@ static void log_tier(const sr_kernel *k, const struct jit_kernel *jk, bool compi
                        "compiles in the background");
 }
 
+/* Without compiled code (why, detail as fall_back's): the plan the planner chooses among what
+ * tier 0 runs, its pair work done by the tile interpreter: the fused two-product (its tiles of F
+ * formed by the interpreter), the gemm-epilogue (the interpreter's epilogue on the gemm's tiles)
+ * or the interpreter's direct evaluation. */
+static sr_status tier0_prepare(sr_kernel *k, struct jit_ctx *jc, const char *why,
+                               const char *detail)
+{
+    int acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
+    k->nplans = cpu_plans(k, acc, k->plans);
+    const struct sr_plan *p = sr__plan_choose(k);
+    /* The symmetric driver's tiles of F are generated code only. */
+    while (p && p->id == CPU_PLAN_SYM)
+        p = sr__plan_reject(k, "tier 0 (no compiled code) has no symmetric driver");
+    while (p && (p->id == CPU_PLAN_FUSED || p->id == CPU_PLAN_GEMM)) {
+        sr_status st = p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, acc, CPU_COMPILE_NEVER)
+                                               : cpu_gemm_prepare(k, acc, CPU_COMPILE_NEVER);
+        if (st == SR_OK)
+            k->fallback_why = why;
+        if (st != SR_ENOTSUP)
+            return st;
+        p = sr__plan_reject(k, "declined when realised on tier 0");
+    }
+    return fall_back(k, why, detail);
+}
+
 static sr_status jit_prepare(sr_kernel *k)
 {
     sr_ctx *ctx = k->ctx;
@@ -385,16 +262,17 @@ static sr_status jit_prepare(sr_kernel *k)
     if (st0 != SR_OK)
         return st0;
     if (ctx->opt.jit == SR_JIT_OFF)
-        return fall_back(k, "SYMRED_JIT=off", NULL);
+        return tier0_prepare(k, jc, "SYMRED_JIT=off", NULL);
     if (jit_no_compiler(jc))
-        return fall_back(k, "no C compiler", NULL);
+        return tier0_prepare(k, jc, "no C compiler", NULL);
     /* A background compile learns late that there is no compiler; a missing one is seen now,
      * so the kernel says so from its creation. */
     if (ctx->opt.jit == SR_JIT_ASYNC && !jit_compiler_found(jc->cc)) {
         pthread_mutex_lock(&jc->lock);
         jc->no_compiler = true;
         pthread_mutex_unlock(&jc->lock);
-        return fall_back(k, "no C compiler", "the C compiler was not found (SYMRED_CC, PATH)");
+        return tier0_prepare(k, jc, "no C compiler",
+                             "the C compiler was not found (SYMRED_CC, PATH)");
     }
     struct jit_kernel *jk = calloc(1, sizeof *jk);
     if (!jk)
@@ -409,9 +287,14 @@ static sr_status jit_prepare(sr_kernel *k)
      * lower bound), the direct strategy's emitter states the exact need (SR_EBUDGET). */
     k->nplans = cpu_plans(k, jk->acc, k->plans);
     for (const struct sr_plan *p = sr__plan_choose(k); p && p->id != CPU_PLAN_DIRECT;) {
-        sr_status sg = p->id == CPU_PLAN_SYM     ? cpu_fused_sym_prepare(k, jk->acc)
-                       : p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, jk->acc)
-                                                 : cpu_gemm_prepare(k, jk->acc);
+        sr_status sg = p->id == CPU_PLAN_SYM ? cpu_fused_sym_prepare(k, jk->acc)
+                       : p->id == CPU_PLAN_FUSED
+                           ? cpu_fused_prepare(k, jk->acc,
+                                               ctx->opt.jit == SR_JIT_ASYNC ? CPU_COMPILE_BACKGROUND
+                                                                            : CPU_COMPILE_NOW)
+                           : cpu_gemm_prepare(k, jk->acc,
+                                              ctx->opt.jit == SR_JIT_ASYNC ? CPU_COMPILE_BACKGROUND
+                                                                           : CPU_COMPILE_NOW);
         if (sg != SR_ENOTSUP) {
             free(jk);
             return sg;
@@ -455,7 +338,7 @@ static sr_status jit_prepare(sr_kernel *k)
                          (long long)need, (long long)ctx->mem_limit);
     }
     if (async && pthread_mutex_init(&jk->block_lock, NULL) == 0) {
-        if (bg_start(k, jk, jc, &src) == SR_OK) {
+        if (bg_start(k, jk, &src) == SR_OK) {
             k->backend_data = jk;
             return SR_OK;
         }
@@ -491,15 +374,7 @@ static void jit_release(sr_kernel *k)
     struct jit_kernel *jk = k->backend_data;
     if (!jk)
         return;
-    if (jk->bg) {
-        struct jit_bg *bg = jk->bg;
-        pthread_mutex_lock(&bg->lock);
-        bg->kernel_gone = true;
-        struct jit_module *m = atomic_exchange(&bg->m, NULL);
-        pthread_mutex_unlock(&bg->lock);
-        jit_module_release(k->ctx, m);
-        bg_unref(bg);
-    }
+    cpu_bg_release(k->ctx, jk->bg);
     cpu_tile_free(jk->t0);
     jit_module_release(k->ctx, jk->m);
     jit_module_release(k->ctx, jk->bm);
@@ -627,44 +502,13 @@ static sr_status jit_run_ranges(const sr_kernel *k, const sr_run_desc *r, const 
 static sr_status jit_wait(const sr_kernel *k, double timeout_s)
 {
     const struct jit_kernel *jk = k->backend_data;
-    if (!jk || !jk->bg)
-        return SR_OK;
-    struct jit_bg *bg = jk->bg;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    if (timeout_s >= 0) {
-        double s = timeout_s > 1e9 ? 1e9 : timeout_s;
-        until.tv_sec += (time_t)s;
-        until.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-    }
-    sr_status st = SR_OK;
-    pthread_mutex_lock(&bg->lock);
-    while (!bg->done && st == SR_OK) {
-        if (timeout_s < 0)
-            pthread_cond_wait(&bg->done_cv, &bg->lock);
-        else if (pthread_cond_timedwait(&bg->done_cv, &bg->lock, &until) != 0 && !bg->done)
-            st = SR_ETIMEDOUT;
-    }
-    pthread_mutex_unlock(&bg->lock);
-    return st;
+    return jk ? cpu_bg_wait(jk->bg, timeout_s) : SR_OK;
 }
 
 static int jit_stage(const sr_kernel *k)
 {
     const struct jit_kernel *jk = k->backend_data;
-    if (!jk || !jk->bg)
-        return SR_STAGE_FINAL;
-    if (module_of(jk))
-        return SR_STAGE_COMPILED;
-    struct jit_bg *bg = jk->bg;
-    pthread_mutex_lock(&bg->lock);
-    bool failed = bg->done && bg->status != SR_OK;
-    pthread_mutex_unlock(&bg->lock);
-    return failed ? SR_STAGE_FAILED : SR_STAGE_PENDING;
+    return jk ? cpu_bg_stage(jk->bg) : SR_STAGE_FINAL;
 }
 
 static void jit_explain(const sr_kernel *k, struct expr_buf *b)
@@ -674,29 +518,7 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
         return;
     struct jit_load_info info = jk->info;
     if (jk->bg) {
-        struct jit_bg *bg = jk->bg;
-        pthread_mutex_lock(&bg->lock);
-        bool done = bg->done;
-        sr_status st = bg->status;
-        info = bg->info;
-        char why[512];
-        snprintf(why, sizeof why, "%s", bg->why);
-        pthread_mutex_unlock(&bg->lock);
-        if (!done) {
-            expr_buf_printf(b, "tier: 0, the tile interpreter, until the module compiling in the "
-                               "background (SYMRED_JIT=async) is ready; then 1, compiled code\n");
-            info = (struct jit_load_info){.origin = "compiling", .cache = "pending"};
-        } else if (st != SR_OK) {
-            expr_buf_printf(b,
-                            "tier: 0, the tile interpreter: the background compile failed "
-                            "(%s)\n",
-                            why);
-            info = (struct jit_load_info){.origin = "none", .cache = "failed"};
-        } else {
-            expr_buf_printf(b, "tier: 1, compiled code (built in the background; the tile "
-                               "interpreter served the calls before)\n");
-        }
-        if (!done || st != SR_OK)
+        if (cpu_bg_explain(jk->bg, b, &info) != SR_STAGE_COMPILED)
             cpu_tile_explain(k, jk->t0, b);
     } else {
         expr_buf_printf(b, "tier: 1, compiled code\n");

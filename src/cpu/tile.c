@@ -40,6 +40,9 @@ struct tile_node {
      * ST_PAIR: first tile row (a tile row holds tj values of one component). */
     int64_t off;
     int child[EXPR_MAX_ARITY];
+    /* A squared norm of a reduced-index variable, computed from the variable's rows as they
+     * are in memory: a variable read only that way is never loaded into the tile. */
+    bool rowwise;
 };
 
 struct tile_prog {
@@ -52,6 +55,8 @@ struct tile_prog {
     int nlist[NST];
     int64_t ncst, nouter, nrows; /* constants, values per output row, tile rows */
     int f, w;                    /* node numbers of F and of the weight (-1: none) */
+    int ext;                     /* the node read from the caller's tile (-1: none) */
+    int tj_max;                  /* the widest tile of reduced indices */
     int64_t fcopy, wcopy, prow;  /* tile rows: F and the weight broadcast when they are not
                                     tiles (-1: they are), the softmax weights of a tile */
     int tj, rb;                  /* reduced indices per tile, output rows per block */
@@ -68,14 +73,15 @@ struct tile_prog {
 struct build {
     const sr_expr **order;
     int n, cap;
-    int *at; /* node id -> number + 1, 0 when not placed */
+    int *at;            /* node id -> number + 1, 0 when not placed */
+    const sr_expr *ext; /* placed without its operands */
 };
 
 static bool place(struct build *b, const sr_expr *e)
 {
     if (b->at[e->id])
         return true;
-    for (int c = 0; c < expr_arity(e); c++)
+    for (int c = 0; e != b->ext && c < expr_arity(e); c++)
         if (!place(b, e->child[c]))
             return false;
     if (b->n == b->cap) {
@@ -130,6 +136,8 @@ static bool fit_tiles(struct tile_prog *t, int64_t lim)
 {
     t->tj = 256;
     t->rb = 16;
+    while (t->tj > 16 && t->tj / 2 >= t->tj_max)
+        t->tj /= 2;
     while (lim > 0 && ws_bytes(t, t->tj, t->rb) > lim && t->tj > 16)
         t->tj /= 2;
     while (lim > 0 && ws_bytes(t, t->tj, t->rb) > lim && t->rb > 1)
@@ -138,7 +146,8 @@ static bool fit_tiles(struct tile_prog *t, int64_t lim)
     return lim <= 0 || t->per_thread <= lim;
 }
 
-sr_status cpu_tile_new(const sr_kernel *k, struct tile_prog **out)
+sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
+                           struct tile_prog **out)
 {
     *out = NULL;
     sr_ctx *ctx = k->ctx;
@@ -146,7 +155,7 @@ sr_status cpu_tile_new(const sr_kernel *k, struct tile_prog **out)
     uint32_t mid = max_id(k->f, 0);
     if (k->weight)
         mid = max_id(k->weight, mid);
-    struct build b = {NULL, 0, 0, calloc((size_t)mid + 1, sizeof(int))};
+    struct build b = {NULL, 0, 0, calloc((size_t)mid + 1, sizeof(int)), ext};
     bool ok = t && b.at && place(&b, k->f) && (!k->weight || place(&b, k->weight));
     if (ok)
         t->node = calloc((size_t)b.n, sizeof *t->node);
@@ -174,6 +183,32 @@ sr_status cpu_tile_new(const sr_kernel *k, struct tile_prog **out)
         }
         if (dims > maxdims)
             maxdims = dims;
+        nd->rowwise = nd->stage == ST_INNER && e->op == OP_SQNORM2 && e->child[0]->op == OP_VAR;
+    }
+    /* The reduced-index variables that some node reads from the tile. */
+    bool *loaded = calloc((size_t)b.n, sizeof *loaded);
+    if (!loaded) {
+        free(b.order);
+        free(b.at);
+        cpu_tile_free(t);
+        return sr__error(ctx, SR_ENOMEM, "tile interpreter: out of memory");
+    }
+    for (int i = 0; i < b.n; i++) {
+        const struct tile_node *nd = &t->node[i];
+        for (int c = 0; b.order[i] != ext && !nd->rowwise && c < expr_arity(nd->e); c++)
+            loaded[nd->child[c]] = true;
+    }
+    loaded[b.at[k->f->id] - 1] = true;
+    if (k->weight)
+        loaded[b.at[k->weight->id] - 1] = true;
+    for (int i = 0; i < b.n; i++) {
+        const sr_expr *e = b.order[i];
+        struct tile_node *nd = &t->node[i];
+        /* The variables of the call and of the output row are read where they are, the ext
+         * node from the caller's tile: neither takes room nor a place in the lists; nor does a
+         * reduced-index variable that only squared norms read. */
+        if (e == ext || (e->op == OP_VAR && (nd->stage <= ST_OUTER || !loaded[i])))
+            continue;
         int64_t *slot = nd->stage == ST_CONST   ? &t->ncst
                         : nd->stage == ST_OUTER ? &t->nouter
                                                 : &t->nrows;
@@ -181,6 +216,9 @@ sr_status cpu_tile_new(const sr_kernel *k, struct tile_prog **out)
         *slot += e->dim;
         t->list[nd->stage][t->nlist[nd->stage]++] = i;
     }
+    free(loaded);
+    t->ext = ext ? b.at[ext->id] - 1 : -1;
+    t->tj_max = tj_max > 0 ? tj_max : 256;
     t->f = b.at[k->f->id] - 1;
     t->w = k->weight ? b.at[k->weight->id] - 1 : -1;
     free(b.order);
@@ -244,10 +282,15 @@ sr_status cpu_tile_new(const sr_kernel *k, struct tile_prog **out)
     return SR_OK;
 }
 
+sr_status cpu_tile_new(const sr_kernel *k, struct tile_prog **out)
+{
+    return cpu_tile_new_ext(k, NULL, 0, out);
+}
+
 /* ---- evaluation -------------------------------------------------------------------------- */
 
 /* One thread's buffers. */
-struct frame {
+struct tile_frame {
     const sr_kernel *k;
     const struct tile_prog *t;
     const void *const *args;
@@ -257,15 +300,28 @@ struct frame {
     double *scratch;  /* nscratch values */
     double *row;      /* one output row's values and indices, before they are stored */
     int64_t *row_idx;
-    char *state; /* rb rows of reduction state */
+    char *state;     /* rb rows of reduction state */
+    int64_t o0;      /* the output row of row slot 0 */
+    int64_t nb;      /* rows begun (cpu_tile_begin) */
+    const char *ext; /* the ext node's values for the row slot being evaluated */
     void *mem;
+    char *cown; /* the constants of a frame made by cpu_tile_frame_new */
 };
 
 /* Where node i's values are for row slot s: component k at *p + k * *cs. */
-static void *node_at(const struct frame *fr, int i, int s, int64_t *cs)
+static void *node_at(const struct tile_frame *fr, int i, int s, int64_t *cs)
 {
     const struct tile_prog *t = fr->t;
     const struct tile_node *nd = &t->node[i];
+    if (i == t->ext) {
+        *cs = 0;
+        return (void *)fr->ext;
+    }
+    if (nd->e->op == OP_VAR && nd->stage <= ST_OUTER) {
+        int64_t row = nd->stage == ST_OUTER ? (fr->o0 + s) * nd->e->dim : 0;
+        *cs = 1;
+        return (char *)fr->args[nd->e->iattr[0]] + row * t->es;
+    }
     switch (nd->stage) {
     case ST_CONST:
         *cs = 1;
@@ -279,40 +335,53 @@ static void *node_at(const struct frame *fr, int i, int s, int64_t *cs)
     }
 }
 
-/* Loads variable e (node i): a parameter or an output row o's values (n = 1), or the reduced
- * indices [r0, r0 + n) transposed into tile rows. */
-static void load_var(const struct frame *fr, int i, int s, int64_t o, int64_t r0, int n)
+/* Loads variable e (node i) of the reduced index: indices [r0, r0 + n) transposed into tile rows.
+ * (The other variables are read where they are, node_at.) */
+static void load_var(const struct tile_frame *fr, int i, int64_t r0, int n)
 {
     const struct tile_prog *t = fr->t;
     const sr_expr *e = t->node[i].e;
-    int64_t cs, d = e->dim, es = t->es;
-    char *dst = node_at(fr, i, s, &cs);
+    int64_t cs, d = e->dim;
+    char *dst = node_at(fr, i, 0, &cs);
     const char *a = fr->args[e->iattr[0]];
-    int stage = t->node[i].stage;
-    if (stage == ST_CONST || stage == ST_OUTER) {
-        memcpy(dst, a + (stage == ST_OUTER ? o * d * es : 0), (size_t)(d * es));
-        return;
-    }
-    if (es == 4) {
-        const float *src = (const float *)a + r0 * d;
-        float *o4 = (float *)dst;
-        for (int64_t c = 0; c < d; c++)
+    /* In blocks of 16 components: each index's row is read a cache line at a time. */
+    for (int64_t c0 = 0; c0 < d; c0 += 16) {
+        int64_t c1 = c0 + 16 < d ? c0 + 16 : d;
+        if (t->es == 4) {
+            const float *src = (const float *)a + r0 * d;
+            float *o4 = (float *)dst;
             for (int u = 0; u < n; u++)
-                o4[c * cs + u] = src[u * d + c];
-    } else {
-        const double *src = (const double *)a + r0 * d;
-        double *o8 = (double *)dst;
-        for (int64_t c = 0; c < d; c++)
+                for (int64_t c = c0; c < c1; c++)
+                    o4[c * cs + u] = src[u * d + c];
+        } else {
+            const double *src = (const double *)a + r0 * d;
+            double *o8 = (double *)dst;
             for (int u = 0; u < n; u++)
-                o8[c * cs + u] = src[u * d + c];
+                for (int64_t c = c0; c < c1; c++)
+                    o8[c * cs + u] = src[u * d + c];
+        }
     }
 }
 
-/* Evaluates node i (not a variable) for row slot s over n elements. */
-static void eval_node(const struct frame *fr, int i, int s, int n)
+/* Evaluates node i (not a variable) for row slot s over n elements (reduced indices from r0). */
+static void eval_node(const struct tile_frame *fr, int i, int s, int64_t r0, int n)
 {
     const struct tile_prog *t = fr->t;
     const struct tile_node *nd = &t->node[i];
+    if (nd->rowwise) {
+        int64_t ocs, d = nd->e->child[0]->dim;
+        void *out = node_at(fr, i, s, &ocs);
+        const char *a = (const char *)fr->args[nd->e->child[0]->iattr[0]] + r0 * d * t->es;
+        for (int u = 0; u < n; u++) {
+            const char *row = a + u * d * t->es;
+            double q = t->isa->dot(row, row, (int)d);
+            if (t->es == 4)
+                ((float *)out)[u] = (float)q;
+            else
+                ((double *)out)[u] = q;
+        }
+        return;
+    }
     struct tile_opnds opd = {{NULL, NULL, NULL}, {0, 0, 0}, {0, 0, 0}};
     for (int c = 0; c < expr_arity(nd->e); c++) {
         int ch = nd->child[c];
@@ -326,21 +395,21 @@ static void eval_node(const struct frame *fr, int i, int s, int n)
     t->isa->op(nd->e, out, ocs, &opd, nd->stage >= ST_INNER ? n : 1, fr->scratch);
 }
 
-static void eval_list(const struct frame *fr, int stage, int s, int64_t o, int64_t r0, int n)
+static void eval_list(const struct tile_frame *fr, int stage, int s, int64_t r0, int n)
 {
     const struct tile_prog *t = fr->t;
     for (int q = 0; q < t->nlist[stage]; q++) {
         int i = t->list[stage][q];
         if (t->node[i].e->op == OP_VAR)
-            load_var(fr, i, s, o, r0, n);
+            load_var(fr, i, r0, n);
         else
-            eval_node(fr, i, s, n);
+            eval_node(fr, i, s, r0, n);
     }
 }
 
 /* Component c of node i (F or the weight) as a tile of n values for row slot s: the node's own
  * tile row, or its value broadcast into tile row copy + c. */
-static const void *tile_of(const struct frame *fr, int i, int64_t copy, int c, int s, int n)
+static const void *tile_of(const struct tile_frame *fr, int i, int64_t copy, int c, int s, int n)
 {
     const struct tile_prog *t = fr->t;
     int64_t cs;
@@ -368,9 +437,9 @@ struct rowst {
     int *cnt;
 };
 
-static struct rowst row_state(const struct tile_prog *t, char *base, int s)
+static struct rowst row_state(const struct tile_prog *t, char *base, int64_t s)
 {
-    char *p = base + (int64_t)s * t->state_b;
+    char *p = base + s * t->state_b;
     return (struct rowst){(double *)p, (int64_t *)(p + t->nsd * 8),
                           (int *)(p + t->nsd * 8 + t->nsi * 8)};
 }
@@ -409,7 +478,7 @@ static void state_init(const sr_kernel *k, const struct tile_prog *t, struct row
 }
 
 /* Folds the tile of reduced indices [r0, r0 + n) of row slot s into its state. */
-static void fold(const struct frame *fr, struct rowst r, int s, int64_t r0, int n)
+static void fold(const struct tile_frame *fr, struct rowst r, int s, int64_t r0, int n)
 {
     const sr_kernel *k = fr->k;
     const struct tile_prog *t = fr->t;
@@ -440,15 +509,15 @@ static void fold(const struct frame *fr, struct rowst r, int s, int64_t r0, int 
             const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
             double *v = r.d + (int64_t)c * K;
             int64_t *ix = r.ix + (int64_t)c * K;
-            /* A full list whose last is a number keeps out a tile whose least is no smaller
-             * (later indices lose ties); NaN ranks last, so a NaN anywhere means a scan. */
-            if (r.cnt[c] == K) {
-                double lo = isa->ext(x, n, 0);
-                if (!isnan(lo) && !isnan(v[K - 1]) && !(lo < v[K - 1]))
-                    continue;
+            /* With K kept, what is not below the K-th (a NaN is neither) cannot enter: the
+             * tile's indices come after the state's, so ties stay out. */
+            if (r.cnt[c] == K && isa->ext(x, n, 0) >= v[K - 1])
+                continue;
+            for (int u = 0; u < n; u++) {
+                double xu = elem(t, x, u);
+                if (r.cnt[c] < K || !(xu >= v[K - 1]))
+                    r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, xu, r0 + u);
             }
-            for (int u = 0; u < n; u++)
-                r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, elem(t, x, u), r0 + u);
         }
         break;
     }
@@ -576,28 +645,29 @@ static void state_final(const sr_kernel *k, const struct tile_prog *t, struct ro
 
 /* Folds the reduced intervals iv[0 .. 2 niv) into the states (at st, one per row) of output rows
  * [o0, o0 + nb), nb <= rb; init: start from the empty state. */
-static void fold_rows(struct frame *fr, char *st, int64_t o0, int nb, const int64_t *iv,
+static void fold_rows(struct tile_frame *fr, char *st, int64_t o0, int nb, const int64_t *iv,
                       int64_t niv, bool init)
 {
     const struct tile_prog *t = fr->t;
+    fr->o0 = o0;
     for (int s = 0; s < nb; s++) {
-        eval_list(fr, ST_OUTER, s, o0 + s, 0, 1);
+        eval_list(fr, ST_OUTER, s, 0, 1);
         if (init)
             state_init(fr->k, t, row_state(t, st, s));
     }
     for (int64_t q = 0; q < niv; q++)
         for (int64_t r0 = iv[2 * q]; r0 < iv[2 * q + 1]; r0 += t->tj) {
             int n = (int)(iv[2 * q + 1] - r0 < t->tj ? iv[2 * q + 1] - r0 : t->tj);
-            eval_list(fr, ST_INNER, 0, 0, r0, n);
+            eval_list(fr, ST_INNER, 0, r0, n);
             for (int s = 0; s < nb; s++) {
-                eval_list(fr, ST_PAIR, s, o0 + s, r0, n);
+                eval_list(fr, ST_PAIR, s, r0, n);
                 fold(fr, row_state(t, st, s), s, r0, n);
             }
         }
 }
 
 /* The output rows [o0, o1) over intervals iv, finished into the outputs. */
-static void reduce_rows(struct frame *fr, const sr_run_desc *run, int64_t o0, int64_t o1,
+static void reduce_rows(struct tile_frame *fr, const sr_run_desc *run, int64_t o0, int64_t o1,
                         const int64_t *iv, int64_t niv)
 {
     const struct tile_prog *t = fr->t;
@@ -609,19 +679,29 @@ static void reduce_rows(struct frame *fr, const sr_run_desc *run, int64_t o0, in
     }
 }
 
-static bool frame_new(struct frame *fr, const sr_kernel *k, const struct tile_prog *t,
-                      const sr_run_desc *run, const char *cbuf)
+/* A frame's bytes: tile rows, rows output rows' values, scratch, rb rows of state. */
+static size_t frame_bytes(const sr_kernel *k, const struct tile_prog *t, int64_t rows)
+{
+    size_t tb = (size_t)(t->nrows * t->tj * t->es), ob = (size_t)(rows * t->nouter * t->es);
+    size_t sb = (size_t)(t->nscratch + 2 * k->out_dim) * 8;
+    size_t stb = (size_t)(t->rb * t->state_b);
+    return ((tb + ob + sb + stb + 4 * 64) + 63) / 64 * 64;
+}
+
+static bool frame_new(struct tile_frame *fr, const sr_kernel *k, const struct tile_prog *t,
+                      const void *const *args, const char *cbuf, int64_t rows)
 {
     memset(fr, 0, sizeof *fr);
     fr->k = k;
     fr->t = t;
-    fr->args = run->args;
+    fr->args = args;
     fr->cbuf = cbuf;
     int64_t odim = k->out_dim;
-    size_t tb = (size_t)(t->nrows * t->tj * t->es), ob = (size_t)(t->rb * t->nouter * t->es);
+    if (rows < t->rb)
+        rows = t->rb;
+    size_t tb = (size_t)(t->nrows * t->tj * t->es), ob = (size_t)(rows * t->nouter * t->es);
     size_t sb = (size_t)(t->nscratch + 2 * odim) * 8;
-    size_t stb = (size_t)(t->rb * t->state_b);
-    char *m = aligned_alloc(64, ((tb + ob + sb + stb + 4 * 64) + 63) / 64 * 64);
+    char *m = aligned_alloc(64, frame_bytes(k, t, rows));
     if (!m)
         return false;
     fr->mem = m;
@@ -638,11 +718,11 @@ static bool frame_new(struct frame *fr, const sr_kernel *k, const struct tile_pr
 static bool eval_consts(const sr_kernel *k, const struct tile_prog *t, const sr_run_desc *run,
                         char *cbuf)
 {
-    struct frame fr;
-    if (!frame_new(&fr, k, t, run, cbuf))
+    struct tile_frame fr;
+    if (!frame_new(&fr, k, t, run->args, cbuf, t->rb))
         return false;
     fr.cbuf = cbuf;
-    eval_list(&fr, ST_CONST, 0, 0, 0, 1);
+    eval_list(&fr, ST_CONST, 0, 0, 1);
     free(fr.mem);
     return true;
 }
@@ -692,8 +772,8 @@ sr_status cpu_tile_run(const sr_kernel *k, const struct tile_prog *t, const sr_r
 #pragma omp parallel for schedule(static, 1) num_threads(nt)
 #endif
         for (int q = 0; q < nt; q++) {
-            struct frame fr;
-            if (!frame_new(&fr, k, t, run, cbuf)) {
+            struct tile_frame fr;
+            if (!frame_new(&fr, k, t, run->args, cbuf, t->rb)) {
                 failed = 1;
                 continue;
             }
@@ -710,8 +790,8 @@ sr_status cpu_tile_run(const sr_kernel *k, const struct tile_prog *t, const sr_r
             free(fr.mem);
         }
         if (!failed) {
-            struct frame fr;
-            if (frame_new(&fr, k, t, run, cbuf)) {
+            struct tile_frame fr;
+            if (frame_new(&fr, k, t, run->args, cbuf, t->rb)) {
                 for (int64_t o = 0; o < nout; o++) {
                     struct rowst a = row_state(t, states, (int)o);
                     for (int q = 1; q < nt; q++)
@@ -739,8 +819,8 @@ sr_status cpu_tile_run(const sr_kernel *k, const struct tile_prog *t, const sr_r
 #pragma omp parallel num_threads(nt) if (nt > 1 && npieces > 1)
 #endif
         {
-            struct frame fr;
-            bool have = frame_new(&fr, k, t, run, cbuf);
+            struct tile_frame fr;
+            bool have = frame_new(&fr, k, t, run->args, cbuf, t->rb);
             if (!have)
                 failed = 1;
 #ifdef _OPENMP
@@ -791,6 +871,110 @@ void cpu_tile_plan_info(const sr_kernel *k, const struct tile_prog *t, sr_plan_i
     info->tile_rows = t->rb;
     info->tile_cols = t->tj;
     info->tier = 0;
+}
+
+/* ---- driving a program by hand (the gemm-epilogue's tier 0) ------------------------------- */
+
+int64_t cpu_tile_state_bytes(const struct tile_prog *t) { return t->state_b; }
+
+int64_t cpu_tile_frame_bytes(const struct tile_prog *t, int64_t rows)
+{
+    int64_t odim = t->odim, r = rows > t->rb ? rows : t->rb;
+    return t->nrows * t->tj * t->es + r * t->nouter * t->es + (t->nscratch + 2 * odim) * 8 +
+           t->rb * t->state_b + t->ncst * t->es + 6 * 64 + (int64_t)sizeof(struct tile_frame);
+}
+
+struct tile_frame *cpu_tile_frame_new(const sr_kernel *k, const struct tile_prog *t,
+                                      const void *const *args, int64_t rows)
+{
+    struct tile_frame *f = malloc(sizeof *f);
+    char *cbuf = calloc(1, (size_t)(t->ncst * t->es) + 8);
+    if (!f || !cbuf || !frame_new(f, k, t, args, cbuf, rows)) {
+        free(f);
+        free(cbuf);
+        return NULL;
+    }
+    f->cown = cbuf;
+    eval_list(f, ST_CONST, 0, 0, 1);
+    return f;
+}
+
+void cpu_tile_frame_free(struct tile_frame *f)
+{
+    if (!f)
+        return;
+    free(f->mem);
+    free(f->cown);
+    free(f);
+}
+
+void cpu_tile_begin(struct tile_frame *f, void *st, int64_t o0, int64_t n, bool init)
+{
+    f->o0 = o0;
+    f->nb = n;
+    for (int64_t s = 0; s < n; s++) {
+        eval_list(f, ST_OUTER, (int)s, 0, 1);
+        if (init)
+            state_init(f->k, f->t, row_state(f->t, st, (int)s));
+    }
+}
+
+void cpu_tile_fold(struct tile_frame *f, void *st, int64_t r0, int64_t n, const void *G,
+                   int64_t ldg)
+{
+    const struct tile_prog *t = f->t;
+    for (int64_t c0 = 0; c0 < n; c0 += t->tj) {
+        int m = (int)(n - c0 < t->tj ? n - c0 : t->tj);
+        eval_list(f, ST_INNER, 0, r0 + c0, m);
+        for (int64_t s = 0; s < f->nb; s++) {
+            if (G)
+                f->ext = (const char *)G + (s * ldg + c0) * t->es;
+            eval_list(f, ST_PAIR, (int)s, r0 + c0, m);
+            fold(f, row_state(t, st, (int)s), (int)s, r0 + c0, m);
+        }
+    }
+}
+
+void cpu_tile_final(struct tile_frame *f, const void *st, int64_t n, void *out, int64_t *out_idx,
+                    int64_t orow)
+{
+    sr_run_desc run = {0, 0, 0, NULL, out, out_idx};
+    for (int64_t s = 0; s < n; s++)
+        state_final(f->k, f->t, row_state(f->t, (char *)st, (int)s), &run, orow + s, f->row,
+                    f->row_idx);
+}
+
+void cpu_tile_block(struct tile_frame *f, int64_t o0, int64_t nrows, int64_t r0, int64_t n,
+                    const void *G, int64_t ldg, void *out, int64_t ldr, int64_t ldu)
+{
+    const struct tile_prog *t = f->t;
+    int64_t es = t->es;
+    cpu_tile_begin(f, NULL, o0, nrows, false);
+    for (int64_t c0 = 0; c0 < n; c0 += t->tj) {
+        int m = (int)(n - c0 < t->tj ? n - c0 : t->tj);
+        eval_list(f, ST_INNER, 0, r0 + c0, m);
+        for (int64_t s = 0; s < nrows; s++) {
+            if (G)
+                f->ext = (const char *)G + (s * ldg + c0) * es;
+            eval_list(f, ST_PAIR, (int)s, r0 + c0, m);
+            for (int c = 0; c < t->D; c++) {
+                const char *x = tile_of(f, t->f, t->fcopy, c, (int)s, m);
+                char *o = (char *)out + (s * ldr + c0 * ldu + c) * es;
+                if (ldu == 1)
+                    memcpy(o, x, (size_t)(m * es));
+                else
+                    for (int u = 0; u < m; u++)
+                        memcpy(o + u * ldu * es, x + u * es, (size_t)es);
+            }
+        }
+    }
+}
+
+void cpu_tile_merge(const sr_kernel *k, const struct tile_prog *t, void *a, const void *b,
+                    int64_t rows)
+{
+    for (int64_t s = 0; s < rows; s++)
+        state_merge(k, t, row_state(t, a, (int)s), row_state(t, (char *)b, (int)s));
 }
 
 /* ---- the backend ----------------------------------------------------------------------- */
