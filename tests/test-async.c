@@ -231,3 +231,29 @@ Test(async, threads_across_the_switch)
     sr_kernel_free(kr);
     sr_ctx_free(ctx);
 }
+
+/* A context freed while its compiles hang: the compilers are killed, sr_ctx_free returns at
+ * once (not after SYMRED_COMPILE_TIMEOUT), and the kernel served right until then. */
+Test(async, context_freed_while_compiler_hangs)
+{
+    fill();
+    char path[] = "/tmp/symred-fakecc-XXXXXX";
+    script(path, "sleep 30");
+    setenv("SYMRED_CC", path, 1);
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    unsetenv("SYMRED_CC");
+    static float ref[NX * 2], out[NX * 2];
+    sr_kernel *kr = make(ctx, SR_DEVICE_REFERENCE);
+    run(kr, ctx, ref);
+    sr_kernel *k = make(ctx, SR_DEVICE_CPU);
+    run(k, ctx, out);
+    expect_close(out, ref, NX * 2, "before the free");
+    cr_assert_eq(sr_kernel_wait(k, 0.2), SR_ETIMEDOUT);
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+    double t0 = now_s();
+    sr_ctx_free(ctx);
+    cr_assert(now_s() - t0 < 2.0, "sr_ctx_free took %.2f s", now_s() - t0);
+    unlink(path);
+}

@@ -272,9 +272,14 @@ static void *bg_main(void *arg)
     struct jit_load_info info;
     /* The compile's failures are the kernel's to show in explain, not the context's message. */
     slot_take();
-    expr_error_redirect(err, sizeof err);
-    sr_status st = jit_module_get(ctx, bg->src, bg->len, &m, &info);
-    expr_error_redirect(NULL, 0);
+    sr_status st = SR_ECOMPILE;
+    memset(&info, 0, sizeof info);
+    snprintf(err, sizeof err, "not started: the context was freed");
+    if (!atomic_load(&jc->cancel)) {
+        expr_error_redirect(err, sizeof err);
+        st = jit_module_get(ctx, bg->src, bg->len, &m, &info);
+        expr_error_redirect(NULL, 0);
+    }
     slot_give();
     pthread_mutex_lock(&bg->lock);
     bool gone = bg->kernel_gone;
