@@ -85,26 +85,49 @@ static sr_kernel *make(sr_ctx *ctx, sr_device dev)
     return diff_kernel(ctx, f, sr_kernel_desc_default(), dev);
 }
 
-/* Creation does not wait; the first calls run the tile interpreter, later ones compiled code,
- * both equal to the reference; explain says which tier serves the calls. */
+/* A script standing for the compiler: --version answers, anything else runs body. */
+static void script(char *path, const char *body)
+{
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "#!/bin/sh\ncase \"$1\" in --version) echo fake-cc 1.0; exit 0;; esac\n%s\n", body);
+    fclose(f);
+    chmod(path, 0700);
+}
+
+static sr_plan_info plan_of(const sr_kernel *k)
+{
+    sr_plan_info p = {0};
+    p.size = sizeof p;
+    cr_assert_eq(sr_kernel_plan(k, &p), SR_OK);
+    return p;
+}
+
+/* Creation does not wait; the calls run the tile interpreter while the module compiles (a
+ * compiler that takes two seconds), then the compiled code, both equal to the reference; the
+ * plan and explain say which tier serves the calls. */
 Test(async, tier0_then_compiled)
 {
     fill();
+    char path[] = "/tmp/symred-slowcc-XXXXXX";
+    script(path, "sleep 2; exec cc \"$@\"");
+    setenv("SYMRED_CC", path, 1);
     sr_ctx *ctx;
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    unsetenv("SYMRED_CC");
     static float ref[NX * 2], out[NX * 2];
     sr_kernel *kr = make(ctx, SR_DEVICE_REFERENCE);
     run(kr, ctx, ref);
-    double t0 = now_s();
     sr_kernel *k = make(ctx, SR_DEVICE_CPU);
     run(k, ctx, out);
-    double first = now_s() - t0;
-    expect_close(out, ref, NX * 2, "first call");
-    /* A cold compile takes a tenth of a second at least; creation plus a first call of this
-     * size on the tile interpreter take milliseconds. */
-    cr_assert(first < 0.08, "creation and first call took %.3f s", first);
+    expect_close(out, ref, NX * 2, "tier 0");
+    sr_plan_info p = plan_of(k);
+    cr_assert(p.tier == 0 && p.compiling == 1, "tier %d, compiling %d", p.tier, p.compiling);
     cr_assert(strstr(sr_kernel_explain(k), "tier: 0"), "%s", sr_kernel_explain(k));
     cr_assert_eq(sr_kernel_wait(k, 120), SR_OK);
+    p = plan_of(k);
+    cr_assert(p.tier == 1 && p.compiling == 0, "tier %d, compiling %d", p.tier, p.compiling);
     cr_assert(strstr(sr_kernel_explain(k), "tier: 1"), "%s", sr_kernel_explain(k));
     memset(out, 0, sizeof out);
     run(k, ctx, out);
@@ -113,6 +136,7 @@ Test(async, tier0_then_compiled)
     sr_kernel_free(k);
     sr_kernel_free(kr);
     sr_ctx_free(ctx);
+    unlink(path);
 }
 
 /* Kernels freed while their modules compile, and the context freed right after: nothing leaks
@@ -129,17 +153,6 @@ Test(async, free_while_compiling)
         sr_kernel_free(k);
     }
     sr_ctx_free(ctx);
-}
-
-/* A script standing for the compiler; mode "fail" exits 1, "hang" sleeps. */
-static void script(char *path, const char *body)
-{
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "#!/bin/sh\ncase \"$1\" in --version) echo fake-cc 1.0; exit 0;; esac\n%s\n", body);
-    fclose(f);
-    chmod(path, 0700);
 }
 
 /* A compiler that fails, or hangs past SYMRED_COMPILE_TIMEOUT: the calls never wait, their
@@ -163,7 +176,9 @@ Test(async, failing_or_hanging_compiler)
         double t0 = now_s();
         sr_kernel *k = make(ctx, SR_DEVICE_CPU);
         run(k, ctx, out);
-        cr_assert(now_s() - t0 < 0.5, "the call waited %.3f s", now_s() - t0);
+        /* The hanging compiler sleeps 30 s and its timeout is 1 s: creation and the call
+         * return long before either. */
+        cr_assert(now_s() - t0 < 10.0, "the call waited %.3f s", now_s() - t0);
         expect_close(out, ref, NX * 2, mode ? "hanging compiler" : "failing compiler");
         cr_assert_eq(sr_kernel_wait(k, 60), SR_OK);
         const char *ex = sr_kernel_explain(k);
@@ -230,4 +245,31 @@ Test(async, threads_across_the_switch)
     sr_kernel_free(k);
     sr_kernel_free(kr);
     sr_ctx_free(ctx);
+}
+
+/* A context freed while its compiles hang: the compilers are killed, sr_ctx_free returns at
+ * once (not after SYMRED_COMPILE_TIMEOUT), and the kernel served right until then. */
+Test(async, context_freed_while_compiler_hangs)
+{
+    fill();
+    char path[] = "/tmp/symred-fakecc-XXXXXX";
+    script(path, "sleep 30");
+    setenv("SYMRED_CC", path, 1);
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    unsetenv("SYMRED_CC");
+    static float ref[NX * 2], out[NX * 2];
+    sr_kernel *kr = make(ctx, SR_DEVICE_REFERENCE);
+    run(kr, ctx, ref);
+    sr_kernel *k = make(ctx, SR_DEVICE_CPU);
+    run(k, ctx, out);
+    expect_close(out, ref, NX * 2, "before the free");
+    cr_assert_eq(sr_kernel_wait(k, 0.2), SR_ETIMEDOUT);
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+    double t0 = now_s();
+    sr_ctx_free(ctx);
+    /* Not the compiler's 30 s, nor the 120 s timeout. */
+    cr_assert(now_s() - t0 < 10.0, "sr_ctx_free took %.2f s", now_s() - t0);
+    unlink(path);
 }

@@ -89,6 +89,11 @@ static void *bg_main(void *arg)
     /* The compile's failures are the kernel's to show in explain, not the context's message. */
     slot_take();
     expr_error_redirect(err, sizeof err);
+    /* A context being freed cancels the compiles it queued (jit_ctx_free). */
+    if (atomic_load(&jc->cancel)) {
+        st = SR_ECOMPILE;
+        snprintf(err, sizeof err, "not started: the context was freed");
+    }
     for (int i = 0; i < bg->n && st == SR_OK; i++) {
         st = jit_module_get(ctx, bg->src[i], bg->len[i], &m[i], &one);
         double ms = info.compile_ms + one.compile_ms;

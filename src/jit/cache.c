@@ -71,6 +71,7 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
             free(jc);
             return sr__error(ctx, SR_ENOMEM, "out of memory");
         }
+        jc->cancel_flag = &jc->cancel;
         ctx->backend_state[SR_BACKEND_JIT] = jc;
     }
     /* The context's options as they are now (sr_ctx_set_option may have changed them since the
@@ -110,8 +111,10 @@ void jit_ctx_free(void *state)
     struct jit_ctx *jc = state;
     if (!jc)
         return;
-    /* Background compiles use the context until they end (each ends within the compile
-     * timeout); their kernels are gone, so they only drop what they made. */
+    /* Background compiles use the context until they end: the running ones are killed, the
+     * queued ones end without starting; their kernels are gone, so they only drop what they
+     * made. */
+    atomic_store(&jc->cancel, 1);
     pthread_mutex_lock(&jc->lock);
     while (jc->bg_running > 0)
         pthread_cond_wait(&jc->bg_idle, &jc->lock);

@@ -119,7 +119,8 @@ static int64_t mono_ms(void)
  * system calls) ends it too: the caller's process must be able to react to it. On timeout or
  * interruption the child's whole process group (the compiler and what it started) is killed
  * and reaped, and ETIMEDOUT or EINTR returned; else 0 and the wait status. */
-static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int timeout_s, int *wstatus)
+static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int timeout_s, int *wstatus,
+                      const atomic_int *cancel)
 {
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0); /* -1 before Linux 5.3: poll in steps */
     const int64_t deadline = mono_ms() + (int64_t)timeout_s * 1000;
@@ -145,8 +146,14 @@ static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int time
             rc = ETIMEDOUT;
             break;
         }
+        if (cancel && atomic_load(cancel)) {
+            rc = ECANCELED;
+            break;
+        }
         struct pollfd p = {.fd = pipe_fd >= 0 ? pipe_fd : pidfd, .events = POLLIN};
-        int step = p.fd >= 0 ? (int)(left < 60000 ? left : 60000) : (left < 10 ? (int)left : 10);
+        /* A cancellable wait looks at its flag every 50 ms. */
+        int64_t most = cancel ? 50 : 60000;
+        int step = p.fd >= 0 ? (int)(left < most ? left : most) : (left < 10 ? (int)left : 10);
         struct timespec ts = {step / 1000, (long)(step % 1000) * 1000000};
         int pr = ppoll(&p, p.fd >= 0 ? 1 : 0, &ts, &mask);
         if (pr < 0 && errno == EINTR) {
@@ -178,7 +185,7 @@ static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int time
         close(pipe_fd);
     if (pidfd >= 0)
         close(pidfd);
-    if (rc == ETIMEDOUT || rc == EINTR) {
+    if (rc == ETIMEDOUT || rc == EINTR || rc == ECANCELED) {
         kill(-pid, SIGKILL);
         while (waitpid(pid, wstatus, 0) < 0 && errno == EINTR)
             ;
@@ -190,7 +197,7 @@ static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int time
  * into out when out != NULL), for at most timeout_s seconds. Returns 0 and the wait status,
  * ETIMEDOUT or EINTR (see wait_child), or an errno when the program could not be started. */
 static int spawn_wait(char *const *argv, const char *log_path, char *out, size_t outcap,
-                      int timeout_s, int *wstatus)
+                      int timeout_s, int *wstatus, const atomic_int *cancel)
 {
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
@@ -230,7 +237,7 @@ static int spawn_wait(char *const *argv, const char *log_path, char *out, size_t
             out[0] = 0;
         return rc;
     }
-    return wait_child(pid, pfd[0], out, outcap, timeout_s, wstatus);
+    return wait_child(pid, pfd[0], out, outcap, timeout_s, wstatus, cancel);
 }
 
 bool jit_compiler_found(const char *cc)
@@ -295,7 +302,7 @@ sr_status jit_compiler_id(const char *cc, int timeout_s, uint64_t *out_id, char 
     uint64_t id = 0;
     /* Only a compiler that cannot be started counts as missing: one that runs but fails is
      * reported when it fails to compile. */
-    int rc = spawn_wait(argv, NULL, out, sizeof out, timeout_s, &ws);
+    int rc = spawn_wait(argv, NULL, out, sizeof out, timeout_s, &ws, NULL);
     if (rc == ETIMEDOUT || rc == EINTR) {
         unfinished(err, errcap, cc, "--version", rc, timeout_s);
         return SR_ECOMPILE;
@@ -356,9 +363,14 @@ sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, con
         argv[n++] = jit_libs[i];
     argv[n] = NULL;
     int ws = 0;
-    int rc = spawn_wait((char *const *)argv, logpath, NULL, 0, jc->compile_timeout, &ws);
+    int rc = spawn_wait((char *const *)argv, logpath, NULL, 0, jc->compile_timeout, &ws,
+                        jc->cancel_flag);
     sr_status st = SR_OK;
-    if (rc == ETIMEDOUT || rc == EINTR) {
+    if (rc == ECANCELED) {
+        snprintf(err, errcap, "the compile was cancelled (its context was freed) and '%s' killed",
+                 jc->cc);
+        st = SR_ECOMPILE;
+    } else if (rc == ETIMEDOUT || rc == EINTR) {
         unfinished(err, errcap, jc->cc, "compiling a kernel", rc, jc->compile_timeout);
         st = SR_ECOMPILE;
     } else if (rc != 0) {

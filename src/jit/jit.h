@@ -44,6 +44,7 @@
 
 #include "../core/core.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #define JIT_ABI_VERSION 4
@@ -205,6 +206,11 @@ struct jit_ctx {
      * jit_ctx_free waits on bg_idle until there are none. */
     int bg_running;
     pthread_cond_t bg_idle;
+    /* Set by jit_ctx_free: running compiles of the context are killed, queued ones not started.
+     * cancel_flag points at cancel, so that the snapshots of the options that compiles work
+     * from still see it. */
+    atomic_int cancel;
+    const atomic_int *cancel_flag;
     pthread_mutex_t lock;
 };
 

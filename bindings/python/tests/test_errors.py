@@ -245,7 +245,10 @@ def test_ctrl_c_during_a_hanging_compile(tmp_path):
         except KeyboardInterrupt:
             print("KeyboardInterrupt")
     """)
-    env = dict(os.environ, SYMRED_CC=str(cc), SYMRED_CACHE_DIR="off", SYMRED_DEVICE="cpu")
+    # The call waits for the compiler only when creation does (SYMRED_JIT=sync); in the default
+    # async mode it would return on the tile interpreter (test_async_call_does_not_wait).
+    env = dict(os.environ, SYMRED_CC=str(cc), SYMRED_CACHE_DIR="off", SYMRED_DEVICE="cpu",
+               SYMRED_JIT="sync")
     env.pop("SYMRED_COMPILE_TIMEOUT", None)
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
@@ -260,3 +263,35 @@ def test_ctrl_c_during_a_hanging_compile(tmp_path):
         time.sleep(0.01)
     else:
         raise AssertionError(f"the compiler's process group {pgid} is still there")
+
+
+def test_async_call_does_not_wait(tmp_path):
+    # The default mode with a compiler that hangs: the call returns on the tile interpreter with
+    # the right values, and the process exits at once (its context's compile is killed).
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    cc = tmp_path / "hangcc"
+    cc.write_text("#!/bin/sh\ncase \"$1\" in --version) echo fakecc 1.0; exit 0;; esac\n"
+                  "sleep 300\n")
+    cc.chmod(0o700)
+    script = textwrap.dedent("""
+        import numpy as np
+        from symred import Genred
+        x = np.arange(6.0).reshape(2, 3)
+        y = np.ones((4, 3))
+        out = Genred("SqDist(x,y)", ["x = Vi(3)", "y = Vj(3)"], "Sum", axis=1)(x, y)
+        want = ((x[:, None, :] - y[None, :, :]) ** 2).sum(axis=(1, 2))[:, None]
+        print("ok" if np.allclose(out, want) else ("wrong", out, want))
+    """)
+    env = dict(os.environ, SYMRED_CC=str(cc), SYMRED_DEVICE="cpu", SYMRED_JIT="async",
+               SYMRED_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("SYMRED_COMPILE_TIMEOUT", None)
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout.strip() == "ok", (r.stdout, r.stderr)
+    assert time.monotonic() - t0 < 20, "the process waited for the hanging compiler"

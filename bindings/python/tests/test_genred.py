@@ -162,10 +162,13 @@ def test_plan():
     assert ref["workspace_bytes"] > 0
     cpu = f.plan(dtype="float64", backend="CPU")
     if cpu["backend"] == "cpu-jit":
-        assert cpu["strategy"] == "direct" and cpu["device"] == "cpu" and cpu["tier"] == 1, cpu
+        # Compiled code, or the tile interpreter while the module compiles (SYMRED_JIT=async).
+        assert cpu["strategy"] == "direct" and cpu["device"] == "cpu", cpu
+        assert cpu["tier"] == 1 or (cpu["tier"] == 0 and cpu["compiling"]), cpu
         assert cpu["tile_rows"] > 0 and cpu["tile_cols"] > 0 and cpu["fallback"] is None, cpu
-    else:  # no C compiler: the reference interpreter, saying why
-        assert cpu["strategy"] == "reference" and cpu["fallback"], cpu
+    else:  # no C compiler: the tile interpreter, saying why
+        assert cpu["backend"] == "tile interpreter" and cpu["strategy"] == "direct", cpu
+        assert cpu["tier"] == 0 and cpu["fallback"], cpu
     assert len(f._h.kernels) == 2
     with pytest.raises(symred.SymredValueError):
         symred._lib.kernel_plan(None)
