@@ -21,8 +21,9 @@
  *   SUM     add
  *   EXT, ARGEXT  the extreme of the order, the lowest index on ties, the first NaN wins
  *   KSEL    merge of two ascending lists, NaN after +inf, ties by index
- *   LSE     log(e^a + e^b) with the max shifted out
- *   SSMW    averages weighted by exp(LogSumExp of the block) */
+ *   LSE     a block's LogSumExp l is the state (max l, sum 1), merged as symred merges states
+ *   SSMW    averages weighted by exp(LogSumExp of the block), merged likewise
+ * (combine.c, by the double-precision rules of src/cpu/red-rules.h). */
 typedef struct mpi_rules {
     sr_reduction partial;
     enum sr_red_family family;
@@ -49,9 +50,10 @@ typedef struct mpi_state {
     double *val;    /* n * k * dim values */
     int64_t *idx;   /* n * k * dim global indices (mpi_family_indexed), else NULL */
     double *mx;     /* SSMW: the running max of the blocks' LogSumExp, n values */
-    double *wsum;   /* SSMW: sum of exp(lse - mx) over the blocks, n values */
-    double *tv;     /* KSEL: merge scratch, k values */
-    int64_t *ti;    /* KSEL: merge scratch, k indices */
+    double *wsum;   /* SSMW: sum of exp(lse - mx) over the blocks, n values; LSE: n * dim sums
+                       of exp(l - val) over the blocks' LogSumExp l (val: their maxima) */
+    double *tv;     /* scratch: KSEL 3 k values (the merge), SSMW dim values */
+    int64_t *ti;    /* scratch: KSEL 3 k indices */
 } mpi_state;
 
 /* Allocates the state of n rows (the identity: nothing folded yet). SR_ENOMEM, SR_EINVAL for a

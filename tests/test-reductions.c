@@ -936,10 +936,21 @@ Test(red, accumulators_combine_like_one_pass)
             else
                 n2 = cpu_kmin_push(k2, j2, n2, K, v[t], t);
         }
+        /* The linear merge of the two sorted lists, either way round, as one pass too. */
+        double mv[2][40];
+        int64_t mi[2][40];
+        const int nm0 = cpu_kmin_merge(k1, j1, n1, k2, j2, n2, K, mv[0], mi[0]);
+        const int nm1 = cpu_kmin_merge(k2, j2, n2, k1, j1, n1, K, mv[1], mi[1]);
         n2 = cpu_kmin_combine(k2, j2, n2, K, k1, j1, n1);
         cr_assert_eq(n2, nk);
-        for (int t = 0; t < nk; t++)
+        cr_assert(nm0 == nk && nm1 == nk, "kmin merge: %d, %d entries vs %d", nm0, nm1, nk);
+        for (int t = 0; t < nk; t++) {
             cr_assert(tu_close(k2[t], kv[t], 0, 0) && j2[t] == ki[t], "kmin %d", t);
+            for (int w = 0; w < 2; w++)
+                cr_assert(tu_close(mv[w][t], kv[t], 0, 0) && mi[w][t] == ki[t],
+                          "kmin merge %d: %g@%lld vs %g@%lld", t, mv[w][t], (long long)mi[w][t],
+                          kv[t], (long long)ki[t]);
+        }
         /* LogSumExp */
         struct cpu_lse L, L1, L2;
         cpu_lse_init(&L);

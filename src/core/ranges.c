@@ -243,26 +243,8 @@ void sr__fill_identity(const sr_kernel *k, const sr_run_desc *r, int64_t o0, int
             r->out_idx[i] = -1;
     if (!ri->values)
         return;
-    double v;
-    switch (k->red) {
-    case SR_SUM:
-        v = 0.0;
-        break;
-    case SR_MIN:
-    case SR_MIN_ARGMIN:
-    case SR_KMIN:
-    case SR_KMIN_ARGKMIN:
-        v = INFINITY;
-        break;
-    case SR_MAX:
-    case SR_MAX_ARGMAX:
-    case SR_LOGSUMEXP:
-        v = -INFINITY;
-        break;
-    default: /* SumSoftMaxWeight: 0/0 */
-        v = NAN;
-        break;
-    }
+    /* What the empty reduction writes (the rules table's empty column). */
+    const double v = sr_red_empty_value(ri->empty, ri->order);
     const sr_dtype dt = k->io_native ? k->io : k->dtype;
     for (size_t i = a; i < b; i++)
         sr__dtype_put(dt, r->out, (int64_t)i, v);

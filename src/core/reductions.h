@@ -8,10 +8,11 @@
  *
  * Readers: core (kernel.c builds sr_reductions from it), the emitters (emit-state.c spells each
  * family's state, init, folds of a value and of a tile, merge and final for the C and CUDA
- * kernels), the CPU rules (cpu.h, reference.c) and the MPI companion library
- * (mpi/combine.c), which sits above the public API: this header is macros and small inline
- * functions and needs no other internal header, so mpi/ compiles it in too without seeing the
- * rest of core.
+ * kernels), the CPU's double-precision rules (src/cpu/red-rules.h) with their table of
+ * per-family operations on row state (cpu_red_ops: the reference and tile interpreters), core's
+ * ranges (the empty result) and the MPI companion library (mpi/combine.c, on red-rules.h), which
+ * sits above the public API: this header is macros and small inline functions and needs no other
+ * internal header, so mpi/ compiles it in too without seeing the rest of core.
  */
 #ifndef SYMRED_REDUCTIONS_H
 #define SYMRED_REDUCTIONS_H
@@ -23,8 +24,8 @@
 /* X(family, NaN policy): the kinds of running state. Each family's state per output row is
  * its rows of SR_RED_SLOT_MAP; how it folds a value in, merges two partial states (tiles,
  * threads, CUDA blocks) and is finalised is spelled once per family for the generated kernels
- * (emit-state.c's family_rules), for the CPU's double-precision rules (cpu.h) and for MPI's
- * combine of block results (mpi/combine.c).
+ * (emit-state.c's family_rules) and for the CPU's double-precision rules (src/cpu/red-rules.h,
+ * which MPI's combine of block results, mpi/combine.c, shares).
  *   SUM    add; merge adds the partial sums (Kahan compensation on request)
  *   EXT    Min, Max: keep the extreme, the first NaN wins
  *   ARGEXT the arg-reductions of Min and Max: the extreme and its index; ties keep the lower
@@ -99,7 +100,7 @@ enum sr_red_order { SR_RED_DESC = -1, SR_RED_UNORDERED = 0, SR_RED_ASC = 1 };
 /* Whether (va, ia) ranks before (vb, ib) for a selection of order (ascending or descending)
  * whose NaN policy is nan (FIRST or LAST); equal values rank by index, the lower first, so that
  * every backend picks the same element and states merged in index order equal one pass. The
- * double-precision rule of the CPU reference (cpu.h) and of MPI's combine (mpi/combine.c); the
+ * double-precision rule of the CPU (src/cpu/red-rules.h) and of MPI's combine (mpi/combine.c); the
  * generated kernels spell it in the family rules of emit-state.c. */
 static inline bool sr_red_before(enum sr_red_order order, enum sr_red_nan nan, double va,
                                  int64_t ia, double vb, int64_t ib)

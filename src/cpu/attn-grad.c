@@ -352,16 +352,14 @@ static void generic_lam(const struct attn *a, const struct pattern *pt, int f64,
                     acc[t] = 0;
                 for (int64_t q = pt->ivoff[c]; q < pt->ivoff[c + 1]; q++)
                     for (int64_t j = pt->iv[2 * q]; j < pt->iv[2 * q + 1]; j++) {
-                        double f = a->cval * dot(a->X, i * a->D, a->Y, j * a->D, f64, a->D), p = 0;
-                        if (f > mx) {
-                            const double scale = exp(mx - f);
+                        const double f = a->cval * dot(a->X, i * a->D, a->Y, j * a->D, f64, a->D);
+                        const double scale = cpu_softmax_grow(&mx, f);
+                        if (scale != 1) {
                             s *= scale;
                             for (int t = 0; out && t < Dw; t++)
                                 acc[t] *= scale;
-                            mx = f;
-                            p = 1;
-                        } else if (f != -INFINITY)
-                            p = exp(f - mx); /* a NaN makes the sum NaN */
+                        }
+                        const double p = cpu_ssmw_weight(f, mx); /* a NaN makes the sum NaN */
                         s += p;
                         for (int t = 0; out && t < Dw; t++)
                             acc[t] += p * ld(a->W, f64, j * Dw + t);
@@ -479,17 +477,15 @@ static void avx2_lam(const struct attn *a, const struct pattern *pt, float *lam,
                             float *F = S + r * TL;
                             for (int64_t q = 0; q < tj; q++)
                                 F[q] *= c;
-                            const double tm = cpu_rowmax_f32(F, tj), mo = M[u + r];
-                            const double mn = tm > mo ? tm : mo;
+                            const double scale = cpu_softmax_grow(&M[u + r], cpu_rowmax_f32(F, tj));
+                            const double mn = M[u + r];
                             if (mn == -INFINITY) { /* every value so far is -inf: weights 0 */
                                 memset(F, 0, sizeof(float) * (size_t)tj);
                                 continue;
                             }
-                            const double scale = exp(mo - mn);
                             for (int64_t q = 0; out && scale != 1 && q < Dw; q++)
                                 out[(b0 + u + r) * Dw + q] *= (float)scale;
                             L[u + r] = L[u + r] * scale + cpu_expsum_f32(F, tj, (float)mn);
-                            M[u + r] = mn;
                         }
                         if (out)
                             cpu_avx2_strip_av(h, tj, S, TL, Wp, Dw, out + (b0 + u) * Dw, Dw);

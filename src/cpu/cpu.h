@@ -1,205 +1,85 @@
 /*
- * cpu.h — the CPU module's internal header: the reduction accumulators, and the gemm-epilogue
- * strategy that the CPU JIT backend (omp-runtime.c) hands high-dimensional kernels to.
- *
- * Every CPU backend (the reference interpreter now, the JIT's OpenMP runtime later) must reduce
- * exactly as docs/semantics.md says, including NaN, infinities and ties. The rules live here
- * once, as small inline functions working on double-precision state: init, push one value
- * with its index, combine two partial states (for a runtime that splits the reduced range over
- * threads), and finish. push(x) is combine with the one-element state {x}, so a reduction split
- * anywhere and combined gives the same result as one sequential pass.
+ * cpu.h — the CPU module's internal header: the reductions' rules in double precision
+ * (red-rules.h) and the table of per-family operations on row state built on them
+ * (cpu_red_ops), the reference and tile interpreters, and the strategies of the CPU JIT backend
+ * (omp-runtime.c): gemm-epilogue, fused two-product, attention's backward.
  */
 #ifndef SYMRED_CPU_H
 #define SYMRED_CPU_H
 
 #include "../core/core.h"
+#include "red-rules.h"
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-/* ---- orders ---------------------------------------------------------------------------------
- * Each "before" says whether (va, ia) ranks ahead of (vb, ib) (sr_red_before, reductions.h).
- * Min, Max and their arg-reductions: a NaN wins (NumPy min/argmin), then the more extreme
- * value. KMin and ArgKMin: ascending with NaN after +inf (NumPy sort). */
+/* ---- the reductions' operations on row state (red-ops.c) -------------------------------------
+ * One row of cpu_red_ops per family (enum sr_red_family, reductions.h), built on the rules of
+ * red-rules.h: the reference interpreter and the tile interpreter reduce by it. A row's state
+ * is d (doubles), ix (int64 indices) and cnt (ints), sized by the family's extents:
+ *   SUM     d[c]                      the sums
+ *   EXT, ARGEXT  d[c], ix[c]          the extreme and its index (-1: none yet)
+ *   KSEL    d[c K + t], ix[c K + t], cnt[c]   component c's sorted list of cnt[c] <= K entries
+ *   LSE     d[2 c], d[2 c + 1]        the maximum m and the sum of exp(v - m)
+ *   SSMW    d[0], d[1], d[2 + c]      the maximum m, sum exp(f - m), sums exp(f - m) g_c */
 
-static inline bool cpu_ext_before(enum sr_red_order order, double va, int64_t ia, double vb,
-                                  int64_t ib)
-{
-    return sr_red_before(order, sr_red_family_nan(SR_RED_FAM_ARGEXT), va, ia, vb, ib);
-}
+/* What a reduction's state depends on: dim(F), K, dim(weight) and the selection's order. */
+struct cpu_red_dims {
+    int D, K, W;
+    enum sr_red_order order;
+};
+/* The dims of kernel k's reduction. */
+struct cpu_red_dims cpu_red_dims_of(const struct sr_kernel *k);
 
-static inline bool cpu_kmin_before(double va, int64_t ia, double vb, int64_t ib)
-{
-    return sr_red_before(SR_RED_ASC, sr_red_family_nan(SR_RED_FAM_KSEL), va, ia, vb, ib);
-}
-
-/* ---- Sum ---------------------------------------------------------------------------------- */
-
-static inline void cpu_sum_init(double *acc) { *acc = 0.0; }
-static inline void cpu_sum_push(double *acc, double x) { *acc += x; }
-static inline void cpu_sum_combine(double *acc, double other) { *acc += other; }
-
-/* ---- Min / Max with their index --------------------------------------------------------------
- * State (value, index) of a selection of order (SR_RED_ASC: Min, SR_RED_DESC: Max); index -1
- * marks the empty state, whose value is the identity. */
-
-static inline void cpu_ext_init(enum sr_red_order order, double *v, int64_t *i)
-{
-    *v = sr_red_empty_value(SR_RED_EMPTY_ORDER, order);
-    *i = -1;
-}
-static inline void cpu_ext_push(enum sr_red_order order, double *v, int64_t *i, double x, int64_t j)
-{
-    if (j >= 0 && (*i < 0 || cpu_ext_before(order, x, j, *v, *i))) {
-        *v = x;
-        *i = j;
-    }
-}
-/* Combining is pushing the other state's element (an empty other has index -1: no-op). */
-#define cpu_ext_combine cpu_ext_push
-
-/* ---- KMin / ArgKMin -------------------------------------------------------------------------
- * State: the *n (<= K) best elements so far, sorted by cpu_kmin_before, in v[0..n) and
- * ix[0..n). Sorted insertion costs O(K) per element, fine for an oracle. Returns the new n. */
-
-static inline int cpu_kmin_push(double *v, int64_t *ix, int n, int K, double x, int64_t j)
-{
-    if (n == K && !cpu_kmin_before(x, j, v[K - 1], ix[K - 1]))
-        return n;
-    int p = n < K ? n : K - 1; /* the slot that becomes free: the end, or the dropped last */
-    while (p > 0 && cpu_kmin_before(x, j, v[p - 1], ix[p - 1])) {
-        v[p] = v[p - 1];
-        ix[p] = ix[p - 1];
-        p--;
-    }
-    v[p] = x;
-    ix[p] = j;
-    return n < K ? n + 1 : n;
-}
-
-/* Merges the other state's elements into (v, ix, n). */
-static inline int cpu_kmin_combine(double *v, int64_t *ix, int n, int K, const double *ov,
-                                   const int64_t *oix, int on)
-{
-    for (int t = 0; t < on; t++)
-        n = cpu_kmin_push(v, ix, n, K, ov[t], oix[t]);
-    return n;
-}
-
-/* Writes the K results; slots past n (impossible when K <= the reduced count, which kernel.c
- * checks) get the empty identity +inf / -1. */
-static inline void cpu_kmin_finish(const double *v, const int64_t *ix, int n, int K, double *out_v,
-                                   int64_t *out_ix)
-{
-    for (int t = 0; t < K; t++) {
-        out_v[t] = t < n ? v[t] : INFINITY;
-        out_ix[t] = t < n ? ix[t] : -1;
-    }
-}
-
-/* ---- LogSumExp ----------------------------------------------------------------------------
- * State (m, s) stands for m + log(s), s = sum exp(x - m), with m the running maximum. Rules of
- * docs/semantics.md: NaN propagates and beats everything; otherwise an +inf term makes the
- * result +inf; -inf terms add nothing and all -inf (or empty) gives -inf. The special values
- * are settled before any exp() so that exp(-inf - -inf) and exp(inf - inf) (NaN) never occur. */
-
-struct cpu_lse {
-    double m, s;
+struct cpu_red_row {
+    double *d;
+    int64_t *ix;
+    int *cnt;
 };
 
-static inline void cpu_lse_init(struct cpu_lse *a)
+/* A count of a row's state: d D + dk D K + w W + one. */
+struct cpu_red_extent {
+    int8_t d, dk, w, one;
+};
+static inline int64_t cpu_red_count(struct cpu_red_extent e, const struct cpu_red_dims *n)
 {
-    a->m = -INFINITY;
-    a->s = 0.0;
+    return (int64_t)e.d * n->D + (int64_t)e.dk * n->D * n->K + (int64_t)e.w * n->W + e.one;
 }
 
-static inline void cpu_lse_combine(struct cpu_lse *a, struct cpu_lse b)
-{
-    if (isnan(a->m) || b.m == -INFINITY)
-        return;
-    if (isnan(b.m) || a->m == -INFINITY) {
-        *a = b;
-        return;
-    }
-    if (a->m == INFINITY)
-        return;
-    if (b.m == INFINITY) {
-        *a = b;
-        return;
-    }
-    if (b.m > a->m) {
-        a->s = a->s * exp(a->m - b.m) + b.s;
-        a->m = b.m;
-    } else {
-        a->s += b.s * exp(b.m - a->m);
-    }
-}
+/* A tile of n values of each component of F (and of the weight) for one output row, reduced
+ * indices [r0, r0 + n), in the kernel's dtype, as the tile interpreter folds it. comp gives
+ * component c of F (weight 0) or of the weight (weight 1); p is room for n values of the dtype
+ * (the softmax's weights) and scratch for 2 W doubles. */
+struct tile_isa;
+struct cpu_red_tile {
+    const struct tile_isa *isa;
+    int es; /* bytes per value: 4 or 8 */
+    int n;
+    int64_t r0;
+    const void *(*comp)(const struct cpu_red_tile *t, int weight, int c);
+    void *ctx; /* the caller's, for comp */
+    void *p;
+    double *scratch;
+};
 
-static inline void cpu_lse_push(struct cpu_lse *a, double x)
-{
-    struct cpu_lse one = {x, 1.0};
-    cpu_lse_combine(a, one);
-}
-
-static inline double cpu_lse_finish(struct cpu_lse a)
-{
-    if (isnan(a.m) || isinf(a.m))
-        return a.m;
-    return a.m + log(a.s);
-}
-
-/* ---- SumSoftMaxWeight ------------------------------------------------------------------------
- * State (m, s, acc[W]): s = sum exp(f - m), acc = sum exp(f - m) g, m the running maximum of
- * the scalar f. The result acc / s is the literal formula of docs/semantics.md with m = max f:
- * it is NaN when a term is NaN, when max f is +inf (exp(inf - inf)) and when every f is -inf
- * (0 / 0, like the empty reduction). A -inf term has weight exactly 0 (its 0 * g still makes a
- * non-finite g NaN, as the formula does). */
-
-static inline void cpu_ssmw_init(double *m, double *s, double *acc, int W)
-{
-    *m = -INFINITY;
-    *s = 0.0;
-    for (int c = 0; c < W; c++)
-        acc[c] = 0.0;
-}
-
-/* Weight of a term f under the maximum m. */
-static inline double cpu_ssmw_weight(double f, double m)
-{
-    return f == -INFINITY ? 0.0 : exp(f - m);
-}
-
-static inline void cpu_ssmw_push(double *m, double *s, double *acc, int W, double f,
-                                 const double *g)
-{
-    double scale = 1.0;
-    if (f > *m) {
-        scale = exp(*m - f); /* 0 when the old maximum is -inf */
-        *m = f;
-    }
-    double w = cpu_ssmw_weight(f, *m);
-    *s = *s * scale + w;
-    for (int c = 0; c < W; c++)
-        acc[c] = acc[c] * scale + w * g[c];
-}
-
-static inline void cpu_ssmw_combine(double *m, double *s, double *acc, int W, double om, double os,
-                                    const double *oacc)
-{
-    double mm = om > *m ? om : *m;
-    double sa = *m == mm ? 1.0 : exp(*m - mm), sb = om == mm ? 1.0 : exp(om - mm);
-    *m = mm;
-    *s = *s * sa + os * sb;
-    for (int c = 0; c < W; c++)
-        acc[c] = acc[c] * sa + oacc[c] * sb;
-}
-
-static inline void cpu_ssmw_finish(double s, const double *acc, int W, double *out)
-{
-    for (int c = 0; c < W; c++)
-        out[c] = acc[c] / s;
-}
+/* init: the empty state; push: one value of F (f[0..D), with the weight's w[0..W) for SSMW) of
+ * reduced index j; tile: a tile of values, by the vector loops where the values allow (a tile
+ * that cannot change the state is skipped, one holding NaN or infinities where the rules care
+ * goes value by value through push); merge: b, the state of later reduced indices, into a;
+ * finish: the output row, out (and out_idx) in the reduction's output layout ((K, D) row-major
+ * for the K-selections). */
+struct cpu_red_ops {
+    struct cpu_red_extent nd, ni, nc;
+    void (*init)(const struct cpu_red_dims *n, struct cpu_red_row r);
+    void (*push)(const struct cpu_red_dims *n, struct cpu_red_row r, const double *f,
+                 const double *w, int64_t j);
+    void (*tile)(const struct cpu_red_dims *n, struct cpu_red_row r, const struct cpu_red_tile *t);
+    void (*merge)(const struct cpu_red_dims *n, struct cpu_red_row a, struct cpu_red_row b);
+    void (*finish)(const struct cpu_red_dims *n, struct cpu_red_row r, double *out,
+                   int64_t *out_idx);
+};
+extern const struct cpu_red_ops cpu_red_ops[SR_RED_FAM_COUNT];
 
 /* ---- the reference interpreter's evaluators (src/cpu/reference.c) ---- */
 

@@ -1232,19 +1232,17 @@ double cpu_expsum_scaled_f32(float *F, int64_t n, float a, float m)
 float cpu_rowmax_f32(const float *F, int64_t n) { return rowmax_f32(F, n); }
 
 /* The online softmax's running maximum *wm of a float32 row grown to tm, the row's maximum in
- * this tile: the row's output (cols values) and sum *wsum rescaled by exp(m_old - m) when it
- * grows. Returns the new maximum. */
+ * this tile: the row's output (cols values) and sum *wsum rescaled as cpu_softmax_grow says.
+ * Returns the new maximum. */
 static float grow_max_f32(double *wm, double *wsum, float *orow, int cols, float tm)
 {
-    const float mo = (float)*wm, mn = tm > mo ? tm : mo;
-    if (mn > mo && mo > -INFINITY) {
-        const float sa = expf(mo - mn);
+    const float sa = (float)cpu_softmax_grow(wm, tm);
+    if (sa != 1.0f) {
         for (int c = 0; c < cols; c++)
             orow[c] *= sa;
         *wsum *= sa;
     }
-    *wm = mn;
-    return mn;
+    return (float)*wm;
 }
 
 /* The online softmax of one float32 row F of the tile (n values): the maximum grown
@@ -1269,18 +1267,16 @@ static void softmax_tile(const sr_kernel *k, const struct fused_kernel *fk, stru
             SIMD_MAX(tm)
             for (int64_t c = 0; c < nj; c++)
                 tm = F[c] > tm ? F[c] : tm; /* NaN passes: it reaches the sums through exp */
-            double mn = tm > wm[o] ? tm : wm[o];
-            if (mn > wm[o] && wm[o] > -INFINITY) {
-                double sa = exp(wm[o] - mn);
+            const double sa = cpu_softmax_grow(&wm[o], tm), mn = wm[o];
+            if (sa != 1.0) {
                 double *orow = (double *)out + o * ldo;
                 for (int c = 0; c < cols; c++)
                     orow[c] *= sa;
                 wsum[o] *= sa;
             }
-            wm[o] = mn;
             double ts = 0;
             for (int64_t c = 0; c < nj; c++) {
-                F[c] = F[c] == -INFINITY ? 0 : exp(F[c] - mn);
+                F[c] = cpu_ssmw_weight(F[c], mn);
                 ts += F[c];
             }
             wsum[o] += ts;

@@ -606,122 +606,8 @@ static void ref_explain(const struct sr_kernel *k, struct expr_buf *b)
 
 /* ---- reductions ---------------------------------------------------------------------------
  * Per output row: init, push the value of F (and of the weight) for each reduced index in
- * increasing order, finish into a row of doubles and indices that run() rounds and stores. */
-
-struct red_state {
-    int D, K, W;             /* dim(F), K, dim(weight) */
-    enum sr_red_order order; /* Min and Max: ascending or descending */
-    double *v;   /* Sum, Min, Max: D; KMin: D*K; LogSumExp: D maxima; SSMW: W accumulators */
-    int64_t *ix; /* Min, Max: D; KMin: D*K */
-    double *s;   /* LogSumExp: D sums; SSMW: [0] = max, [1] = sum */
-    int *n;      /* KMin: D fill counts */
-};
-
-struct red_ops {
-    void (*init)(struct red_state *r);
-    void (*push)(struct red_state *r, const double *f, const double *w, int64_t j);
-    void (*finish)(const struct red_state *r, double *out, int64_t *out_idx);
-};
-
-static void sum_init(struct red_state *r)
-{
-    for (int c = 0; c < r->D; c++)
-        cpu_sum_init(&r->v[c]);
-}
-static void sum_push(struct red_state *r, const double *f, const double *w, int64_t j)
-{
-    for (int c = 0; c < r->D; c++)
-        cpu_sum_push(&r->v[c], f[c]);
-}
-static void val_finish(const struct red_state *r, double *out, int64_t *out_idx)
-{
-    memcpy(out, r->v, (size_t)r->D * sizeof *out);
-}
-
-static void ext_init(struct red_state *r)
-{
-    for (int c = 0; c < r->D; c++)
-        cpu_ext_init(r->order, &r->v[c], &r->ix[c]);
-}
-static void ext_push(struct red_state *r, const double *f, const double *w, int64_t j)
-{
-    for (int c = 0; c < r->D; c++)
-        cpu_ext_push(r->order, &r->v[c], &r->ix[c], f[c], j);
-}
-static void ext_finish(const struct red_state *r, double *out, int64_t *out_idx)
-{
-    memcpy(out, r->v, (size_t)r->D * sizeof *out);
-    memcpy(out_idx, r->ix, (size_t)r->D * sizeof *out_idx);
-}
-
-/* KMin keeps component c's list in v[c*K ..], and writes the (K, D) row-major layout. */
-static void kmin_init(struct red_state *r)
-{
-    for (int c = 0; c < r->D; c++)
-        r->n[c] = 0;
-}
-static void kmin_push(struct red_state *r, const double *f, const double *w, int64_t j)
-{
-    size_t K = (size_t)r->K;
-    for (int c = 0; c < r->D; c++)
-        r->n[c] = cpu_kmin_push(r->v + c * K, r->ix + c * K, r->n[c], r->K, f[c], j);
-}
-static void kmin_finish(const struct red_state *r, double *out, int64_t *out_idx)
-{
-    size_t K = (size_t)r->K, D = (size_t)r->D;
-    for (size_t c = 0; c < D; c++) {
-        /* Finish into the component's own list layout, then transpose to (K, D). */
-        for (size_t t = 0; t < K; t++) {
-            bool have = t < (size_t)r->n[c];
-            out[t * D + c] = have ? r->v[c * K + t] : INFINITY;
-            out_idx[t * D + c] = have ? r->ix[c * K + t] : -1;
-        }
-    }
-}
-
-static void lse_init(struct red_state *r)
-{
-    for (int c = 0; c < r->D; c++) {
-        struct cpu_lse a;
-        cpu_lse_init(&a);
-        r->v[c] = a.m;
-        r->s[c] = a.s;
-    }
-}
-static void lse_push(struct red_state *r, const double *f, const double *w, int64_t j)
-{
-    for (int c = 0; c < r->D; c++) {
-        struct cpu_lse a = {r->v[c], r->s[c]};
-        cpu_lse_push(&a, f[c]);
-        r->v[c] = a.m;
-        r->s[c] = a.s;
-    }
-}
-static void lse_finish(const struct red_state *r, double *out, int64_t *out_idx)
-{
-    for (int c = 0; c < r->D; c++)
-        out[c] = cpu_lse_finish((struct cpu_lse){r->v[c], r->s[c]});
-}
-
-static void ssmw_init(struct red_state *r) { cpu_ssmw_init(&r->s[0], &r->s[1], r->v, r->W); }
-static void ssmw_push(struct red_state *r, const double *f, const double *w, int64_t j)
-{
-    cpu_ssmw_push(&r->s[0], &r->s[1], r->v, r->W, f[0], w);
-}
-static void ssmw_finish(const struct red_state *r, double *out, int64_t *out_idx)
-{
-    cpu_ssmw_finish(r->s[1], r->v, r->W, out);
-}
-
-/* Indexed by the reduction's family (reductions.h); Min and Max differ by r->order only. */
-static const struct red_ops red_ops[SR_RED_FAM_COUNT] = {
-    [SR_RED_FAM_SUM] = {sum_init, sum_push, val_finish},
-    [SR_RED_FAM_EXT] = {ext_init, ext_push, ext_finish},
-    [SR_RED_FAM_ARGEXT] = {ext_init, ext_push, ext_finish},
-    [SR_RED_FAM_KSEL] = {kmin_init, kmin_push, kmin_finish},
-    [SR_RED_FAM_LSE] = {lse_init, lse_push, lse_finish},
-    [SR_RED_FAM_SSMW] = {ssmw_init, ssmw_push, ssmw_finish},
-};
+ * increasing order, finish into a row of doubles and indices that run() rounds and stores: the
+ * family's operations of cpu_red_ops (red-ops.c). */
 
 /* ---- run ---------------------------------------------------------------------------------- */
 
@@ -769,17 +655,18 @@ static sr_status ref_reduce(const struct sr_kernel *k, const sr_run_desc *run,
 {
     const struct ref_prog *p = k->backend_data;
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    const struct red_ops *ops = &red_ops[ri->family];
+    const struct cpu_red_ops *ops = &cpu_red_ops[ri->family];
+    const struct cpu_red_dims dims = cpu_red_dims_of(k);
     int64_t nout = k->axis == 1 ? run->nx : run->ny;
     int64_t nred = k->axis == 1 ? run->ny : run->nx;
-    size_t D = (size_t)k->fdim, K = (size_t)k->k, W = k->weight ? (size_t)k->weight->dim : 0;
-    size_t odim = ri->uses_k ? K * D : k->weight ? W : D;
+    size_t odim = (size_t)k->out_dim;
 
     /* Everything of one call in one allocation: scratch, reduction state, one output row. */
-    size_t nd = p->nslots + K * D + W + D + 2 + odim, ni = K * D + odim, nn = D;
+    size_t nsd = (size_t)cpu_red_count(ops->nd, &dims), nsi = (size_t)cpu_red_count(ops->ni, &dims);
+    size_t nd = p->nslots + nsd + odim, ni = nsi + odim, nn = (size_t)cpu_red_count(ops->nc, &dims);
     double *dbl = malloc(nd * sizeof *dbl);
     int64_t *idx = malloc(ni * sizeof *idx);
-    int *cnt = malloc(nn * sizeof *cnt);
+    int *cnt = malloc((nn ? nn : 1) * sizeof *cnt);
     if (!dbl || !idx || !cnt) {
         free(dbl);
         free(idx);
@@ -788,18 +675,9 @@ static sr_status ref_reduce(const struct sr_kernel *k, const sr_run_desc *run,
                          "reference backend: out of memory for the %zu-value working set", nd);
     }
     struct ref_call call = {k, p, run, dbl};
-    struct red_state rs = {
-        .D = (int)D,
-        .K = (int)K,
-        .W = (int)W,
-        .order = ri->order,
-        .v = dbl + p->nslots,
-        .s = dbl + p->nslots + (K * D > W ? K * D : W),
-        .ix = idx,
-        .n = cnt,
-    };
-    double *row = rs.s + D + 2;
-    int64_t *row_idx = idx + K * D;
+    const struct cpu_red_row rs = {dbl + p->nslots, idx, cnt};
+    double *row = rs.d + nsd;
+    int64_t *row_idx = idx + nsi;
 
     eval_stage(&call, STAGE_CONST, 0, 0);
     const int64_t dense[2] = {0, nred};
@@ -811,7 +689,7 @@ static sr_status ref_reduce(const struct sr_kernel *k, const sr_run_desc *run,
         for (int64_t o = o0; o < o1; o++) {
             int64_t i = k->axis == 1 ? o : 0, j = k->axis == 1 ? 0 : o;
             eval_stage(&call, STAGE_OUTER, i, j);
-            ops->init(&rs);
+            ops->init(&dims, rs);
             for (int64_t q = 0; q < niv; q++)
                 for (int64_t r = iv[2 * q]; r < iv[2 * q + 1]; r++) {
                     if (k->axis == 1)
@@ -819,9 +697,9 @@ static sr_status ref_reduce(const struct sr_kernel *k, const sr_run_desc *run,
                     else
                         i = r;
                     eval_stage(&call, STAGE_PAIR, i, j);
-                    ops->push(&rs, dbl + p->f_off, k->weight ? dbl + p->w_off : NULL, r);
+                    ops->push(&dims, rs, dbl + p->f_off, k->weight ? dbl + p->w_off : NULL, r);
                 }
-            ops->finish(&rs, row, row_idx);
+            ops->finish(&dims, rs, row, row_idx);
             size_t base = (size_t)o * odim;
             if (ri->values) {
                 if (k->dtype == SR_F64)

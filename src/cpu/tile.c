@@ -11,13 +11,13 @@
  * block the pair nodes, one op over the whole tile at a time (tile-kern.h: vector loops compiled
  * for AVX-512, AVX2 or the baseline), and folds the tile of F into the row's reduction state.
  *
- * Values are computed in the kernel's dtype like the compiled kernels, and reduced with the
- * reference's rules (cpu.h) on float64 state: sums of a tile are accumulated in float64, Min,
- * Max and the K-selections skip a tile that cannot change the state, LogSumExp and
- * SumSoftMaxWeight fold a tile through its maximum, and any tile holding NaN or an infinity
- * where those rules care goes element by element. With few output rows and a long reduced range
- * the threads split the reduced range and merge their states in index order, so ties resolve to
- * the lowest index as everywhere.
+ * Values are computed in the kernel's dtype like the compiled kernels, and reduced by the
+ * family's operations on float64 state (cpu_red_ops, red-ops.c, the reference's rules): sums of a
+ * tile are accumulated in float64, Min, Max and the K-selections skip a tile that cannot change the
+ * state, LogSumExp and SumSoftMaxWeight fold a tile through its maximum, and any tile holding NaN
+ * or an infinity where those rules care goes element by element. With few output rows and a long
+ * reduced range the threads split the reduced range and merge their states in index order, so ties
+ * resolve to the lowest index as everywhere.
  */
 #include "cpu.h"
 
@@ -61,7 +61,8 @@ struct tile_prog {
                                     tiles (-1: they are), the softmax weights of a tile */
     int tj, rb;                  /* reduced indices per tile, output rows per block */
     int nscratch;                /* float64 scratch of the element-by-element ops */
-    int D, K, W;
+    struct cpu_red_dims dims;    /* the reduction's state: its dims and operations */
+    const struct cpu_red_ops *ops;
     int nsd, nsi, nsn;  /* per row state: doubles, indices, counts */
     int64_t state_b;    /* bytes of one row's state */
     int64_t odim;       /* values (and indices) per output row */
@@ -238,34 +239,13 @@ sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
     if (t->w >= 0)
         t->prow = t->nrows++;
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    t->D = k->fdim;
-    t->K = k->k;
-    t->W = k->weight ? k->weight->dim : 0;
-    switch (ri->family) {
-    case SR_RED_FAM_SUM:
-        t->nsd = t->D;
-        break;
-    case SR_RED_FAM_EXT:
-    case SR_RED_FAM_ARGEXT:
-        t->nsd = t->D;
-        t->nsi = t->D;
-        break;
-    case SR_RED_FAM_KSEL:
-        t->nsd = t->D * t->K;
-        t->nsi = t->D * t->K;
-        t->nsn = t->D;
-        break;
-    case SR_RED_FAM_LSE:
-        t->nsd = 2 * t->D;
-        break;
-    case SR_RED_FAM_SSMW:
-        t->nsd = 2 + t->W;
-        break;
-    default:
-        break;
-    }
+    t->dims = cpu_red_dims_of(k);
+    t->ops = &cpu_red_ops[ri->family];
+    t->nsd = (int)cpu_red_count(t->ops->nd, &t->dims);
+    t->nsi = (int)cpu_red_count(t->ops->ni, &t->dims);
+    t->nsn = (int)cpu_red_count(t->ops->nc, &t->dims);
     /* The float64 scratch also holds the softmax's weighted sums and one set of weights. */
-    t->nscratch += 2 * t->W;
+    t->nscratch += 2 * t->dims.W;
     t->state_b = t->nsd * 8 + t->nsi * 8 + t->nsn * 4;
     t->state_b = (t->state_b + 7) / 8 * 8;
     t->odim = k->out_dim;
@@ -423,215 +403,56 @@ static const void *tile_of(const struct tile_frame *fr, int i, int64_t copy, int
     return dst;
 }
 
-static inline double elem(const struct tile_prog *t, const void *x, int u)
-{
-    return t->es == 4 ? (double)((const float *)x)[u] : ((const double *)x)[u];
-}
-
 /* ---- reduction state ----------------------------------------------------------------------
- * Row state at st: nsd doubles, then nsi indices, then nsn counts. */
+ * Row state at st: nsd doubles, then nsi indices, then nsn counts, reduced by the family's
+ * operations (cpu_red_ops, red-ops.c). */
 
-struct rowst {
-    double *d;
-    int64_t *ix;
-    int *cnt;
-};
-
-static struct rowst row_state(const struct tile_prog *t, char *base, int64_t s)
+static struct cpu_red_row row_state(const struct tile_prog *t, char *base, int64_t s)
 {
     char *p = base + s * t->state_b;
-    return (struct rowst){(double *)p, (int64_t *)(p + t->nsd * 8),
-                          (int *)(p + t->nsd * 8 + t->nsi * 8)};
+    return (struct cpu_red_row){(double *)p, (int64_t *)(p + t->nsd * 8),
+                                (int *)(p + t->nsd * 8 + t->nsi * 8)};
 }
 
-static void state_init(const sr_kernel *k, const struct tile_prog *t, struct rowst r)
+/* What the family's tile fold reads: the frame and the row slot whose tile it is. */
+struct fold_at {
+    const struct tile_frame *fr;
+    int s;
+};
+
+static const void *fold_comp(const struct cpu_red_tile *rt, int weight, int c)
 {
-    const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    switch (ri->family) {
-    case SR_RED_FAM_SUM:
-        for (int c = 0; c < t->D; c++)
-            cpu_sum_init(&r.d[c]);
-        break;
-    case SR_RED_FAM_EXT:
-    case SR_RED_FAM_ARGEXT:
-        for (int c = 0; c < t->D; c++)
-            cpu_ext_init(ri->order, &r.d[c], &r.ix[c]);
-        break;
-    case SR_RED_FAM_KSEL:
-        for (int c = 0; c < t->D; c++)
-            r.cnt[c] = 0;
-        break;
-    case SR_RED_FAM_LSE:
-        for (int c = 0; c < t->D; c++) {
-            struct cpu_lse a;
-            cpu_lse_init(&a);
-            r.d[2 * c] = a.m;
-            r.d[2 * c + 1] = a.s;
-        }
-        break;
-    case SR_RED_FAM_SSMW:
-        cpu_ssmw_init(&r.d[0], &r.d[1], r.d + 2, t->W);
-        break;
-    default:
-        break;
-    }
+    const struct fold_at *at = rt->ctx;
+    const struct tile_prog *t = at->fr->t;
+    return weight ? tile_of(at->fr, t->w, t->wcopy, c, at->s, rt->n)
+                  : tile_of(at->fr, t->f, t->fcopy, c, at->s, rt->n);
 }
 
 /* Folds the tile of reduced indices [r0, r0 + n) of row slot s into its state. */
-static void fold(const struct tile_frame *fr, struct rowst r, int s, int64_t r0, int n)
+static void fold(const struct tile_frame *fr, struct cpu_red_row r, int s, int64_t r0, int n)
 {
-    const sr_kernel *k = fr->k;
     const struct tile_prog *t = fr->t;
-    const struct tile_isa *isa = t->isa;
-    const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    switch (ri->family) {
-    case SR_RED_FAM_SUM:
-        for (int c = 0; c < t->D; c++)
-            cpu_sum_push(&r.d[c], isa->sum(tile_of(fr, t->f, t->fcopy, c, s, n), n));
-        break;
-    case SR_RED_FAM_EXT:
-    case SR_RED_FAM_ARGEXT: {
-        int desc = ri->order == SR_RED_DESC;
-        for (int c = 0; c < t->D; c++) {
-            const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
-            double v = isa->ext(x, n, desc), cur = r.d[c];
-            /* Nothing in the tile ranks ahead of the state (later indices lose ties). */
-            if (r.ix[c] >= 0 && (isnan(cur) || (!isnan(v) && !(desc ? v > cur : v < cur))))
-                continue;
-            for (int u = 0; u < n; u++)
-                cpu_ext_push(ri->order, &r.d[c], &r.ix[c], elem(t, x, u), r0 + u);
-        }
-        break;
-    }
-    case SR_RED_FAM_KSEL: {
-        int K = t->K;
-        for (int c = 0; c < t->D; c++) {
-            const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
-            double *v = r.d + (int64_t)c * K;
-            int64_t *ix = r.ix + (int64_t)c * K;
-            /* With K kept, what is not below the K-th (a NaN is neither) cannot enter: the
-             * tile's indices come after the state's, so ties stay out. */
-            if (r.cnt[c] == K && isa->ext(x, n, 0) >= v[K - 1])
-                continue;
-            for (int u = 0; u < n; u++) {
-                double xu = elem(t, x, u);
-                if (r.cnt[c] < K || !(xu >= v[K - 1]))
-                    r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, xu, r0 + u);
-            }
-        }
-        break;
-    }
-    case SR_RED_FAM_LSE:
-        for (int c = 0; c < t->D; c++) {
-            const void *x = tile_of(fr, t->f, t->fcopy, c, s, n);
-            struct cpu_lse a = {r.d[2 * c], r.d[2 * c + 1]};
-            int special;
-            double m = isa->max(x, n, &special);
-            if (special) {
-                for (int u = 0; u < n; u++)
-                    cpu_lse_push(&a, elem(t, x, u));
-            } else {
-                cpu_lse_combine(&a, (struct cpu_lse){m, isa->expsum(x, NULL, n, m)});
-            }
-            r.d[2 * c] = a.m;
-            r.d[2 * c + 1] = a.s;
-        }
-        break;
-    case SR_RED_FAM_SSMW: {
-        const void *x = tile_of(fr, t->f, t->fcopy, 0, s, n);
-        int special, W = t->W;
-        double m = isa->max(x, n, &special), *acc = fr->scratch, *g = acc + W;
-        if (special) {
-            for (int u = 0; u < n; u++) {
-                for (int c = 0; c < W; c++)
-                    g[c] = elem(t, tile_of(fr, t->w, t->wcopy, c, s, n), u);
-                cpu_ssmw_push(&r.d[0], &r.d[1], r.d + 2, W, elem(t, x, u), g);
-            }
-            break;
-        }
-        void *p = fr->tbuf + t->prow * t->tj * t->es;
-        double sum = isa->expsum(x, p, n, m);
-        for (int c = 0; c < W; c++)
-            acc[c] = isa->dot(p, tile_of(fr, t->w, t->wcopy, c, s, n), n);
-        cpu_ssmw_combine(&r.d[0], &r.d[1], r.d + 2, W, m, sum, acc);
-        break;
-    }
-    default:
-        break;
-    }
-}
-
-/* Merges row state b (later reduced indices) into a. */
-static void state_merge(const sr_kernel *k, const struct tile_prog *t, struct rowst a,
-                        struct rowst b)
-{
-    const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    switch (ri->family) {
-    case SR_RED_FAM_SUM:
-        for (int c = 0; c < t->D; c++)
-            cpu_sum_combine(&a.d[c], b.d[c]);
-        break;
-    case SR_RED_FAM_EXT:
-    case SR_RED_FAM_ARGEXT:
-        for (int c = 0; c < t->D; c++)
-            cpu_ext_combine(ri->order, &a.d[c], &a.ix[c], b.d[c], b.ix[c]);
-        break;
-    case SR_RED_FAM_KSEL:
-        for (int c = 0; c < t->D; c++) {
-            int64_t o = (int64_t)c * t->K;
-            a.cnt[c] =
-                cpu_kmin_combine(a.d + o, a.ix + o, a.cnt[c], t->K, b.d + o, b.ix + o, b.cnt[c]);
-        }
-        break;
-    case SR_RED_FAM_LSE:
-        for (int c = 0; c < t->D; c++) {
-            struct cpu_lse x = {a.d[2 * c], a.d[2 * c + 1]};
-            cpu_lse_combine(&x, (struct cpu_lse){b.d[2 * c], b.d[2 * c + 1]});
-            a.d[2 * c] = x.m;
-            a.d[2 * c + 1] = x.s;
-        }
-        break;
-    case SR_RED_FAM_SSMW:
-        cpu_ssmw_combine(&a.d[0], &a.d[1], a.d + 2, t->W, b.d[0], b.d[1], b.d + 2);
-        break;
-    default:
-        break;
-    }
+    struct fold_at at = {fr, s};
+    const struct cpu_red_tile rt = {
+        .isa = t->isa,
+        .es = (int)t->es,
+        .n = n,
+        .r0 = r0,
+        .comp = fold_comp,
+        .ctx = &at,
+        .p = t->prow >= 0 ? fr->tbuf + t->prow * t->tj * t->es : NULL,
+        .scratch = fr->scratch,
+    };
+    t->ops->tile(&t->dims, r, &rt);
 }
 
 /* Writes output row o from its state. */
-static void state_final(const sr_kernel *k, const struct tile_prog *t, struct rowst r,
+static void state_final(const sr_kernel *k, const struct tile_prog *t, struct cpu_red_row r,
                         const sr_run_desc *run, int64_t o, double *row, int64_t *row_idx)
 {
     const struct sr_reduction_info *ri = &sr_reductions[k->red];
-    int64_t D = t->D, K = t->K, odim = k->out_dim;
-    switch (ri->family) {
-    case SR_RED_FAM_SUM:
-        memcpy(row, r.d, (size_t)D * sizeof *row);
-        break;
-    case SR_RED_FAM_EXT:
-    case SR_RED_FAM_ARGEXT:
-        memcpy(row, r.d, (size_t)D * sizeof *row);
-        memcpy(row_idx, r.ix, (size_t)D * sizeof *row_idx);
-        break;
-    case SR_RED_FAM_KSEL:
-        for (int64_t c = 0; c < D; c++)
-            for (int64_t u = 0; u < K; u++) {
-                bool have = u < r.cnt[c];
-                row[u * D + c] = have ? r.d[c * K + u] : INFINITY;
-                row_idx[u * D + c] = have ? r.ix[c * K + u] : -1;
-            }
-        break;
-    case SR_RED_FAM_LSE:
-        for (int64_t c = 0; c < D; c++)
-            row[c] = cpu_lse_finish((struct cpu_lse){r.d[2 * c], r.d[2 * c + 1]});
-        break;
-    case SR_RED_FAM_SSMW:
-        cpu_ssmw_finish(r.d[1], r.d + 2, t->W, row);
-        break;
-    default:
-        break;
-    }
+    int64_t odim = k->out_dim;
+    t->ops->finish(&t->dims, r, row, row_idx);
     if (ri->values) {
         if (t->es == 8)
             memcpy((double *)run->out + o * odim, row, (size_t)odim * sizeof *row);
@@ -653,7 +474,7 @@ static void fold_rows(struct tile_frame *fr, char *st, int64_t o0, int nb, const
     for (int s = 0; s < nb; s++) {
         eval_list(fr, ST_OUTER, s, 0, 1);
         if (init)
-            state_init(fr->k, t, row_state(t, st, s));
+            t->ops->init(&t->dims, row_state(t, st, s));
     }
     for (int64_t q = 0; q < niv; q++)
         for (int64_t r0 = iv[2 * q]; r0 < iv[2 * q + 1]; r0 += t->tj) {
@@ -793,10 +614,10 @@ sr_status cpu_tile_run(const sr_kernel *k, const struct tile_prog *t, const sr_r
             struct tile_frame fr;
             if (frame_new(&fr, k, t, run->args, cbuf, t->rb)) {
                 for (int64_t o = 0; o < nout; o++) {
-                    struct rowst a = row_state(t, states, (int)o);
+                    struct cpu_red_row a = row_state(t, states, (int)o);
                     for (int q = 1; q < nt; q++)
-                        state_merge(
-                            k, t, a,
+                        t->ops->merge(
+                            &t->dims, a,
                             row_state(t, states + (size_t)(nout * t->state_b) * (size_t)q, (int)o));
                     state_final(k, t, a, run, o, fr.row, fr.row_idx);
                 }
@@ -915,7 +736,7 @@ void cpu_tile_begin(struct tile_frame *f, void *st, int64_t o0, int64_t n, bool 
     for (int64_t s = 0; s < n; s++) {
         eval_list(f, ST_OUTER, (int)s, 0, 1);
         if (init)
-            state_init(f->k, f->t, row_state(f->t, st, (int)s));
+            f->t->ops->init(&f->t->dims, row_state(f->t, st, s));
     }
 }
 
@@ -957,7 +778,7 @@ void cpu_tile_block(struct tile_frame *f, int64_t o0, int64_t nrows, int64_t r0,
             if (G)
                 f->ext = (const char *)G + (s * ldg + c0) * es;
             eval_list(f, ST_PAIR, (int)s, r0 + c0, m);
-            for (int c = 0; c < t->D; c++) {
+            for (int c = 0; c < t->dims.D; c++) {
                 const char *x = tile_of(f, t->f, t->fcopy, c, (int)s, m);
                 char *o = (char *)out + (s * ldr + c0 * ldu + c) * es;
                 if (ldu == 1)
@@ -974,7 +795,7 @@ void cpu_tile_merge(const sr_kernel *k, const struct tile_prog *t, void *a, cons
                     int64_t rows)
 {
     for (int64_t s = 0; s < rows; s++)
-        state_merge(k, t, row_state(t, a, (int)s), row_state(t, (char *)b, (int)s));
+        t->ops->merge(&t->dims, row_state(t, a, s), row_state(t, (char *)b, s));
 }
 
 /* ---- the backend ----------------------------------------------------------------------- */

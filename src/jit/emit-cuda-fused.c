@@ -457,7 +457,9 @@ sr_status jit_emit_cuda_fused(const sr_kernel *k, enum jit_acc acc, struct expr_
         /* The online softmax of the tile, SR_FBS / SR_FTI threads per row, each on every
          * such index of the tile: the partial maxima, then the row's maximum and the partial
          * sums of exp(F - m) through sr_pr; the row's first thread adds the partial sums in
-         * order and updates the row's state once every thread has read it. */
+         * order and updates the row's state once every thread has read it. The rescale factor
+         * sr_a1 is the online softmax's one rule (cpu_softmax_grow, src/cpu/red-rules.h) in the
+         * kernel's types. */
         P("      {\n"
           "        const int sr_sr = sr_tid / SR_FSP, sr_sp = sr_tid %% SR_FSP;\n"
           "        sr_t *sr_fr = sr_F + sr_sr * SR_FLD, sr_tm = -SR_INF;\n"

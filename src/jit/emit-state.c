@@ -249,7 +249,8 @@ static const struct family_rules family_rules[SR_RED_FAM_COUNT] = {
         },
     [SR_RED_FAM_SSMW] =
         {
-            /* The reference's combine rule (src/cpu/cpu.h), in the kernel's types. */
+            /* The CPU's merge rule (cpu_ssmw_combine, src/cpu/red-rules.h), in the kernel's types.
+             */
             .helpers =
                 "SR_FN void ssmw_fold(sr_state *d, sr_t m2, sr_acc s2, const sr_acc *w2)\n{\n"
                 "    const sr_t mm = m2 > d->m ? m2 : d->m;\n"
