@@ -30,8 +30,14 @@
  * interpreter or the whole module, never a mix) unless the kernel is gone, in which case it
  * releases the module itself. The context waits for its background compiles when it is freed
  * (jit_ctx_free), so the thread may use the context to the end.
+ *
+ * In a child of fork() the thread does not exist (gen, the fork generation it started in, is
+ * older than the process's: bg_orphan): the child never takes the lock, which the thread may
+ * have held, nor waits for it; the kernel keeps the module published before the fork, if any,
+ * else the tile interpreter serves it for good, and its release frees the record alone.
  */
 struct jit_bg {
+    unsigned gen;
     pthread_mutex_t lock;
     pthread_cond_t done_cv; /* broadcast when done becomes true */
     _Atomic(struct jit_module *) m;
@@ -224,6 +230,12 @@ static int jit_offer(const sr_kernel *k, struct sr_plan *out)
 
 /* ---- the background compile (SYMRED_JIT=async) ---- */
 
+/* Whether bg's compiling thread belongs to a parent of this process (see struct jit_bg). */
+static bool bg_orphan(const struct jit_bg *bg) { return bg->gen != jit_fork_gen(); }
+
+static const char orphan_why[] = "the process forked while the module compiled: in this child "
+                                 "the tile interpreter serves the kernel";
+
 static void bg_unref(struct jit_bg *bg)
 {
     pthread_mutex_lock(&bg->lock);
@@ -242,6 +254,19 @@ static void bg_unref(struct jit_bg *bg)
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t slot_cv = PTHREAD_COND_INITIALIZER;
 static int slots_busy;
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+
+/* fork(): the lock is held across it; the child's compiles start from none busy, since the
+ * parent's compiling threads are not in the child. */
+static void slot_prepare(void) { pthread_mutex_lock(&slot_lock); }
+static void slot_parent(void) { pthread_mutex_unlock(&slot_lock); }
+static void slot_child(void)
+{
+    slots_busy = 0;
+    pthread_cond_init(&slot_cv, NULL);
+    pthread_mutex_unlock(&slot_lock);
+}
+static void slot_init(void) { pthread_atfork(slot_prepare, slot_parent, slot_child); }
 
 static void slot_take(void)
 {
@@ -270,11 +295,20 @@ static void *bg_main(void *arg)
     char err[SR_ERR_MAX];
     struct jit_module *m = NULL;
     struct jit_load_info info;
-    /* The compile's failures are the kernel's to show in explain, not the context's message. */
+    /* The compile's failures are the kernel's to show in explain, not the context's message. A
+     * kernel freed while its compile waited for a slot is not compiled at all. */
     slot_take();
-    expr_error_redirect(err, sizeof err);
-    sr_status st = jit_module_get(ctx, bg->src, bg->len, &m, &info);
-    expr_error_redirect(NULL, 0);
+    pthread_mutex_lock(&bg->lock);
+    bool skip = bg->kernel_gone;
+    pthread_mutex_unlock(&bg->lock);
+    sr_status st = SR_ECOMPILE;
+    memset(&info, 0, sizeof info);
+    snprintf(err, sizeof err, "the kernel was freed before its compile started");
+    if (!skip) {
+        expr_error_redirect(err, sizeof err);
+        st = jit_module_get(ctx, bg->src, bg->len, &m, &info);
+        expr_error_redirect(NULL, 0);
+    }
     slot_give();
     pthread_mutex_lock(&bg->lock);
     bool gone = bg->kernel_gone;
@@ -288,7 +322,7 @@ static void *bg_main(void *arg)
     pthread_mutex_unlock(&bg->lock);
     if (st == SR_OK && gone)
         jit_module_release(ctx, m);
-    if (ctx->log_level >= 1) {
+    if (ctx->log_level >= 1 && !skip) {
         if (st == SR_OK)
             fprintf(stderr,
                     "symred: background compile done (module from %s, %.1f ms): the kernel's "
@@ -302,10 +336,10 @@ static void *bg_main(void *arg)
     }
     bg_unref(bg);
     /* The last use of the context: jit_ctx_free may free it as soon as the lock is let go. */
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     if (--jc->bg_running == 0)
         pthread_cond_broadcast(&jc->bg_idle);
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     return NULL;
 }
 
@@ -330,13 +364,15 @@ static sr_status bg_start(sr_kernel *k, struct jit_kernel *jk, struct jit_ctx *j
         cpu_tile_free(t0);
         return SR_ENOMEM;
     }
+    pthread_once(&slot_once, slot_init);
+    bg->gen = jit_fork_gen();
     bg->ctx = k->ctx;
     bg->src = src->data;
     bg->len = src->len;
     bg->refs = 2;
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     jc->bg_running++;
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     pthread_attr_t attr;
     pthread_t th;
     bool started = pthread_attr_init(&attr) == 0;
@@ -346,9 +382,9 @@ static sr_status bg_start(sr_kernel *k, struct jit_kernel *jk, struct jit_ctx *j
         pthread_attr_destroy(&attr);
     }
     if (!started) {
-        pthread_mutex_lock(&jc->lock);
+        jit_ctx_lock(jc);
         jc->bg_running--;
-        pthread_mutex_unlock(&jc->lock);
+        jit_ctx_unlock(jc);
         pthread_cond_destroy(&bg->done_cv);
         pthread_mutex_destroy(&bg->lock);
         free(bg);
@@ -391,9 +427,9 @@ static sr_status jit_prepare(sr_kernel *k)
     /* A background compile learns late that there is no compiler; a missing one is seen now,
      * so the kernel says so from its creation. */
     if (ctx->opt.jit == SR_JIT_ASYNC && !jit_compiler_found(jc->cc)) {
-        pthread_mutex_lock(&jc->lock);
+        jit_ctx_lock(jc);
         jc->no_compiler = true;
-        pthread_mutex_unlock(&jc->lock);
+        jit_ctx_unlock(jc);
         return fall_back(k, "no C compiler", "the C compiler was not found (SYMRED_CC, PATH)");
     }
     struct jit_kernel *jk = calloc(1, sizeof *jk);
@@ -491,7 +527,13 @@ static void jit_release(sr_kernel *k)
     struct jit_kernel *jk = k->backend_data;
     if (!jk)
         return;
-    if (jk->bg) {
+    if (jk->bg && bg_orphan(jk->bg)) {
+        /* The compiling thread is the parent's: the record is the kernel's alone here. */
+        struct jit_bg *bg = jk->bg;
+        jit_module_release(k->ctx, atomic_exchange(&bg->m, NULL));
+        free(bg->src);
+        free(bg);
+    } else if (jk->bg) {
         struct jit_bg *bg = jk->bg;
         pthread_mutex_lock(&bg->lock);
         bg->kernel_gone = true;
@@ -627,7 +669,7 @@ static sr_status jit_run_ranges(const sr_kernel *k, const sr_run_desc *r, const 
 static sr_status jit_wait(const sr_kernel *k, double timeout_s)
 {
     const struct jit_kernel *jk = k->backend_data;
-    if (!jk || !jk->bg)
+    if (!jk || !jk->bg || bg_orphan(jk->bg))
         return SR_OK;
     struct jit_bg *bg = jk->bg;
     struct timespec until;
@@ -661,6 +703,8 @@ static int jit_stage(const sr_kernel *k)
     if (module_of(jk))
         return SR_STAGE_COMPILED;
     struct jit_bg *bg = jk->bg;
+    if (bg_orphan(bg))
+        return SR_STAGE_FAILED;
     pthread_mutex_lock(&bg->lock);
     bool failed = bg->done && bg->status != SR_OK;
     pthread_mutex_unlock(&bg->lock);
@@ -675,13 +719,23 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
     struct jit_load_info info = jk->info;
     if (jk->bg) {
         struct jit_bg *bg = jk->bg;
-        pthread_mutex_lock(&bg->lock);
-        bool done = bg->done;
-        sr_status st = bg->status;
-        info = bg->info;
+        bool done = true;
+        sr_status st = SR_ECOMPILE;
         char why[512];
-        snprintf(why, sizeof why, "%s", bg->why);
-        pthread_mutex_unlock(&bg->lock);
+        if (bg_orphan(bg)) {
+            if (module_of(jk)) {
+                st = SR_OK;
+                info = bg->info; /* written before the module was published */
+            }
+            snprintf(why, sizeof why, "%s", orphan_why);
+        } else {
+            pthread_mutex_lock(&bg->lock);
+            done = bg->done;
+            st = bg->status;
+            info = bg->info;
+            snprintf(why, sizeof why, "%s", bg->why);
+            pthread_mutex_unlock(&bg->lock);
+        }
         if (!done) {
             expr_buf_printf(b, "tier: 0, the tile interpreter, until the module compiling in the "
                                "background (SYMRED_JIT=async) is ready; then 1, compiled code\n");

@@ -205,8 +205,16 @@ struct jit_ctx {
      * jit_ctx_free waits on bg_idle until there are none. */
     int bg_running;
     pthread_cond_t bg_idle;
-    pthread_mutex_t lock;
+    pthread_mutex_t lock; /* taken through jit_ctx_lock */
+    /* The fork generation (jit_fork_gen) the lock, bg_idle and bg_running belong to: in a child
+     * of fork() they are reset on first use, since the threads that held the lock or counted in
+     * bg_running are not there. */
+    _Atomic unsigned gen;
 };
+
+/* Locks and unlocks jc (its lock, reset first in a child of fork()). */
+void jit_ctx_lock(struct jit_ctx *jc);
+void jit_ctx_unlock(struct jit_ctx *jc);
 
 /* Whether jc's compiler could not be started (read under its lock). */
 bool jit_no_compiler(struct jit_ctx *jc);
@@ -246,6 +254,23 @@ void jit_module_release(sr_ctx *ctx, struct jit_module *m);
  * group is killed), SR_EIO. */
 sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
                       const char *so_path, char *err, size_t errcap);
+/* The process's build directories (compile.c): jit_build_dir_new makes a fresh private one,
+ * parent/tmp-XXXXXX, into dir (0 or an errno; ECANCELED once the process is exiting), and
+ * registers it; jit_build_dir_free removes its files (jit_build_files, all a build directory
+ * holds) and itself. At exit the registered directories are removed and the compilers running
+ * in them killed; a forked child inherits none of them. Thread-safe. */
+int jit_build_dir_new(const char *parent, char *dir, size_t cap);
+void jit_build_dir_free(const char *dir);
+#define JIT_BUILD_FILES 3
+extern const char *const jit_build_files[JIT_BUILD_FILES];
+/* Registers, once per process, the exit handler and the fork handlers (compile.c). */
+void jit_process_init(void);
+/* The fork generation: 0 in the process that loaded the library, one more in each child of a
+ * fork() than in its parent. State stamped with an older generation was left behind by threads
+ * that do not exist in this process (a background compile's): it must be reset, never waited
+ * for. */
+unsigned jit_fork_gen(void);
+
 /* Whether the compiler cc is an executable file (a path), or one in a directory of PATH (a
  * name), as the compile would find it: a cheap check, without running it. */
 bool jit_compiler_found(const char *cc);
