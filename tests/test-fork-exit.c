@@ -291,6 +291,8 @@ Test(fork_exit, fork_while_compiling)
     for (int i = 0; i < nk; i++) {
         ks[i] = make(ctx, i, SR_DEVICE_CPU);
         cr_assert(ks[i], "%s", sr_ctx_error(ctx));
+        /* The parent's threads (OpenMP's among them) have run before the fork. */
+        cr_assert_eq(check(ctx, ks[i], i), 0, "kernel %d before the forks", i);
     }
     double t0 = now_s();
     while (access(pgid_file, R_OK) != 0 && now_s() - t0 < 30)

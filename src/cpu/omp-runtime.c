@@ -231,7 +231,7 @@ static int jit_offer(const sr_kernel *k, struct sr_plan *out)
 /* ---- the background compile (SYMRED_JIT=async) ---- */
 
 /* Whether bg's compiling thread belongs to a parent of this process (see struct jit_bg). */
-static bool bg_orphan(const struct jit_bg *bg) { return bg->gen != jit_fork_gen(); }
+static bool bg_orphan(const struct jit_bg *bg) { return bg->gen != sr__fork_gen(); }
 
 static const char orphan_why[] = "the process forked while the module compiled: in this child "
                                  "the tile interpreter serves the kernel";
@@ -365,7 +365,7 @@ static sr_status bg_start(sr_kernel *k, struct jit_kernel *jk, struct jit_ctx *j
         return SR_ENOMEM;
     }
     pthread_once(&slot_once, slot_init);
-    bg->gen = jit_fork_gen();
+    bg->gen = sr__fork_gen();
     bg->ctx = k->ctx;
     bg->src = src->data;
     bg->len = src->len;

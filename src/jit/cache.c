@@ -75,7 +75,7 @@ static void ctx_reset(struct jit_ctx *jc, unsigned gen)
 
 void jit_ctx_lock(struct jit_ctx *jc)
 {
-    unsigned gen = jit_fork_gen();
+    unsigned gen = sr__fork_gen();
     if (atomic_load_explicit(&jc->gen, memory_order_acquire) != gen)
         ctx_reset(jc, gen);
     pthread_mutex_lock(&jc->lock);
@@ -101,7 +101,7 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
             free(jc);
             return sr__error(ctx, SR_ENOMEM, "out of memory");
         }
-        atomic_init(&jc->gen, jit_fork_gen());
+        atomic_init(&jc->gen, sr__fork_gen());
         ctx->backend_state[SR_BACKEND_JIT] = jc;
     }
     /* The context's options as they are now (sr_ctx_set_option may have changed them since the

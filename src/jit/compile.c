@@ -10,7 +10,7 @@
  * handler then kills the compilers' process groups and removes the build directories, so that
  * nothing of the compile outlives the process. fork() is safe at any time: pthread_atfork
  * handlers hold the process-wide locks across it, and the child starts with an empty registry
- * (the compiles belong to the parent) and a new fork generation (jit_fork_gen), by which the
+ * (the compiles belong to the parent) and a new fork generation (sr__fork_gen), by which the
  * per-context and per-kernel state left behind by the parent's compiling threads is recognised
  * and reset rather than waited for.
  */
@@ -132,7 +132,6 @@ struct reg_entry {
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct reg_entry *reg_head;
 static bool reg_exiting;
-static atomic_uint fork_gen;
 static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
 
 /* The files a build directory can hold (cache.c sweeps stale ones). */
@@ -149,8 +148,11 @@ static void rm_build_dir(const char *dir)
 }
 
 /* At exit: kill the running compilers' process groups, wait for each leader to end (so that it
- * writes nothing more into its directory), and remove the build directories. The lock stays
- * held: a compiling thread, which the exit does not stop, starts nothing after this. */
+ * writes nothing more into its directory), and remove the build directories. A compiling
+ * thread, which the exit does not stop, starts no directory or compiler after this
+ * (reg_exiting); one that holds the lock to start one is waited for. Not a signal handler: a
+ * program killed by a signal leaves its build directories to the next process's sweep of stale
+ * ones (cache.c). */
 static void reg_at_exit(void)
 {
     pthread_mutex_lock(&reg_lock);
@@ -201,7 +203,6 @@ static void fork_child(void)
         free(e);
     }
     reg_head = NULL;
-    atomic_fetch_add(&fork_gen, 1);
     pthread_mutex_unlock(&id_lock);
     pthread_mutex_unlock(&reg_lock);
 }
@@ -213,8 +214,6 @@ static void reg_init(void)
 }
 
 void jit_process_init(void) { pthread_once(&reg_once, reg_init); }
-
-unsigned jit_fork_gen(void) { return atomic_load(&fork_gen); }
 
 /* Adds e to the registry; reg_lock held. */
 static void reg_add(struct reg_entry *e)

@@ -206,7 +206,7 @@ struct jit_ctx {
     int bg_running;
     pthread_cond_t bg_idle;
     pthread_mutex_t lock; /* taken through jit_ctx_lock */
-    /* The fork generation (jit_fork_gen) the lock, bg_idle and bg_running belong to: in a child
+    /* The fork generation (sr__fork_gen) the lock, bg_idle and bg_running belong to: in a child
      * of fork() they are reset on first use, since the threads that held the lock or counted in
      * bg_running are not there. */
     _Atomic unsigned gen;
@@ -265,11 +265,6 @@ void jit_build_dir_free(const char *dir);
 extern const char *const jit_build_files[JIT_BUILD_FILES];
 /* Registers, once per process, the exit handler and the fork handlers (compile.c). */
 void jit_process_init(void);
-/* The fork generation: 0 in the process that loaded the library, one more in each child of a
- * fork() than in its parent. State stamped with an older generation was left behind by threads
- * that do not exist in this process (a background compile's): it must be reset, never waited
- * for. */
-unsigned jit_fork_gen(void);
 
 /* Whether the compiler cc is an executable file (a path), or one in a directory of PATH (a
  * name), as the compile would find it: a cheap check, without running it. */
