@@ -2006,7 +2006,11 @@ bool fz_case_run(const struct fz_case *c, const struct fz_opts *o, struct fz_sta
 {
     if (stats)
         stats->cases++;
-    bool ok = run_case(c, o, stats, why, whycap, failed_variant, -1);
+    int only = -1;
+    for (int v = 0; o->variant && v < FZ_NVARIANTS; v++)
+        if (strcmp(o->variant, fz_variant_names[v]) == 0)
+            only = v;
+    bool ok = run_case(c, o, stats, why, whycap, failed_variant, only);
     if (!ok && stats)
         stats->failed++;
     return ok;

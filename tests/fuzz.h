@@ -70,6 +70,8 @@ struct fz_opts {
     /* The same: cpu-jit+simplifier's selections (Min, KMin...) pick the pairs one rank too
      * far, with F's values there. */
     bool inject_selection;
+    /* Run only the variant of this name (fz_variant_names) beside the oracle; NULL: all. */
+    const char *variant;
 };
 
 /* Counters of a fuzzing run. */
