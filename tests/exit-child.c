@@ -5,8 +5,9 @@
  *
  * Creates a kernel with SYMRED_JIT=async and the given compiler and cache directory, runs it
  * once on the tile interpreter, waits until the compiler has started (its script writes the file
- * CACHE_DIR/../pgid), then returns from main or calls exit(0) at once, with the context still
- * open. Exit status 0 when all that went as planned, 1 otherwise.
+ * CACHE_DIR/../pgid) and the test has seen it (it writes CACHE_DIR/../go), then returns from
+ * main or calls exit(0) at once, with the context still open. Exit status 0 when all that went
+ * as planned, 1 otherwise.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -29,8 +30,9 @@ int main(int argc, char **argv)
     setenv("SYMRED_CC", argv[2], 1);
     setenv("SYMRED_JIT", "async", 1);
     setenv("SYMRED_COMPILE_TIMEOUT", "60", 1);
-    char pgid_file[4200];
+    char pgid_file[4200], go_file[4200];
     snprintf(pgid_file, sizeof pgid_file, "%s/../pgid", argv[1]);
+    snprintf(go_file, sizeof go_file, "%s/../go", argv[1]);
     sr_ctx *ctx;
     if (sr_ctx_new(&ctx) != SR_OK)
         return 1;
@@ -47,12 +49,12 @@ int main(int argc, char **argv)
     const void *args[] = {x, y, b};
     if (sr_kernel_run(k, 2, 1, args, out) != SR_OK || out[0] != 2.0f)
         return 1;
-    /* The compiler writes its process group before it sleeps. */
-    for (int i = 0; i < 2000 && access(pgid_file, R_OK) != 0; i++)
+    /* The compiler writes its process group before it sleeps; the test says go once it has
+     * seen the group running. */
+    for (int i = 0; i < 6000 && access(go_file, R_OK) != 0; i++)
         usleep(5000);
-    if (access(pgid_file, R_OK) != 0)
+    if (access(pgid_file, R_OK) != 0 || access(go_file, R_OK) != 0)
         return 1;
-    usleep(20000);
     if (strcmp(argv[3], "exit") == 0)
         exit(0);
     return 0;

@@ -32,7 +32,7 @@
 extern char **environ;
 
 static char base[] = "/tmp/symred-forkexit-XXXXXX";
-static char cache[256], cc[256], pgid_file[256];
+static char cache[256], cc[256], pgid_file[256], go_file[256];
 
 /* A compiler that answers --version, writes its process group (its own pid: it leads the group)
  * and sleeps; its child, sleep, is in the same group. */
@@ -42,6 +42,7 @@ static void setup(void)
     snprintf(cache, sizeof cache, "%s/cache", base);
     snprintf(cc, sizeof cc, "%s/cc.sh", base);
     snprintf(pgid_file, sizeof pgid_file, "%s/pgid", base);
+    snprintf(go_file, sizeof go_file, "%s/go", base);
     cr_assert_eq(mkdir(cache, 0700), 0);
     FILE *f = fopen(cc, "w");
     cr_assert(f);
@@ -128,10 +129,11 @@ static int count_tmp(void)
 static void exit_case(const char *how)
 {
     unlink(pgid_file);
+    unlink(go_file);
     char *argv[] = {(char *)SYMRED_EXIT_CHILD, cache, cc, (char *)how, NULL};
     pid_t pid;
     cr_assert_eq(posix_spawn(&pid, argv[0], NULL, NULL, argv, environ), 0);
-    /* The compiler has started once its group is written; the child leaves right after. */
+    /* The compiler has started once its group is written; the child leaves when told to. */
     double t0 = now_s();
     while (access(pgid_file, R_OK) != 0 && now_s() - t0 < 30)
         usleep(2000);
@@ -141,6 +143,9 @@ static void exit_case(const char *how)
     cr_assert_eq(fscanf(f, "%d", &pgid), 1);
     fclose(f);
     cr_assert_gt(group_alive(pgid), 0, "the compiler is not running");
+    FILE *go = fopen(go_file, "w");
+    cr_assert(go);
+    fclose(go);
     double t1 = now_s();
     int ws = wait_for(pid, 10);
     double took = now_s() - t1;
