@@ -6,8 +6,10 @@
  * ends at once, its compiler's process group is killed and its private build directory is gone.
  * Fork: a child forked while compiles run (some waiting for a compiler slot, some in a compiler
  * that hangs) runs the parent's kernels on the tile interpreter, waits for them and frees them
- * and the context without hanging, and creates and compiles kernels of its own, sync and async.
- * The compiler is a script that sleeps, so the compiles are surely running.
+ * and the context without hanging, and creates and compiles kernels of its own, sync and async;
+ * a child forked while another thread compiles a kernel's block module (sr_kernel_eval_block)
+ * evaluates a block of that kernel without waiting for the parent's thread. The compiler is a
+ * script that sleeps, so the compiles are surely running.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -329,5 +331,63 @@ Test(fork_exit, fork_while_compiling)
         cr_assert_eq(check(ctx, ks[i], i), 0, "kernel %d", i);
         sr_kernel_free(ks[i]);
     }
+    sr_ctx_free(ctx);
+}
+
+/* A thread of the parent builds a kernel's block module (the first sr_kernel_eval_block holds
+ * the kernel's block lock across its compile, here the hanging compiler's) when the process
+ * forks: in the child, eval_block of that kernel returns (whatever its compile gives) instead of
+ * waiting for a lock that no thread of the child will release. */
+struct block_job {
+    const sr_kernel *k;
+    sr_status st;
+};
+
+static void *block_run(void *p)
+{
+    struct block_job *j = p;
+    float out[4 * 4 * 2];
+    const void *args[] = {xs, ys, bs, &gs};
+    j->st = sr_kernel_eval_block(j->k, NX, NY, args, 0, 4, 0, 4, out);
+    return NULL;
+}
+
+Test(fork_exit, fork_while_a_block_module_compiles)
+{
+    fill();
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "sync"), SR_OK);
+    sr_kernel *k = make(ctx, 0, SR_DEVICE_CPU);
+    cr_assert(k, "%s", sr_ctx_error(ctx));
+    sr_plan_info pi = {.size = sizeof pi};
+    cr_assert_eq(sr_kernel_plan(k, &pi), SR_OK);
+    cr_assert_eq(pi.strategy, SR_STRATEGY_DIRECT);
+    /* The block module compiles with the hanging compiler from now on. */
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_CC", cc), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_COMPILE_TIMEOUT", "3"), SR_OK);
+    struct block_job j = {k, SR_OK};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, block_run, &j), 0);
+    double t0 = now_s();
+    while (access(pgid_file, R_OK) != 0 && now_s() - t0 < 30)
+        usleep(2000);
+    cr_assert_eq(access(pgid_file, R_OK), 0, "the block module's compile did not start");
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* The child's own compile of the block module times out too: any status, no hang. */
+        struct block_job cj = {k, SR_OK};
+        block_run(&cj);
+        sr_kernel_free(k);
+        sr_ctx_free(ctx);
+        _exit(0);
+    }
+    int ws = wait_for(pid, 30);
+    cr_assert(ws != -1, "the child hung");
+    cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "wait status %#x", ws);
+    pthread_join(th, NULL);
+    sr_kernel_free(k);
     sr_ctx_free(ctx);
 }
