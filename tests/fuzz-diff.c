@@ -3,10 +3,13 @@
  *
  *   fuzz-diff [--seed S] [--cases N | --minutes M | --seconds T] [--case C] [--no-cuda]
  *             [--no-shrink] [--shrink-seconds T] [--max-failures F] [--verbose] [--coverage]
+ *             [--variant NAME]
  *
  * Runs cases 0, 1, 2, ... of seed S (a fresh seed, printed, when none is given) until N cases
  * or the time limit; --case C runs only case C of seed S (what a failure says to reproduce).
  * Each failing case is shrunk and printed as an X(...) line for tests/test-fuzz-regress.c.
+ * --variant NAME runs only that variant against the oracle (e.g. tile-interpreter: many cases a
+ * second, no compiler).
  * Exit status: 0 when every case agreed, 1 when some failed, 2 on a usage error or when the
  * op table has ops the generator neither makes nor excludes (--coverage checks only that).
  */
@@ -33,7 +36,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: fuzz-diff [--seed S] [--cases N | --minutes M | --seconds T] "
                     "[--case C] [--no-cuda] [--no-shrink] [--shrink-seconds T] "
-                    "[--max-failures F] [--verbose] [--coverage]\n");
+                    "[--max-failures F] [--verbose] [--coverage] [--variant NAME]\n");
 }
 
 static const char *const dtype_tags[] = {"f32", "f64", "f16", "bf16"};
@@ -44,7 +47,7 @@ int main(int argc, char **argv)
     bool have_seed = false, coverage_only = false;
     long ncases = 0, one_case = -1, max_failures = 5;
     double seconds = 0;
-    struct fz_opts o = {stdout, 0, true, true, 120, false, false};
+    struct fz_opts o = {stdout, 0, true, true, 120, false, false, NULL};
     for (int a = 1; a < argc; a++) {
         const char *s = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
         if (!strcmp(s, "--seed") && v) {
@@ -68,6 +71,16 @@ int main(int argc, char **argv)
             a++;
         } else if (!strcmp(s, "--max-failures") && v) {
             max_failures = atol(v);
+            a++;
+        } else if (!strcmp(s, "--variant") && v) {
+            bool known = false;
+            for (int i = 0; i < FZ_NVARIANTS; i++)
+                known |= strcmp(v, fz_variant_names[i]) == 0;
+            if (!known) {
+                usage();
+                return 2;
+            }
+            o.variant = v;
             a++;
         } else if (!strcmp(s, "--no-cuda")) {
             o.cuda = false;

@@ -1761,6 +1761,10 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         return false;
     }
     sr_ctx_set_option(b.ctx, "SYMRED_NUM_THREADS", c->threads > 0 ? threads : NULL);
+    /* The JIT variants check compiled code: a kernel's module is built by sr_kernel_new, not in
+     * the background while the tile interpreter serves the calls (the tile variant checks that
+     * tier on its own). */
+    sr_ctx_set_option(b.ctx, "SYMRED_JIT", "sync");
     bool ok = true;
     sr_kernel *kr = NULL;
     struct oracle o;
@@ -1893,6 +1897,21 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
             if (stats && k)
                 stats->gemm_shaped++;
             break;
+        case FZ_TILE: {
+            /* Tier 0: the kernel the tile interpreter serves while a module compiles, or where
+             * there is no compiler; every drawn formula must run there. */
+            sr_ctx_set_option(b.ctx, "SYMRED_JIT", "off");
+            k = kernel_of(&b, b.f, b.w, c->red, SR_DEVICE_CPU, true, NULL, &st, msg, sizeof msg);
+            sr_ctx_set_option(b.ctx, "SYMRED_JIT", "sync");
+            sr_plan_info pi = {.size = sizeof pi};
+            if (k &&
+                (sr_kernel_plan(k, &pi) != SR_OK || pi.tier != 0 || pi.device != SR_DEVICE_CPU)) {
+                snprintf(why, cap, "%s: the kernel is not served by the tile interpreter (%s)",
+                         fz_variant_names[v], pi.backend ? pi.backend : "no plan");
+                ok = false;
+            }
+            break;
+        }
         case FZ_NVRTC:
             if (!opt->cuda)
                 continue;
@@ -1933,7 +1952,8 @@ static bool run_case(const struct fz_case *c, const struct fz_opts *opt, struct 
         memset(&sref, 0, sizeof sref);
         sr_kernel *ks = NULL;
         o.simp = NULL;
-        if (ok && (v == FZ_JIT_SIMP || v == FZ_GEMM || v == FZ_CUDA) && has_nonfinite(&o.ref)) {
+        if (ok && (v == FZ_JIT_SIMP || v == FZ_GEMM || v == FZ_TILE || v == FZ_CUDA) &&
+            has_nonfinite(&o.ref)) {
             sr_status sst;
             if (k->simp.post) {
                 if (rewrite_reference(&b, k, c, &in, &sref))
@@ -1986,7 +2006,11 @@ bool fz_case_run(const struct fz_case *c, const struct fz_opts *o, struct fz_sta
 {
     if (stats)
         stats->cases++;
-    bool ok = run_case(c, o, stats, why, whycap, failed_variant, -1);
+    int only = -1;
+    for (int v = 0; o->variant && v < FZ_NVARIANTS; v++)
+        if (strcmp(o->variant, fz_variant_names[v]) == 0)
+            only = v;
+    bool ok = run_case(c, o, stats, why, whycap, failed_variant, only);
     if (!ok && stats)
         stats->failed++;
     return ok;

@@ -4,8 +4,10 @@
  * A case is a random well-typed formula (every op of the op table that has a generator, see
  * fz_op_coverage), a reduction, an axis, k, a dtype, sizes and inputs drawn from a seed. It
  * runs through the reference interpreter on the formula as written (the oracle), the reference
- * with the simplifier, the CPU JIT with the simplifier off and on, the gemm-epilogue path when
- * the formula has its shape, and the CUDA emitter + NVRTC (compiled; run where a GPU exists).
+ * with the simplifier, the CPU JIT with the simplifier off and on (SYMRED_JIT=sync: compiled
+ * code), the gemm-epilogue path when the formula has its shape, the tile interpreter (tier 0,
+ * SYMRED_JIT=off, the simplifier on) and the CUDA emitter + NVRTC (compiled; run where a GPU
+ * exists).
  * Each result is compared with the oracle under the tolerances of docs/semantics.md
  * ("Comparing backends"). A failing case is shrunk to a small formula and printed as a line
  * for tests/test-fuzz-regress.c.
@@ -68,6 +70,8 @@ struct fz_opts {
     /* The same: cpu-jit+simplifier's selections (Min, KMin...) pick the pairs one rank too
      * far, with F's values there. */
     bool inject_selection;
+    /* Run only the variant of this name (fz_variant_names) beside the oracle; NULL: all. */
+    const char *variant;
 };
 
 /* Counters of a fuzzing run. */
@@ -86,6 +90,7 @@ struct fz_stats {
     X(JIT, "cpu-jit")                                                                              \
     X(JIT_SIMP, "cpu-jit+simplifier")                                                              \
     X(GEMM, "gemm-epilogue")                                                                       \
+    X(TILE, "tile-interpreter")                                                                    \
     X(NVRTC, "cuda-nvrtc-compile")                                                                 \
     X(CUDA, "cuda-run")
 

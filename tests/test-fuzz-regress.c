@@ -151,7 +151,7 @@
 
 static struct fz_opts quiet_opts(void)
 {
-    struct fz_opts o = {NULL, 0, true, false, 30, false, false};
+    struct fz_opts o = {NULL, 0, true, false, 30, false, false, NULL};
     return o;
 }
 

@@ -7,7 +7,9 @@
  * sr_kernel_eval_block (the JIT's generated block and the reference's); failing runs
  * writing the context's message while other threads read it; contexts in many threads
  * compiling into one disk cache, loading BLIS and NVRTC through their process-wide once-only
- * set-up. These are the tests the ThreadSanitizer build of scripts/test.sh runs
+ * set-up; a kernel compiling in the background (SYMRED_JIT=async) called from many threads
+ * across the switch from the tile interpreter to its module, and kernels freed while their
+ * modules compile. These are the tests the ThreadSanitizer build of scripts/test.sh runs
  * (docs/fuzzing.md, "ThreadSanitizer").
  */
 #define _GNU_SOURCE
@@ -17,10 +19,12 @@
 #include <criterion/criterion.h>
 #endif
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -160,9 +164,12 @@ static sr_kernel *kernel(sr_ctx *ctx, const char *formula, int dim, sr_reduction
 static sr_ctx *ctx;
 static struct data D;
 
+/* Kernels compiled by sr_kernel_new (SYMRED_JIT=sync): a run compared bit for bit with another
+ * must run the same code, not the tile interpreter first and the module later. */
 static void open_fixture(int dim)
 {
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "sync"), SR_OK);
     data_make(&D, dim);
 }
 
@@ -394,5 +401,111 @@ Test(threads, contexts_in_many_threads)
         void *bad;
         pthread_join(th[t], &bad);
         cr_expect_null(bad, "thread %d failed", t);
+    }
+}
+
+/* ---- background compiles (SYMRED_JIT=async) ---- */
+
+struct swap_job {
+    const sr_kernel *k;
+    const double *ref;
+    int calls, bad, after; /* calls made, wrong results, calls on the compiled module */
+};
+
+/* Calls k until it has run a few times on its compiled module (or for 120 s), checking each
+ * result against the reference: a call runs one tier whole, whichever it is. */
+static void *swap_run(void *p)
+{
+    struct swap_job *j = p;
+    double out[NX];
+    for (time_t t0 = time(NULL); j->after < 3 && time(NULL) - t0 < 120; j->calls++) {
+        sr_plan_info pi = {.size = sizeof pi};
+        bool compiled = sr_kernel_plan(j->k, &pi) == SR_OK && pi.tier == 1;
+        if (sr_kernel_run(j->k, NX, NY, D.args, out) != SR_OK)
+            j->bad++;
+        for (int i = 0; i < NX; i++)
+            if (!(fabs(out[i] - j->ref[i]) <= 1e-12 * (1 + fabs(j->ref[i]))))
+                j->bad++;
+        j->after += compiled;
+    }
+    return NULL;
+}
+
+Test(threads, async_kernel_across_the_switch)
+{
+    open_fixture(3);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "async"), SR_OK);
+    const char *f = "Exp(-SqDist(x, y) * g) * b - Sqrt(SqDist(x, y) + 1)";
+    sr_kernel *kr = kernel(ctx, f, 3, SR_SUM, SR_DEVICE_REFERENCE);
+    double ref[NX];
+    cr_assert_eq(sr_kernel_run(kr, NX, NY, D.args, ref), SR_OK, "%s", sr_ctx_error(ctx));
+    sr_kernel *k = kernel(ctx, f, 3, SR_SUM, SR_DEVICE_CPU);
+    struct swap_job jobs[NTHREADS];
+    pthread_t th[NTHREADS];
+    for (int t = 0; t < NTHREADS; t++) {
+        jobs[t] = (struct swap_job){k, ref, 0, 0, 0};
+        cr_assert_eq(pthread_create(&th[t], NULL, swap_run, &jobs[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < NTHREADS; t++) {
+        cr_expect_eq(jobs[t].bad, 0, "thread %d: %d wrong values or failed calls", t, jobs[t].bad);
+        cr_expect(jobs[t].after >= 3, "thread %d: %d calls, none on the compiled module", t,
+                  jobs[t].calls);
+    }
+    cr_assert_eq(sr_kernel_wait(k, 0), SR_OK);
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+}
+
+/* Contexts in many threads (a context is one thread's), each creating kernels and freeing them
+ * while their modules compile (some after a call, some at once, some waited for), then freed at
+ * once: the compiles end on their own, publishing into kernels that are gone, and the context
+ * waits for them. */
+static sr_kernel *kernel_try(sr_ctx *c, const char *formula)
+{
+    const char *aliases[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)"};
+    sr_expr *f = NULL;
+    sr_kernel *k = NULL;
+    sr_kernel_desc d = sr_kernel_desc_default();
+    d.dtype = SR_F64;
+    d.device = SR_DEVICE_CPU;
+    if (sr_parse(c, formula, aliases, 4, &f) != SR_OK || sr_kernel_new(c, f, &d, &k) != SR_OK)
+        return NULL;
+    return k;
+}
+
+static void *churn_run(void *p)
+{
+    intptr_t t = (intptr_t)p, bad = 0;
+    static const char *const forms[] = {"Exp(-SqDist(x, y) * g) * b", "Inv(1 + SqDist(x, y)) * b",
+                                        "Sqrt(SqDist(x, y) * g) * b"};
+    sr_ctx *c;
+    if (sr_ctx_new(&c) != SR_OK || sr_ctx_set_option(c, "SYMRED_JIT", "async") != SR_OK)
+        return (void *)1;
+    for (int i = 0; i < 3; i++) {
+        sr_kernel *k = kernel_try(c, forms[(t + i) % 3]);
+        double out[NX];
+        bad += k == NULL;
+        if ((t + i) % 3 == 1)
+            bad += sr_kernel_run(k, NX, NY, D.args, out) != SR_OK;
+        if ((t + i) % 3 == 2)
+            bad += sr_kernel_wait(k, 120) != SR_OK;
+        sr_kernel_free(k);
+    }
+    sr_ctx_free(c);
+    return (void *)bad;
+}
+
+Test(threads, async_kernels_freed_while_compiling)
+{
+    open_fixture(3);
+    pthread_t th[NTHREADS];
+    for (intptr_t t = 0; t < NTHREADS; t++)
+        cr_assert_eq(pthread_create(&th[t], NULL, churn_run, (void *)t), 0);
+    for (int t = 0; t < NTHREADS; t++) {
+        void *bad;
+        pthread_join(th[t], &bad);
+        cr_expect_null(bad, "thread %d: a kernel, a call or a wait failed", t);
     }
 }

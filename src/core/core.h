@@ -105,8 +105,15 @@ void sr__options_read(sr_ctx *ctx);
  * anything else (nothing recorded), SR_EOVERFLOW past INT64_MAX. (budget.c) */
 sr_status sr__parse_bytes(const char *s, int64_t *out);
 /* How many threads a kernel of ctx runs: OpenMP's maximum, capped by SYMRED_NUM_THREADS and by
- * the memory budget when each thread needs per_thread bytes of workspace; at least 1. */
+ * the memory budget when each thread needs per_thread bytes of workspace; at least 1, and 1 in a
+ * child of fork(). */
 int sr__threads(const sr_ctx *ctx, int64_t per_thread);
+/* The fork generation: 0 in the process that created the first context, one more in each child
+ * of fork() than in its parent (counted once sr_ctx_new has run). State stamped with an older
+ * generation was left behind by threads that are not in this process (a background compile's):
+ * it must be reset, never waited for. In a child of fork() the CPU work runs on one thread
+ * (sr__threads). */
+unsigned sr__fork_gen(void);
 /* The arrays of a call of k on nx x ny: args given when the kernel takes any, each variable's
  * nx, ny or 1 rows of its dimension within the address space (SR_EOVERFLOW), and no NULL array
  * with rows to read (SR_EINVAL); the message names the argument. Shared by every entry point

@@ -4,6 +4,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,17 @@ const char *sr_status_str(int status)
     return "unknown status";
 }
 
+/* The fork generation: one more in each child of fork() than in its parent. */
+static atomic_uint fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void fork_child(void) { atomic_fetch_add(&fork_gen, 1); }
+static void fork_init(void) { pthread_atfork(NULL, NULL, fork_child); }
+
+unsigned sr__fork_gen(void) { return atomic_load(&fork_gen); }
+
 sr_status sr_ctx_new(sr_ctx **out)
 {
+    pthread_once(&fork_once, fork_init);
     if (!out)
         return SR_EINVAL;
     *out = NULL;
@@ -41,6 +51,10 @@ sr_status sr_ctx_new(sr_ctx **out)
 
 int sr__threads(const sr_ctx *ctx, int64_t per_thread)
 {
+    /* GNU OpenMP cannot start a team in the child of a process whose forking thread ran one: its
+     * pool's threads are not in the child, and the team waits for them for ever. */
+    if (sr__fork_gen() != 0)
+        return 1;
 #ifdef _OPENMP
     int nt = omp_get_max_threads();
 #else

@@ -10,6 +10,11 @@
  * never a mix. When the kernel is gone first, the thread releases the modules itself. The
  * context waits for its background compiles when it is freed (jit_ctx_free), so the thread may
  * use the context to the end.
+ *
+ * In a child of fork() the thread does not exist (gen, the fork generation it started in, is
+ * older than the process's: orphan): the child never takes the record's lock, which the thread
+ * may have held, nor waits for it; the kernel keeps the modules published before the fork, if
+ * any, else the tile interpreter serves it for good, and its release frees the record alone.
  */
 #include "../jit/jit.h"
 #include "cpu.h"
@@ -22,6 +27,7 @@
 #include <unistd.h>
 
 struct cpu_bg {
+    unsigned gen; /* sr__fork_gen() when the thread started */
     pthread_mutex_t lock;
     pthread_cond_t done_cv; /* broadcast when done becomes true */
     atomic_bool ready;      /* m[0 .. n) are loaded and the kernel's */
@@ -37,6 +43,12 @@ struct cpu_bg {
     char why[512];
     struct jit_load_info info;
 };
+
+/* Whether bg's compiling thread belongs to a parent of this process (see above). */
+static bool orphan(const struct cpu_bg *bg) { return bg->gen != sr__fork_gen(); }
+
+static const char orphan_why[] = "the process forked while the module compiled: in this child "
+                                 "the tile interpreter serves the kernel";
 
 static void bg_unref(struct cpu_bg *bg)
 {
@@ -57,6 +69,19 @@ static void bg_unref(struct cpu_bg *bg)
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t slot_cv = PTHREAD_COND_INITIALIZER;
 static int slots_busy;
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+
+/* fork(): the lock is held across it; the child's compiles start from none busy, since the
+ * parent's compiling threads are not in the child. */
+static void slot_prepare(void) { pthread_mutex_lock(&slot_lock); }
+static void slot_parent(void) { pthread_mutex_unlock(&slot_lock); }
+static void slot_child(void)
+{
+    slots_busy = 0;
+    pthread_cond_init(&slot_cv, NULL);
+    pthread_mutex_unlock(&slot_lock);
+}
+static void slot_init(void) { pthread_atfork(slot_prepare, slot_parent, slot_child); }
 
 static void slot_take(void)
 {
@@ -89,11 +114,19 @@ static void *bg_main(void *arg)
     /* The compile's failures are the kernel's to show in explain, not the context's message. */
     slot_take();
     expr_error_redirect(err, sizeof err);
-    /* A context being freed cancels the compiles it queued (jit_ctx_free). */
+    /* A context being freed cancels the compiles it queued (jit_ctx_free); a kernel freed while
+     * its compile waited for a slot is not compiled at all. */
+    pthread_mutex_lock(&bg->lock);
+    bool skip = bg->kernel_gone;
+    pthread_mutex_unlock(&bg->lock);
     if (atomic_load(&jc->cancel)) {
         st = SR_ECOMPILE;
         snprintf(err, sizeof err, "not started: the context was freed");
+    } else if (skip) {
+        st = SR_ECOMPILE;
+        snprintf(err, sizeof err, "the kernel was freed before its compile started");
     }
+    jit_compile_cancel_by(&jc->cancel);
     for (int i = 0; i < bg->n && st == SR_OK; i++) {
         st = jit_module_get(ctx, bg->src[i], bg->len[i], &m[i], &one);
         double ms = info.compile_ms + one.compile_ms;
@@ -101,6 +134,7 @@ static void *bg_main(void *arg)
             info = one;
         info.compile_ms = ms;
     }
+    jit_compile_cancel_by(NULL);
     expr_error_redirect(NULL, 0);
     slot_give();
     pthread_mutex_lock(&bg->lock);
@@ -119,7 +153,7 @@ static void *bg_main(void *arg)
     if (st != SR_OK || gone)
         for (int i = 0; i < bg->n; i++)
             jit_module_release(ctx, m[i]);
-    if (ctx->log_level >= 1) {
+    if (ctx->log_level >= 1 && !skip) {
         if (st == SR_OK)
             fprintf(stderr,
                     "symred: background compile done (module from %s, %.1f ms): the kernel's "
@@ -133,10 +167,10 @@ static void *bg_main(void *arg)
     }
     bg_unref(bg);
     /* The last use of the context: jit_ctx_free may free it as soon as the lock is let go. */
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     if (--jc->bg_running == 0)
         pthread_cond_broadcast(&jc->bg_idle);
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     return NULL;
 }
 
@@ -157,6 +191,8 @@ sr_status cpu_bg_start(sr_ctx *ctx, struct expr_buf *src, int n, struct cpu_bg *
         return SR_ENOMEM;
     }
     atomic_init(&bg->ready, false);
+    pthread_once(&slot_once, slot_init);
+    bg->gen = sr__fork_gen();
     bg->ctx = ctx;
     bg->n = n;
     for (int i = 0; i < n; i++) {
@@ -164,9 +200,9 @@ sr_status cpu_bg_start(sr_ctx *ctx, struct expr_buf *src, int n, struct cpu_bg *
         bg->len[i] = src[i].len;
     }
     bg->refs = 2;
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     jc->bg_running++;
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     pthread_attr_t attr;
     pthread_t th;
     bool started = pthread_attr_init(&attr) == 0;
@@ -176,9 +212,9 @@ sr_status cpu_bg_start(sr_ctx *ctx, struct expr_buf *src, int n, struct cpu_bg *
         pthread_attr_destroy(&attr);
     }
     if (!started) {
-        pthread_mutex_lock(&jc->lock);
+        jit_ctx_lock(jc);
         jc->bg_running--;
-        pthread_mutex_unlock(&jc->lock);
+        jit_ctx_unlock(jc);
         pthread_cond_destroy(&bg->done_cv);
         pthread_mutex_destroy(&bg->lock);
         free(bg);
@@ -202,6 +238,16 @@ void cpu_bg_release(sr_ctx *ctx, struct cpu_bg *bg)
     if (!bg)
         return;
     struct jit_module *m[CPU_BG_MAX] = {NULL};
+    if (orphan(bg)) {
+        /* The compiling thread is the parent's: the record is the kernel's alone here. */
+        if (atomic_load(&bg->ready))
+            for (int i = 0; i < bg->n; i++)
+                jit_module_release(ctx, bg->m[i]);
+        for (int i = 0; i < bg->n; i++)
+            free(bg->src[i]);
+        free(bg);
+        return;
+    }
     pthread_mutex_lock(&bg->lock);
     bg->kernel_gone = true;
     if (atomic_exchange(&bg->ready, false))
@@ -217,7 +263,7 @@ void cpu_bg_release(sr_ctx *ctx, struct cpu_bg *bg)
 
 sr_status cpu_bg_wait(struct cpu_bg *bg, double timeout_s)
 {
-    if (!bg)
+    if (!bg || orphan(bg))
         return SR_OK;
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
@@ -248,6 +294,8 @@ int cpu_bg_stage(struct cpu_bg *bg)
         return SR_STAGE_FINAL;
     if (cpu_bg_module(bg, 0))
         return SR_STAGE_COMPILED;
+    if (orphan(bg))
+        return SR_STAGE_FAILED;
     pthread_mutex_lock(&bg->lock);
     bool failed = bg->done && bg->status != SR_OK;
     pthread_mutex_unlock(&bg->lock);
@@ -256,13 +304,23 @@ int cpu_bg_stage(struct cpu_bg *bg)
 
 int cpu_bg_explain(struct cpu_bg *bg, struct expr_buf *b, struct jit_load_info *info)
 {
-    pthread_mutex_lock(&bg->lock);
-    bool done = bg->done;
-    sr_status st = bg->status;
-    *info = bg->info;
+    bool done = true;
+    sr_status st = SR_ECOMPILE;
     char why[512];
-    snprintf(why, sizeof why, "%s", bg->why);
-    pthread_mutex_unlock(&bg->lock);
+    if (orphan(bg)) {
+        if (cpu_bg_module(bg, 0)) {
+            st = SR_OK;
+            *info = bg->info; /* written before the modules were published */
+        }
+        snprintf(why, sizeof why, "%s", orphan_why);
+    } else {
+        pthread_mutex_lock(&bg->lock);
+        done = bg->done;
+        st = bg->status;
+        *info = bg->info;
+        snprintf(why, sizeof why, "%s", bg->why);
+        pthread_mutex_unlock(&bg->lock);
+    }
     if (!done) {
         expr_buf_printf(b, "tier: 0, the tile interpreter, until the module compiling in the "
                            "background (SYMRED_JIT=async) is ready; then 1, compiled code\n");

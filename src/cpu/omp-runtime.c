@@ -34,8 +34,28 @@ struct jit_kernel {
     struct jit_load_info info;
     int acc;
     pthread_mutex_t block_lock;
+    /* The fork generation (sr__fork_gen) block_lock belongs to: a thread of the parent may have
+     * held it across a compile at the fork, so a child resets it on first use. */
+    _Atomic unsigned block_gen;
     struct jit_module *bm;
 };
+
+/* Serialises the resets of kernels' block locks in a child of fork(). */
+static pthread_mutex_t block_reset_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void block_lock_take(struct jit_kernel *jk)
+{
+    unsigned gen = sr__fork_gen();
+    if (atomic_load_explicit(&jk->block_gen, memory_order_acquire) != gen) {
+        pthread_mutex_lock(&block_reset_lock);
+        if (atomic_load_explicit(&jk->block_gen, memory_order_relaxed) != gen) {
+            pthread_mutex_init(&jk->block_lock, NULL);
+            atomic_store_explicit(&jk->block_gen, gen, memory_order_release);
+        }
+        pthread_mutex_unlock(&block_reset_lock);
+    }
+    pthread_mutex_lock(&jk->block_lock);
+}
 
 /* Fewer output rows than this many per thread: split the reduced range instead. */
 #define SPLIT_ROWS_PER_THREAD 16
@@ -108,7 +128,7 @@ sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out
     if (jk->bg && !module_of(jk))
         return SR_OK;
     sr_status st = SR_OK;
-    pthread_mutex_lock(&jk->block_lock);
+    block_lock_take(jk);
     if (!jk->bm) {
         struct jit_plan plan = jk->plan;
         plan.no_block = false;
@@ -268,9 +288,9 @@ static sr_status jit_prepare(sr_kernel *k)
     /* A background compile learns late that there is no compiler; a missing one is seen now,
      * so the kernel says so from its creation. */
     if (ctx->opt.jit == SR_JIT_ASYNC && !jit_compiler_found(jc->cc)) {
-        pthread_mutex_lock(&jc->lock);
+        jit_ctx_lock(jc);
         jc->no_compiler = true;
-        pthread_mutex_unlock(&jc->lock);
+        jit_ctx_unlock(jc);
         return tier0_prepare(k, jc, "no C compiler",
                              "the C compiler was not found (SYMRED_CC, PATH)");
     }
@@ -337,6 +357,7 @@ static sr_status jit_prepare(sr_kernel *k)
                          "the budget is %lld bytes (SYMRED_MEM_LIMIT or sr_ctx_set_mem_limit)",
                          (long long)need, (long long)ctx->mem_limit);
     }
+    atomic_init(&jk->block_gen, sr__fork_gen());
     if (async && pthread_mutex_init(&jk->block_lock, NULL) == 0) {
         if (bg_start(k, jk, &src) == SR_OK) {
             k->backend_data = jk;

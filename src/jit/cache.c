@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,11 +55,40 @@ static void jlog(sr_ctx *ctx, int level, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Serialises the resets of contexts' locks in a child of fork() (taken only there). */
+static pthread_mutex_t reset_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* In a child of fork(), the context's lock may be held, and bg_running count compiles, by
+ * threads of the parent that the child does not have: the first use in the child starts them
+ * afresh. The compiles' kernels know they are orphans by their own generation (omp-runtime.c). */
+static void ctx_reset(struct jit_ctx *jc, unsigned gen)
+{
+    pthread_mutex_lock(&reset_lock);
+    if (atomic_load_explicit(&jc->gen, memory_order_acquire) != gen) {
+        pthread_mutex_init(&jc->lock, NULL);
+        pthread_cond_init(&jc->bg_idle, NULL);
+        jc->bg_running = 0;
+        atomic_store_explicit(&jc->gen, gen, memory_order_release);
+    }
+    pthread_mutex_unlock(&reset_lock);
+}
+
+void jit_ctx_lock(struct jit_ctx *jc)
+{
+    unsigned gen = sr__fork_gen();
+    if (atomic_load_explicit(&jc->gen, memory_order_acquire) != gen)
+        ctx_reset(jc, gen);
+    pthread_mutex_lock(&jc->lock);
+}
+
+void jit_ctx_unlock(struct jit_ctx *jc) { pthread_mutex_unlock(&jc->lock); }
+
 sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
 {
     *out = NULL;
     struct jit_ctx *jc = jit_ctx_of(ctx);
     if (!jc) {
+        jit_process_init();
         jc = calloc(1, sizeof *jc);
         if (!jc)
             return sr__error(ctx, SR_ENOMEM, "out of memory");
@@ -71,14 +101,14 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
             free(jc);
             return sr__error(ctx, SR_ENOMEM, "out of memory");
         }
-        jc->cancel_flag = &jc->cancel;
+        atomic_init(&jc->gen, sr__fork_gen());
         ctx->backend_state[SR_BACKEND_JIT] = jc;
     }
     /* The context's options as they are now (sr_ctx_set_option may have changed them since the
      * last kernel); the environment was read once, by sr_ctx_new. Under the lock: the first
      * sr_kernel_eval_block of a direct kernel builds its block module from any thread. */
     const char *cc = ctx->opt.cc[0] ? ctx->opt.cc : "cc";
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     if (strcmp(jc->cc, cc) != 0) {
         snprintf(jc->cc, sizeof jc->cc, "%s", cc);
         jc->no_compiler = false; /* another compiler: try it */
@@ -94,7 +124,7 @@ sr_status jit_ctx_get(sr_ctx *ctx, struct jit_ctx **out)
         jc->compile_timeout = ctx->opt.compile_timeout;
     if (jc->idle_max != ctx->opt.jit_idle_modules)
         jc->idle_max = ctx->opt.jit_idle_modules;
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     *out = jc;
     return SR_OK;
 }
@@ -115,10 +145,10 @@ void jit_ctx_free(void *state)
      * queued ones end without starting; their kernels are gone, so they only drop what they
      * made. */
     atomic_store(&jc->cancel, 1);
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     while (jc->bg_running > 0)
         pthread_cond_wait(&jc->bg_idle, &jc->lock);
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     pthread_cond_destroy(&jc->bg_idle);
     for (struct jit_module *m = jc->modules, *next; m; m = next) {
         next = m->next;
@@ -130,9 +160,9 @@ void jit_ctx_free(void *state)
 
 bool jit_no_compiler(struct jit_ctx *jc)
 {
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     bool no = jc->no_compiler;
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     return no;
 }
 
@@ -425,19 +455,6 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-/* Our build directories hold only these files. */
-static const char *const build_files[] = {"kernel.c", "cc.log", "kernel.so"};
-
-static void rm_tree_flat(const char *dir)
-{
-    char p[4096];
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, build_files[i]);
-        unlink(p);
-    }
-    rmdir(dir);
-}
-
 /* Removes the build directories (and the CUDA images' temporary files) named tmp-* that are
  * older than any compile can run (twice the timeout, at least an hour): those of processes
  * killed mid-compile, which nothing else would remove. Only the files a build directory can
@@ -460,8 +477,8 @@ static void sweep_stale(int dfd, int timeout_s)
         if (S_ISDIR(sb.st_mode)) {
             int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             if (sub >= 0) {
-                for (int i = 0; i < 3; i++)
-                    unlinkat(sub, build_files[i], 0);
+                for (int i = 0; i < JIT_BUILD_FILES; i++)
+                    unlinkat(sub, jit_build_files[i], 0);
                 close(sub);
             }
             unlinkat(dfd, e->d_name, AT_REMOVEDIR);
@@ -478,20 +495,20 @@ static sr_status build(sr_ctx *ctx, struct jit_ctx *jc, const struct jit_ctx *op
                        size_t len, const char *parent, char *tdir, size_t tcap, char *so,
                        size_t socap)
 {
-    snprintf(tdir, tcap, "%s/tmp-XXXXXX", parent);
-    if (!mkdtemp(tdir))
+    int rc = jit_build_dir_new(parent, tdir, tcap);
+    if (rc != 0)
         return sr__error(ctx, SR_EIO, "cannot create a build directory in %s: %s", parent,
-                         strerror(errno));
+                         strerror(rc));
     snprintf(so, socap, "%s/kernel.so", tdir);
     char err[1800];
     sr_status st = jit_compile(opt, src, len, tdir, so, err, sizeof err);
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     jc->compiles++;
     if (st == SR_ENODEV)
         jc->no_compiler = true;
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     if (st != SR_OK) {
-        rm_tree_flat(tdir);
+        jit_build_dir_free(tdir);
         return sr__error(ctx, st, "%s", err);
     }
     return SR_OK;
@@ -528,28 +545,28 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
                             struct jit_module **out, struct jit_load_info *info)
 {
     struct jit_ctx snap;
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     memcpy(&snap, jc, sizeof snap);
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     const struct jit_ctx *opt = &snap;
     uint64_t ccid;
     char iderr[1024];
     sr_status idst = jit_compiler_id(opt->cc, opt->compile_timeout, &ccid, iderr, sizeof iderr);
     if (idst != SR_OK) {
         if (idst == SR_ENODEV) {
-            pthread_mutex_lock(&jc->lock);
+            jit_ctx_lock(jc);
             jc->no_compiler = true;
-            pthread_mutex_unlock(&jc->lock);
+            jit_ctx_unlock(jc);
         }
         return sr__error(ctx, idst, "%s", iderr);
     }
     char key[JIT_KEY_BYTES + 1];
     make_key(opt, src, len, ccid, key);
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     struct jit_module *hit = memory_hit(jc, key);
     if (hit)
         jc->mem_hits++;
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     if (hit) {
         info->origin = "memory";
         snprintf(info->cache, sizeof info->cache, "hit (context)");
@@ -584,9 +601,9 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
             }
             if (st == SR_OK) {
                 close(dfd);
-                pthread_mutex_lock(&jc->lock);
+                jit_ctx_lock(jc);
                 jc->disk_hits++;
-                pthread_mutex_unlock(&jc->lock);
+                jit_ctx_unlock(jc);
                 info->origin = "disk";
                 snprintf(info->cache, sizeof info->cache, "hit");
                 snprintf(info->path, sizeof info->path, "%s", path);
@@ -615,7 +632,7 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
             jlog(ctx, 1, "kernel cache %s; using the kernel unstored", why);
             goto load_private;
         }
-        rm_tree_flat(tdir);
+        jit_build_dir_free(tdir);
         if (opt->keep_source) {
             char cpath[2200], tmpc[2300];
             snprintf(cpath, sizeof cpath, "%s/%s.c", dir, key);
@@ -657,7 +674,7 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
             goto fail;
     load_private:
         st = jit_load(ctx, so, m, err, sizeof err);
-        rm_tree_flat(tdir); /* the mapping outlives the file */
+        jit_build_dir_free(tdir); /* the mapping outlives the file */
         if (st != SR_OK) {
             st = sr__error(ctx, SR_ECOMPILE, "%s", err);
             goto fail;
@@ -667,14 +684,14 @@ static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, si
     }
 found:
     info->compile_ms = now_ms() - t0;
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     hit = memory_hit(jc, key);
     if (!hit) {
         m->refs = 1;
         m->next = jc->modules;
         jc->modules = m;
     }
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
     if (hit) {
         module_free(m);
         m = hit;
@@ -724,12 +741,12 @@ void jit_module_release(sr_ctx *ctx, struct jit_module *m)
     struct jit_ctx *jc = jit_ctx_of(ctx);
     if (!m || !jc)
         return;
-    pthread_mutex_lock(&jc->lock);
+    jit_ctx_lock(jc);
     if (m->refs > 0 && --m->refs == 0) {
         m->idle_since = ++jc->clock;
         trim_idle(jc);
     }
-    pthread_mutex_unlock(&jc->lock);
+    jit_ctx_unlock(jc);
 }
 
 /* The same directory, checks and trailer, for the CUDA backend's images (cuda-runtime.c). */

@@ -4,6 +4,15 @@
  * The compiler is started with posix_spawnp and an argv array (never a shell), so nothing in
  * SYMRED_CC or in a path is interpreted. Its diagnostics go to a file in the private build
  * directory and become the error message of a failed compile.
+ *
+ * The process keeps a registry of its build directories and running compiler processes. A
+ * program may return from main while a background compile runs (SYMRED_JIT=async): an atexit
+ * handler then kills the compilers' process groups and removes the build directories, so that
+ * nothing of the compile outlives the process. fork() is safe at any time: pthread_atfork
+ * handlers hold the process-wide locks across it, and the child starts with an empty registry
+ * (the compiles belong to the parent) and a new fork generation (sr__fork_gen), by which the
+ * per-context and per-kernel state left behind by the parent's compiling threads is recognised
+ * and reset rather than waited for.
  */
 #include "jit.h"
 
@@ -107,6 +116,163 @@ static sr_status write_file(const char *path, const char *data, size_t len)
     return close(fd) == 0 ? SR_OK : SR_EIO;
 }
 
+/* ---- the registry of build directories and compiler processes ----
+ * Entries are added under reg_lock: a build directory when it is made, a compiler process when
+ * it is started (its source written and the process spawned under the lock, so that the exit
+ * handler, which holds the lock, never races a compile that is starting). Once the handler has
+ * run, no new build directory or compiler is started. */
+
+struct reg_entry {
+    struct reg_entry *next;
+    pid_t pid;      /* a compiler process (the leader of its group), or 0 */
+    int pidfd;      /* a descriptor of pid, or -1 */
+    char dir[4096]; /* a build directory, or "" */
+};
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct reg_entry *reg_head;
+static bool reg_exiting;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+
+/* The files a build directory can hold (cache.c sweeps stale ones). */
+const char *const jit_build_files[JIT_BUILD_FILES] = {"kernel.c", "cc.log", "kernel.so"};
+
+static void rm_build_dir(const char *dir)
+{
+    char p[4200];
+    for (int i = 0; i < JIT_BUILD_FILES; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, jit_build_files[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+/* At exit: kill the running compilers' process groups, wait for each leader to end (so that it
+ * writes nothing more into its directory), and remove the build directories. A compiling
+ * thread, which the exit does not stop, starts no directory or compiler after this
+ * (reg_exiting); one that holds the lock to start one is waited for. Not a signal handler: a
+ * program killed by a signal leaves its build directories to the next process's sweep of stale
+ * ones (cache.c). */
+static void reg_at_exit(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    reg_exiting = true;
+    for (struct reg_entry *e = reg_head; e; e = e->next)
+        if (e->pid > 0)
+            kill(-e->pid, SIGKILL);
+    for (struct reg_entry *e = reg_head; e; e = e->next) {
+        if (e->pid <= 0)
+            continue;
+        if (e->pidfd >= 0) {
+            struct pollfd p = {.fd = e->pidfd, .events = POLLIN};
+            while (poll(&p, 1, 2000) < 0 && errno == EINTR)
+                ;
+        } else {
+            siginfo_t si;
+            while (waitid(P_PID, (id_t)e->pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR)
+                ;
+        }
+    }
+    for (struct reg_entry *e = reg_head; e; e = e->next)
+        if (e->dir[0])
+            rm_build_dir(e->dir);
+    pthread_mutex_unlock(&reg_lock);
+}
+
+static pthread_mutex_t id_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    pthread_mutex_lock(&id_lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&id_lock);
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* The parent's compiles are not the child's: the child neither kills nor removes them. */
+static void fork_child(void)
+{
+    for (struct reg_entry *e = reg_head, *next; e; e = next) {
+        next = e->next;
+        if (e->pidfd >= 0)
+            close(e->pidfd);
+        free(e);
+    }
+    reg_head = NULL;
+    pthread_mutex_unlock(&id_lock);
+    pthread_mutex_unlock(&reg_lock);
+}
+
+static void reg_init(void)
+{
+    atexit(reg_at_exit);
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+void jit_process_init(void) { pthread_once(&reg_once, reg_init); }
+
+/* Adds e to the registry; reg_lock held. */
+static void reg_add(struct reg_entry *e)
+{
+    e->next = reg_head;
+    reg_head = e;
+}
+
+/* Removes e from the registry and frees it; reg_lock held. */
+static void reg_remove(struct reg_entry *e)
+{
+    for (struct reg_entry **p = &reg_head; *p; p = &(*p)->next)
+        if (*p == e) {
+            *p = e->next;
+            break;
+        }
+    if (e->pidfd >= 0)
+        close(e->pidfd);
+    free(e);
+}
+
+int jit_build_dir_new(const char *parent, char *dir, size_t cap)
+{
+    jit_process_init();
+    struct reg_entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return ENOMEM;
+    e->pidfd = -1;
+    int n = snprintf(e->dir, sizeof e->dir, "%s/tmp-XXXXXX", parent);
+    if (n < 0 || (size_t)n >= sizeof e->dir || (size_t)n >= cap) {
+        free(e);
+        return ENAMETOOLONG;
+    }
+    pthread_mutex_lock(&reg_lock);
+    int rc = reg_exiting ? ECANCELED : mkdtemp(e->dir) ? 0 : errno;
+    if (rc == 0)
+        reg_add(e);
+    pthread_mutex_unlock(&reg_lock);
+    if (rc != 0) {
+        free(e);
+        return rc;
+    }
+    memcpy(dir, e->dir, (size_t)n + 1);
+    return 0;
+}
+
+void jit_build_dir_free(const char *dir)
+{
+    /* Removed before it leaves the registry: an exit in between removes it again, harmlessly. */
+    rm_build_dir(dir);
+    pthread_mutex_lock(&reg_lock);
+    for (struct reg_entry *e = reg_head; e; e = e->next)
+        if (e->pid == 0 && strcmp(e->dir, dir) == 0) {
+            reg_remove(e);
+            break;
+        }
+    pthread_mutex_unlock(&reg_lock);
+}
+
 static int64_t mono_ms(void)
 {
     struct timespec t;
@@ -194,18 +360,31 @@ static int wait_child(pid_t pid, int pipe_fd, char *out, size_t outcap, int time
 }
 
 /* Runs argv in a process group of its own with stdout and stderr into log_path (or a pipe read
- * into out when out != NULL), for at most timeout_s seconds. Returns 0 and the wait status,
- * ETIMEDOUT or EINTR (see wait_child), or an errno when the program could not be started. */
+ * into out when out != NULL), for at most timeout_s seconds. When src_path is not NULL, src
+ * (len bytes) is written there first (*wrote set on success), with the start of the process:
+ * under the registry's lock, so that the exit handler finds either neither or both. Returns 0
+ * and the wait status, ETIMEDOUT or EINTR (see wait_child), ECANCELED when the process is
+ * exiting, or an errno when the file could not be written or the program could not be
+ * started. */
 static int spawn_wait(char *const *argv, const char *log_path, char *out, size_t outcap,
-                      int timeout_s, int *wstatus, const atomic_int *cancel)
+                      int timeout_s, int *wstatus, const char *src_path, const char *src,
+                      size_t len, bool *wrote, const atomic_int *cancel)
 {
+    jit_process_init();
+    struct reg_entry *reg = calloc(1, sizeof *reg);
+    if (!reg)
+        return ENOMEM;
+    reg->pidfd = -1;
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
     int pfd[2] = {-1, -1};
-    if (posix_spawn_file_actions_init(&fa) != 0)
+    if (posix_spawn_file_actions_init(&fa) != 0) {
+        free(reg);
         return ENOMEM;
+    }
     if (posix_spawnattr_init(&at) != 0) {
         posix_spawn_file_actions_destroy(&fa);
+        free(reg);
         return ENOMEM;
     }
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
@@ -223,9 +402,27 @@ static int spawn_wait(char *const *argv, const char *log_path, char *out, size_t
         posix_spawn_file_actions_addopen(&fa, 1, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         posix_spawn_file_actions_adddup2(&fa, 1, 2);
     }
-    pid_t pid;
-    if (rc == 0)
-        rc = posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
+    pid_t pid = 0;
+    if (rc == 0) {
+        pthread_mutex_lock(&reg_lock);
+        if (reg_exiting)
+            rc = ECANCELED;
+        else if (src_path && write_file(src_path, src, len) != SR_OK)
+            rc = errno ? errno : EIO;
+        else {
+            if (wrote)
+                *wrote = src_path != NULL;
+            rc = posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
+        }
+        if (rc == 0) {
+            reg->pid = pid;
+            reg->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+            reg_add(reg);
+            reg = NULL;
+        }
+        pthread_mutex_unlock(&reg_lock);
+    }
+    free(reg);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
     if (pfd[1] >= 0)
@@ -237,8 +434,21 @@ static int spawn_wait(char *const *argv, const char *log_path, char *out, size_t
             out[0] = 0;
         return rc;
     }
-    return wait_child(pid, pfd[0], out, outcap, timeout_s, wstatus, cancel);
+    rc = wait_child(pid, pfd[0], out, outcap, timeout_s, wstatus, cancel);
+    pthread_mutex_lock(&reg_lock);
+    for (struct reg_entry *e = reg_head; e; e = e->next)
+        if (e->pid == pid) {
+            reg_remove(e);
+            break;
+        }
+    pthread_mutex_unlock(&reg_lock);
+    return rc;
 }
+
+/* The calling thread's cancellation flag (jit_compile_cancel_by). */
+static _Thread_local const atomic_int *cancel_by;
+
+void jit_compile_cancel_by(const atomic_int *flag) { cancel_by = flag; }
 
 bool jit_compiler_found(const char *cc)
 {
@@ -277,9 +487,8 @@ static void unfinished(char *err, size_t errcap, const char *cc, const char *wha
                  what);
 }
 
-/* Process-wide: the identity of each compiler used, so `cc --version` runs once per process
- * and compiler, not once per kernel. */
-static pthread_mutex_t id_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Process-wide (under id_lock): the identity of each compiler used, so `cc --version` runs
+ * once per process and compiler, not once per kernel. */
 static struct {
     char cc[512];
     uint64_t id;
@@ -302,7 +511,7 @@ sr_status jit_compiler_id(const char *cc, int timeout_s, uint64_t *out_id, char 
     uint64_t id = 0;
     /* Only a compiler that cannot be started counts as missing: one that runs but fails is
      * reported when it fails to compile. */
-    int rc = spawn_wait(argv, NULL, out, sizeof out, timeout_s, &ws, NULL);
+    int rc = spawn_wait(argv, NULL, out, sizeof out, timeout_s, &ws, NULL, NULL, 0, NULL, NULL);
     if (rc == ETIMEDOUT || rc == EINTR) {
         unfinished(err, errcap, cc, "--version", rc, timeout_s);
         return SR_ECOMPILE;
@@ -347,10 +556,6 @@ sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, con
     char cpath[4096], logpath[4096];
     snprintf(cpath, sizeof cpath, "%s/kernel.c", dir);
     snprintf(logpath, sizeof logpath, "%s/cc.log", dir);
-    if (write_file(cpath, src, len) != SR_OK) {
-        snprintf(err, errcap, "cannot write %s: %s", cpath, strerror(errno));
-        return SR_EIO;
-    }
     const char *argv[32];
     int n = 0;
     argv[n++] = jc->cc;
@@ -363,12 +568,20 @@ sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, con
         argv[n++] = jit_libs[i];
     argv[n] = NULL;
     int ws = 0;
-    int rc = spawn_wait((char *const *)argv, logpath, NULL, 0, jc->compile_timeout, &ws,
-                        jc->cancel_flag);
+    bool wrote = false;
+    int rc = spawn_wait((char *const *)argv, logpath, NULL, 0, jc->compile_timeout, &ws, cpath, src,
+                        len, &wrote, cancel_by);
     sr_status st = SR_OK;
-    if (rc == ECANCELED) {
+    if (!wrote && rc != ECANCELED) {
+        snprintf(err, errcap, "cannot write %s: %s", cpath, strerror(rc));
+        return SR_EIO;
+    }
+    if (rc == ECANCELED && wrote) {
         snprintf(err, errcap, "the compile was cancelled (its context was freed) and '%s' killed",
                  jc->cc);
+        st = SR_ECOMPILE;
+    } else if (rc == ECANCELED) {
+        snprintf(err, errcap, "the process is exiting: no compiler is started");
         st = SR_ECOMPILE;
     } else if (rc == ETIMEDOUT || rc == EINTR) {
         unfinished(err, errcap, jc->cc, "compiling a kernel", rc, jc->compile_timeout);

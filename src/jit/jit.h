@@ -206,13 +206,19 @@ struct jit_ctx {
      * jit_ctx_free waits on bg_idle until there are none. */
     int bg_running;
     pthread_cond_t bg_idle;
-    /* Set by jit_ctx_free: running compiles of the context are killed, queued ones not started.
-     * cancel_flag points at cancel, so that the snapshots of the options that compiles work
-     * from still see it. */
+    /* Set by jit_ctx_free: the context's background compiles are killed if running
+     * (jit_compile_cancel_by), not started if queued. */
     atomic_int cancel;
-    const atomic_int *cancel_flag;
-    pthread_mutex_t lock;
+    pthread_mutex_t lock; /* taken through jit_ctx_lock */
+    /* The fork generation (sr__fork_gen) the lock, bg_idle and bg_running belong to: in a child
+     * of fork() they are reset on first use, since the threads that held the lock or counted in
+     * bg_running are not there. */
+    _Atomic unsigned gen;
 };
+
+/* Locks and unlocks jc (its lock, reset first in a child of fork()). */
+void jit_ctx_lock(struct jit_ctx *jc);
+void jit_ctx_unlock(struct jit_ctx *jc);
 
 /* Whether jc's compiler could not be started (read under its lock). */
 bool jit_no_compiler(struct jit_ctx *jc);
@@ -252,6 +258,22 @@ void jit_module_release(sr_ctx *ctx, struct jit_module *m);
  * group is killed), SR_EIO. */
 sr_status jit_compile(const struct jit_ctx *jc, const char *src, size_t len, const char *dir,
                       const char *so_path, char *err, size_t errcap);
+/* The process's build directories (compile.c): jit_build_dir_new makes a fresh private one,
+ * parent/tmp-XXXXXX, into dir (0 or an errno; ECANCELED once the process is exiting), and
+ * registers it; jit_build_dir_free removes its files (jit_build_files, all a build directory
+ * holds) and itself. At exit the registered directories are removed and the compilers running
+ * in them killed; a forked child inherits none of them. Thread-safe. */
+int jit_build_dir_new(const char *parent, char *dir, size_t cap);
+void jit_build_dir_free(const char *dir);
+#define JIT_BUILD_FILES 3
+extern const char *const jit_build_files[JIT_BUILD_FILES];
+/* Registers, once per process, the exit handler and the fork handlers (compile.c). */
+void jit_process_init(void);
+
+/* Makes the calling thread's compiles (jit_compile) end, killing the compiler, as soon as *flag
+ * becomes nonzero (checked every 50 ms); NULL: no such flag, the wait sleeps until the compiler
+ * ends or times out. A background compile's thread sets its context's jc->cancel. */
+void jit_compile_cancel_by(const atomic_int *flag);
 /* Whether the compiler cc is an executable file (a path), or one in a directory of PATH (a
  * name), as the compile would find it: a cheap check, without running it. */
 bool jit_compiler_found(const char *cc);
