@@ -467,7 +467,7 @@ class Genred:
         self._finalizer = weakref.finalize(self, _Handle.close, lib, self._h.ctx,
                                            self._h.kernels)
         # KeOps' GradFromPos(F, v, I) declares a new variable, the gradient input, of the
-        # reduction's output category: the parser is told it, since the axis is known here.
+        # reduction's output category, which the axis gives: the parser is told it.
         self._gradin_cat = SR_CAT_I if axis == 1 else SR_CAT_J
         self._expr, table = self._parse(formula, "formula")
         self._weight, table2 = (self._parse(formula2, "formula2") if formula2 is not None
