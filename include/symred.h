@@ -178,7 +178,8 @@ typedef enum sr_category {
 /* Parses a KeOps-style formula. aliases[0..naliases) are declarations such as "x=Vi(3)",
  * "y=Vj(3)", "b=Vj(2,1)" (explicit index 2, dimension 1), "g=Pm(1)" or "v=Var(1,3,1)". Aliases
  * without an explicit index are numbered in order of declaration; declared indices must form
- * 0..n-1 without gaps. The formula may also use Var(index, dim, cat) directly. The derivative
+ * 0..n-1 without gaps. The formula may also use Var(index, dim, cat) directly, with the
+ * dimension and category of any alias that declares the same index (else SR_EDIM). The derivative
  * forms Grad(F, v, e), Diff(F, v, u), GradFromPos(F, v, I) and GradFromPos(F, pos, e) are
  * expanded while parsing (sr_grad, sr_diff, docs/gradients.md): *out is the expanded formula.
  * Nesting (parentheses, calls, unary minus, exponents) is limited to 200 levels.
@@ -186,6 +187,42 @@ typedef enum sr_category {
  * unknown name, arity, bad alias) or SR_EDIM (dimensions), with a message giving the column. */
 SR_API sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases,
                           int naliases, sr_expr **out);
+
+/* One variable of a parsed text, as sr_parse_ex lists them. */
+typedef struct sr_parse_var {
+    int index;  /* the argument index: args[index] of sr_kernel_run */
+    int dim;    /* its dimension */
+    sr_cat cat; /* SR_CAT_I, SR_CAT_J or SR_CAT_PARAM */
+    int alias;  /* 0-based position in aliases of the declaration of this index; -1 when only
+                 * the formula names it (Var(...), Vi(index, dim), GradFromPos(F, v, I)) */
+} sr_parse_var;
+
+/* The options and the variable table of sr_parse_ex. Zero-initialise it, then set the inputs;
+ * all zero parses as sr_parse does. */
+typedef struct sr_parse_desc {
+    /* In: the category of the gradient input that KeOps' GradFromPos(F, v, I) (and
+     * GradFromPos(F, pos, I)) declares. KeOps gives it the category of the reduction's output:
+     * SR_CAT_I for a reduction over j (axis 1), SR_CAT_J for one over i (axis 0); sr_parse,
+     * which knows no reduction, uses SR_CAT_I. SR_CAT_PARAM is refused (SR_EINVAL). */
+    sr_cat gradin_cat;
+    /* Out (vars may be NULL when vars_cap is 0): the variables that the aliases declare and
+     * the formula names, one per index in increasing index order, written to
+     * vars[0..min(nvars, vars_cap)). They include variables that a derivative removes from the
+     * result (the gradient input of an identically zero Grad) and aliases the formula does not
+     * use, so that a caller sizes its argument list as KeOps does; the kernel's own list
+     * (sr_kernel_var) has only the variables the expanded formula reads. When nvars > vars_cap
+     * the table is cut short: call again with a larger one. */
+    sr_parse_var *vars;
+    int vars_cap;
+    int nvars; /* out: the number of variables (distinct indices) */
+} sr_parse_desc;
+
+/* sr_parse with options and the variable table: what a binding needs to check its arguments
+ * before any kernel exists (docs/api.md). desc must not be NULL (SR_EINVAL). On failure *out is
+ * NULL, desc->nvars is 0 and the status and message are sr_parse's. Not thread-safe with other
+ * calls on ctx. */
+SR_API sr_status sr_parse_ex(sr_ctx *ctx, const char *formula, const char *const *aliases,
+                             int naliases, sr_parse_desc *desc, sr_expr **out);
 
 /* Writes the formula text of e into buf (at most cap bytes, always NUL-terminated when cap > 0)
  * and returns the length of the full text, excluding the NUL, like snprintf. The text parses
@@ -198,6 +235,10 @@ SR_API size_t sr_expr_print(const sr_expr *e, char *buf, size_t cap);
 SR_API int sr_expr_dim(const sr_expr *e);
 /* What e depends on (SR_DEP_CONST for NULL). */
 SR_API sr_category sr_expr_category(const sr_expr *e);
+/* If e is a variable node (sr_var, sr_vi, sr_vj, sr_pm, an alias or Var(...) once parsed),
+ * writes its index, category and dimension (each pointer may be NULL) and returns SR_OK; for
+ * any other node, or NULL, returns SR_EINVAL and writes nothing. Thread-safe. */
+SR_API sr_status sr_expr_var(const sr_expr *e, int *index, sr_cat *cat, int *dim);
 
 /* Builders. Each returns the (interned) node, or NULL if an operand is NULL, belongs to another
  * context, or the dimensions do not fit (then the context records SR_EDIM/SR_EINVAL and a

@@ -547,6 +547,19 @@ sr_expr *sr_tensordot(sr_ctx *ctx, sr_expr *a, sr_expr *b, int rank_a, const int
 
 int sr_expr_dim(const sr_expr *e) { return e ? e->dim : 0; }
 
+sr_status sr_expr_var(const sr_expr *e, int *index, sr_cat *cat, int *dim)
+{
+    if (!e || e->op != OP_VAR)
+        return SR_EINVAL;
+    if (index)
+        *index = (int)e->iattr[0];
+    if (cat)
+        *cat = (sr_cat)e->iattr[1];
+    if (dim)
+        *dim = e->dim;
+    return SR_OK;
+}
+
 sr_category sr_expr_category(const sr_expr *e)
 {
     if (!e)

@@ -99,10 +99,12 @@ struct var_use {
 
 struct parser {
     sr_ctx *ctx;
-    const char *s; /* the text being read: the formula or one alias */
+    const char *s;       /* the text being read: the formula or one alias */
+    const char *formula; /* the formula */
     size_t pos;    /* next unread byte */
     struct tok t;  /* current token */
     int depth;
+    int64_t gradin_cat; /* category of GradFromPos(F, v, I)'s new gradient input */
     bool failed;
     sr_status st;
     char prefix[96];        /* "alias 2 'y=Vj(3': " while reading an alias, else "" */
@@ -999,7 +1001,7 @@ static sr_expr *parse_autodiff_call(struct parser *p, const struct tok *name, en
     if (kind == AD_GRADFROMPOS && at_literal(p)) {
         if (!parse_signed_number(p, true, fn, "index of the gradient input", &lit))
             return NULL;
-        int64_t at[2] = {lit.i, SR_CAT_I};
+        int64_t at[2] = {lit.i, p->gradin_cat};
         e = use_var(p, ecol, make(p, ecol, OP_VAR, NULL, at, f->dim, 0.0));
     } else {
         e = parse_expr(p);
@@ -1405,8 +1407,47 @@ static bool parse_aliases(struct parser *p, const char *const *texts, struct ali
 
 /* ---- entry point ---- */
 
-sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases, int naliases,
-                   sr_expr **out)
+/* The variable table of sr_parse_ex, from the aliases and the uses the parser recorded. An
+ * index both declared and used must be declared and used alike. */
+static bool list_vars(struct parser *p, const struct alias *al, int nal, sr_parse_desc *desc)
+{
+    int n = p->nuses;
+    for (int i = 0; i < nal; i++)
+        n = al[i].index + 1 > n ? (int)al[i].index + 1 : n;
+    int count = 0;
+    for (int idx = 0; idx < n; idx++) {
+        const struct alias *a = NULL;
+        for (int i = 0; i < nal && !a; i++)
+            if (al[i].index == idx)
+                a = &al[i];
+        const struct var_use *u = idx < p->nuses && p->uses[idx].dim ? &p->uses[idx] : NULL;
+        if (a && u && (u->dim != a->dim || u->cat != a->cat)) {
+            p->s = p->formula;
+            fail(p, SR_EDIM, u->col,
+                 "variable index %d is used as %s of dimension %d here, but alias %d declares "
+                 "it as %s of dimension %lld",
+                 idx, cat_names[u->cat], u->dim, a->pos + 1, cat_names[a->cat],
+                 (long long)a->dim);
+            return false;
+        }
+        if (!a && !u)
+            continue;
+        if (desc && count < desc->vars_cap)
+            desc->vars[count] = (sr_parse_var){
+                .index = idx,
+                .dim = a ? (int)a->dim : u->dim,
+                .cat = (sr_cat)(a ? a->cat : u->cat),
+                .alias = a ? a->pos : -1,
+            };
+        count++;
+    }
+    if (desc)
+        desc->nvars = count;
+    return true;
+}
+
+static sr_status parse_text(sr_ctx *ctx, const char *formula, const char *const *aliases,
+                            int naliases, sr_parse_desc *desc, sr_expr **out)
 {
     if (out)
         *out = NULL;
@@ -1423,8 +1464,20 @@ sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases,
     for (int i = 0; i < naliases; i++)
         if (!aliases[i])
             return expr_error(ctx, SR_EINVAL, "sr_parse: alias %d is NULL", i + 1);
+    if (desc) {
+        desc->nvars = 0;
+        if (desc->gradin_cat != SR_CAT_I && desc->gradin_cat != SR_CAT_J)
+            return expr_error(ctx, SR_EINVAL,
+                              "sr_parse_ex: gradin_cat is %d, not SR_CAT_I (0) or SR_CAT_J (1)",
+                              (int)desc->gradin_cat);
+        if (desc->vars_cap < 0 || (desc->vars_cap > 0 && !desc->vars))
+            return expr_error(ctx, SR_EINVAL,
+                              "sr_parse_ex: vars_cap is %d but vars is %s", desc->vars_cap,
+                              desc->vars ? "not NULL" : "NULL");
+    }
 
-    struct parser p = {.ctx = ctx, .s = formula};
+    struct parser p = {.ctx = ctx, .s = formula, .formula = formula,
+                       .gradin_cat = desc ? desc->gradin_cat : SR_CAT_I};
     struct alias *al = NULL;
     if (naliases > 0) {
         al = calloc((size_t)naliases, sizeof *al);
@@ -1452,21 +1505,45 @@ sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases,
             else if (e && p.t.kind != T_END)
                 e = fail(&p, SR_EPARSE, p.t.start,
                          "expected an operator or the end of the formula, found %s", DESC(&p));
+            if (e && !list_vars(&p, al, naliases, desc))
+                e = NULL;
         }
     }
     free(al);
     free(p.by_name);
     free(p.uses);
-    if (!e)
+    if (!e) {
+        if (desc)
+            desc->nvars = 0;
         return p.failed ? p.st : expr_error(ctx, SR_EINTERNAL, "sr_parse: failed without a reason");
+    }
 
     /* The per-use check above gives the better message; this is the library-wide rule. */
     struct expr_var *vars;
     int nvars;
     sr_status st = expr_collect_vars(ctx, (const sr_expr *const *)&e, 1, &vars, &nvars);
-    if (st != SR_OK)
+    if (st != SR_OK) {
+        if (desc)
+            desc->nvars = 0;
         return st;
+    }
     free(vars);
     *out = e;
     return SR_OK;
+}
+
+sr_status sr_parse(sr_ctx *ctx, const char *formula, const char *const *aliases, int naliases,
+                   sr_expr **out)
+{
+    return parse_text(ctx, formula, aliases, naliases, NULL, out);
+}
+
+sr_status sr_parse_ex(sr_ctx *ctx, const char *formula, const char *const *aliases, int naliases,
+                      sr_parse_desc *desc, sr_expr **out)
+{
+    if (out)
+        *out = NULL;
+    if (ctx && !desc)
+        return expr_error(ctx, SR_EINVAL, "sr_parse_ex: desc is NULL");
+    return parse_text(ctx, formula, aliases, naliases, desc, out);
 }

@@ -3,18 +3,23 @@ a Genred whose reduction axis (and K) comes from an output declaration ``"a = Vi
 (one result per i: reduce over j) or ``"a = Vj(dim)"`` (one result per j: reduce over i).
 ``symred.numpy`` and ``symred.torch`` bind them to their own Genred."""
 
-import re
-
-_OUTPUT_RE = re.compile(r"\s*[A-Za-z_]\w*\s*=\s*(Vi|Vj)\s*\(\s*(\d+)\s*\)\s*$")
+from ._lib import SR_CAT_I, SR_CAT_J, SymredValueError, declared_vars
 
 
 def _output(output, fname):
-    """(axis, dim) of an output declaration; ValueError naming the function otherwise."""
-    m = _OUTPUT_RE.match(output) if isinstance(output, str) else None
-    if m is None:
+    """(axis, dim) of an output declaration, as the C parser reads it; ValueError naming the
+    function otherwise."""
+    table = None
+    if isinstance(output, str) and "\x00" not in output:
+        try:
+            table = declared_vars([output])
+        except SymredValueError:
+            pass
+    if not table or len(table) != 1 or table[0][2] not in (SR_CAT_I, SR_CAT_J):
         raise ValueError(f"{fname}: the output must be declared as 'name = Vi(dim)' (one "
                          f"result per i) or 'name = Vj(dim)' (one per j), not {output!r}")
-    return (1 if m.group(1) == "Vi" else 0), int(m.group(2))
+    _, dim, cat, _ = table[0]
+    return (1 if cat == SR_CAT_I else 0), dim
 
 
 def bind(genred_cls):

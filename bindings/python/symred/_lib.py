@@ -135,6 +135,28 @@ class Ranges(ctypes.Structure):
     ]
 
 
+class ParseVar(ctypes.Structure):
+    """struct sr_parse_var: one variable of a parsed formula and its aliases."""
+
+    _fields_ = [
+        ("index", ctypes.c_int),
+        ("dim", ctypes.c_int),
+        ("cat", ctypes.c_int),
+        ("alias", ctypes.c_int),
+    ]
+
+
+class ParseDesc(ctypes.Structure):
+    """struct sr_parse_desc: sr_parse_ex's option and variable table."""
+
+    _fields_ = [
+        ("gradin_cat", ctypes.c_int),
+        ("vars", ctypes.POINTER(ParseVar)),
+        ("vars_cap", ctypes.c_int),
+        ("nvars", ctypes.c_int),
+    ]
+
+
 class PlanInfo(ctypes.Structure):
     """struct sr_plan_info (version 1; size is set before each call)."""
 
@@ -257,6 +279,8 @@ def _declare(lib):
         "sr_ctx_free": (None, [c_void_p]),
         "sr_ctx_error": (c_char_p, [c_void_p]),
         "sr_parse": (c_int, [c_void_p, c_char_p, P(c_char_p), c_int, P(c_void_p)]),
+        "sr_parse_ex": (c_int, [c_void_p, c_char_p, P(c_char_p), c_int, P(ParseDesc),
+                                P(c_void_p)]),
         "sr_expr_print": (ctypes.c_size_t, [c_void_p, c_char_p, ctypes.c_size_t]),
         "sr_expr_dim": (c_int, [c_void_p]),
         "sr_expr_category": (c_int, [c_void_p]),
@@ -375,6 +399,41 @@ def check(status, ctx, what=None):
     """Raises the exception for status unless it is SR_OK."""
     if status != SR_OK:
         raise make_error(status, ctx, what)
+
+
+def parse(ctx, text, aliases, gradin_cat=SR_CAT_I, what="formula"):
+    """Parses formula text with its aliases (sr_parse_ex) in the context ``ctx``: the sr_expr
+    (a c_void_p) and the variable table, a list of (index, dim, cat, alias) in index order,
+    alias the position of the declaring alias or -1. ``gradin_cat`` is the category of
+    GradFromPos(F, v, I)'s gradient input (the reduction's output category). Errors raise
+    SymredValueError naming ``what`` and the text."""
+    arr = (ctypes.c_char_p * max(1, len(aliases)))(*[a.encode() for a in aliases])
+    cap = 16
+    while True:
+        table = (ParseVar * cap)()
+        desc = ParseDesc(gradin_cat=gradin_cat, vars=table, vars_cap=cap)
+        out = ctypes.c_void_p()
+        st = lib.sr_parse_ex(ctx, text.encode(), arr, len(aliases), ctypes.byref(desc),
+                             ctypes.byref(out))
+        check(st, ctx, f"{what} {text!r}")
+        if desc.nvars <= cap:
+            break
+        cap = desc.nvars
+    if not out.value:
+        raise SymredValueError(f"{what} {text!r}: the parser returned no expression")
+    return out, [(v.index, v.dim, v.cat, v.alias) for v in table[:desc.nvars]]
+
+
+def declared_vars(aliases):
+    """The variable table (as :func:`parse` gives it) of alias declarations alone, read by the
+    C parser in a context of its own."""
+    ctx = ctypes.c_void_p()
+    if lib.sr_ctx_new(ctypes.byref(ctx)) != SR_OK or not ctx.value:
+        raise MemoryError("symred: sr_ctx_new failed")
+    try:
+        return parse(ctx, "0", aliases, what="aliases")[1]
+    finally:
+        lib.sr_ctx_free(ctx)
 
 
 def kernel_vars(ptr):

@@ -2,7 +2,6 @@
 
 import ctypes
 import inspect
-import re
 import threading
 import weakref
 
@@ -71,14 +70,6 @@ _BACKENDS = {
     "cuda": _lib.SR_DEVICE_CUDA,
     "reference": _lib.SR_DEVICE_REFERENCE,
 }
-
-# "x = Vi(3)", "b=Vj(2,1)" (index 2, dimension 1), "v = Var(1,3,1)".
-_ALIAS_RE = re.compile(
-    r"^\s*([A-Za-z_]\w*)\s*=\s*(?:(Vi|Vj|Pm)\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)"
-    r"|Var\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*([012])\s*\))\s*$"
-)
-_VAR_RE = re.compile(r"\bVar\s*\(\s*(\d+)\s*,\s*(\d+)\s*,\s*([012])\s*\)")
-
 
 _RANGES_NAMES = ("ranges_i", "slices_i", "redranges_j", "ranges_j", "slices_j", "redranges_i")
 
@@ -233,12 +224,13 @@ def _block_diagonal_ranges(B, M, N, shared, axis):
 
 
 class _Arg:
-    """One input of the reduction: its index, category, dimension and a name for messages."""
+    """One input of the reduction: its index, category, dimension, a name for messages and the
+    position of the alias that declares it (None for a Var(...) of the formula)."""
 
-    __slots__ = ("index", "cat", "dim", "name")
+    __slots__ = ("index", "cat", "dim", "name", "alias")
 
-    def __init__(self, index, cat, dim, name):
-        self.index, self.cat, self.dim, self.name = index, cat, dim, name
+    def __init__(self, index, cat, dim, name, alias=None):
+        self.index, self.cat, self.dim, self.name, self.alias = index, cat, dim, name, alias
 
     def describe(self):
         return f"argument {self.index} ({self.name} = {_CAT_NAMES[self.cat]}({self.dim}))"
@@ -251,81 +243,26 @@ class _Arg:
         return f"({self.dim},)"
 
 
-def _args_from(aliases, formulas):
-    """The inputs, by index, from the aliases and any Var(index, dim, cat) in the formulas.
+def _alias_name(alias):
+    """The name an alias declaration gives (the text before its '='), for messages; the C
+    parser has read the declaration itself."""
+    return alias.split("=", 1)[0].strip()
 
-    The C parser has already accepted these, so conflicts were reported there; this only
-    recovers what the shape checks need.
-    """
+
+def _args_from(aliases, tables):
+    """The inputs, by index, from the C parser's variable tables (sr_parse_ex) of the formulas:
+    every index an alias declares or a formula names (Var(...), Vi(index, dim), the gradient
+    input of GradFromPos), also those that a derivative removed from the expanded formula, as
+    KeOps counts them."""
     args = {}
-    for pos, alias in enumerate(aliases):
-        m = _ALIAS_RE.match(alias)
-        if not m:
-            raise ValueError(f"alias {alias!r}: expected 'name = Vi(dim)', 'name = Vj(dim)', "
-                             f"'name = Pm(dim)', 'name = Vi(index, dim)' or "
-                             f"'name = Var(index, dim, cat)'")
-        name = m.group(1)
-        if m.group(2):
-            cat = {"Vi": SR_CAT_I, "Vj": SR_CAT_J, "Pm": SR_CAT_PARAM}[m.group(2)]
-            if m.group(4) is not None:
-                index, dim = int(m.group(3)), int(m.group(4))
+    for table in tables:
+        for index, dim, cat, alias in table:
+            if alias >= 0:
+                name = repr(_alias_name(aliases[alias]))
+                args[index] = _Arg(index, cat, dim, name, alias)
             else:
-                index, dim = pos, int(m.group(3))
-        else:
-            index, dim, cat = int(m.group(5)), int(m.group(6)), int(m.group(7))
-        args[index] = _Arg(index, cat, dim, repr(name))
-    for text in formulas:
-        for m in _VAR_RE.finditer(text or ""):
-            index, dim, cat = int(m.group(1)), int(m.group(2)), int(m.group(3))
-            args.setdefault(index, _Arg(index, cat, dim, f"Var({index},{dim},{cat})"))
+                args.setdefault(index, _Arg(index, cat, dim, f"Var({index},{dim},{cat})"))
     return args
-
-
-_GRADFROMPOS_RE = re.compile(r"\bGradFromPos\s*\(")
-_INT_RE = re.compile(r"^\s*\d+\s*$")
-
-
-def _split_call(text, start):
-    """The top-level arguments of the call whose '(' is at text[start], and the index just
-    past its ')'; None when the parentheses do not balance (the C parser then reports it)."""
-    depth, args, last = 0, [], start + 1
-    for pos in range(start, len(text)):
-        c = text[pos]
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                args.append(text[last:pos])
-                return args, pos + 1
-        elif c == "," and depth == 1:
-            args.append(text[last:pos])
-            last = pos + 1
-    return None
-
-
-def _expand_gradfrompos(text, parse, axis):
-    """Rewrites each GradFromPos(F, v, I), I an integer literal, as
-    Grad(F, v, Var(I, dim(F), cat)) with cat the category of the reduction's output (Vi for
-    axis 1, Vj for axis 0), as KeOps defines it; ``parse`` gives the sr_expr of F for its
-    dimension. The other form, GradFromPos(F, pos, e), and malformed text are left to the C
-    parser. Inner calls are rewritten first, so the forms nest."""
-    m = _GRADFROMPOS_RE.search(text)
-    if m is None:
-        return text
-    split = _split_call(text, m.end() - 1)
-    if split is None:
-        return text
-    args, end = split
-    args = [_expand_gradfrompos(a, parse, axis) for a in args]
-    rest = _expand_gradfrompos(text[end:], parse, axis)
-    if len(args) == 3 and _INT_RE.match(args[2]) and not _INT_RE.match(args[1]):
-        dim = lib.sr_expr_dim(parse(args[0]))
-        cat = SR_CAT_I if axis == 1 else SR_CAT_J
-        call = f"Grad({args[0]},{args[1]},Var({int(args[2])},{dim},{cat}))"
-    else:
-        call = "GradFromPos(" + ",".join(args) + ")"
-    return text[: m.start()] + call + rest
 
 
 def _check_dtype_option(dtype):
@@ -530,12 +467,11 @@ class Genred:
         self._finalizer = weakref.finalize(self, _Handle.close, lib, self._h.ctx,
                                            self._h.kernels)
         # KeOps' GradFromPos(F, v, I) declares a new variable, the gradient input, of the
-        # reduction's output category: written out here, where the axis is known.
-        text = _expand_gradfrompos(formula, lambda f: self._parse(f, "formula"), axis)
-        text2 = (_expand_gradfrompos(formula2, lambda f: self._parse(f, "formula2"), axis)
-                 if formula2 is not None else None)
-        self._expr = self._parse(text, "formula")
-        self._weight = self._parse(text2, "formula2") if text2 is not None else None
+        # reduction's output category, which the axis gives: the parser is told it.
+        self._gradin_cat = SR_CAT_I if axis == 1 else SR_CAT_J
+        self._expr, table = self._parse(formula, "formula")
+        self._weight, table2 = (self._parse(formula2, "formula2") if formula2 is not None
+                                else (None, []))
         # The weighted LogSumExp log(sum_j exp(F_ij) G_ij) (pykeops' LogSumExp with formula2;
         # F scalar, G of any dimension) is the LogSumExp of F plus the log of the
         # SumSoftMaxWeight of F and G: two reductions, built when first called.
@@ -544,8 +480,7 @@ class Genred:
             raise ValueError(f"LogSumExp with a weight (formula2) needs a scalar formula; "
                              f"{formula!r} has dimension {lib.sr_expr_dim(self._expr)}")
 
-        self._args = _args_from(aliases, [text, text2])
-        self._check_args_with_parser()
+        self._args = _args_from(aliases, [table, table2])
         self.nargs = 1 + max(self._args) if self._args else 0
 
     def __new__(cls, *args, **kwargs):
@@ -562,40 +497,8 @@ class Genred:
     # -- construction helpers
 
     def _parse(self, text, what):
-        arr = (ctypes.c_char_p * max(1, len(self.aliases)))(
-            *[a.encode() for a in self.aliases]
-        )
-        out = ctypes.c_void_p()
-        st = lib.sr_parse(self._h.ctx, text.encode(), arr, len(self.aliases), ctypes.byref(out))
-        check(st, self._h.ctx, f"{what} {text!r}")
-        if not out.value:
-            raise SymredValueError(f"{what} {text!r}: the parser returned no expression")
-        return out
-
-    def _check_args_with_parser(self):
-        """Asks the C parser what each alias is, so that the shape checks, which guard the raw
-        pointers handed to C, can never disagree with the library: parsing an alias name
-        alone gives its variable, printed canonically as Var(index,dim,cat)."""
-        buf = ctypes.create_string_buffer(128)
-        for alias in self.aliases:
-            name = alias.split("=", 1)[0].strip()
-            out = ctypes.c_void_p()
-            arr = (ctypes.c_char_p * len(self.aliases))(*[a.encode() for a in self.aliases])
-            st = lib.sr_parse(self._h.ctx, name.encode(), arr, len(self.aliases),
-                              ctypes.byref(out))
-            if st != _lib.SR_OK or not out.value:
-                continue  # e.g. an alias named like an op: the regex reading stands
-            lib.sr_expr_print(out, buf, len(buf))
-            m = _VAR_RE.fullmatch(buf.value.decode(errors="replace"))
-            if not m:
-                continue
-            index, dim, cat = int(m.group(1)), int(m.group(2)), int(m.group(3))
-            spec = self._args.get(index)
-            if spec is None or spec.dim != dim or spec.cat != cat:
-                raise SymredValueError(
-                    f"alias {alias!r}: the library reads it as Var({index},{dim},{cat}), which "
-                    f"these bindings did not expect; please report this"
-                )
+        """The sr_expr of a formula and its variable table (symred._lib.parse)."""
+        return _lib.parse(self._h.ctx, text, self.aliases, self._gradin_cat, what)
 
     def _kernel(self, sr_dtype, device, reduction=None):
         """The compiled kernel for a dtype and device (of another reduction of the same
@@ -930,12 +833,10 @@ class Genred:
         aliases = list(self.aliases)
         for i in indices:
             spec = self._args[i]
-            pos = [p for p, al in enumerate(aliases)
-                   if (_ALIAS_RE.match(al) or [None, None])[1] == spec.name.strip("'")]
-            if not spec.name.startswith("'") or not pos:
+            if spec.alias is None:
                 raise ValueError(f"{spec.describe()}: a parameter with batch dimensions needs an "
                                  f"alias (name = Pm(dim)), not Var() in the formula")
-            aliases[pos[0]] = f"{spec.name.strip(chr(39))} = {cat}({i}, {spec.dim})"
+            aliases[spec.alias] = f"{_alias_name(aliases[spec.alias])} = {cat}({i}, {spec.dim})"
         g = type(self)(self.formula, aliases, reduction_op=self.reduction_op, axis=self.axis,
                        dtype=self.dtype, opt_arg=self.opt_arg, formula2=self.formula2,
                        dtype_acc=self.dtype_acc, use_double_acc=self.use_double_acc,

@@ -1,16 +1,16 @@
 """LazyTensor: symbolic arrays with pykeops' shape convention, reduced through Genred.
 
-A LazyTensor holds KeOps formula text over generated variable names and the arrays behind
-them. Nothing is computed until a reduction (``.sum(dim=1)``, ``.argKmin(K, dim=0)``, ...):
-then the variables are renamed ``a0, a1, ...`` in order of appearance, declared as aliases,
-and the formula goes through the C parser and a :class:`~symred.Genred` (cached per formula,
-so a loop that rebuilds the same expression reuses the same kernel).
+A LazyTensor holds its formula as a tree of KeOps text pieces and variables (the arrays
+behind them). Nothing is computed until a reduction (``.sum(dim=1)``, ``.argKmin(K, dim=0)``,
+...): then the tree is written out as text with its variables named ``a0, a1, ...`` in order of
+appearance and declared as aliases, and the text goes to the C parser through a
+:class:`~symred.Genred` (cached per formula, so a loop that rebuilds the same expression reuses
+the same kernel). Python only writes formula text; it never reads any.
 """
 
 import itertools
 import math
 import os
-import re
 import threading
 from collections import OrderedDict
 
@@ -25,7 +25,6 @@ __all__ = ["LazyTensor", "ComplexLazyTensor", "Vi", "Vj", "Pm"]
 _I, _J, _P = 0, 1, 2
 _CAT_TEXT = {_I: "Vi", _J: "Vj", _P: "Pm"}
 _serial = itertools.count()
-_TOKEN_RE = re.compile(r"\blzv\d+\b")
 
 # Keyword arguments of a reduction that configure the Genred, and those of its call.
 _INIT_KWARGS = ("dtype_acc", "use_double_acc", "sum_scheme", "enable_chunks", "use_fast_math")
@@ -61,13 +60,67 @@ def _genred(cls, formula, aliases, red, axis, K, formula2, init_kwargs):
 
 class _Leaf:
     """One array (or list of numbers, for a parameter) behind a LazyTensor, or a symbolic
-    variable (no data; ``index``: its argument's position in the reduction's call)."""
+    variable (no data; ``index``: its argument's position in the reduction's call). ``token``
+    identifies it (the key of LazyTensor.leaves)."""
 
     __slots__ = ("token", "data", "cat", "dim", "index")
 
     def __init__(self, data, cat, dim, index=None):
-        self.token = f"lzv{next(_serial)}"
+        self.token = next(_serial)
         self.data, self.cat, self.dim, self.index = data, cat, dim, index
+
+
+# A formula is a term tree: a str (KeOps text), a _Leaf (a variable, named when the formula is
+# written out), or a tuple of terms written one after the other. Operations nest trees without
+# copying them; a subtree may be shared.
+
+
+def _render(tree, name):
+    """The KeOps text of a term tree, each variable written as ``name(leaf)``, in order."""
+    out, stack = [], [tree]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, str):
+            out.append(t)
+        elif isinstance(t, _Leaf):
+            out.append(name(t))
+        else:
+            stack.extend(reversed(t))
+    return "".join(out)
+
+
+def _map_leaves(tree, f):
+    """The term tree with each variable ``leaf`` replaced by ``f(leaf)`` (shared subtrees stay
+    shared)."""
+    if not isinstance(tree, tuple):
+        return f(tree) if isinstance(tree, _Leaf) else tree
+    done, stack = {}, [(tree, False)]
+    while stack:
+        t, ready = stack.pop()
+        if id(t) in done:
+            continue
+        if ready:
+            done[id(t)] = tuple(done[id(c)] if isinstance(c, tuple)
+                                else f(c) if isinstance(c, _Leaf) else c for c in t)
+        else:
+            stack.append((t, True))
+            stack.extend((c, False) for c in t if isinstance(c, tuple))
+    return done[id(tree)]
+
+
+def _namer():
+    """A ``name`` for :func:`_render` naming the variables a0, a1, ... in order of first
+    appearance, and the dict token -> name and the list of leaves it fills."""
+    names, leaves = {}, []
+
+    def name(leaf):
+        n = names.get(leaf.token)
+        if n is None:
+            n = names[leaf.token] = f"a{len(names)}"
+            leaves.append(leaf)
+        return n
+
+    return name, names, leaves
 
 
 class Reduction:
@@ -142,9 +195,9 @@ class LazyTensor:
     parameter. Arrays must be float32, float64, float16 or bfloat16 (ml_dtypes), all of one
     dtype.
 
-    Operations build formula text; reductions over ``dim=0`` (i, one result per j) or
-    ``dim=1`` (j, one result per i) run it and return NumPy arrays shaped as
-    :class:`~symred.Genred` documents (indices in int64). With B leading batch dimensions
+    Operations build a formula (:attr:`formula` shows it as KeOps text); reductions over
+    ``dim=0`` (i, one result per j) or ``dim=1`` (j, one result per i) run it and return NumPy
+    arrays shaped as :class:`~symred.Genred` documents (indices in int64). With B leading batch dimensions
     (arrays of shape (B.., n, 1, d), ...), those are ``dim=B`` and ``dim=B+1``, as in pykeops
     (docs/pykeops.md).
     """
@@ -201,7 +254,7 @@ class LazyTensor:
         return np.asarray(values, dtype=dt if dt is not None else np.float32)
 
     def __init__(self, x=None, axis=None):
-        self.formula = None
+        self._f = None  # the formula's term tree
         self.ndim = None
         self.leaves = {}
         self.ni = None
@@ -227,7 +280,7 @@ class LazyTensor:
         if _is_int(x) or _is_float(x):
             if axis not in (None, 2):
                 raise ValueError("LazyTensor: a number is a constant; axis must be None")
-            self.formula = _const_text(x)
+            self._f = _const_text(x)
             self.ndim = 1
             return
         if isinstance(x, (list, tuple)):
@@ -300,13 +353,13 @@ class LazyTensor:
                              f"dim {dim}, cat {cat}")
         leaf = _Leaf(None, cat, dim, index)
         self.leaves = {leaf.token: leaf}
-        self.formula = leaf.token
+        self._f = leaf
         self.ndim = dim
 
     def _leaf(self, data, cat, dim):
         leaf = _Leaf(data, cat, dim)
         self.leaves = {leaf.token: leaf}
-        self.formula = leaf.token
+        self._f = leaf
         self.ndim = dim
         if cat == _I:
             self.ni = data.shape[-2]
@@ -314,7 +367,7 @@ class LazyTensor:
             self.nj = data.shape[-2]
 
     def _copy_from(self, other):
-        self.formula, self.ndim = other.formula, other.ndim
+        self._f, self.ndim = other._f, other.ndim
         self.leaves = dict(other.leaves)
         self.ni, self.nj, self.dtype = other.ni, other.nj, other.dtype
         self.ranges = other.ranges
@@ -344,7 +397,7 @@ class LazyTensor:
     def _unary_to(self, name, dimres, complex_):
         """The op name applied to self, as a real or complex LazyTensor of dimension dimres."""
         res = self._retype(complex_)
-        res.formula = f"{name}({self.formula})"
+        res._f = (f"{name}(", self._f, ")")
         res.ndim = dimres
         return res
 
@@ -403,7 +456,7 @@ class LazyTensor:
         res = type(self)()
         res._copy_from(self)
         extra = "".join(f",{a}" for a in attrs)
-        res.formula = f"{name}({self.formula}{extra})"
+        res._f = (f"{name}(", self._f, extra + ")")
         res.ndim = self.ndim if dimres is None else dimres
         return res
 
@@ -422,7 +475,10 @@ class LazyTensor:
         ops = self._operands(others, check, name)
         res = ops[0]._join(*ops[1:])
         extra = "".join(f",{a}" for a in attrs)
-        res.formula = f"{name}({','.join(o.formula for o in ops)}{extra})"
+        parts = [f"{name}("]
+        for k, o in enumerate(ops):
+            parts += [",", o._f] if k else [o._f]
+        res._f = tuple(parts) + (extra + ")",)
         res.ndim = max(o.ndim for o in ops) if dimres is None else dimres
         return res
 
@@ -433,7 +489,7 @@ class LazyTensor:
         if reverse:
             a, b = b, a
         res = a._join(b)
-        res.formula = f"({a.formula}{op}{b.formula})"
+        res._f = ("(", a._f, op, b._f, ")")
         res.ndim = max(a.ndim, b.ndim) if dimres is None else dimres
         return res
 
@@ -466,7 +522,7 @@ class LazyTensor:
     def __neg__(self):
         res = type(self)()
         res._copy_from(self)
-        res.formula = f"(-{self.formula})"
+        res._f = ("(-", self._f, ")")
         return res
 
     def __pos__(self):
@@ -749,9 +805,8 @@ class LazyTensor:
         except IndexError:
             raise ValueError(f"keops_tensordot: contfa {ca} is out of range for {len(da)} axes")
         dimres = self.ndim * other.ndim // (cont * cont)
-        res = self._function("TensorDot", [other], dimres=dimres, check=None)
-        res.formula = res.formula[:-1] + "," + ",".join(text for _, text in lists) + ")"
-        return res
+        return self._function("TensorDot", [other], dimres=dimres, check=None,
+                              attrs=[text for _, text in lists])
 
     def keops_kron(self, other, dimfself, dimfother):
         """pykeops' ``keops_kron``: the Kronecker product (``numpy.kron``) of self and other
@@ -761,13 +816,11 @@ class LazyTensor:
                               self._int_list(dimfother, "dimfother"))
         if len(da) != len(db):
             raise ValueError(f"keops_kron: shapes {da} and {db} have different ranks")
-        res = self._function("Kron", [other], dimres=self.ndim * other.ndim, check=None)
-        res.formula = res.formula[:-1] + f",{ta},{tb})"
-        return res
+        return self._function("Kron", [other], dimres=self.ndim * other.ndim, check=None,
+                              attrs=(ta, tb))
 
     def _wrt(self, name, var, dimres):
-        if not isinstance(var, LazyTensor) or len(var.leaves) != 1 or \
-                var.formula not in var.leaves:
+        if not isinstance(var, LazyTensor) or not isinstance(var._f, _Leaf):
             raise ValueError(f"{name}: the second argument must be a variable (Vi, Vj or Pm), "
                              f"not a formula")
         return self._function(name, [var], dimres=dimres, check=None)
@@ -824,10 +877,10 @@ class LazyTensor:
             else:
                 raise TypeError(f"{red}: unexpected keyword argument {key!r}")
         src = self._join(weight) if weight is not None else self
-        formula2 = weight.formula if weight is not None else None
+        formula2 = weight._f if weight is not None else None
         if call_kwargs.get("ranges") is None and src.ranges is not None:
             call_kwargs["ranges"] = src.ranges
-        (formula, formula2), aliases, arrays, _ = src._declare([self.formula, formula2])
+        (formula, formula2), aliases, arrays, _ = src._declare([self._f, formula2])
         g = _genred(self._GENRED, formula, aliases, red, ax, K, formula2, init_kwargs)
         if call and not src._has_symbolic():
             return g(*arrays, **call_kwargs)
@@ -837,18 +890,11 @@ class LazyTensor:
         return any(leaf.index is not None for leaf in self.leaves.values())
 
     def _declare(self, formulas):
-        """The formulas with the variables renamed a0, a1, ... in order of appearance, their
-        aliases, their arrays, and the map from this LazyTensor's tokens to the new names."""
-        names, leaves = {}, []
-
-        def rename(m):
-            tok = m.group(0)
-            if tok not in names:
-                names[tok] = f"a{len(names)}"
-                leaves.append(self.leaves[tok])
-            return names[tok]
-
-        out = [_TOKEN_RE.sub(rename, f) if f is not None else None for f in formulas]
+        """The term trees written out as formula text, the variables named a0, a1, ... in order
+        of appearance; their aliases, their arrays, and the map from the leaves' tokens to
+        their names."""
+        name, names, leaves = _namer()
+        out = [_render(f, name) if f is not None else None for f in formulas]
         symbolic = [l.index for l in leaves if l.index is not None]
         if not symbolic:
             aliases = [f"{names[l.token]}={_CAT_TEXT[l.cat]}({l.dim})" for l in leaves]
@@ -880,7 +926,7 @@ class LazyTensor:
             raise ValueError("solve: var= (a symbolic unknown) is not supported by symred")
         call = kwargs.pop("call", True)
         if isinstance(other, LazyTensor):
-            leaf = other.leaves.get(other.formula)
+            leaf = other._f if isinstance(other._f, _Leaf) else None
             if leaf is None or leaf.cat != _I:
                 raise ValueError("solve: the right-hand side must be an (n, d) array or a "
                                  "LazyTensor Vi of one, not a formula")
@@ -901,13 +947,13 @@ class LazyTensor:
                 raise TypeError(f"solve: unexpected keyword argument {key!r}")
         b = type(self)(other, axis=1)
         src = self._join(b)
-        (formula,), aliases, arrays, names = src._declare([f"({self.formula})*{b.formula}"])
-        key = (self._KERNELSOLVE, formula, tuple(aliases), names[b.formula],
+        (formula,), aliases, arrays, names = src._declare([("(", self._f, ")*", b._f)])
+        key = (self._KERNELSOLVE, formula, tuple(aliases), names[b._f.token],
                tuple(sorted(init_kwargs.items())), _env_key())
         with _cache_lock:
             ks = _cache.get(key)
         if ks is None:
-            ks = self._KERNELSOLVE(formula, aliases, names[b.formula], axis=1, **init_kwargs)
+            ks = self._KERNELSOLVE(formula, aliases, names[b._f.token], axis=1, **init_kwargs)
             with _cache_lock:
                 _cache[key] = ks
                 while len(_cache) > _CACHE_SIZE:
@@ -1055,9 +1101,9 @@ class LazyTensor:
                 res.leaves[tok] = leaf
                 continue
             new = _Leaf(leaf.data, _J if leaf.cat == _I else _I, leaf.dim, leaf.index)
-            swapped[tok] = new.token
+            swapped[tok] = new
             res.leaves[new.token] = new
-        res.formula = _TOKEN_RE.sub(lambda m: swapped.get(m.group(0), m.group(0)), self.formula)
+        res._f = _map_leaves(self._f, lambda leaf: swapped.get(leaf.token, leaf))
         return res
 
     @property
@@ -1097,12 +1143,16 @@ class LazyTensor:
         """The number of axes of :attr:`_shape` (batch dimensions + 3), as pykeops."""
         return len(self._shape)
 
+    @property
+    def formula(self):
+        """The formula as KeOps text, its variables named a0, a1, ... in order of appearance
+        as a reduction declares them (None for an empty LazyTensor)."""
+        return _render(self._f, _namer()[0]) if self._f is not None else None
+
     def __repr__(self):
-        names = {}
-        text = _TOKEN_RE.sub(lambda m: names.setdefault(m.group(0), f"a{len(names)}"),
-                             self.formula or "")
-        decl = ", ".join(f"{names[t]}={_CAT_TEXT[self.leaves[t].cat]}({self.leaves[t].dim})"
-                         for t in names)
+        name, names, leaves = _namer()
+        text = _render(self._f, name) if self._f is not None else ""
+        decl = ", ".join(f"{names[l.token]}={_CAT_TEXT[l.cat]}({l.dim})" for l in leaves)
         dt = self._dtype_name(self.dtype) if self.dtype is not None else "any"
         return (f"symred LazyTensor\n    formula: {text}\n    variables: {decl or '(none)'}"
                 f"\n    shape: {self.shape}\n    dtype: {dt}")
@@ -1184,7 +1234,7 @@ class ComplexLazyTensor(LazyTensor):
         if not other.is_complex:
             if op == "*" and other.ndim == 1:
                 res = other._join(self)._retype(True)
-                res.formula = f"ComplexRealScal({other.formula},{self.formula})"
+                res._f = ("ComplexRealScal(", other._f, ",", self._f, ")")
                 res.ndim = self.ndim
                 return res
             other = other.real2complex()
@@ -1193,7 +1243,7 @@ class ComplexLazyTensor(LazyTensor):
             raise ValueError(f"{name}: complex operands must have the same dimension or one "
                              f"complex component, got {a.ndim // 2} and {b.ndim // 2}")
         res = a._join(b)._retype(True)
-        res.formula = f"{name}({a.formula},{b.formula})"
+        res._f = (f"{name}(", a._f, ",", b._f, ")")
         res.ndim = max(a.ndim, b.ndim)
         return res
 
