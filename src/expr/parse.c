@@ -101,8 +101,8 @@ struct parser {
     sr_ctx *ctx;
     const char *s;       /* the text being read: the formula or one alias */
     const char *formula; /* the formula */
-    size_t pos;    /* next unread byte */
-    struct tok t;  /* current token */
+    size_t pos;          /* next unread byte */
+    struct tok t;        /* current token */
     int depth;
     int64_t gradin_cat; /* category of GradFromPos(F, v, I)'s new gradient input */
     bool failed;
@@ -1426,8 +1426,7 @@ static bool list_vars(struct parser *p, const struct alias *al, int nal, sr_pars
             fail(p, SR_EDIM, u->col,
                  "variable index %d is used as %s of dimension %d here, but alias %d declares "
                  "it as %s of dimension %lld",
-                 idx, cat_names[u->cat], u->dim, a->pos + 1, cat_names[a->cat],
-                 (long long)a->dim);
+                 idx, cat_names[u->cat], u->dim, a->pos + 1, cat_names[a->cat], (long long)a->dim);
             return false;
         }
         if (!a && !u)
@@ -1471,12 +1470,13 @@ static sr_status parse_text(sr_ctx *ctx, const char *formula, const char *const 
                               "sr_parse_ex: gradin_cat is %d, not SR_CAT_I (0) or SR_CAT_J (1)",
                               (int)desc->gradin_cat);
         if (desc->vars_cap < 0 || (desc->vars_cap > 0 && !desc->vars))
-            return expr_error(ctx, SR_EINVAL,
-                              "sr_parse_ex: vars_cap is %d but vars is %s", desc->vars_cap,
-                              desc->vars ? "not NULL" : "NULL");
+            return expr_error(ctx, SR_EINVAL, "sr_parse_ex: vars_cap is %d but vars is %s",
+                              desc->vars_cap, desc->vars ? "not NULL" : "NULL");
     }
 
-    struct parser p = {.ctx = ctx, .s = formula, .formula = formula,
+    struct parser p = {.ctx = ctx,
+                       .s = formula,
+                       .formula = formula,
                        .gradin_cat = desc ? desc->gradin_cat : SR_CAT_I};
     struct alias *al = NULL;
     if (naliases > 0) {

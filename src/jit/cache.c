@@ -141,13 +141,21 @@ void jit_ctx_free(void *state)
     struct jit_ctx *jc = state;
     if (!jc)
         return;
-    /* Background compiles use the context until they end: the running ones are killed, the
-     * queued ones end without starting; their kernels are gone, so they only drop what they
-     * made. */
-    atomic_store(&jc->cancel, 1);
+    /* Background compiles use the context until they end; their kernels are gone, so they only
+     * drop what they made. They are given JIT_FREE_GRACE_S seconds to finish, so that a short
+     * program's kernels still reach the disk cache for its next run; then the running ones are
+     * killed and the queued ones end without starting, so that a hanging compiler never holds
+     * the program up for long. */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += JIT_FREE_GRACE_S;
     jit_ctx_lock(jc);
-    while (jc->bg_running > 0)
-        pthread_cond_wait(&jc->bg_idle, &jc->lock);
+    while (jc->bg_running > 0) {
+        if (atomic_load(&jc->cancel))
+            pthread_cond_wait(&jc->bg_idle, &jc->lock);
+        else if (pthread_cond_timedwait(&jc->bg_idle, &jc->lock, &until) == ETIMEDOUT)
+            atomic_store(&jc->cancel, 1);
+    }
     jit_ctx_unlock(jc);
     pthread_cond_destroy(&jc->bg_idle);
     for (struct jit_module *m = jc->modules, *next; m; m = next) {

@@ -206,8 +206,8 @@ struct jit_ctx {
      * jit_ctx_free waits on bg_idle until there are none. */
     int bg_running;
     pthread_cond_t bg_idle;
-    /* Set by jit_ctx_free: the context's background compiles are killed if running
-     * (jit_compile_cancel_by), not started if queued. */
+    /* Set by jit_ctx_free once its grace period has passed: the context's background compiles
+     * are killed if running (jit_compile_cancel_by), not started if queued. */
     atomic_int cancel;
     pthread_mutex_t lock; /* taken through jit_ctx_lock */
     /* The fork generation (sr__fork_gen) the lock, bg_idle and bg_running belong to: in a child
@@ -269,6 +269,9 @@ void jit_build_dir_free(const char *dir);
 extern const char *const jit_build_files[JIT_BUILD_FILES];
 /* Registers, once per process, the exit handler and the fork handlers (compile.c). */
 void jit_process_init(void);
+
+/* Seconds jit_ctx_free lets the context's background compiles finish before it cancels them. */
+#define JIT_FREE_GRACE_S 3
 
 /* Makes the calling thread's compiles (jit_compile) end, killing the compiler, as soon as *flag
  * becomes nonzero (checked every 50 ms); NULL: no such flag, the wait sleeps until the compiler
