@@ -553,7 +553,9 @@ EMU_API CUresult cuModuleGetFunction(struct emu_function **f, struct emu_module 
  * MXCSR and the x87 control word) on the stack it leaves and takes the same from the stack it
  * enters: no system call, and no glibc internals (setjmp/longjmp between stacks would do as
  * little, but glibc's fortified longjmp refuses to jump to another stack and its jmp_buf mangles
- * the pointers, so a fresh stack cannot be set up without makecontext). Other architectures and
+ * the pointers, so a fresh stack cannot be set up without makecontext). The switch does not keep a
+ * CET shadow stack: in a process with shadow stacks on (a glibc tunable, off by default) the
+ * fibers would fault. Other architectures and
  * ThreadSanitizer builds (which would need its own fiber annotations) keep ucontext. Under
  * AddressSanitizer every switch is announced to it (__sanitizer_start_switch_fiber, then
  * __sanitizer_finish_switch_fiber on the other side), so that it knows which stack is running. */
