@@ -601,7 +601,7 @@ struct context {
 /* Saves the callee-saved registers on the running stack and its stack pointer in *save, then
  * loads the stack pointer load and returns to where the context saved there was suspended. */
 void emu_switch_stack(void **save, void *load);
-__asm__(".text\n"
+__asm__(".pushsection .text\n"
         ".p2align 4\n"
         ".globl emu_switch_stack\n"
         ".hidden emu_switch_stack\n"
@@ -628,7 +628,8 @@ __asm__(".text\n"
         "    popq %rbx\n"
         "    popq %rbp\n"
         "    ret\n"
-        ".size emu_switch_stack, .-emu_switch_stack\n");
+        ".size emu_switch_stack, .-emu_switch_stack\n"
+        ".popsection\n");
 #endif
 
 /* Makes c start fn, which must never return, on the stack [stack, stack + size). The fiber
