@@ -14,7 +14,8 @@
  * every launch is printed on stderr.
  *
  * Launches run synchronously on the calling CPU thread: the blocks one after another, the
- * threads of a block as fibers (ucontext) scheduled in turn. Each fiber runs until its next
+ * threads of a block as fibers scheduled in turn (a stack switch of a few instructions on
+ * x86-64, ucontext elsewhere). Each fiber runs until its next
  * __syncthreads or its end, so no fiber passes a barrier before every live fiber of its block
  * has reached it (the order of the turns alternates, see run_block); a barrier that only some
  * threads of a block reach fails the launch (CUDA_ERROR_LAUNCH_FAILED, sticky like the
@@ -42,7 +43,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -544,13 +544,154 @@ EMU_API CUresult cuModuleGetFunction(struct emu_function **f, struct emu_module 
     return CUDA_SUCCESS;
 }
 
+/* ---- fibers --------------------------------------------------------------------------------- */
+
+/* A fiber switch is the launches' inner loop: every thread of every block switches at each of its
+ * barriers and at its end. glibc's swapcontext saves and restores the signal mask, a system call
+ * each time, which made most of a launch's time; the fibers never touch the signal mask, so on
+ * x86-64 a switch saves what the System V ABI has the callee preserve (rbx, rbp, r12-r15, the
+ * MXCSR and the x87 control word) on the stack it leaves and takes the same from the stack it
+ * enters: no system call, and no glibc internals (setjmp/longjmp between stacks would do as
+ * little, but glibc's fortified longjmp refuses to jump to another stack and its jmp_buf mangles
+ * the pointers, so a fresh stack cannot be set up without makecontext). The switch does not keep a
+ * CET shadow stack: in a process with shadow stacks on (a glibc tunable, off by default) the
+ * fibers would fault. Other architectures and
+ * ThreadSanitizer builds (which would need its own fiber annotations) keep ucontext. Under
+ * AddressSanitizer every switch is announced to it (__sanitizer_start_switch_fiber, then
+ * __sanitizer_finish_switch_fiber on the other side), so that it knows which stack is running. */
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TSAN 1
+#endif
+#endif
+#if defined(__x86_64__) && !defined(EMU_TSAN)
+#define EMU_SWITCH_ASM 1
+#endif
+#ifndef EMU_SWITCH_ASM
+#include <ucontext.h>
+#endif
+#ifdef EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+struct context {
+#ifdef EMU_SWITCH_ASM
+    void *sp; /* where the registers are saved: the top of the suspended stack */
+#else
+    ucontext_t uc;
+#endif
+#ifdef EMU_ASAN
+    const void *bottom; /* the stack's lowest address and size, for AddressSanitizer */
+    size_t size;
+    void *fake_stack; /* AddressSanitizer's frames of the suspended context */
+#endif
+};
+
+#ifdef EMU_SWITCH_ASM
+/* Saves the callee-saved registers on the running stack and its stack pointer in *save, then
+ * loads the stack pointer load and returns to where the context saved there was suspended. */
+void emu_switch_stack(void **save, void *load);
+__asm__(".pushsection .text\n"
+        ".p2align 4\n"
+        ".globl emu_switch_stack\n"
+        ".hidden emu_switch_stack\n"
+        ".type emu_switch_stack, @function\n"
+        "emu_switch_stack:\n"
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    subq $8, %rsp\n"
+        "    stmxcsr (%rsp)\n"
+        "    fnstcw 4(%rsp)\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    ldmxcsr (%rsp)\n"
+        "    fldcw 4(%rsp)\n"
+        "    addq $8, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n"
+        ".size emu_switch_stack, .-emu_switch_stack\n"
+        ".popsection\n");
+#endif
+
+/* Makes c start fn, which must never return, on the stack [stack, stack + size). The fiber
+ * inherits the floating-point control state of the caller, as getcontext would give it. */
+static void context_make(struct context *c, char *stack, size_t size, void (*fn)(void))
+{
+#ifdef EMU_ASAN
+    c->bottom = stack;
+    c->size = size;
+    c->fake_stack = NULL;
+    /* Frames that never returned (a fiber's first, a fiber left at a failed barrier) leave their
+     * poison behind on a stack that is used again. */
+    __asan_unpoison_memory_region(stack, size);
+#endif
+#ifdef EMU_SWITCH_ASM
+    uint64_t *top = (uint64_t *)((uintptr_t)(stack + size) & ~(uintptr_t)15);
+    unsigned mxcsr;
+    unsigned short fpucw;
+    __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+    __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+    /* What emu_switch_stack pops, from the lowest address: the control words, r15, r14, r13,
+     * r12, rbx, rbp, the address it returns to (fn, entered with the stack aligned as after a
+     * call), and fn's own return address, zero, where backtraces stop. */
+    uint64_t frame[9] = {mxcsr | (uint64_t)fpucw << 32, 0, 0, 0, 0, 0, 0, (uintptr_t)fn, 0};
+    memcpy(top - 9, frame, sizeof frame);
+    c->sp = top - 9;
+#else
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = NULL;
+    makecontext(&c->uc, fn, 0);
+#endif
+}
+
+/* Suspends the running context into from and resumes to; returns when something switches back
+ * to from. A context that ends (leaves for good) passes ends, so that AddressSanitizer drops
+ * its frames. */
+static void context_switch(struct context *from, struct context *to, bool ends)
+{
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(ends ? NULL : &from->fake_stack, to->bottom, to->size);
+#else
+    (void)ends;
+#endif
+#ifdef EMU_SWITCH_ASM
+    emu_switch_stack(&from->sp, to->sp);
+#else
+    swapcontext(&from->uc, &to->uc);
+#endif
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(from->fake_stack, NULL, NULL);
+#endif
+}
+
 /* ---- launches -------------------------------------------------------------------------------- */
 
 enum fiber_state { FIBER_RUN, FIBER_BARRIER, FIBER_DONE };
 
 struct fiber {
     struct emu_thread self; /* first: the kernel's sync callback gets its address */
-    ucontext_t uc;
+    struct context ctx;
     enum fiber_state state;
     int site; /* where it waits: the source line of its __syncthreads */
     struct block *blk;
@@ -558,7 +699,7 @@ struct fiber {
 
 /* The block being run on this CPU thread. */
 struct block {
-    ucontext_t sched;
+    struct context sched;
     struct fiber *fibers;
     int n;
     const struct emu_function *fn;
@@ -573,26 +714,21 @@ static void fiber_sync(const struct emu_thread *self, int site)
     struct fiber *f = (struct fiber *)self;
     f->state = FIBER_BARRIER;
     f->site = site;
-    swapcontext(&f->uc, &f->blk->sched);
+    context_switch(&f->ctx, &f->blk->sched, false);
 }
 
 static void fiber_main(void)
 {
     struct fiber *f = running;
-    f->blk->fn->entry(f->blk->params, &f->self);
-    f->state = FIBER_DONE; /* uc_link returns to the scheduler */
-}
-
-/* Makes f start at fiber_main on the stack [sp, sp + size) and return to sched. (A function of
- * its own: getcontext returns twice, and no variable of this one changes after it.) */
-static void start_fiber(struct fiber *f, char *sp, size_t size, ucontext_t *sched)
-{
-    f->state = FIBER_RUN;
-    getcontext(&f->uc);
-    f->uc.uc_stack.ss_sp = sp;
-    f->uc.uc_stack.ss_size = size;
-    f->uc.uc_link = sched;
-    makecontext(&f->uc, fiber_main, 0);
+    struct block *b = f->blk;
+#ifdef EMU_ASAN
+    /* The first switch into a fiber tells where the scheduler's stack is. */
+    __sanitizer_finish_switch_fiber(NULL, &b->sched.bottom, &b->sched.size);
+#endif
+    b->fn->entry(b->params, &f->self);
+    f->state = FIBER_DONE;
+    context_switch(&f->ctx, &b->sched, true);
+    abort(); /* a fiber that has ended is never resumed */
 }
 
 /* Runs one block: every fiber from its start to its next barrier in turn, until all are done.
@@ -602,11 +738,13 @@ static void start_fiber(struct fiber *f, char *sp, size_t size, ucontext_t *sche
  * which the differential tests notice. Returns 0, or the source line of a barrier that only
  * some of the block's threads reached (the others ended or waited elsewhere): CUDA allows
  * __syncthreads in conditional code only when the condition is the same for the whole block. */
-static int run_block(struct block *b, char *stacks, size_t stack_size)
+static int run_block(struct block *b, char *stacks, size_t stack_size, size_t guard)
 {
-    for (int t = 0; t < b->n; t++)
-        start_fiber(&b->fibers[t], stacks + (size_t)t * stack_size,
-                    stack_size - (size_t)sysconf(_SC_PAGESIZE), &b->sched);
+    for (int t = 0; t < b->n; t++) {
+        b->fibers[t].state = FIBER_RUN;
+        context_make(&b->fibers[t].ctx, stacks + (size_t)t * stack_size + guard, stack_size - guard,
+                     fiber_main);
+    }
     for (bool live = true; live; b->pass++) {
         int site = 0, ended = 0, waiting = 0;
         for (int i = 0; i < b->n; i++) {
@@ -615,7 +753,7 @@ static int run_block(struct block *b, char *stacks, size_t stack_size)
                 continue;
             f->state = FIBER_RUN;
             running = f;
-            swapcontext(&b->sched, &f->uc);
+            context_switch(&b->sched, &f->ctx, false);
             if (f->state == FIBER_DONE) {
                 ended++;
                 continue;
@@ -629,6 +767,77 @@ static int run_block(struct block *b, char *stacks, size_t stack_size)
         live = waiting > 0;
     }
     return 0;
+}
+
+/* The fibers' stacks, EMU_STACK bytes each above an inaccessible guard page (stacks grow down),
+ * are kept from launch to launch: mapping them, protecting the guard pages and faulting the
+ * fresh pages in again for every launch cost more than running a small grid. Launches on
+ * several CPU threads at once each take a set of their own from the list. */
+struct stack_set {
+    struct stack_set *next;
+    char *base;
+    int n; /* stacks */
+};
+
+static struct {
+    pthread_mutex_t lock;
+    struct stack_set *free;
+} stack_sets = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t stack_stride(void) { return EMU_STACK + (size_t)sysconf(_SC_PAGESIZE); }
+
+static void stack_set_unmap(struct stack_set *s)
+{
+    if (s->base)
+        munmap(s->base, (size_t)s->n * stack_stride());
+    s->base = NULL;
+    s->n = 0;
+}
+
+/* A set of at least n stacks, or NULL when out of memory; give it back with stack_set_put. */
+static struct stack_set *stack_set_get(int n)
+{
+    pthread_mutex_lock(&stack_sets.lock);
+    struct stack_set *s = stack_sets.free;
+    if (s)
+        stack_sets.free = s->next;
+    pthread_mutex_unlock(&stack_sets.lock);
+    if (!s && !(s = calloc(1, sizeof *s)))
+        return NULL;
+    if (s->n >= n)
+        return s;
+    stack_set_unmap(s);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), stride = stack_stride();
+    char *m = mmap(NULL, (size_t)n * stride, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+        free(s);
+        return NULL;
+    }
+    for (int t = 0; t < n; t++)
+        mprotect(m + (size_t)t * stride, page, PROT_NONE);
+    s->base = m;
+    s->n = n;
+    return s;
+}
+
+static void stack_set_put(struct stack_set *s)
+{
+    pthread_mutex_lock(&stack_sets.lock);
+    s->next = stack_sets.free;
+    stack_sets.free = s;
+    pthread_mutex_unlock(&stack_sets.lock);
+}
+
+/* Unloading the emulator gives the stacks back. */
+__attribute__((destructor)) static void stack_sets_free(void)
+{
+    while (stack_sets.free) {
+        struct stack_set *s = stack_sets.free;
+        stack_sets.free = s->next;
+        stack_set_unmap(s);
+        free(s);
+    }
 }
 
 EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned gy, unsigned gz,
@@ -655,20 +864,14 @@ EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned g
     if (fn->check(params, known_pointer) != -1)
         return CUDA_ERROR_INVALID_VALUE;
 
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const size_t stack_size = EMU_STACK + page; /* a guard page at the bottom of each stack */
-    char *stacks = mmap(NULL, (size_t)n * stack_size, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    struct stack_set *stacks = stack_set_get(n);
     struct fiber *fibers = calloc((size_t)n, sizeof *fibers);
-    if (stacks == MAP_FAILED || !fibers) {
-        if (stacks != MAP_FAILED)
-            munmap(stacks, (size_t)n * stack_size);
+    if (!stacks || !fibers) {
+        if (stacks)
+            stack_set_put(stacks);
         free(fibers);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    /* The guard pages sit below the usable part: stacks grow down. */
-    for (int t = 0; t < n; t++)
-        mprotect(stacks + (size_t)t * stack_size, page, PROT_NONE);
     struct block b = {.fibers = fibers, .n = n, .fn = fn, .params = params};
     CUresult r = CUDA_SUCCESS;
     for (unsigned z = 0; z < gz && r == CUDA_SUCCESS; z++)
@@ -685,7 +888,8 @@ EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned g
                     s->sync = fiber_sync;
                 }
                 b.pass = x + y + z;
-                int site = run_block(&b, stacks + page, stack_size);
+                int site =
+                    run_block(&b, stacks->base, stack_stride(), (size_t)sysconf(_SC_PAGESIZE));
                 if (site) {
                     fprintf(stderr,
                             "cuda emulator: %s, block (%u, %u, %u): the __syncthreads at line %d "
@@ -694,7 +898,7 @@ EMU_API CUresult cuLaunchKernel(struct emu_function *fn, unsigned gx, unsigned g
                     r = CUDA_ERROR_LAUNCH_FAILED;
                 }
             }
-    munmap(stacks, (size_t)n * stack_size);
+    stack_set_put(stacks);
     free(fibers);
     if (r != CUDA_SUCCESS) {
         pthread_mutex_lock(&drv.lock);
