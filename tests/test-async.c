@@ -104,23 +104,33 @@ static sr_plan_info plan_of(const sr_kernel *k)
     return p;
 }
 
+/* A context whose compiler is a script running body (path: its mkstemp template), with the
+ * reference and the CPU kernel of the Gaussian made and run once each into ref and out. */
+static sr_ctx *ctx_with_cc(char *path, const char *body, sr_kernel **kr, sr_kernel **k, float *ref,
+                           float *out)
+{
+    fill();
+    script(path, body);
+    setenv("SYMRED_CC", path, 1);
+    sr_ctx *ctx;
+    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
+    unsetenv("SYMRED_CC");
+    *kr = make(ctx, SR_DEVICE_REFERENCE);
+    run(*kr, ctx, ref);
+    *k = make(ctx, SR_DEVICE_CPU);
+    run(*k, ctx, out);
+    return ctx;
+}
+
 /* Creation does not wait; the calls run the tile interpreter while the module compiles (a
  * compiler that takes two seconds), then the compiled code, both equal to the reference; the
  * plan and explain say which tier serves the calls. */
 Test(async, tier0_then_compiled)
 {
-    fill();
     char path[] = "/tmp/symred-slowcc-XXXXXX";
-    script(path, "sleep 2; exec cc \"$@\"");
-    setenv("SYMRED_CC", path, 1);
-    sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    unsetenv("SYMRED_CC");
     static float ref[NX * 2], out[NX * 2];
-    sr_kernel *kr = make(ctx, SR_DEVICE_REFERENCE);
-    run(kr, ctx, ref);
-    sr_kernel *k = make(ctx, SR_DEVICE_CPU);
-    run(k, ctx, out);
+    sr_kernel *kr, *k;
+    sr_ctx *ctx = ctx_with_cc(path, "sleep 2; exec cc \"$@\"", &kr, &k, ref, out);
     expect_close(out, ref, NX * 2, "tier 0");
     sr_plan_info p = plan_of(k);
     cr_assert(p.tier == 0 && p.compiling == 1, "tier %d, compiling %d", p.tier, p.compiling);
@@ -247,22 +257,15 @@ Test(async, threads_across_the_switch)
     sr_ctx_free(ctx);
 }
 
-/* A context freed while its compiles hang: the compilers are killed, sr_ctx_free returns at
- * once (not after SYMRED_COMPILE_TIMEOUT), and the kernel served right until then. */
+/* A context freed while its compiles hang: after its grace period the compilers are killed,
+ * so sr_ctx_free returns in seconds (not after the compiler's 30 s or SYMRED_COMPILE_TIMEOUT),
+ * and the kernel served right until then. */
 Test(async, context_freed_while_compiler_hangs)
 {
-    fill();
     char path[] = "/tmp/symred-fakecc-XXXXXX";
-    script(path, "sleep 30");
-    setenv("SYMRED_CC", path, 1);
-    sr_ctx *ctx;
-    cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
-    unsetenv("SYMRED_CC");
     static float ref[NX * 2], out[NX * 2];
-    sr_kernel *kr = make(ctx, SR_DEVICE_REFERENCE);
-    run(kr, ctx, ref);
-    sr_kernel *k = make(ctx, SR_DEVICE_CPU);
-    run(k, ctx, out);
+    sr_kernel *kr, *k;
+    sr_ctx *ctx = ctx_with_cc(path, "sleep 30", &kr, &k, ref, out);
     expect_close(out, ref, NX * 2, "before the free");
     cr_assert_eq(sr_kernel_wait(k, 0.2), SR_ETIMEDOUT);
     sr_kernel_free(k);
