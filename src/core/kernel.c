@@ -288,7 +288,7 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
         free(k);
         return st;
     }
-    k->explain_stage = k->backend->stage ? k->backend->stage(k) : SR_STAGE_FINAL;
+    k->explain_stage = sr__kernel_stage(k);
     pthread_mutex_init(&k->explain_lock, NULL);
     build_explain(k);
     *out = k;
@@ -350,10 +350,11 @@ const char *sr_kernel_explain(const sr_kernel *k)
 {
     if (!k)
         return "";
-    if (k->backend->stage && k->backend->stage(k) != k->explain_stage) {
+    if (k->backend->stage) {
+        /* explain_stage and the text change under the lock only: callers may race here. */
         sr_kernel *mk = (sr_kernel *)k; /* the kernel is immutable but for this text */
         pthread_mutex_lock(&mk->explain_lock);
-        int stage = k->backend->stage(k);
+        int stage = sr__kernel_stage(k);
         if (stage != mk->explain_stage && !mk->explain_old) {
             mk->explain_old = mk->explain;
             mk->explain_stage = stage;

@@ -81,6 +81,14 @@ struct cpu_red_ops {
 };
 extern const struct cpu_red_ops cpu_red_ops[SR_RED_FAM_COUNT];
 
+/* Output rows per piece of work over nt threads: a few pieces per thread for balance, at most
+ * most (a block of the kernel's row state), at least 1. */
+static inline int64_t cpu_row_piece(int64_t rows, int nt, int64_t most)
+{
+    int64_t piece = (rows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
+    return piece > most ? most : piece < 1 ? 1 : piece;
+}
+
 /* ---- the reference interpreter's evaluators (src/cpu/reference.c) ---- */
 
 /* Evaluates node e in double precision from its operands' values: in[c] points at the dim of

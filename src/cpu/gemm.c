@@ -923,8 +923,7 @@ static sr_status gemm_run_ranges(const sr_kernel *k, const sr_run_desc *r, const
     const struct gemm_kernel *g = k->backend_data;
     int nt = sr__threads(k->ctx, g->per_thread);
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
-    int64_t chunk = (p->nrows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
-    chunk = chunk > g->ti ? g->ti : chunk < 1 ? 1 : chunk;
+    int64_t chunk = cpu_row_piece(p->nrows, nt, g->ti);
     int64_t nchunks = (p->nrows + chunk - 1) / chunk;
     struct gemm_call c = call_new(k, r, k->axis == 1 ? r->ny : r->nx);
     int failed = 0;

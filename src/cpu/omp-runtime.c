@@ -418,11 +418,7 @@ static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
     if (nt == 1 || nout >= (int64_t)nt * SPLIT_ROWS_PER_THREAD || nred < SPLIT_MIN_REDUCED ||
         !split_fits(k, nt, nout)) {
         /* Row chunks: a few per thread for balance, at most one block of the module. */
-        int64_t chunk = (nout + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
-        if (chunk > m->rows_per_block)
-            chunk = m->rows_per_block;
-        if (chunk < 1)
-            chunk = 1;
+        int64_t chunk = cpu_row_piece(nout, nt, m->rows_per_block);
         int64_t nchunks = (nout + chunk - 1) / chunk;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1 && nchunks > 1)
@@ -474,11 +470,7 @@ static sr_status jit_run_ranges(const sr_kernel *k, const sr_run_desc *r, const 
     if (!m)
         return cpu_tile_run(k, jk->t0, r, p);
     int nt = sr__threads(k->ctx, jk->plan.workspace_bytes);
-    int64_t chunk = (p->nrows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
-    if (chunk > m->rows_per_block)
-        chunk = m->rows_per_block;
-    if (chunk < 1)
-        chunk = 1;
+    int64_t chunk = cpu_row_piece(p->nrows, nt, m->rows_per_block);
     int64_t nchunks = (p->nrows + chunk - 1) / chunk;
     int failed = 0;
 #ifdef _OPENMP

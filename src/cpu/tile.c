@@ -630,11 +630,7 @@ sr_status cpu_tile_run(const sr_kernel *k, const struct tile_prog *t, const sr_r
     } else {
         /* Pieces of at most one block of rows (flat rows of the ranges' blocks). */
         int64_t rows = p ? p->nrows : nout;
-        int64_t piece = (rows + (int64_t)nt * 4 - 1) / ((int64_t)nt * 4);
-        if (piece > t->rb)
-            piece = t->rb;
-        if (piece < 1)
-            piece = 1;
+        int64_t piece = cpu_row_piece(rows, nt, t->rb);
         int64_t npieces = (rows + piece - 1) / piece;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt) if (nt > 1 && npieces > 1)

@@ -546,15 +546,21 @@ static struct jit_module *memory_hit(struct jit_ctx *jc, const char *key)
  * Finds or builds the module for src. jc's lock is held only around the context's shared state
  * (the module list, the counters, no_compiler), never across the compiler, the disk or the
  * loader: a background compile (omp-runtime.c) must not stall the context's other kernels. The
- * options are a snapshot taken under the lock at the start. Two threads that build the same
- * module at once both compile it; the second to finish uses the first's and drops its own.
+ * options (compiler, timeout, keep-source) are a snapshot taken under the lock at the start. Two
+ * threads that build the same module at once both compile it; the second to finish uses the first's
+ * and drops its own.
  */
 static sr_status module_get(sr_ctx *ctx, struct jit_ctx *jc, const char *src, size_t len,
                             struct jit_module **out, struct jit_load_info *info)
 {
+    /* Only the options a compile reads (never the lock, the list or the atomics). */
     struct jit_ctx snap;
+    memset(&snap, 0, sizeof snap);
     jit_ctx_lock(jc);
-    memcpy(&snap, jc, sizeof snap);
+    memcpy(snap.cc, jc->cc, sizeof snap.cc);
+    snap.acc = jc->acc;
+    snap.keep_source = jc->keep_source;
+    snap.compile_timeout = jc->compile_timeout;
     jit_ctx_unlock(jc);
     const struct jit_ctx *opt = &snap;
     uint64_t ccid;
