@@ -341,3 +341,14 @@ void diff_special(sr_ctx *ctx, sr_device dev, sr_reduction red, enum diff_gen g,
         sr_kernel_free(kr);
     }
 }
+
+void diff_mark_ops(const sr_expr *e, bool *seen)
+{
+    size_t n = expr_toposort(e, NULL, 0);
+    const sr_expr **v = malloc((n ? n : 1) * sizeof *v);
+    cr_assert_not_null(v);
+    expr_toposort(e, v, n);
+    for (size_t i = 0; i < n; i++)
+        seen[v[i]->op] = true;
+    free(v);
+}

@@ -9,6 +9,7 @@
 
 #include "symred.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* How inputs are drawn. */
@@ -54,6 +55,9 @@ int64_t diff_run(sr_ctx *ctx, sr_kernel *kb, sr_kernel *kr, int64_t nx, int64_t 
 void diff_op_group(sr_ctx *ctx, sr_device dev, int grp, sr_dtype dt);
 /* Op group grp's formula and its 4 aliases (x=Vi, y=Vj, g=Pm(1), and b=Vj(1) or w=Pm(20)). */
 const char *diff_op_group_formula(int grp, const char *const **aliases);
+
+/* Sets seen[op] for every op of the DAG of e (seen has one entry per op of the op table). */
+void diff_mark_ops(const sr_expr *e, bool *seen);
 
 /* Every reduction at sizes 1, 7, primes, 0, nx << ny and nx >> ny (the split paths). */
 void diff_reduction(sr_ctx *ctx, sr_device dev, sr_reduction red, sr_dtype dt);

@@ -65,14 +65,7 @@ Test(jit, op_groups_use_every_op)
     for (int grp = 0; grp < DIFF_OP_GROUPS; grp++) {
         const char *const *al;
         const char *text = diff_op_group_formula(grp, &al);
-        sr_expr *f = parse(text, al, 4);
-        size_t n = expr_toposort(f, NULL, 0);
-        const sr_expr **order = malloc(n * sizeof *order);
-        cr_assert_not_null(order);
-        expr_toposort(f, order, n);
-        for (size_t t = 0; t < n; t++)
-            seen[order[t]->op] = true;
-        free(order);
+        diff_mark_ops(parse(text, al, 4), seen);
     }
     for (int op = 0; op < OP_COUNT; op++)
         cr_expect(seen[op], "no op group of tests/diff.c uses %s", expr_ops[op].name);

@@ -20,6 +20,7 @@
 #include "core/core.h"
 #include "jit/cuda.h"
 #include "symred.h"
+#include "diff.h"
 #include "util.h"
 
 static const char *const archs[] = {"compute_80", "compute_90"};
@@ -93,18 +94,6 @@ static void compile_kernel(sr_ctx *ctx, sr_expr *f, sr_expr *w, sr_reduction red
                  sr_ctx_error(ctx));
     compile_built(k, ptx);
     sr_kernel_free(k);
-}
-
-/* Marks the ops of the DAG of e. */
-static void ops_of(const sr_expr *e, bool *seen)
-{
-    size_t n = expr_toposort(e, NULL, 0);
-    const sr_expr **v = malloc(n * sizeof *v);
-    cr_assert(v);
-    expr_toposort(e, v, n);
-    for (size_t i = 0; i < n; i++)
-        seen[v[i]->op] = true;
-    free(v);
 }
 
 /* Every op, batched into a few formulas (Concat of scalars), each small (unrolled) and with
@@ -255,7 +244,7 @@ Test(nvrtc, every_op_compiles_for_sm80_and_sm90)
             cr_assert_eq(sr_parse(ctx, text, al, nal, &f), SR_OK, "%s: %s", text,
                          sr_ctx_error(ctx));
             free(text);
-            ops_of(f, seen);
+            diff_mark_ops(f, seen);
             /* float32 over j and float64 over i: both skeletons, both dtypes. */
             compile_kernel(ctx, f, NULL, SR_SUM, 1, SR_F32, NULL);
             compile_kernel(ctx, f, NULL, SR_SUM, 0, SR_F64, NULL);

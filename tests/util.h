@@ -25,7 +25,7 @@ bool tu_blis_usable(void);
  * strings say so, so that every check on the plan fails with a readable message. */
 sr_plan_info tu_plan(const sr_kernel *k);
 /* Whether the CPU JIT's generated code does k's pair work (the plan's backend is "cpu-jit"):
- * false where no C compiler can be run and the reference interpreter serves a CPU kernel. */
+ * false where no C compiler can be run and the tile interpreter serves a CPU kernel. */
 bool tu_runs_jit(const sr_kernel *k);
 /* Whether k's pair work runs a fused two-product (sr_plan_info.inner: the kernel's own strategy,
  * or its inner kernel's for a reduction rewrite or a sum split): SR_STRATEGY_FUSED or its
