@@ -8,6 +8,7 @@
  * GFLOP/s on both cores; this loop, with its operands in registers, at 360-450). Not part of the
  * library.
  */
+#define _GNU_SOURCE
 #include "fma-peak.h"
 
 #include "bench.h"

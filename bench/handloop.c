@@ -8,6 +8,7 @@
  * -ffast-math, so the loops declare exp and expf `omp declare simd` themselves: they call
  * libmvec's vector exponentials (symred's generated code has an inline one of its own).
  */
+#define _GNU_SOURCE
 #include <stdint.h>
 
 #include "handloop.h"

@@ -227,3 +227,52 @@ Test(tile, kmin_nan_then_numbers)
     cr_assert(out[1] == 276.0 && idx[1] == 256, "second: %g at %lld", out[1], (long long)idx[1]);
     sr_kernel_free(kt);
 }
+
+/* The chains run as one loop (-(a b), exp(a b), exp(-(a b)), exp(-a)), a Sum of a product of two
+ * tiles folded as a dot product, one-component reduced-index variables read where they lie,
+ * distances over 1 to 4 components in one pass; beside them, the same shapes where a chain's
+ * inner node has a second reader (so it is not absorbed), over several components (an operand
+ * of one component broadcast), per output row and per reduced tile. Both axes, both dtypes,
+ * sizes from 1 to past a tile; special values through the Gaussian. */
+Test(tile, fused_chains_match_reference)
+{
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)",
+                               "u=Vi(1)", "v=Vj(1)", "p=Vi(2)", "q=Vj(2)"};
+    static const struct {
+        const char *f;
+        sr_reduction red;
+    } cases[] = {
+        {"Exp(-SqDist(x, y) * g) * b", SR_SUM},
+        {"-SqDist(x, y) * g", SR_LOGSUMEXP},
+        {"Exp(SqDist(p, q) * g)", SR_MAX},
+        {"Exp(-Sqrt(SqDist(x, y))) * b", SR_SUM},
+        {"Exp(-(SqDist(u, v) * g)) + SqDist(u, v) * g", SR_SUM},
+        {"Exp(-(x - y) * g)", SR_SUM},
+        {"Exp(-(y * g)) * SqDist(x, y)", SR_SUM},
+        {"Exp(-(u * g)) + SqDist(u, v)", SR_SUM},
+        {"SqDist(p, q) * b", SR_SUM},
+        {"Exp(-SqDist(u, v)) * v", SR_MIN},
+    };
+    static const int64_t sizes[][2] = {{1, 1}, {1, 300}, {257, 515}, {31, 9001}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int axis = 1; axis >= 0; axis--) {
+                sr_kernel_desc d = sr_kernel_desc_default();
+                d.dtype = dt ? SR_F64 : SR_F32;
+                d.axis = axis;
+                d.reduction = cases[c].red;
+                d.k = 3;
+                sr_kernel *kt = kernel(cases[c].f, al, 8, d, SR_DEVICE_CPU);
+                sr_kernel *kr = kernel(cases[c].f, al, 8, d, SR_DEVICE_REFERENCE);
+                for (int s = 0; s < 4; s++) {
+                    int64_t nx = sizes[s][axis ? 0 : 1], ny = sizes[s][axis ? 1 : 0];
+                    diff_run(ctx, kt, kr, nx, ny, DIFF_UNIFORM, -1, 1, 5 + (uint64_t)s,
+                             diff_tol_of(d.dtype), cases[c].f);
+                }
+                if (c == 0)
+                    diff_run(ctx, kt, kr, 37, 600, DIFF_SPECIAL, 0, 0, 11, diff_tol_of(d.dtype),
+                             "gaussian, special values");
+                sr_kernel_free(kt);
+                sr_kernel_free(kr);
+            }
+}

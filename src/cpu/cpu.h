@@ -59,6 +59,9 @@ struct cpu_red_tile {
     int64_t r0;
     const void *(*comp)(const struct cpu_red_tile *t, int weight, int c);
     void *ctx; /* the caller's, for comp */
+    /* Where set (a Sum of one component), F's tile is the elementwise product of the tiles
+     * dot[0] and dot[1], and comp is not called for it. */
+    const void *dot[2];
     void *p;
     double *scratch;
 };
@@ -300,12 +303,24 @@ struct tile_opnds {
 /* The loops of one element type and vector unit (tile-kern.h). op evaluates node e over n
  * elements into out (component stride ocs; scratch holds the float64 values of e and its
  * operands for the ops that run element by element through cpu_ref_eval). The tile reductions
- * take n >= 1 elements and accumulate in float64: sum; max (special: a NaN or +inf, or all -inf);
- * expsum: sum exp(x - m), the exponentials stored in p unless NULL; dot; ext: min, or max when
- * desc, NaN when any is NaN. */
+ * take n >= 1 elements; the sums run in lanes of the element type, added in float64: sum; max
+ * (special: a NaN or +inf, or all -inf); expsum: sum exp(x - m), the exponentials stored in p
+ * unless NULL; dot; ext: min, or max when desc, NaN when any is NaN. */
+/* Chains of elementwise ops that the interpreter runs as one loop (the first operand a, the
+ * second b): -(a b), exp(a b), exp(-(a b)), exp(-a). */
+enum tile_fuse {
+    TILE_FUSE_NONE,
+    TILE_FUSE_NEG_MUL,
+    TILE_FUSE_EXP_MUL,
+    TILE_FUSE_EXP_NEG_MUL,
+    TILE_FUSE_EXP_NEG
+};
+
 struct tile_isa {
     void (*op)(const sr_expr *e, void *out, int64_t ocs, const struct tile_opnds *opd, int n,
                double *scratch);
+    /* A fused chain (enum tile_fuse) of dim components over n elements. */
+    void (*fused)(int kind, int dim, void *out, int64_t ocs, const struct tile_opnds *opd, int n);
     double (*sum)(const void *x, int n);
     double (*max)(const void *x, int n, int *special);
     double (*expsum)(const void *x, void *p, int n, double m);

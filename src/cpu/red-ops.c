@@ -2,7 +2,7 @@
  * red-ops.c — the reductions' operations on double-precision row state, one row per family
  * (cpu_red_ops, cpu.h), built on the rules of red-rules.h. The reference interpreter pushes
  * values one at a time; the tile interpreter folds tiles of values by the vector loops of
- * tile-kern.h (sums of a tile accumulated in float64, Min, Max and the K-selections skipping a
+ * tile-kern.h (sums of a tile by lanes, then in float64, Min, Max and the K-selections skipping a
  * tile that cannot change the state, LogSumExp and SumSoftMaxWeight folding a tile through its
  * maximum) and merges the states of slices of the reduced range in index order.
  */
@@ -37,6 +37,10 @@ static void sum_push(const struct cpu_red_dims *n, struct cpu_red_row r, const d
 static void sum_tile(const struct cpu_red_dims *n, struct cpu_red_row r,
                      const struct cpu_red_tile *t)
 {
+    if (t->dot[0]) {
+        cpu_sum_push(&r.d[0], t->isa->dot(t->dot[0], t->dot[1], t->n));
+        return;
+    }
     for (int c = 0; c < n->D; c++)
         cpu_sum_push(&r.d[c], t->isa->sum(t->comp(t, 0, c), t->n));
 }

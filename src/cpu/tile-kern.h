@@ -227,8 +227,53 @@ static inline T TILE_NAME(texp_)(T a)
         }                                                                                          \
     } while (0)
 
+/* Few components (KD, a constant): one pass, the sum in a register across the components, in
+ * the same order as the passes below. */
+#define SUMK2_FEW_(KD, LOADS)                                                                      \
+    TILE_SIMD for (int t = 0; t < n; t++)                                                          \
+    {                                                                                              \
+        T s_ = 0;                                                                                  \
+        for (int k = 0; k < KD; k++) {                                                             \
+            LOADS;                                                                                 \
+            s_ = k ? s_ + (TERM) : (TERM);                                                         \
+        }                                                                                          \
+        out[t] = s_;                                                                               \
+    }
+#define SUMK2_FEW(LOADS)                                                                           \
+    do {                                                                                           \
+        const T *A = OPD_P(0), *B = OPD_P(1);                                                      \
+        const int64_t ca = OPD_CS(0), cb = OPD_CS(1);                                              \
+        (void)A, (void)B, (void)ca, (void)cb;                                                      \
+        switch (kd) {                                                                              \
+        case 1:                                                                                    \
+            SUMK2_FEW_(1, LOADS);                                                                  \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            SUMK2_FEW_(2, LOADS);                                                                  \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            SUMK2_FEW_(3, LOADS);                                                                  \
+            break;                                                                                 \
+        default:                                                                                   \
+            SUMK2_FEW_(4, LOADS);                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
 #define SUMK2(TERM_)                                                                               \
     do {                                                                                           \
+        if (kd <= 4 && OPD_ES(0) && OPD_ES(1)) {                                                   \
+            SUMK2_FEW(T a = A[k * ca + t]; T b = B[k * cb + t]);                                   \
+            break;                                                                                 \
+        }                                                                                          \
+        if (kd <= 4 && OPD_ES(0)) {                                                                \
+            SUMK2_FEW(T a = A[k * ca + t]; T b = B[k * cb]);                                       \
+            break;                                                                                 \
+        }                                                                                          \
+        if (kd <= 4 && OPD_ES(1)) {                                                                \
+            SUMK2_FEW(T a = A[k * ca]; T b = B[k * cb + t]);                                       \
+            break;                                                                                 \
+        }                                                                                          \
         int t0 = 0;                                                                                \
         if (kd >= 4 && OPD_ES(0) && OPD_ES(1))                                                     \
             SUMK2_BLOCKS(T a = A[u]; T b = B[u]);                                                  \
@@ -435,14 +480,66 @@ static void TILE_NAME(op_)(const sr_expr *e, void *vout, int64_t ocs, const stru
     TILE_NAME(generic_)(e, out, ocs, opd, n, scratch);
 }
 
+/* A fused chain (enum tile_fuse, cpu.h) over n elements: one loop, the intermediate values in
+ * registers (rounded to T as the separate ops round them). */
+static void TILE_NAME(fused_)(int kind, int dim, void *vout, int64_t ocs,
+                              const struct tile_opnds *opd, int n)
+{
+    T *out = vout;
+    const T *P[EXPR_MAX_ARITY] = {opd->p[0], opd->p[1], opd->p[2]};
+    const int64_t *CS = opd->cs, *ES = opd->es;
+    switch (kind) {
+    case TILE_FUSE_NEG_MUL:
+        EW2(-(a * b));
+        return;
+    case TILE_FUSE_EXP_MUL:
+        EW2(TILE_NAME(texp_)(a * b));
+        return;
+    case TILE_FUSE_EXP_NEG_MUL:
+        EW2(TILE_NAME(texp_)(-(a * b)));
+        return;
+    case TILE_FUSE_EXP_NEG:
+        EW1(TILE_NAME(texp_)(-a));
+        return;
+    default:
+        return;
+    }
+}
+
 /* ---- reductions over a tile ------------------------------------------------------------------
  * Each takes n >= 1 elements; sums accumulate in float64. */
+
+/* sum_t of TERM(t): TILE_ACC running sums in T (independent, so the additions overlap instead of
+ * waiting on one another; each sums n / TILE_ACC terms, 4 of a 256-wide tile), added by fours
+ * into 16 sums in T, then pairwise in float64, then the tail's terms in float64. */
+#define TILE_ACC 64
+#define SUM_BLOCKED(s, TERM)                                                                       \
+    do {                                                                                           \
+        T acc_[TILE_ACC];                                                                          \
+        double dacc_[16];                                                                          \
+        TILE_SIMD for (int u = 0; u < TILE_ACC; u++) acc_[u] = 0;                                  \
+        int t0_ = 0;                                                                               \
+        for (; t0_ + TILE_ACC <= n; t0_ += TILE_ACC)                                               \
+            TILE_SIMD for (int u = 0; u < TILE_ACC; u++)                                           \
+            {                                                                                      \
+                const int t = t0_ + u;                                                             \
+                acc_[u] += (TERM);                                                                 \
+            }                                                                                      \
+        TILE_SIMD for (int u = 0; u < 32; u++) acc_[u] += acc_[u + 32];                            \
+        TILE_SIMD for (int u = 0; u < 16; u++) acc_[u] += acc_[u + 16];                            \
+        TILE_SIMD for (int u = 0; u < 16; u++) dacc_[u] = (double)acc_[u];                         \
+        TILE_SIMD for (int u = 0; u < 8; u++) dacc_[u] += dacc_[u + 8];                            \
+        TILE_SIMD for (int u = 0; u < 4; u++) dacc_[u] += dacc_[u + 4];                            \
+        s = (dacc_[0] + dacc_[2]) + (dacc_[1] + dacc_[3]);                                         \
+        for (int t = t0_; t < n; t++)                                                              \
+            s += (double)(TERM);                                                                   \
+    } while (0)
 
 static double TILE_NAME(sum_)(const void *vx, int n)
 {
     const T *x = vx;
-    double s = 0.0;
-    TILE_SIMD_SUM(s) for (int t = 0; t < n; t++) s += (double)x[t];
+    double s;
+    SUM_BLOCKED(s, x[t]);
     return s;
 }
 
@@ -452,8 +549,30 @@ static double TILE_NAME(max_)(const void *vx, int n, int *special)
 {
     const T *x = vx;
     T m = x[0];
-    int bad = 0;
-    TILE_SIMD_MAX(m, bad) for (int t = 0; t < n; t++)
+    int bad = 0, t0 = 0;
+    if (n >= TILE_ACC) {
+        /* TILE_ACC running maxima and flags, so the comparisons overlap. */
+        T mv[TILE_ACC];
+        int bv[TILE_ACC];
+        TILE_SIMD for (int u = 0; u < TILE_ACC; u++)
+        {
+            mv[u] = x[0];
+            bv[u] = 0;
+        }
+        for (; t0 + TILE_ACC <= n; t0 += TILE_ACC)
+            TILE_SIMD for (int u = 0; u < TILE_ACC; u++)
+            {
+                T v = x[t0 + u];
+                mv[u] = v > mv[u] ? v : mv[u];
+                bv[u] |= (v != v) | (v > TILE_TMAX);
+            }
+        TILE_SIMD_MAX(m, bad) for (int u = 0; u < TILE_ACC; u++)
+        {
+            m = mv[u] > m ? mv[u] : m;
+            bad |= bv[u];
+        }
+    }
+    TILE_SIMD_MAX(m, bad) for (int t = t0; t < n; t++)
     {
         T v = x[t];
         m = v > m ? v : m;
@@ -468,16 +587,12 @@ static double TILE_NAME(expsum_)(const void *vx, void *vp, int n, double dm)
 {
     const T *x = vx;
     T *p = vp, m = (T)dm;
-    double s = 0.0;
+    double s;
     if (p) {
-        TILE_SIMD_SUM(s) for (int t = 0; t < n; t++)
-        {
-            T w = TILE_NAME(texp_)(x[t] - m);
-            p[t] = w;
-            s += (double)w;
-        }
+        TILE_SIMD for (int t = 0; t < n; t++) p[t] = TILE_NAME(texp_)(x[t] - m);
+        SUM_BLOCKED(s, p[t]);
     } else {
-        TILE_SIMD_SUM(s) for (int t = 0; t < n; t++) s += (double)TILE_NAME(texp_)(x[t] - m);
+        SUM_BLOCKED(s, TILE_NAME(texp_)(x[t] - m));
     }
     return s;
 }
@@ -486,8 +601,8 @@ static double TILE_NAME(expsum_)(const void *vx, void *vp, int n, double dm)
 static double TILE_NAME(dot_)(const void *vp, const void *vg, int n)
 {
     const T *p = vp, *g = vg;
-    double s = 0.0;
-    TILE_SIMD_SUM(s) for (int t = 0; t < n; t++) s += (double)(p[t] * g[t]);
+    double s;
+    SUM_BLOCKED(s, p[t] * g[t]);
     return s;
 }
 
@@ -517,6 +632,7 @@ static double TILE_NAME(ext_)(const void *vx, int n, int desc)
 
 static const struct tile_isa TILE_NAME(tile_isa_) = {
     .op = TILE_NAME(op_),
+    .fused = TILE_NAME(fused_),
     .sum = TILE_NAME(sum_),
     .max = TILE_NAME(max_),
     .expsum = TILE_NAME(expsum_),
@@ -535,6 +651,10 @@ static const struct tile_isa TILE_NAME(tile_isa_) = {
 #undef SUMK2
 #undef SUMK2_PASS
 #undef SUMK2_BLOCKS
+#undef SUMK2_FEW
+#undef SUMK2_FEW_
+#undef SUM_BLOCKED
+#undef TILE_ACC
 #undef TILE_SUMK_BLOCK
 #undef OPD_P
 #undef OPD_CS

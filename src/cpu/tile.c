@@ -11,13 +11,16 @@
  * block the pair nodes, one op over the whole tile at a time (tile-kern.h: vector loops compiled
  * for AVX-512, AVX2 or the baseline), and folds the tile of F into the row's reduction state.
  *
+ * A few chains of elementwise ops run as one loop (fuse_chains), and a Sum of a product of two
+ * tiles is folded as a dot product.
+ *
  * Values are computed in the kernel's dtype like the compiled kernels, and reduced by the
  * family's operations on float64 state (cpu_red_ops, red-ops.c, the reference's rules): sums of a
- * tile are accumulated in float64, Min, Max and the K-selections skip a tile that cannot change the
- * state, LogSumExp and SumSoftMaxWeight fold a tile through its maximum, and any tile holding NaN
- * or an infinity where those rules care goes element by element. With few output rows and a long
- * reduced range the threads split the reduced range and merge their states in index order, so ties
- * resolve to the lowest index as everywhere.
+ * tile are accumulated by lanes, then in float64, Min, Max and the K-selections skip a tile that
+ * cannot change the state, LogSumExp and SumSoftMaxWeight fold a tile through its maximum, and any
+ * tile holding NaN or an infinity where those rules care goes element by element. With few output
+ * rows and a long reduced range the threads split the reduced range and merge their states in
+ * index order, so ties resolve to the lowest index as everywhere.
  */
 #include "cpu.h"
 
@@ -43,6 +46,10 @@ struct tile_node {
     /* A squared norm of a reduced-index variable, computed from the variable's rows as they
      * are in memory: a variable read only that way is never loaded into the tile. */
     bool rowwise;
+    /* A chain of elementwise ops ending at this node, run as one loop (enum tile_fuse): child
+     * holds the chain's operands; the chain's inner nodes are dead (never evaluated). */
+    int fuse;
+    bool dead;
 };
 
 struct tile_prog {
@@ -55,6 +62,7 @@ struct tile_prog {
     int nlist[NST];
     int64_t ncst, nouter, nrows; /* constants, values per output row, tile rows */
     int f, w;                    /* node numbers of F and of the weight (-1: none) */
+    int fdot[2];                 /* F = fdot[0] * fdot[1], folded as a dot product (-1: not) */
     int ext;                     /* the node read from the caller's tile (-1: none) */
     int tj_max;                  /* the widest tile of reduced indices */
     int64_t fcopy, wcopy, prow;  /* tile rows: F and the weight broadcast when they are not
@@ -70,6 +78,12 @@ struct tile_prog {
 };
 
 /* ---- the program ------------------------------------------------------------------------- */
+
+/* The operands node nd reads: its op's, or its fused chain's. */
+static int node_arity(const struct tile_node *nd)
+{
+    return nd->fuse == TILE_FUSE_EXP_NEG ? 1 : nd->fuse ? 2 : expr_arity(nd->e);
+}
 
 struct build {
     const sr_expr **order;
@@ -125,7 +139,7 @@ void cpu_tile_free(struct tile_prog *t)
     free(t);
 }
 
-/* The tiles under the memory budget: tj from 256 down to 16 reduced indices, then rb from 16
+/* The tiles under the memory budget: tj from 256 down to 16 reduced indices, then rb from 64
  * output rows down to 1. false when even the smallest does not fit. */
 static int64_t ws_bytes(const struct tile_prog *t, int tj, int rb)
 {
@@ -136,7 +150,7 @@ static int64_t ws_bytes(const struct tile_prog *t, int tj, int rb)
 static bool fit_tiles(struct tile_prog *t, int64_t lim)
 {
     t->tj = 256;
-    t->rb = 16;
+    t->rb = 64;
     while (t->tj > 16 && t->tj / 2 >= t->tj_max)
         t->tj /= 2;
     while (lim > 0 && ws_bytes(t, t->tj, t->rb) > lim && t->tj > 16)
@@ -147,8 +161,51 @@ static bool fit_tiles(struct tile_prog *t, int64_t lim)
     return lim <= 0 || t->per_thread <= lim;
 }
 
-sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
-                           struct tile_prog **out)
+/* Fuses the elementwise chains that common kernels end in (exp(-(g d)), -(g d)), each into one
+ * loop over the tile, and with fold_only a Sum of one component whose F is a product of two
+ * tiles into a dot product of those tiles (F itself is then never formed). uses[i] counts the
+ * readers of node i (F and the weight count as read); a node read elsewhere is never absorbed,
+ * nor is the ext node or one computed row by row. */
+static void fuse_chains(struct tile_prog *t, const sr_kernel *k, const int *uses, int ext,
+                        bool fold_only)
+{
+    for (int i = 0; i < t->n; i++) {
+        struct tile_node *nd = &t->node[i];
+        int op = nd->e->op, c = nd->child[0];
+        if (i == ext || nd->rowwise || (op != OP_EXP && op != OP_MINUS))
+            continue;
+        struct tile_node *cn = &t->node[c];
+        if (uses[c] != 1 || c == ext || cn->rowwise)
+            continue;
+        int kind = TILE_FUSE_NONE;
+        if (op == OP_MINUS && cn->e->op == OP_MUL && !cn->fuse)
+            kind = TILE_FUSE_NEG_MUL;
+        else if (op == OP_EXP && cn->e->op == OP_MUL && !cn->fuse)
+            kind = TILE_FUSE_EXP_MUL;
+        else if (op == OP_EXP && cn->fuse == TILE_FUSE_NEG_MUL)
+            kind = TILE_FUSE_EXP_NEG_MUL;
+        else if (op == OP_EXP && cn->e->op == OP_MINUS && !cn->fuse)
+            kind = TILE_FUSE_EXP_NEG;
+        if (kind == TILE_FUSE_NONE)
+            continue;
+        nd->fuse = kind;
+        memcpy(nd->child, cn->child, sizeof nd->child);
+        cn->dead = true;
+    }
+    t->fdot[0] = t->fdot[1] = -1;
+    const struct tile_node *fn = &t->node[t->f];
+    if (fold_only && sr_reductions[k->red].family == SR_RED_FAM_SUM && k->fdim == 1 &&
+        fn->e->op == OP_MUL && !fn->fuse && uses[t->f] == 1 && t->f != ext && !fn->rowwise &&
+        t->node[fn->child[0]].stage >= ST_INNER && t->node[fn->child[1]].stage >= ST_INNER &&
+        t->node[fn->child[0]].e->dim == 1 && t->node[fn->child[1]].e->dim == 1) {
+        t->fdot[0] = fn->child[0];
+        t->fdot[1] = fn->child[1];
+        t->node[t->f].dead = true;
+    }
+}
+
+static sr_status tile_new(const sr_kernel *k, const sr_expr *ext, int tj_max, bool fold_only,
+                          struct tile_prog **out)
 {
     *out = NULL;
     sr_ctx *ctx = k->ctx;
@@ -186,8 +243,22 @@ sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
             maxdims = dims;
         nd->rowwise = nd->stage == ST_INNER && e->op == OP_SQNORM2 && e->child[0]->op == OP_VAR;
     }
+    t->f = b.at[k->f->id] - 1;
+    t->w = k->weight ? b.at[k->weight->id] - 1 : -1;
+    int exti = ext ? b.at[ext->id] - 1 : -1;
     /* The reduced-index variables that some node reads from the tile. */
     bool *loaded = calloc((size_t)b.n, sizeof *loaded);
+    int *uses = calloc((size_t)b.n, sizeof *uses);
+    if (loaded && uses) {
+        for (int i = 0; i < b.n; i++)
+            for (int c = 0; i != exti && c < expr_arity(t->node[i].e); c++)
+                uses[t->node[i].child[c]]++;
+        uses[t->f]++;
+        if (t->w >= 0)
+            uses[t->w]++;
+        fuse_chains(t, k, uses, exti, fold_only);
+    }
+    free(uses);
     if (!loaded) {
         free(b.order);
         free(b.at);
@@ -196,19 +267,25 @@ sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
     }
     for (int i = 0; i < b.n; i++) {
         const struct tile_node *nd = &t->node[i];
-        for (int c = 0; b.order[i] != ext && !nd->rowwise && c < expr_arity(nd->e); c++)
+        for (int c = 0; i != exti && !nd->rowwise && !nd->dead && c < node_arity(nd); c++)
             loaded[nd->child[c]] = true;
     }
-    loaded[b.at[k->f->id] - 1] = true;
-    if (k->weight)
-        loaded[b.at[k->weight->id] - 1] = true;
+    for (int q = 0; q < 2; q++)
+        if (t->fdot[q] >= 0)
+            loaded[t->fdot[q]] = true;
+    if (!t->node[t->f].dead)
+        loaded[t->f] = true;
+    if (t->w >= 0)
+        loaded[t->w] = true;
     for (int i = 0; i < b.n; i++) {
         const sr_expr *e = b.order[i];
         struct tile_node *nd = &t->node[i];
-        /* The variables of the call and of the output row are read where they are, the ext
-         * node from the caller's tile: neither takes room nor a place in the lists; nor does a
+        /* The variables of the call and of the output row are read where they are, and so is a
+         * reduced-index variable of one component (its values are a tile as they lie), the ext
+         * node from the caller's tile: none takes room nor a place in the lists; nor does a
          * reduced-index variable that only squared norms read. */
-        if (e == ext || (e->op == OP_VAR && (nd->stage <= ST_OUTER || !loaded[i])))
+        if (e == ext || nd->dead ||
+            (e->op == OP_VAR && (nd->stage <= ST_OUTER || !loaded[i] || e->dim == 1)))
             continue;
         int64_t *slot = nd->stage == ST_CONST   ? &t->ncst
                         : nd->stage == ST_OUTER ? &t->nouter
@@ -218,10 +295,8 @@ sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
         t->list[nd->stage][t->nlist[nd->stage]++] = i;
     }
     free(loaded);
-    t->ext = ext ? b.at[ext->id] - 1 : -1;
+    t->ext = exti;
     t->tj_max = tj_max > 0 ? tj_max : 256;
-    t->f = b.at[k->f->id] - 1;
-    t->w = k->weight ? b.at[k->weight->id] - 1 : -1;
     free(b.order);
     free(b.at);
     t->nscratch = maxdims;
@@ -262,9 +337,15 @@ sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
     return SR_OK;
 }
 
+sr_status cpu_tile_new_ext(const sr_kernel *k, const sr_expr *ext, int tj_max,
+                           struct tile_prog **out)
+{
+    return tile_new(k, ext, tj_max, false, out);
+}
+
 sr_status cpu_tile_new(const sr_kernel *k, struct tile_prog **out)
 {
-    return cpu_tile_new_ext(k, NULL, 0, out);
+    return tile_new(k, NULL, 0, true, out);
 }
 
 /* ---- evaluation -------------------------------------------------------------------------- */
@@ -282,6 +363,7 @@ struct tile_frame {
     int64_t *row_idx;
     char *state;     /* rb rows of reduction state */
     int64_t o0;      /* the output row of row slot 0 */
+    int64_t r0;      /* the reduced index of the tile's first element */
     int64_t nb;      /* rows begun (cpu_tile_begin) */
     const char *ext; /* the ext node's values for the row slot being evaluated */
     void *mem;
@@ -297,8 +379,10 @@ static void *node_at(const struct tile_frame *fr, int i, int s, int64_t *cs)
         *cs = 0;
         return (void *)fr->ext;
     }
-    if (nd->e->op == OP_VAR && nd->stage <= ST_OUTER) {
-        int64_t row = nd->stage == ST_OUTER ? (fr->o0 + s) * nd->e->dim : 0;
+    if (nd->e->op == OP_VAR && (nd->stage <= ST_OUTER || nd->e->dim == 1)) {
+        int64_t row = nd->stage == ST_OUTER   ? (fr->o0 + s) * nd->e->dim
+                      : nd->stage == ST_CONST ? 0
+                                              : fr->r0;
         *cs = 1;
         return (char *)fr->args[nd->e->iattr[0]] + row * t->es;
     }
@@ -363,7 +447,7 @@ static void eval_node(const struct tile_frame *fr, int i, int s, int64_t r0, int
         return;
     }
     struct tile_opnds opd = {{NULL, NULL, NULL}, {0, 0, 0}, {0, 0, 0}};
-    for (int c = 0; c < expr_arity(nd->e); c++) {
+    for (int c = 0; c < node_arity(nd); c++) {
         int ch = nd->child[c];
         opd.p[c] = node_at(fr, ch, s, &opd.cs[c]);
         opd.es[c] = t->node[ch].stage >= ST_INNER;
@@ -372,12 +456,17 @@ static void eval_node(const struct tile_frame *fr, int i, int s, int64_t r0, int
     }
     int64_t ocs;
     void *out = node_at(fr, i, s, &ocs);
-    t->isa->op(nd->e, out, ocs, &opd, nd->stage >= ST_INNER ? n : 1, fr->scratch);
+    if (nd->fuse)
+        t->isa->fused(nd->fuse, nd->e->dim, out, ocs, &opd, nd->stage >= ST_INNER ? n : 1);
+    else
+        t->isa->op(nd->e, out, ocs, &opd, nd->stage >= ST_INNER ? n : 1, fr->scratch);
 }
 
-static void eval_list(const struct tile_frame *fr, int stage, int s, int64_t r0, int n)
+static void eval_list(struct tile_frame *fr, int stage, int s, int64_t r0, int n)
 {
     const struct tile_prog *t = fr->t;
+    if (stage == ST_INNER)
+        fr->r0 = r0;
     for (int q = 0; q < t->nlist[stage]; q++) {
         int i = t->list[stage][q];
         if (t->node[i].e->op == OP_VAR)
@@ -433,7 +522,7 @@ static void fold(const struct tile_frame *fr, struct cpu_red_row r, int s, int64
 {
     const struct tile_prog *t = fr->t;
     struct fold_at at = {fr, s};
-    const struct cpu_red_tile rt = {
+    struct cpu_red_tile rt = {
         .isa = t->isa,
         .es = (int)t->es,
         .n = n,
@@ -443,6 +532,11 @@ static void fold(const struct tile_frame *fr, struct cpu_red_row r, int s, int64
         .p = t->prow >= 0 ? fr->tbuf + t->prow * t->tj * t->es : NULL,
         .scratch = fr->scratch,
     };
+    if (t->fdot[0] >= 0) {
+        int64_t cs;
+        rt.dot[0] = node_at(fr, t->fdot[0], s, &cs);
+        rt.dot[1] = node_at(fr, t->fdot[1], s, &cs);
+    }
     t->ops->tile(&t->dims, r, &rt);
 }
 
@@ -671,13 +765,20 @@ sr_status cpu_tile_run(const sr_kernel *k, const struct tile_prog *t, const sr_r
 
 void cpu_tile_explain(const sr_kernel *k, const struct tile_prog *t, struct expr_buf *b)
 {
+    int fused = 0, absorbed = 0;
+    for (int i = 0; i < t->n; i++) {
+        fused += t->node[i].fuse != TILE_FUSE_NONE && !t->node[i].dead;
+        absorbed += t->node[i].dead;
+    }
     expr_buf_printf(
         b, "tile interpreter (tier 0, no compiler): %d nodes of the simplified formula (", t->n);
     for (int s = 0; s < NST; s++)
         expr_buf_printf(b, "%s%d %s", s ? ", " : "", t->nlist[s], stage_names[s]);
+    expr_buf_printf(b, "; %d chains fused into one loop each, %d nodes absorbed%s)", fused,
+                    absorbed, t->fdot[0] >= 0 ? ", F folded as a dot product" : "");
     expr_buf_printf(b,
-                    "), tiles of %d output rows x %d reduced indices, %s loops in %s, sums "
-                    "accumulated in float64, %lld bytes of workspace per thread\n",
+                    ", tiles of %d output rows x %d reduced indices, %s loops in %s, sums of a "
+                    "tile by lanes, of tiles in float64, %lld bytes of workspace per thread\n",
                     t->rb, t->tj, t->isa_name, sr__dtype_name(k->dtype), (long long)t->per_thread);
 }
 
