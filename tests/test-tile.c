@@ -276,3 +276,26 @@ Test(tile, fused_chains_match_reference)
                 sr_kernel_free(kr);
             }
 }
+
+/* The K-selections past their first K values scan only the blocks of 16 that hold a value below
+ * the K-th: many tiles, many ties (small integers), values of a grid, both dtypes and axes. */
+Test(tile, kmin_scans_blocks_below_threshold)
+{
+    static const char *al[] = {"x=Vi(2)", "y=Vj(2)"};
+    for (int dt = 0; dt < 2; dt++)
+        for (int axis = 1; axis >= 0; axis--)
+            for (int g = 0; g < 2; g++) {
+                sr_kernel_desc d = sr_kernel_desc_default();
+                d.dtype = dt ? SR_F64 : SR_F32;
+                d.axis = axis;
+                d.reduction = SR_KMIN_ARGKMIN;
+                d.k = 7;
+                sr_kernel *kt = kernel("SqDist(x, y)", al, 2, d, SR_DEVICE_CPU);
+                sr_kernel *kr = kernel("SqDist(x, y)", al, 2, d, SR_DEVICE_REFERENCE);
+                diff_run(ctx, kt, kr, axis ? 19 : 3001, axis ? 3001 : 19,
+                         g ? DIFF_SMALLINT : DIFF_GRID, -1, 1, 31, diff_tol_of(d.dtype),
+                         "kmin over many tiles");
+                sr_kernel_free(kt);
+                sr_kernel_free(kr);
+            }
+}

@@ -326,6 +326,8 @@ struct tile_isa {
     double (*expsum)(const void *x, void *p, int n, double m);
     double (*dot)(const void *p, const void *g, int n);
     double (*ext)(const void *x, int n, int desc);
+    /* Bit b set when some x[u], 16 b <= u < 16 b + 16, is not >= thr (NaN included); n <= 1024. */
+    uint64_t (*below)(const void *x, int n, double thr);
 };
 /* The loops for dtype (SR_F32 or SR_F64) on the widest vector unit this CPU has ("AVX-512",
  * "AVX2", "baseline" in *name, which may be NULL). */

@@ -120,10 +120,23 @@ static void ksel_tile(const struct cpu_red_dims *n, struct cpu_red_row r,
          * enter: the tile's indices come after the state's, so ties stay out. */
         if (r.cnt[c] == K && t->isa->ext(x, t->n, 0) >= v[K - 1])
             continue;
-        for (int u = 0; u < t->n; u++) {
-            double xu = elem(t, x, u);
-            if (r.cnt[c] < K || !(xu >= v[K - 1]))
-                r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, xu, t->r0 + u);
+        int u = 0;
+        for (; u < t->n && r.cnt[c] < K; u++)
+            r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, elem(t, x, u), t->r0 + u);
+        /* Then only the blocks of 16 holding a value below the K-th as it is now (it only
+         * decreases), each value checked against the K-th as it is then. */
+        for (int u0 = u; u0 < t->n; u0 += 1024) {
+            const int m = t->n - u0 < 1024 ? t->n - u0 : 1024;
+            const char *xb = (const char *)x + (int64_t)u0 * t->es;
+            for (uint64_t bl = t->isa->below(xb, m, v[K - 1]); bl; bl &= bl - 1) {
+                const int b0 = u0 + 16 * __builtin_ctzll(bl);
+                const int b1 = b0 + 16 < u0 + m ? b0 + 16 : u0 + m;
+                for (int w = b0; w < b1; w++) {
+                    double xw = elem(t, x, w);
+                    if (!(xw >= v[K - 1]))
+                        r.cnt[c] = cpu_kmin_push(v, ix, r.cnt[c], K, xw, t->r0 + w);
+                }
+            }
         }
     }
 }

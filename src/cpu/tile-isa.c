@@ -25,11 +25,13 @@
 #define TILE_SIMD_SUM(s)      TILE_PRAGMA_(omp simd reduction(+ : s))
 #define TILE_SIMD_MAX(m, bad) TILE_PRAGMA_(omp simd reduction(max : m) reduction(| : bad))
 #define TILE_SIMD_MIN(m, bad) TILE_PRAGMA_(omp simd reduction(min : m) reduction(| : bad))
+#define TILE_SIMD_OR(a)       TILE_PRAGMA_(omp simd reduction(| : a))
 #else
 #define TILE_SIMD
 #define TILE_SIMD_SUM(s)
 #define TILE_SIMD_MAX(m, bad)
 #define TILE_SIMD_MIN(m, bad)
+#define TILE_SIMD_OR(a)
 #endif
 
 /* The baseline: whatever the library is compiled for. */

@@ -26,11 +26,13 @@ typedef TILE_T TILE_NAME(tile_t_);
 #define TFMA(a, b, c) ((a) * (b) + (c))
 #endif
 #if TILE_F64
-#define TSQRT(a)  __builtin_sqrt(a)
-#define TILE_TMAX __DBL_MAX__
+#define TSQRT(a)   __builtin_sqrt(a)
+#define TNEXTUP(a) __builtin_nextafter((a), __builtin_inf())
+#define TILE_TMAX  __DBL_MAX__
 #else
-#define TSQRT(a)  __builtin_sqrtf(a)
-#define TILE_TMAX __FLT_MAX__
+#define TSQRT(a)   __builtin_sqrtf(a)
+#define TNEXTUP(a) __builtin_nextafterf((a), __builtin_inff())
+#define TILE_TMAX  __FLT_MAX__
 #endif
 
 /* The exponential of the generated code (src/jit/emit-c.c), branch-free so the loops vectorise:
@@ -630,6 +632,23 @@ static double TILE_NAME(ext_)(const void *vx, int n, int desc)
     return bad ? (double)NAN : (double)m;
 }
 
+static uint64_t TILE_NAME(below_)(const void *vx, int n, double dthr)
+{
+    const T *x = vx;
+    /* thr rounded up to T: a value of T is below it exactly when it is below dthr. */
+    T thr = (T)dthr;
+    if ((double)thr < dthr)
+        thr = TNEXTUP(thr);
+    uint64_t mask = 0;
+    for (int b = 0; b * 16 < n; b++) {
+        const int u0 = b * 16, u1 = u0 + 16 < n ? u0 + 16 : n;
+        int any = 0;
+        TILE_SIMD_OR(any) for (int u = u0; u < u1; u++) any |= !(x[u] >= thr);
+        mask |= (uint64_t)(any != 0) << b;
+    }
+    return mask;
+}
+
 static const struct tile_isa TILE_NAME(tile_isa_) = {
     .op = TILE_NAME(op_),
     .fused = TILE_NAME(fused_),
@@ -638,11 +657,13 @@ static const struct tile_isa TILE_NAME(tile_isa_) = {
     .expsum = TILE_NAME(expsum_),
     .dot = TILE_NAME(dot_),
     .ext = TILE_NAME(ext_),
+    .below = TILE_NAME(below_),
 };
 
 #undef T
 #undef TFMA
 #undef TSQRT
+#undef TNEXTUP
 #undef TILE_TMAX
 #undef EW1
 #undef EW2
