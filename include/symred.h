@@ -143,7 +143,9 @@ SR_API const char *sr_ctx_error(const sr_ctx *ctx);
  * SYMRED_MEM_LIMIT makes every sr_kernel_new of the context fail with SR_EINVAL and a message
  * naming the variable and its value. Kernels are planned at creation under the budget in force
  * then (smaller tiles, fewer threads, no split of the reduced range), and sr_kernel_new fails
- * with SR_EBUDGET and the number of bytes it needs when even the smallest plan does not fit.
+ * with SR_EBUDGET and the number of bytes it needs when even the smallest plan does not fit. A
+ * kernel keeps its plan when the budget changes; its later calls run under the budget in force
+ * at the call (fewer threads, or SR_EBUDGET from a call whose workspace grows with its sizes).
  * Returns SR_EINVAL for a NULL ctx or a negative value. Not thread-safe with other calls on ctx. */
 SR_API sr_status sr_ctx_set_mem_limit(sr_ctx *ctx, int64_t bytes);
 
@@ -449,7 +451,7 @@ SR_API sr_status sr_reduction_from_name(const char *name, sr_reduction *out);
 typedef enum sr_dtype { SR_F32 = 0, SR_F64 = 1, SR_F16 = 2, SR_BF16 = 3 } sr_dtype;
 
 typedef enum sr_device {
-    SR_DEVICE_AUTO = 0,     /* SYMRED_DEVICE, else the best available backend */
+    SR_DEVICE_AUTO = 0,     /* the planner's choice: SYMRED_DEVICE, else the CPU */
     SR_DEVICE_CPU = 1,      /* the fastest CPU backend available */
     SR_DEVICE_CUDA = 2,     /* an NVIDIA GPU; SR_ENODEV where there is none */
     SR_DEVICE_REFERENCE = 3 /* the portable interpreter (the test oracle) */
@@ -859,6 +861,9 @@ typedef struct sr_plan_info {
      * tile interpreter of a CPU kernel when no C compiler can be run, or SYMRED_JIT=off), or
      * NULL. */
     const char *fallback;
+    /* How the kernel's device was decided: "the kernel's desc names it", or for SR_DEVICE_AUTO
+     * the planner's choice and why (the device SYMRED_DEVICE names, else the CPU). */
+    const char *device_why;
 } sr_plan_info;
 
 /* Fills *info with the plan of the kernel (above). info->size must be set first; sizes from

@@ -199,6 +199,36 @@ Test(budget, explain_reports_budget)
     sr_kernel_free(k);
 }
 
+/* A kernel is planned under the budget of its creation: a budget set afterwards leaves its plan
+ * (its tiles) as it is and bounds its later calls (their threads), and a call under it gives the
+ * same values. */
+Test(budget, set_after_creation)
+{
+    sr_kernel *k = knn_kernel(ctx, 4, SR_SUM, 1, SR_DEVICE_CPU);
+    cr_assert_eq(sr_kernel_wait(k, 60), SR_OK);
+    const sr_plan_info p0 = tu_plan(k);
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, p0.workspace_per_thread), SR_OK);
+    const sr_plan_info p1 = tu_plan(k);
+    cr_assert_eq(p1.tile_rows, p0.tile_rows);
+    cr_assert_eq(p1.tile_cols, p0.tile_cols);
+    cr_assert_eq(p1.workspace_per_thread, p0.workspace_per_thread);
+    cr_assert_eq(p1.threads, 1, "%d threads under a budget of one thread's workspace", p1.threads);
+    enum { NX = 37, NY = 5003 };
+    float x[NX * 4], *y = malloc(sizeof(float) * NY * 4), o1[NX], o2[NX];
+    uint64_t s = 11;
+    tu_fill(x, SR_F32, NX * 4, -1, 1, &s);
+    tu_fill(y, SR_F32, NY * 4, -1, 1, &s);
+    const void *args[] = {x, y};
+    cr_assert_eq(sr_kernel_run(k, NX, NY, args, o1), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_ctx_set_mem_limit(ctx, 0), SR_OK);
+    cr_assert_eq(tu_plan(k).threads, p0.threads);
+    cr_assert_eq(sr_kernel_run(k, NX, NY, args, o2), SR_OK, "%s", sr_ctx_error(ctx));
+    for (int i = 0; i < NX; i++)
+        cr_assert(tu_close(o1[i], o2[i], 1e-5, 1e-5), "[%d] %g vs %g", i, o1[i], o2[i]);
+    free(y);
+    sr_kernel_free(k);
+}
+
 /* A reduction under a tiny budget gives the reference's results. */
 static void tiny_budget_case(sr_reduction red, int K, int64_t nx, int64_t ny, int64_t budget)
 {

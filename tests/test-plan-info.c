@@ -3,7 +3,8 @@
  * the backend, the device, the tiles, the workspace and threads, the tier and the fallback, for
  * each strategy (direct, gemm-epilogue, fused two-product, the reference device, a reduction
  * rewrite, a sum split), for a CPU kernel without a C compiler (the reference fallback, with its
- * reason), and its argument checks and size rule (the struct may grow).
+ * reason), how the device was decided, and its argument checks and size rule (the struct may
+ * grow).
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -228,6 +229,34 @@ Test(plan_info, no_compiler_fallback)
     cr_assert_not_null(p.fallback);
     sr_kernel_free(k);
     sr_ctx_free(c2);
+}
+
+/* The device: the one the desc names, else SR_DEVICE_AUTO's, the planner's choice (the CPU, or
+ * the device SYMRED_DEVICE names); the plan and explain say how it was decided. */
+Test(plan_info, device_choice)
+{
+    sr_kernel *k = mk(ctx, gauss(ctx, 1), SR_SUM, 1, SR_DEVICE_AUTO);
+    sr_plan_info p = checked_plan(k);
+    cr_assert_eq(p.device, SR_DEVICE_CPU, "%d", (int)p.device);
+    cr_assert_str_eq(p.backend, "cpu-jit");
+    cr_assert_not_null(p.device_why);
+    cr_assert(strstr(p.device_why, "the planner chose the CPU"), "%s", p.device_why);
+    cr_assert(strstr(sr_kernel_explain(k), p.device_why), "explain does not say %s:\n%s",
+              p.device_why, sr_kernel_explain(k));
+    sr_kernel_free(k);
+
+    k = mk(ctx, gauss(ctx, 1), SR_SUM, 1, SR_DEVICE_CPU);
+    p = checked_plan(k);
+    cr_assert_str_eq(p.device_why, "the kernel's desc names it");
+    sr_kernel_free(k);
+
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_DEVICE", "reference"), SR_OK);
+    k = mk(ctx, gauss(ctx, 1), SR_SUM, 1, SR_DEVICE_AUTO);
+    p = checked_plan(k);
+    cr_assert_eq(p.device, SR_DEVICE_REFERENCE, "%d", (int)p.device);
+    cr_assert_str_eq(p.backend, "reference");
+    cr_assert(strstr(p.device_why, "SYMRED_DEVICE"), "%s", p.device_why);
+    sr_kernel_free(k);
 }
 
 Test(plan_info, invalid_arguments)

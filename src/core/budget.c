@@ -5,7 +5,9 @@
  * The budget bounds the workspace of every kernel of a context (the eXLA idea made a library
  * guarantee): the backends shrink their tiles, threads and splits to stay under
  * it and fail with SR_EBUDGET, saying how many bytes they need, when even their smallest plan
- * does not fit. Inputs and outputs are the caller's and are not counted.
+ * does not fit. Inputs and outputs are the caller's and are not counted. A kernel is planned
+ * under the budget of its creation (k->budget, read once by sr_kernel_new); a call runs under
+ * the budget in force at the call (sr__call_budget).
  */
 #include "core.h"
 
@@ -118,9 +120,11 @@ int64_t sr_kernel_workspace_bytes(const sr_kernel *k)
     return k ? sr__kernel_workspace(k, NULL, NULL) : 0;
 }
 
+int64_t sr__call_budget(const sr_kernel *k) { return k->ctx->mem_limit; }
+
 sr_status sr__budget_check(sr_kernel *k)
 {
-    int64_t lim = k->ctx->mem_limit;
+    int64_t lim = k->budget;
     if (lim <= 0)
         return SR_OK;
     int64_t ws = sr__kernel_workspace(k, NULL, NULL);
@@ -136,9 +140,9 @@ void sr__budget_explain(const sr_kernel *k, struct expr_buf *b)
 {
     int64_t pt = 0;
     int nt = 1;
-    int64_t ws = sr__kernel_workspace(k, &pt, &nt);
-    if (k->ctx->mem_limit > 0)
-        expr_buf_printf(b, "memory budget: %lld bytes\n", (long long)k->ctx->mem_limit);
+    int64_t ws = sr__kernel_workspace(k, &pt, &nt), lim = sr__call_budget(k);
+    if (lim > 0)
+        expr_buf_printf(b, "memory budget: %lld bytes\n", (long long)lim);
     else
         expr_buf_printf(b, "memory budget: unlimited\n");
     expr_buf_printf(b, "workspace: %lld bytes at most (%lld per thread x %d thread%s%s)\n",

@@ -24,9 +24,10 @@
  * The backend registry: X(id, backend, device), one row per backend that a kernel desc's device
  * can pick (registry.c). id gives SR_BACKEND_<id>, the backend's slot for per-context state
  * (sr_ctx.backend_state); backend is its struct sr_backend_i, defined by the backend's own
- * module; device is the sr_device that picks it (SR_DEVICE_AUTO means SR_DEVICE_CPU). Core
- * names these objects only here and calls backends only through their members. A backend that
- * another backend's prepare chooses (the gemm-epilogue, chosen by the JIT) needs no row.
+ * module; device is the sr_device that picks it (SR_DEVICE_AUTO is decided by the planner,
+ * plan.c). Core names these objects only here and calls backends only through their members. A
+ * backend that another backend's prepare hands a kernel to (the gemm-epilogue, by the JIT) needs
+ * no row.
  */
 #define SR_BACKEND_MAP(X)                                                                          \
     X(JIT, cpu_jit_backend, SR_DEVICE_CPU)                   /* src/cpu/omp-runtime.c */           \
@@ -105,8 +106,8 @@ void sr__options_read(sr_ctx *ctx);
  * anything else (nothing recorded), SR_EOVERFLOW past INT64_MAX. (budget.c) */
 sr_status sr__parse_bytes(const char *s, int64_t *out);
 /* How many threads a kernel of ctx runs: OpenMP's maximum, capped by SYMRED_NUM_THREADS and by
- * the memory budget when each thread needs per_thread bytes of workspace; at least 1, and 1 in a
- * child of fork(). */
+ * the budget in force (the context's now, as sr__call_budget) when each thread needs per_thread
+ * bytes of workspace; at least 1, and 1 in a child of fork(). */
 int sr__threads(const sr_ctx *ctx, int64_t per_thread);
 /* The fork generation: 0 in the process that created the first context, one more in each child
  * of fork() than in its parent (counted once sr_ctx_new has run). State stamped with an older
@@ -127,9 +128,14 @@ int sr__reduced_var(const sr_kernel *k, const sr_expr *e);
  * argument indices and signs (e = asign A + bsign B). */
 bool sr__a_and_b(const sr_kernel *k, const sr_expr *e, int *avar, int *asign, int *bvar,
                  int *bsign);
-/* Fails with SR_EBUDGET (and the bytes needed) when kernel k's workspace exceeds the budget;
- * kernel.c calls it after the backend's prepare. */
+/* Fails with SR_EBUDGET (and the bytes needed) when kernel k's workspace exceeds the budget it
+ * was planned under (k->budget); the planner calls it after the backend's prepare. */
 sr_status sr__budget_check(struct sr_kernel *k);
+/* The budget a call of k runs under: the context's as it is at the call. A budget set after k's
+ * creation bounds its later calls (fewer threads, no split of the reduced range, more passes
+ * through the GPU, or SR_EBUDGET from a call whose workspace grows with its sizes), while k's
+ * plan, its tiles, keeps k->budget. Run-time code reads the budget only through this. */
+int64_t sr__call_budget(const struct sr_kernel *k);
 /* The reference interpreter's working set for kernel k, in bytes (one thread). */
 int64_t sr__reference_workspace(const struct sr_kernel *k);
 /* The most workspace one call of k uses, all threads together, with the per-thread part and the
@@ -204,8 +210,9 @@ void sr__fill_identity(const struct sr_kernel *k, const sr_run_desc *r, int64_t 
 
 /*
  * A backend. Members other than name and run may be NULL.
- *   prepare      — build backend state for a new kernel (compile, plan); may fail, with a
- *                  message; may hand the kernel to another backend by setting k->backend
+ *   prepare      — realise plan p of a new kernel (see struct sr_realise): build its state in
+ *                  k->backend_data (compile, size tiles under k->budget); may fail, with a
+ *                  message, or decline p
  *   run          — compute; the arguments have been validated, nx > 0 and ny > 0
  *   release      — free what prepare made
  *   explain      — append backend-specific plan text to the explain buffer
@@ -224,6 +231,23 @@ void sr__fill_identity(const struct sr_kernel *k, const sr_run_desc *r, int64_t 
  *                  the backend runs the kernel's formula whole
  */
 struct sr_plan;
+struct sr_backend_i;
+/*
+ * One realisation of a kernel's plan (the planner's loop, sr__plan_kernel in plan.c): core
+ * chooses a candidate plan p among those of the backend's plans member (NULL when it lists none
+ * or none is feasible: the backend's last resort, which states what the budget lacks) and calls
+ * prepare(k, p, r). On SR_OK the backend has set r->run, preset to itself, to the interface that
+ * runs the kernel (the CPU JIT hands its strategies to the gemm-epilogue's, the fused
+ * two-product's and the tile interpreter's); core assigns it to k->backend, the one place that
+ * does. SR_ENOTSUP with r->declined set (a static string): p is declined, core rejects it with
+ * that reason and realises its next choice. r lives across one kernel's realisations: note is
+ * the backend's own (the CPU JIT keeps there why it has no compiled code).
+ */
+struct sr_realise {
+    const struct sr_backend_i *run;
+    const char *declined;
+    const char *note;
+};
 enum { SR_STAGE_FINAL, SR_STAGE_PENDING, SR_STAGE_COMPILED, SR_STAGE_FAILED };
 /* k's stage (its backend's stage member, SR_STAGE_FINAL without one), and the stage of a kernel
  * composed of two whose stages are a and b (kernel.c). */
@@ -231,7 +255,7 @@ int sr__kernel_stage(const struct sr_kernel *k);
 int sr__stage_combine(int a, int b);
 struct sr_backend_i {
     const char *name;
-    sr_status (*prepare)(struct sr_kernel *k);
+    sr_status (*prepare)(struct sr_kernel *k, const struct sr_plan *p, struct sr_realise *r);
     sr_status (*run)(const struct sr_kernel *k, const sr_run_desc *run);
     void (*release)(struct sr_kernel *k);
     void (*explain)(const struct sr_kernel *k, struct expr_buf *b);
@@ -251,9 +275,9 @@ struct sr_backend_i {
                      const void *gout, const void *out, const void *lse, void *const *grads);
     sr_status (*run_lse)(const struct sr_kernel *k, const sr_run_desc *run,
                          const struct sr_rplan *p, void *lse);
-    /* The candidate plans of a kernel that has not been prepared (simplified, backend set),
-     * without side effects, as its prepare would offer them; returns their number (0: none,
-     * e.g. no compiler). NULL: the backend offers none (the sum split, split.c, needs them). */
+    /* The candidate plans of compiled code for a kernel that has not been prepared (simplified),
+     * without side effects; returns their number (0: none, e.g. no compiler). NULL: the backend
+     * offers none. The sum split (split.c) compares estimates through it. */
     int (*offer)(const struct sr_kernel *k, struct sr_plan *out);
     /* Where a kernel with a background compile stands: SR_STAGE_PENDING (an interpreter serves
      * the calls while the compile runs), SR_STAGE_COMPILED (compiled code serves them),
@@ -269,6 +293,11 @@ struct sr_backend_i {
      * on a prepared kernel, overrides what differs for the backend: strategy, inner (left
      * alone, it becomes strategy), device, tiles, tier, fallback. NULL: the reference's plan. */
     void (*plan_info)(const struct sr_kernel *k, sr_plan_info *info);
+    /* The candidates the planner realises a kernel from (struct sr_realise), without side
+     * effects: offer's, and also where the backend runs without compiled code (the CPU JIT's
+     * tier 0) or offers nothing to compare (CUDA). Returns their number; 0 (NULL member too):
+     * prepare is called with p NULL. */
+    int (*plans)(const struct sr_kernel *k, struct sr_plan *out);
 };
 
 /* The registered backends' interface objects (SR_BACKEND_MAP), by id (registry.c). */
@@ -276,7 +305,7 @@ struct sr_backend_i {
 SR_BACKEND_MAP(SR_BACKEND_DECL_)
 #undef SR_BACKEND_DECL_
 extern const struct sr_backend_i *const sr__backends[SR_BACKEND_COUNT];
-/* The backend that device picks (SR_DEVICE_AUTO must have been resolved to a device). */
+/* The backend that device picks (SR_DEVICE_AUTO must have been decided, plan.c). */
 const struct sr_backend_i *sr__backend_for(sr_device device);
 /* Frees every backend's per-context state of ctx (sr_ctx_free). */
 void sr__backends_ctx_free(sr_ctx *ctx);
@@ -295,7 +324,7 @@ struct sr_simp_info {
      * index's variables, the parameters and R = the reduction of inner (a variable of the
      * output index at argument position nargs, dimension k * dim(inner)). outer is the part
      * that moved out (factors for Sum/Min/Max/KMin, added terms for the shifts). Backends other
-     * than the reference run it through simp_post_backend, which kernel.c installs. */
+     * than the reference run it through simp_post_backend, which the planner chooses. */
     const sr_expr *outer, *inner, *post;
     const char *post_rule;
     /* Maximal non-trivial subexpressions of f and weight that do not depend on the pair: each
@@ -317,10 +346,11 @@ struct sr_simp_info {
 /*
  * One candidate plan of a kernel: what a backend offers before anything is compiled or
  * allocated (offering has no side effect on the kernel or the context): its tiles, a lower bound
- * of its workspace checked against the memory budget, and an estimated time by the backend's
- * cost model. Core chooses among them in one place (sr__plan_choose, plan.c): a plan that an
- * option forces, else the feasible plan of least estimated time; the backend realises the
- * chosen one, and explain lists them all with their estimates and why each lost.
+ * of its workspace checked against the kernel's budget (k->budget), and an estimated time by the
+ * backend's cost model. Core chooses among them in one place (sr__plan_choose, plan.c): a plan
+ * that an option forces, else the feasible plan of least estimated time; the backend realises
+ * the chosen one (struct sr_realise), and explain lists them all with their estimates and why
+ * each lost.
  */
 struct sr_plan {
     const char *strategy; /* "fused two-product", "gemm-epilogue", "direct", ... */
@@ -352,7 +382,13 @@ struct sr_kernel {
     /* The backend reads and writes the 16-bit io arrays itself (the CPU JIT's direct strategy);
      * otherwise core runs it on float32 copies. Set by the backend's prepare. */
     bool io_native;
-    sr_device device;
+    sr_device device; /* the desc's: SR_DEVICE_AUTO stays, the planner decides it */
+    /* How the planner decided the device (a static string; explain and sr_plan_info). */
+    const char *device_why;
+    /* The memory budget the kernel is planned under, in bytes (0 = unlimited): the context's when
+     * sr_kernel_new began, read there once; the inner kernels of a composed kernel share it.
+     * Offers and realisations fit their tiles to it; calls read sr__call_budget. */
+    int64_t budget;
     sr_acc acc;  /* the desc's choice; SR_ACC_DEFAULT leaves it to SYMRED_ACC */
     int fdim;    /* dim(F) */
     int out_dim; /* values per output row */
@@ -378,6 +414,20 @@ struct sr_kernel {
 };
 
 /* ---- planning (plan.c) ---- */
+
+/* Plans and realises a new kernel k (simplified, k->budget set), the one place k->backend is
+ * assigned: the device (SR_DEVICE_AUTO decided here, k->device_why), then the composed kernels
+ * (a reduction rewrite on a backend that takes it, simp_post_backend; a sum split, split.c),
+ * else the backend's candidates chosen, realised and, when a realisation declines, rejected
+ * for the next choice (struct sr_realise); then the budget check. On failure nothing is left to
+ * release. */
+sr_status sr__plan_kernel(sr_kernel *k);
+/* Creates a kernel as sr_kernel_new does, planned under budget rather than the context's: the
+ * inner kernels of a composed kernel (post.c, split.c) share its budget. (kernel.c) */
+sr_status sr__kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc, int64_t budget,
+                         sr_kernel **out);
+/* "auto", "cpu", "cuda", "reference" (kernel.c). */
+const char *sr__device_name(sr_device d);
 
 /* Chooses k's plan among k->plans: among the feasible candidates, the forced ones if any, and
  * of those the one of least estimated time (est_ns; the earlier in the list on a tie or where
@@ -406,8 +456,8 @@ void simp_kernel_explain(const sr_kernel *k, struct expr_buf *b);
  * k->weight, the hoisted terms and the cost estimate follow. No-op when there are none. */
 void sr__simp_take_gemm_form(sr_kernel *k);
 /* The backend of a kernel with a reduction rewrite (k->simp.post; src/core/post.c): an inner kernel
- * on the user's device reduces k->simp.inner, then the post formula gives the output. kernel.c
- * installs it in place of a backend whose post_rewrite is set. */
+ * on the user's device reduces k->simp.inner, then the post formula gives the output. The planner
+ * realises it in place of a backend whose post_rewrite is set. */
 extern const struct sr_backend_i simp_post_backend;
 /* The most workspace one run of such a kernel uses: the inner and post kernels' workspaces and
  * the chunk of R (for the memory budget, src/core/budget.c; k->backend->run equals
@@ -424,17 +474,20 @@ void sr__chunk_args(const sr_kernel *k, const sr_run_desc *r, int64_t o0, const 
  * or A among the latter or the former). false: no such factor, or the parts' dimension is not
  * F's. */
 bool simp_split_sum(const sr_kernel *k, const sr_expr **f1, const sr_expr **f2);
-/* Runs k as two Sum kernels of simp_split_sum's parts whose outputs add (split.c) when both
- * run the fused two-product strategy and their estimated times add up to less than k's best
- * plan's: k->backend becomes the split backend, ready to run. Otherwise k is left as it was
- * (SR_OK either way; an error only when out of memory). */
-sr_status sr__split_sum(sr_kernel *k);
+/* Realises k as two Sum kernels of simp_split_sum's parts whose outputs add (split.c) when both
+ * run the fused two-product strategy on backend be and their estimated times add up to less
+ * than k's best plan's: *run becomes the split backend, ready to run (the planner assigns it).
+ * Otherwise *run and k are left as they were (SR_OK either way; an error only when out of
+ * memory). */
+sr_status sr__split_sum(sr_kernel *k, const struct sr_backend_i *be,
+                        const struct sr_backend_i **run);
 /* A Sum over k's axis in k's computing dtype, on k's device with k's accumulation. */
 sr_kernel_desc sr__sum_desc(const sr_kernel *k);
-/* The chosen candidate plan of a Sum kernel of f under desc on backend be (be->offer), without
- * preparing it: nothing is compiled. SR_ENOTSUP: no candidate, or be offers none. */
+/* The chosen candidate plan of a Sum kernel of f under desc and budget on backend be
+ * (be->offer), without preparing it: nothing is compiled. SR_ENOTSUP: no candidate, or be offers
+ * none. */
 sr_status sr__kernel_offer(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
-                           const struct sr_backend_i *be, struct sr_plan *best);
+                           int64_t budget, const struct sr_backend_i *be, struct sr_plan *best);
 
 static inline size_t sr_dtype_size(sr_dtype t)
 {

@@ -68,6 +68,8 @@ sr_kernel_desc sr_kernel_desc_default(void)
 static const char *const cat_names[] = {"Vi", "Vj", "Pm"};
 static const char *const device_names[] = {"auto", "cpu", "cuda", "reference"};
 
+const char *sr__device_name(sr_device d) { return device_names[d]; }
+
 /* Largest K of the K-reductions: the per-row state is K values and indices. */
 #define SR_MAX_K (1 << 20)
 
@@ -107,24 +109,6 @@ static sr_status desc_check(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc 
     return SR_OK;
 }
 
-static const struct sr_backend_i *pick_backend(sr_ctx *ctx, sr_device dev, sr_status *st)
-{
-    *st = SR_OK;
-    if (dev == SR_DEVICE_AUTO)
-        dev = (sr_device)ctx->opt.device; /* SYMRED_DEVICE */
-    /* CUDA: its prepare fails with SR_ENODEV, naming what it looked for, without a GPU. AUTO
-     * stays on the CPU (docs/gpu.md: choosing by problem size is not implemented yet), where the
-     * JIT falls back to the reference (saying so once at SYMRED_LOG >= 1) when no C compiler can
-     * be run. */
-    if (dev == SR_DEVICE_AUTO)
-        dev = SR_DEVICE_CPU;
-    const struct sr_backend_i *b = sr__backend_for(dev);
-    if (!b)
-        *st = sr__error(ctx, SR_EINTERNAL, "no backend is registered for device %s",
-                        device_names[dev]);
-    return b;
-}
-
 static void build_explain(sr_kernel *k)
 {
     struct expr_buf b = {0};
@@ -155,7 +139,10 @@ static void build_explain(sr_kernel *k)
         else
             expr_buf_printf(&b, " [%d] unused", v);
     }
-    expr_buf_printf(&b, "\ndevice: %s\nbackend: %s\n", device_names[k->device], k->backend->name);
+    expr_buf_printf(&b, "\ndevice: %s", device_names[k->device]);
+    if (k->device == SR_DEVICE_AUTO)
+        expr_buf_printf(&b, " (%s)", k->device_why);
+    expr_buf_printf(&b, "\nbackend: %s\n", k->backend->name);
     if (k->fallback_why)
         expr_buf_printf(&b, "why this backend: %s\n", k->fallback_why);
     if (k->split_why[0])
@@ -169,10 +156,10 @@ static void build_explain(sr_kernel *k)
         free(b.data);
 }
 
-/* A new kernel of f (checked) with its variables and simplified formulas, no backend yet; *out
- * is NULL when out of memory. */
+/* A new kernel of f (checked) under budget with its variables and simplified formulas, no
+ * backend yet; *out is NULL when out of memory. */
 static sr_status kernel_init(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
-                             sr_kernel **out)
+                             int64_t budget, sr_kernel **out)
 {
     sr_kernel *k = calloc(1, sizeof *k);
     *out = k;
@@ -187,6 +174,7 @@ static sr_status kernel_init(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc
     k->io = desc->dtype;
     k->dtype = desc->dtype == SR_F64 ? SR_F64 : SR_F32;
     k->device = desc->device;
+    k->budget = budget;
     k->acc = desc->acc;
     k->fdim = f->dim;
     k->out_dim = k->weight ? k->weight->dim : k->k * k->fdim;
@@ -209,7 +197,7 @@ sr_kernel_desc sr__sum_desc(const sr_kernel *k)
 }
 
 sr_status sr__kernel_offer(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc,
-                           const struct sr_backend_i *be, struct sr_plan *best)
+                           int64_t budget, const struct sr_backend_i *be, struct sr_plan *best)
 {
     memset(best, 0, sizeof *best);
     if (!be->offer)
@@ -217,9 +205,8 @@ sr_status sr__kernel_offer(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *
     sr_status st = desc_check(ctx, f, desc);
     sr_kernel *k = NULL;
     if (st == SR_OK)
-        st = kernel_init(ctx, f, desc, &k);
+        st = kernel_init(ctx, f, desc, budget, &k);
     if (st == SR_OK) {
-        k->backend = be;
         k->nplans = be->offer(k, k->plans);
         const struct sr_plan *c = sr__plan_choose(k);
         if (c)
@@ -241,6 +228,15 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
         *out = NULL;
     if (!ctx)
         return SR_EINVAL;
+    /* The budget the kernel is planned under: the context's now, read once (k->budget). */
+    return sr__kernel_new(ctx, f, desc, ctx->mem_limit, out);
+}
+
+sr_status sr__kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *desc, int64_t budget,
+                         sr_kernel **out)
+{
+    if (out)
+        *out = NULL;
     if (!out)
         return sr__error(ctx, SR_EINVAL, "sr_kernel_new: out is NULL");
     if (!desc)
@@ -262,26 +258,11 @@ sr_status sr_kernel_new(sr_ctx *ctx, const sr_expr *f, const sr_kernel_desc *des
         return st;
 
     sr_kernel *k = NULL;
-    st = kernel_init(ctx, f, desc, &k);
+    st = kernel_init(ctx, f, desc, budget, &k);
     if (!k)
         return st;
     if (st == SR_OK)
-        k->backend = pick_backend(ctx, desc->device, &st);
-    /* A reduction rewrite of the simplifier: a kernel on the chosen backend reduces the inner
-     * formula and the rest is applied after the reduction, on host arrays (src/core/post.c).
-     * The reference runs the formula as given; the GPU backend runs k->f whole for now (their
-     * post_rewrite is false). */
-    if (st == SR_OK && k->simp.post && k->backend->post_rewrite)
-        k->backend = &simp_post_backend;
-    /* A Sum of a sum that runs faster as two kernels (src/core/split.c): the split backend,
-     * with both kernels prepared; otherwise the kernel stays as it is. */
-    if (st == SR_OK && !k->simp.post && k->backend->post_rewrite && k->backend->offer)
-        st = sr__split_sum(k);
-    if (st == SR_OK && k->backend->prepare)
-        st = k->backend->prepare(k);
-    /* The backends plan under the memory budget; this check is the guarantee. */
-    if (st == SR_OK && (st = sr__budget_check(k)) != SR_OK && k->backend->release)
-        k->backend->release(k);
+        st = sr__plan_kernel(k);
     if (st != SR_OK) {
         simp_kernel_release(k);
         free(k->vars);

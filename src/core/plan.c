@@ -1,12 +1,16 @@
 /*
- * plan.c — choosing a kernel's plan among its backend's candidates, and saying why.
+ * plan.c — the planner: a kernel's device, its composed kernels, its plan among its backend's
+ * candidates, and saying why.
  *
- * sr_kernel_new is validate -> plan -> realise: the backend offers candidate plans
- * (struct sr_plan: strategy, tiles, workspace, estimated time, why) without compiling or
- * allocating anything, core chooses here (the feasible plan of least estimated time, unless an
- * option forces one), and the backend realises the choice. Rewrites that serve one strategy (the
- * SqDist expansion for a gemm) are taken by that strategy when it is realised
- * (sr__simp_take_gemm_form), never before the choice.
+ * sr_kernel_new is validate -> plan -> realise (sr__plan_kernel): the device is decided
+ * (SR_DEVICE_AUTO included), a composed kernel is made where the simplifier's rewrite or a sum
+ * split serves, else the backend lists candidate plans (struct sr_plan: strategy, tiles,
+ * workspace under the kernel's budget, estimated time, why) without compiling or allocating
+ * anything, core chooses (the feasible plan of least estimated time, unless an option forces
+ * one), the backend realises the choice or declines it for the next, and core assigns the
+ * backend that runs the kernel. Rewrites that serve one strategy (the SqDist expansion for a
+ * gemm) are taken by that strategy when it is realised (sr__simp_take_gemm_form), never before
+ * the choice.
  *
  * sr_kernel_plan reports the realised plan as data (struct sr_plan_info): core's common members
  * here, the backend's through its plan_info member.
@@ -55,6 +59,78 @@ const struct sr_plan *sr__plan_reject(sr_kernel *k, const char *why)
             snprintf(k->plans[i].why, sizeof k->plans[i].why, "%s", why);
         }
     return sr__plan_choose(k);
+}
+
+/* ---- the planner: device, composed kernels, then choose -> realise -> reject ---- */
+
+/* The device of k: its desc's; for SR_DEVICE_AUTO the planner's choice, the device SYMRED_DEVICE
+ * names, else the CPU. The GPU would be the choice where a device is present and a cost model
+ * ranks it above the CPU; none ranks the devices, so AUTO neither probes for a GPU nor chooses
+ * one. Records how it decided in k->device_why. */
+static sr_device plan_device(sr_kernel *k)
+{
+    if (k->device != SR_DEVICE_AUTO) {
+        k->device_why = "the kernel's desc names it";
+        return k->device;
+    }
+    sr_device opt = (sr_device)k->ctx->opt.device; /* SYMRED_DEVICE */
+    if (opt != SR_DEVICE_AUTO) {
+        k->device_why = "the planner chose the device SYMRED_DEVICE names";
+        return opt;
+    }
+    k->device_why = "the planner chose the CPU: SYMRED_DEVICE is auto or unset, and no cost "
+                    "model ranks the GPU above it";
+    return SR_DEVICE_CPU;
+}
+
+/* Realises k on backend be: its candidates chosen by sr__plan_choose, each realised by be's
+ * prepare until one is not declined; *run is what runs k. */
+static sr_status plan_realise(sr_kernel *k, const struct sr_backend_i *be,
+                              const struct sr_backend_i **run)
+{
+    k->nplans = be->plans ? be->plans(k, k->plans) : 0;
+    struct sr_realise r = {0};
+    for (const struct sr_plan *p = sr__plan_choose(k);;) {
+        r.run = be;
+        r.declined = NULL;
+        sr_status st = be->prepare ? be->prepare(k, p, &r) : SR_OK;
+        if (st == SR_ENOTSUP && r.declined && p) {
+            p = sr__plan_reject(k, r.declined);
+            continue;
+        }
+        if (st == SR_OK)
+            *run = r.run;
+        return st;
+    }
+}
+
+sr_status sr__plan_kernel(sr_kernel *k)
+{
+    sr_device dev = plan_device(k);
+    const struct sr_backend_i *be = sr__backend_for(dev), *run = NULL;
+    if (!be)
+        return sr__error(k->ctx, SR_EINTERNAL, "no backend is registered for device %s",
+                         sr__device_name(dev));
+    /* CUDA's prepare fails with SR_ENODEV, naming what it looked for, without a GPU; the CPU JIT
+     * runs on the tile interpreter (saying so once at SYMRED_LOG >= 1) when no C compiler can be
+     * run. A reduction rewrite of the simplifier: a kernel on the backend reduces the inner
+     * formula and the rest is applied after the reduction, on host arrays (post.c); backends
+     * whose post_rewrite is false (the reference, CUDA) run k->f whole. A Sum of a sum that runs
+     * faster as two kernels: the split backend with both kernels prepared (split.c). */
+    sr_status st = SR_OK;
+    if (k->simp.post && be->post_rewrite)
+        be = &simp_post_backend;
+    else if (be->post_rewrite && be->offer)
+        st = sr__split_sum(k, be, &run);
+    if (st == SR_OK && !run)
+        st = plan_realise(k, be, &run);
+    if (st != SR_OK)
+        return st;
+    k->backend = run;
+    /* The backends plan under the memory budget; this check is the guarantee. */
+    if ((st = sr__budget_check(k)) != SR_OK && k->backend->release)
+        k->backend->release(k);
+    return st;
 }
 
 /* Why feasible candidate p lost to the chosen plan c. */
@@ -169,6 +245,7 @@ sr_status sr_kernel_plan(const sr_kernel *k, sr_plan_info *info)
     p.device = SR_DEVICE_REFERENCE;
     p.workspace_bytes = sr__kernel_workspace(k, &p.workspace_per_thread, &p.threads);
     p.fallback = k->fallback_why;
+    p.device_why = k->device_why;
     if (k->backend->plan_info)
         k->backend->plan_info(k, &p);
     if ((int)p.inner < 0)

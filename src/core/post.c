@@ -20,8 +20,9 @@ struct post_data {
     sr_kernel *inner, *post;
 };
 
-static sr_status post_prepare(sr_kernel *k)
+static sr_status post_prepare(sr_kernel *k, const struct sr_plan *p, struct sr_realise *r)
 {
+    (void)p; /* the inner kernel plans its own */
     sr_ctx *ctx = k->ctx;
     struct post_data *d = calloc(1, sizeof *d);
     if (!d)
@@ -33,13 +34,13 @@ static sr_status post_prepare(sr_kernel *k)
     desc.dtype = k->dtype;
     desc.device = k->device;
     desc.acc = k->acc;
-    sr_status st = sr_kernel_new(ctx, (sr_expr *)k->simp.inner, &desc, &d->inner);
+    sr_status st = sr__kernel_new(ctx, (sr_expr *)k->simp.inner, &desc, k->budget, &d->inner);
     if (st == SR_OK) {
         desc = sr_kernel_desc_default();
         desc.axis = k->axis;
         desc.dtype = k->dtype;
         desc.device = SR_DEVICE_REFERENCE;
-        st = sr_kernel_new(ctx, (sr_expr *)k->simp.post, &desc, &d->post);
+        st = sr__kernel_new(ctx, (sr_expr *)k->simp.post, &desc, k->budget, &d->post);
     }
     if (st == SR_OK &&
         (d->inner->nargs > k->nargs || d->post->nargs != k->nargs + 1 ||
@@ -54,19 +55,19 @@ static sr_status post_prepare(sr_kernel *k)
     d->vt = simp_post_backend;
     d->vt.name = d->inner->backend->name;
     k->backend_data = d;
-    k->backend = &d->vt;
+    r->run = &d->vt;
     return SR_OK;
 }
 
 /* Output rows of R per chunk for nout output rows (at least 1): the temporary R stays within
- * SR_POST_CHUNK_BYTES (and a quarter of the context's memory budget, when there is one), so the
+ * SR_POST_CHUNK_BYTES (and a quarter of the call's memory budget, when there is one), so the
  * rewrite costs no O(output) memory. */
 static int64_t post_chunk(const sr_kernel *k, int64_t rdim, int64_t nout)
 {
-    int64_t esz = (int64_t)sr_dtype_size(k->dtype);
+    int64_t esz = (int64_t)sr_dtype_size(k->dtype), lim = sr__call_budget(k);
     int64_t cap = SR_POST_CHUNK_BYTES;
-    if (k->ctx->mem_limit > 0 && k->ctx->mem_limit / 4 < cap)
-        cap = k->ctx->mem_limit / 4;
+    if (lim > 0 && lim / 4 < cap)
+        cap = lim / 4;
     int64_t chunk = cap / (rdim * esz);
     if (chunk < 1)
         chunk = 1;
@@ -168,7 +169,6 @@ static sr_status post_run(const sr_kernel *k, const sr_run_desc *r)
 static void post_release(sr_kernel *k)
 {
     struct post_data *d = k->backend_data;
-    k->backend = &simp_post_backend;
     if (!d)
         return;
     sr_kernel_free(d->inner);

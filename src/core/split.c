@@ -214,10 +214,10 @@ __attribute__((format(printf, 2, 3))) static sr_status declined(sr_kernel *k, co
     return SR_OK;
 }
 
-sr_status sr__split_sum(sr_kernel *k)
+sr_status sr__split_sum(sr_kernel *k, const struct sr_backend_i *be,
+                        const struct sr_backend_i **run)
 {
     sr_ctx *ctx = k->ctx;
-    const struct sr_backend_i *be = k->backend;
     if (!k->simp.enabled || k->red != SR_SUM || k->weight || !be->offer)
         return SR_OK;
     sr_status pending = expr_ctx(ctx)->err.pending;
@@ -238,7 +238,7 @@ sr_status sr__split_sum(sr_kernel *k)
     double est[2];
     for (int i = 0; i < 2; i++) {
         struct sr_plan p;
-        sr_status pst = sr__kernel_offer(ctx, f[i], &desc, be, &p);
+        sr_status pst = sr__kernel_offer(ctx, f[i], &desc, k->budget, be, &p);
         expr_ctx(ctx)->err.pending = pending;
         if (pst != SR_OK || !(p.est_ns > 0))
             return declined(k, "part F%d has no estimated plan", i + 1);
@@ -261,7 +261,7 @@ sr_status sr__split_sum(sr_kernel *k)
     snprintf(d->whole, sizeof d->whole, "%s", bw->strategy ? bw->strategy : "?");
     bool ok = true;
     for (int i = 0; i < 2 && ok; i++) {
-        ok = sr_kernel_new(ctx, f[i], &desc, &d->part[i]) == SR_OK &&
+        ok = sr__kernel_new(ctx, f[i], &desc, k->budget, &d->part[i]) == SR_OK &&
              d->part[i]->nargs <= k->nargs && d->part[i]->out_dim == k->out_dim;
         /* A realisation may have declined the fused plan (its modules' own workspace). */
         ok = ok && chosen(d->part[i]) && fused_plan(chosen(d->part[i]));
@@ -269,10 +269,10 @@ sr_status sr__split_sum(sr_kernel *k)
     /* The chunk of the second part's output, within the budget beside the larger workspace. */
     int64_t row = (int64_t)k->out_dim * (int64_t)sr_dtype_size(k->dtype);
     d->chunk_cap = SR_POST_CHUNK_BYTES;
-    if (ok && ctx->mem_limit > 0) {
+    if (ok && k->budget > 0) {
         int64_t w0 = sr_kernel_workspace_bytes(d->part[0]),
                 w1 = sr_kernel_workspace_bytes(d->part[1]);
-        int64_t room = ctx->mem_limit - (w0 > w1 ? w0 : w1);
+        int64_t room = k->budget - (w0 > w1 ? w0 : w1);
         d->chunk_cap = room < d->chunk_cap ? room : d->chunk_cap;
         ok = d->chunk_cap >= row;
     }
@@ -297,6 +297,6 @@ sr_status sr__split_sum(sr_kernel *k)
         .wait = split_wait,
     };
     k->backend_data = d;
-    k->backend = &d->vt;
+    *run = &d->vt;
     return SR_OK;
 }

@@ -735,13 +735,14 @@ static sr_status attn_alloc(const sr_kernel *k, struct attn *a, const char *name
                             int64_t per_thread, int64_t shared, char **ws)
 {
     sr_ctx *ctx = k->ctx;
+    const int64_t lim = sr__call_budget(k);
     a->nth = sr__threads(ctx, per_thread);
     const int64_t bytes = per_thread * a->nth + al64(shared);
-    if (ctx->mem_limit > 0 && bytes > ctx->mem_limit)
+    if (lim > 0 && bytes > lim)
         return sr__error(ctx, SR_EBUDGET,
                          "%s: the fused backward needs %lld bytes of workspace (per thread a copy "
                          "of dx, %lld x %d, and tiles), over the memory budget of %lld bytes",
-                         name, (long long)bytes, (long long)a->n, a->D, (long long)ctx->mem_limit);
+                         name, (long long)bytes, (long long)a->n, a->D, (long long)lim);
     *ws = aligned_alloc(64, (size_t)bytes);
     if (!*ws)
         return sr__error(ctx, SR_ENOMEM, "%s: cannot allocate %lld bytes of workspace", name,
@@ -754,7 +755,7 @@ static sr_status attn_pattern(const sr_kernel *k, const struct attn *a, const st
                               const char *name, struct pattern *pt)
 {
     int64_t bytes = 0;
-    const int64_t limit = k->ctx->mem_limit;
+    const int64_t limit = sr__call_budget(k);
     sr_status st = pattern_new(a, p, limit, &bytes, pt);
     if (st == SR_EBUDGET)
         return sr__error(k->ctx, SR_EBUDGET,
@@ -855,7 +856,7 @@ sr_status cpu_attn_vjp(const sr_kernel *k, const sr_run_desc *r, const struct sr
      * beside the rest. */
     struct packed pk = {0};
     int64_t shared = al64(16 * a.n);
-    const int64_t pkb = avx2 && !p ? packed_bytes(&a, &pk) : 0, lim = k->ctx->mem_limit;
+    const int64_t pkb = avx2 && !p ? packed_bytes(&a, &pk) : 0, lim = sr__call_budget(k);
     if (pkb > 0 && (lim <= 0 || per_thread * sr__threads(k->ctx, per_thread) + shared + pkb <= lim))
         shared += pkb;
     char *ws;

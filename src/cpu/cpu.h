@@ -149,7 +149,8 @@ void cpu_avx2_strip_av(int64_t h, int64_t K, const float *A, int64_t lda, const 
 /* Plans kernel k for the gemm-epilogue strategy: when F depends on the pair only through one
  * inner product of an i-variable and a j-variable, the dimension is at least the measured
  * threshold, and a tile gemm is available (symred's AVX-512 one, or BLIS loaded). On SR_OK
- * k->backend is cpu_gemm_backend; SR_ENOTSUP: not applicable (use the direct strategy); other
+ * k->backend_data is the gemm-epilogue's, which cpu_gemm_backend runs (the JIT's prepare hands
+ * it to the planner); SR_ENOTSUP: not applicable (use the direct strategy); other
  * errors (SR_EBUDGET, SR_ECOMPILE) are final. tier: CPU_COMPILE_NOW compiles the epilogue's
  * modules now; CPU_COMPILE_BACKGROUND serves the calls with the tile interpreter's epilogue (on the
  * same gemm tiles) while they compile in the background; CPU_COMPILE_NEVER never compiles (no
@@ -192,7 +193,7 @@ sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis);
  * the reduced axis. mode: CPU_COMPILE_NOW compiles the modules of F's tiles (and a formula B's)
  * now; CPU_COMPILE_BACKGROUND forms them by the tile interpreter while the modules compile in
  * the background; CPU_COMPILE_NEVER by the tile interpreter for good. On SR_OK
- * k->backend is cpu_fused_backend; SR_ENOTSUP:
+ * k->backend_data is the fused two-product's, which cpu_fused_backend runs; SR_ENOTSUP:
  * not applicable; other errors are final. */
 sr_status cpu_fused_prepare(struct sr_kernel *k, int acc, enum cpu_compile mode);
 /* The fused two-product's candidate plan for k (side-effect free): infeasible when its

@@ -58,10 +58,10 @@ static sr_status block_check(const sr_kernel *k, int64_t nx, int64_t ny, const v
     return SR_OK;
 }
 
-/* Whether a workspace of per_thread bytes (one thread) fits in the context's budget. */
+/* Whether a workspace of per_thread bytes (one thread) fits in the call's budget. */
 static sr_status block_budget(const sr_kernel *k, int64_t per_thread)
 {
-    int64_t lim = k->ctx->mem_limit;
+    int64_t lim = sr__call_budget(k);
     if (lim > 0 && per_thread > lim)
         return sr__error(k->ctx, SR_EBUDGET,
                          "memory budget exceeded: sr_kernel_eval_block needs %lld bytes of "
@@ -160,10 +160,10 @@ static sr_status eval_block(const sr_kernel *k, const void *const *args, int64_t
     t.weight = NULL;
     t.simp.weight_user = NULL;
     t.out_dim = k->fdim;
-    t.backend = &cpu_reference_backend;
     t.backend_data = NULL;
     t.explain = NULL;
-    st = cpu_reference_backend.prepare(&t);
+    struct sr_realise real = {0};
+    st = cpu_reference_backend.prepare(&t, NULL, &real);
     if (st != SR_OK)
         return st;
 

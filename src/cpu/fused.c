@@ -430,7 +430,7 @@ static void fused_free(sr_ctx *ctx, struct fused_kernel *fk)
  * sr_block: the workspace limited to a quarter of the budget, otherwise zero. */
 static void part_plan(const sr_kernel *k, struct jit_plan *plan)
 {
-    int64_t lim = k->ctx->mem_limit;
+    int64_t lim = k->budget;
     memset(plan, 0, sizeof *plan);
     plan->ws_limit = lim > 0 ? lim / 4 : 0;
     plan->block_only = true;
@@ -641,7 +641,7 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
     }
     fk->why = fused_why(k, fk);
     sr_status st = SR_OK;
-    int64_t lim = ctx->mem_limit;
+    int64_t lim = k->budget;
     struct expr_buf src[FUSED_MAX_FACTORS + 1] = {{0}}; /* the factors', then B's */
     fk->tier0 = tier0;
     if (mode != CPU_COMPILE_NOW)
@@ -704,7 +704,6 @@ static sr_status prepare_form(sr_kernel *k, const sr_kernel *km, int acc, bool g
     }
     if (gemm_form)
         sr__simp_take_gemm_form(k);
-    k->backend = &cpu_fused_backend;
     k->backend_data = fk;
     return SR_OK;
 }
@@ -815,7 +814,7 @@ static void offer(const sr_kernel *k, int acc, struct sr_plan *p, bool sym)
     }
     /* The workspace: the smallest tiles must fit in the budget; the modules' own workspace,
      * known once they are emitted, comes on top of this lower bound. */
-    int64_t lim = k->ctx->mem_limit, least = thread_bytes(k, &fk, 14, 16);
+    int64_t lim = k->budget, least = thread_bytes(k, &fk, 14, 16);
     if (lim > 0 && least > lim) {
         snprintf(p->why, sizeof p->why,
                  "needs at least %lld bytes per thread (tiles 14 x 16), the budget allows %lld",
@@ -1556,7 +1555,7 @@ static bool pre_new(const sr_kernel *k, const struct fused_kernel *fk, int64_t n
     memset(pre, 0, sizeof *pre);
     if (fk->kern != KERN_AVX2 || fk->bvar < 0 || fk->hoist.b || fk->rc != fk->R || nred <= fk->tj)
         return false;
-    const int64_t tj = fk->tj, lim = k->ctx->mem_limit;
+    const int64_t tj = fk->tj, lim = sr__call_budget(k);
     pre->ntiles = (nred + tj - 1) / tj;
     pre->vb = al64(cpu_avx2_pack_bt_bytes(fk->R, tj));
     int64_t bytes = pre->ntiles * pre->vb + 64;
@@ -1670,7 +1669,7 @@ bool cpu_fused_symmetric(const sr_kernel *k, int64_t nx, int64_t ny, const void 
     for (int p = 0; p < fk->nsym; p++)
         if (args[fk->sym_i[p]] != args[fk->sym_j[p]])
             return false;
-    int64_t per, shared, lim = k->ctx->mem_limit;
+    int64_t per, shared, lim = sr__call_budget(k);
     sym_bytes(k, fk, nx, &per, &shared);
     int64_t total = sr__threads(k->ctx, per) * per + shared;
     return total <= (lim > 0 ? lim : FUSED_SYM_MAX_BYTES);
@@ -1835,7 +1834,7 @@ static sr_status fused_run(const sr_kernel *k, const sr_run_desc *r)
 static sr_status fused_run_lse(const sr_kernel *k, const sr_run_desc *r, const struct sr_rplan *p,
                                void *lse)
 {
-    if (r->nx == 0 || r->ny == 0 || !cpu_attn_covers(k) || (p && k->ctx->mem_limit > 0) ||
+    if (r->nx == 0 || r->ny == 0 || !cpu_attn_covers(k) || (p && sr__call_budget(k) > 0) ||
         (!p && cpu_fused_symmetric(k, r->nx, r->ny, r->args)))
         return cpu_attn_run_lse(k, r, p, lse);
     if (!p)
@@ -2047,4 +2046,5 @@ const struct sr_backend_i cpu_fused_backend = {
     /* .stage = */ fused_stage,
     /* .wait = */ fused_wait,
     /* .plan_info = */ fused_plan_info,
+    /* .plans = */ NULL,
 };

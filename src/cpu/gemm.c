@@ -420,7 +420,7 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_compile tier)
     g->kern = kern;
     g->asked = asked;
     int64_t es = (int64_t)sr_dtype_size(k->dtype);
-    int64_t lim = ctx->mem_limit;
+    int64_t lim = k->budget;
     struct expr_buf src[CPU_BG_MAX] = {{0}};
     /* A selection: the gemm pass keeps kc candidates per row (kernel kk), ranked again. */
     sr_kernel kk = *cpu_gemm_form(k, &kx);
@@ -520,7 +520,6 @@ sr_status cpu_gemm_prepare(sr_kernel *k, int acc, enum cpu_compile tier)
         return st == SR_ENODEV ? SR_ENOTSUP : st;
     }
     sr__simp_take_gemm_form(k);
-    k->backend = &cpu_gemm_backend;
     k->backend_data = g;
     return SR_OK;
 }
@@ -544,7 +543,7 @@ static int64_t gemm_workspace(const sr_kernel *k, int64_t *per_thread, int *thre
      * up to nt * ti rows per thread when the budget allows it. */
     int64_t split = (int64_t)nt * g->ti * state_bytes(g);
     int64_t total = (int64_t)nt * g->per_thread;
-    int64_t lim = k->ctx->mem_limit;
+    int64_t lim = sr__call_budget(k);
     if (nt > 1 && (lim <= 0 || total + (int64_t)nt * split <= lim))
         total += (int64_t)nt * split;
     return total;
@@ -834,7 +833,7 @@ static sr_status gemm_run(const sr_kernel *k, const sr_run_desc *r)
         nblocks = (nblocks + nt - 1) / nt * nt;
     int64_t ti = (nout + nblocks - 1) / nblocks;
     nblocks = (nout + ti - 1) / ti;
-    int64_t lim = k->ctx->mem_limit;
+    int64_t lim = sr__call_budget(k);
     /* Few row blocks: split the reduced range over the threads too, when the partial states of
      * every row fit in the budget. */
     int nsplit = 1;
@@ -1112,6 +1111,7 @@ const struct sr_backend_i cpu_gemm_backend = {
     /* .stage = */ gemm_stage,
     /* .wait = */ gemm_wait,
     /* .plan_info = */ gemm_plan_info,
+    /* .plans = */ NULL,
 };
 
 void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)
@@ -1137,7 +1137,7 @@ void cpu_gemm_offer(const sr_kernel *k, struct sr_plan *p)
      * (the packed operands and the epilogue's own buffers come on top), shrunk under the
      * budget as cpu_gemm_prepare shrinks it, rows first. */
     int64_t es = (int64_t)sr_dtype_size(k->dtype), sb = jit_state_bytes(k, JIT_ACC_BLOCK);
-    int64_t lim = k->ctx->mem_limit, least = 8 * 16 * es + 8 * sb;
+    int64_t lim = k->budget, least = 8 * 16 * es + 8 * sb;
     gemm_tiles(k->dtype, &p->ti, &p->tj);
     while (lim > 0 && (int64_t)p->ti * (p->tj * es + sb) > lim && (p->ti > 8 || p->tj > 16)) {
         if (p->ti > 8)

@@ -74,7 +74,7 @@ static struct jit_module *module_of(const struct jit_kernel *jk)
 static bool split_fits(const sr_kernel *k, int nt, int64_t nout)
 {
     const struct jit_kernel *jk = k->backend_data;
-    int64_t lim = k->ctx->mem_limit;
+    int64_t lim = sr__call_budget(k);
     return lim <= 0 ||
            (int64_t)nt * (jk->plan.workspace_bytes + nout * jk->plan.state_bytes) <= lim;
 }
@@ -149,9 +149,9 @@ sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out
     return st;
 }
 
-/* Runs k on the tile interpreter; why (a static string) goes to explain, detail (NULL: why) to
- * the log. */
-static sr_status fall_back(sr_kernel *k, const char *why, const char *detail)
+/* Runs k on the tile interpreter (r->run); why (a static string) goes to explain, detail (NULL:
+ * why) to the log. */
+static sr_status fall_back(sr_kernel *k, const char *why, const char *detail, struct sr_realise *r)
 {
     struct jit_ctx *jc = jit_ctx_of(k->ctx);
     if (k->ctx->log_level >= 1 && jc && !jc->logged_fallback) {
@@ -159,10 +159,17 @@ static sr_status fall_back(sr_kernel *k, const char *why, const char *detail)
                 detail ? detail : why);
         jc->logged_fallback = true;
     }
-    k->backend = &cpu_tile_backend;
+    r->run = &cpu_tile_backend;
     k->nplans = 0; /* the JIT's candidates do not apply to the interpreter */
     k->fallback_why = why;
-    return k->backend->prepare ? k->backend->prepare(k) : SR_OK;
+    return cpu_tile_backend.prepare(k, NULL, r);
+}
+
+/* The accumulation of k's generated code (enum jit_acc): the kernel's own choice wins over
+ * SYMRED_ACC (sr_acc is enum jit_acc plus one). */
+static int acc_of(const sr_kernel *k, const struct jit_ctx *jc)
+{
+    return k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
 }
 
 _Static_assert(SR_ACC_BLOCK - 1 == JIT_ACC_BLOCK && SR_ACC_KAHAN - 1 == JIT_ACC_KAHAN &&
@@ -187,7 +194,7 @@ int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     /* Every formula has generated code. Its workspace's lower bound: one row's state, the
      * K-selections' scratch and the alignment slack (the emitter adds the tile of 16 reduced
      * indices' operands and states the exact figure). */
-    int64_t es = (int64_t)sr_dtype_size(k->dtype), lim = k->ctx->mem_limit;
+    int64_t es = (int64_t)sr_dtype_size(k->dtype), lim = k->budget;
     int64_t least = 64 + jit_state_bytes(k, (enum jit_acc)acc) +
                     (sr_reductions[k->red].uses_k ? (int64_t)k->k * (es + 8) : 0);
     d->workspace = least;
@@ -205,13 +212,23 @@ int cpu_plans(const sr_kernel *k, int acc, struct sr_plan *out)
     return CPU_PLAN_COUNT;
 }
 
-/* k's candidates as jit_prepare would offer them (none without a compiler). */
+/* k's candidates with compiled code (none without a compiler), for the sum split. */
 static int jit_offer(const sr_kernel *k, struct sr_plan *out)
 {
     struct jit_ctx *jc = NULL;
     if (k->ctx->opt.jit == SR_JIT_OFF || jit_ctx_get(k->ctx, &jc) != SR_OK || jit_no_compiler(jc))
         return 0;
-    return cpu_plans(k, k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc, out);
+    return cpu_plans(k, acc_of(k, jc), out);
+}
+
+/* k's candidates for the planner, with or without compiled code (tier 0 realises them on the
+ * tile interpreter); none when the JIT's state cannot be made (jit_prepare says why). */
+static int jit_plans(const sr_kernel *k, struct sr_plan *out)
+{
+    struct jit_ctx *jc = NULL;
+    if (jit_ctx_get(k->ctx, &jc) != SR_OK)
+        return 0;
+    return cpu_plans(k, acc_of(k, jc), out);
 }
 
 /* Serves k on the tile interpreter and compiles src on a thread of its own (src passes to the
@@ -249,82 +266,87 @@ static void log_tier(const sr_kernel *k, const struct jit_kernel *jk, bool compi
                        "compiles in the background");
 }
 
-/* Without compiled code (why, detail as fall_back's): the plan the planner chooses among what
- * tier 0 runs, its pair work done by the tile interpreter: the fused two-product (its tiles of F
- * formed by the interpreter), the gemm-epilogue (the interpreter's epilogue on the gemm's tiles)
- * or the interpreter's direct evaluation. */
-static sr_status tier0_prepare(sr_kernel *k, struct jit_ctx *jc, const char *why,
-                               const char *detail)
+/* Without compiled code (why as fall_back's, r->note its detail): plan p realised on what tier 0
+ * runs, its pair work done by the tile interpreter: the fused two-product (its tiles of F formed
+ * by the interpreter), the gemm-epilogue (the interpreter's epilogue on the gemm's tiles) or the
+ * interpreter's direct evaluation (p direct or NULL). */
+static sr_status tier0_prepare(sr_kernel *k, const struct sr_plan *p, int acc, const char *why,
+                               struct sr_realise *r)
 {
-    int acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
-    k->nplans = cpu_plans(k, acc, k->plans);
-    const struct sr_plan *p = sr__plan_choose(k);
     /* The symmetric driver's tiles of F are generated code only. */
-    while (p && p->id == CPU_PLAN_SYM)
-        p = sr__plan_reject(k, "tier 0 (no compiled code) has no symmetric driver");
-    while (p && (p->id == CPU_PLAN_FUSED || p->id == CPU_PLAN_GEMM)) {
-        sr_status st = p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, acc, CPU_COMPILE_NEVER)
-                                               : cpu_gemm_prepare(k, acc, CPU_COMPILE_NEVER);
-        if (st == SR_OK)
-            k->fallback_why = why;
-        if (st != SR_ENOTSUP)
-            return st;
-        p = sr__plan_reject(k, "declined when realised on tier 0");
+    if (p && p->id == CPU_PLAN_SYM) {
+        r->declined = "tier 0 (no compiled code) has no symmetric driver";
+        return SR_ENOTSUP;
     }
-    return fall_back(k, why, detail);
+    if (p && (p->id == CPU_PLAN_FUSED || p->id == CPU_PLAN_GEMM)) {
+        bool fused = p->id == CPU_PLAN_FUSED;
+        sr_status st = fused ? cpu_fused_prepare(k, acc, CPU_COMPILE_NEVER)
+                             : cpu_gemm_prepare(k, acc, CPU_COMPILE_NEVER);
+        if (st == SR_OK) {
+            k->fallback_why = why;
+            r->run = fused ? &cpu_fused_backend : &cpu_gemm_backend;
+        }
+        if (st == SR_ENOTSUP)
+            r->declined = "declined when realised on tier 0";
+        return st;
+    }
+    return fall_back(k, why, r->note, r);
 }
 
-static sr_status jit_prepare(sr_kernel *k)
+/* Why k has no compiled code (SYMRED_JIT=off, no C compiler), NULL when it has. A background
+ * compile learns late that there is no compiler; a missing one is seen now, so the kernel says so
+ * from its creation, and r->note keeps the detail for the log across k's realisations. */
+static const char *tier0_why(const sr_kernel *k, struct jit_ctx *jc, struct sr_realise *r)
+{
+    if (k->ctx->opt.jit == SR_JIT_OFF)
+        return "SYMRED_JIT=off";
+    if (jit_no_compiler(jc))
+        return "no C compiler";
+    if (k->ctx->opt.jit == SR_JIT_ASYNC && !jit_compiler_found(jc->cc)) {
+        jit_ctx_lock(jc);
+        jc->no_compiler = true;
+        jit_ctx_unlock(jc);
+        r->note = "the C compiler was not found (SYMRED_CC, PATH)";
+        return "no C compiler";
+    }
+    return NULL;
+}
+
+/* Realises plan p, chosen by the planner among cpu_plans' candidates (jit_plans): the symmetric
+ * driver or the fused two-product (src/cpu/fused.c), the gemm-epilogue (src/cpu/gemm.c), or the
+ * direct strategy (p direct, or NULL when no plan is feasible: its emitter states the exact
+ * need, SR_EBUDGET). A realisation that declines (SR_ENOTSUP: its modules' own workspace past the
+ * budget, a module without its block entry point) hands over to the planner's next choice. */
+static sr_status jit_prepare(sr_kernel *k, const struct sr_plan *p, struct sr_realise *r)
 {
     sr_ctx *ctx = k->ctx;
     struct jit_ctx *jc = NULL;
     sr_status st0 = jit_ctx_get(ctx, &jc);
     if (st0 != SR_OK)
         return st0;
-    if (ctx->opt.jit == SR_JIT_OFF)
-        return tier0_prepare(k, jc, "SYMRED_JIT=off", NULL);
-    if (jit_no_compiler(jc))
-        return tier0_prepare(k, jc, "no C compiler", NULL);
-    /* A background compile learns late that there is no compiler; a missing one is seen now,
-     * so the kernel says so from its creation. */
-    if (ctx->opt.jit == SR_JIT_ASYNC && !jit_compiler_found(jc->cc)) {
-        jit_ctx_lock(jc);
-        jc->no_compiler = true;
-        jit_ctx_unlock(jc);
-        return tier0_prepare(k, jc, "no C compiler",
-                             "the C compiler was not found (SYMRED_CC, PATH)");
+    const int acc = acc_of(k, jc);
+    const char *why = tier0_why(k, jc, r);
+    if (why)
+        return tier0_prepare(k, p, acc, why, r);
+    if (p && p->id != CPU_PLAN_DIRECT) {
+        enum cpu_compile mode =
+            ctx->opt.jit == SR_JIT_ASYNC ? CPU_COMPILE_BACKGROUND : CPU_COMPILE_NOW;
+        sr_status sg = p->id == CPU_PLAN_SYM     ? cpu_fused_sym_prepare(k, acc)
+                       : p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, acc, mode)
+                                                 : cpu_gemm_prepare(k, acc, mode);
+        if (sg == SR_OK)
+            r->run = p->id == CPU_PLAN_GEMM ? &cpu_gemm_backend : &cpu_fused_backend;
+        if (sg == SR_ENOTSUP)
+            r->declined = "declined when realised: the memory budget is too small for its tiles "
+                          "with its modules' own workspace, or a module has no block entry point";
+        return sg;
     }
     struct jit_kernel *jk = calloc(1, sizeof *jk);
     if (!jk)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
-    /* the kernel's own choice wins over SYMRED_ACC (sr_acc is enum jit_acc plus one) */
-    jk->acc = k->acc != SR_ACC_DEFAULT ? (int)k->acc - 1 : jc->acc;
-    /* Plan: the candidates (nothing compiled yet, each with its estimated time), chosen by
-     * core; then realise the choice: the fused two-product (src/cpu/fused.c), the gemm-epilogue
-     * (src/cpu/gemm.c) or the direct strategy (below). A realisation that declines (SR_ENOTSUP:
-     * its modules' own workspace past the budget, a module without its block entry point)
-     * hands over to the next choice. With no feasible plan (the budget below every plan's
-     * lower bound), the direct strategy's emitter states the exact need (SR_EBUDGET). */
-    k->nplans = cpu_plans(k, jk->acc, k->plans);
-    for (const struct sr_plan *p = sr__plan_choose(k); p && p->id != CPU_PLAN_DIRECT;) {
-        sr_status sg = p->id == CPU_PLAN_SYM ? cpu_fused_sym_prepare(k, jk->acc)
-                       : p->id == CPU_PLAN_FUSED
-                           ? cpu_fused_prepare(k, jk->acc,
-                                               ctx->opt.jit == SR_JIT_ASYNC ? CPU_COMPILE_BACKGROUND
-                                                                            : CPU_COMPILE_NOW)
-                           : cpu_gemm_prepare(k, jk->acc,
-                                              ctx->opt.jit == SR_JIT_ASYNC ? CPU_COMPILE_BACKGROUND
-                                                                           : CPU_COMPILE_NOW);
-        if (sg != SR_ENOTSUP) {
-            free(jk);
-            return sg;
-        }
-        p = sr__plan_reject(k, "declined when realised: the memory budget is too small for "
-                               "its tiles with its modules' own workspace, or a module has no "
-                               "block entry point");
-    }
+    jk->acc = acc;
     /* One thread's workspace must fit in the memory budget; the emitter shrinks the tiles. */
-    jk->plan.ws_limit = ctx->mem_limit;
+    jk->plan.ws_limit = k->budget;
     /* sr_block waits for the first sr_kernel_eval_block (cpu_jit_block_module). */
     jk->plan.no_block = true;
     /* The direct strategy's generated code reads and writes float16 and bfloat16 arrays itself
@@ -346,7 +368,7 @@ static sr_status jit_prepare(sr_kernel *k)
         return sr__error(ctx, SR_EINTERNAL, "CPU JIT: cannot emit the kernel source (status %d)",
                          (int)st);
     }
-    if (ctx->mem_limit > 0 && jk->plan.workspace_bytes > ctx->mem_limit) {
+    if (k->budget > 0 && jk->plan.workspace_bytes > k->budget) {
         free(src.data);
         int64_t need = jk->plan.workspace_bytes;
         free(jk);
@@ -355,7 +377,7 @@ static sr_status jit_prepare(sr_kernel *k)
                          "memory budget exceeded: the smallest plan of this kernel needs %lld "
                          "bytes of workspace (one thread, tiles of 16 reduced indices x 1 row), "
                          "the budget is %lld bytes (SYMRED_MEM_LIMIT or sr_ctx_set_mem_limit)",
-                         (long long)need, (long long)ctx->mem_limit);
+                         (long long)need, (long long)k->budget);
     }
     atomic_init(&jk->block_gen, sr__fork_gen());
     if (async && pthread_mutex_init(&jk->block_lock, NULL) == 0) {
@@ -373,7 +395,7 @@ static sr_status jit_prepare(sr_kernel *k)
         char detail[600];
         sr__error_get(ctx, detail, sizeof detail);
         return fall_back(
-            k, "the C compiler could not be started (SYMRED_CC; SYMRED_LOG=1 says why)", detail);
+            k, "the C compiler could not be started (SYMRED_CC; SYMRED_LOG=1 says why)", detail, r);
     }
     if (st != SR_OK) {
         free(jk);
@@ -602,4 +624,5 @@ const struct sr_backend_i cpu_jit_backend = {
     /* .stage = */ jit_stage,
     /* .wait = */ jit_wait,
     /* .plan_info = */ jit_plan_info,
+    /* .plans = */ jit_plans,
 };

@@ -529,8 +529,10 @@ static size_t find_node(const struct node_pos *np, const sr_expr *e)
     return e->id < np->nid ? np->at[e->id] : SIZE_MAX;
 }
 
-static sr_status ref_prepare(struct sr_kernel *k)
+static sr_status ref_prepare(struct sr_kernel *k, const struct sr_plan *plan, struct sr_realise *r)
 {
+    (void)plan; /* one way, no candidates */
+    (void)r;
     sr_ctx *ctx = k->ctx;
     /* The oracle interprets the formulas as the user wrote them, not the simplifier's output,
      * so that differential tests against it check the simplifier too. */
@@ -740,4 +742,5 @@ const struct sr_backend_i cpu_reference_backend = {
     /* .stage = */ NULL,
     /* .wait = */ NULL,
     /* .plan_info = */ NULL, /* core's default: the reference interpreter's plan */
+    /* .plans = */ NULL,
 };

@@ -324,14 +324,14 @@ static sr_status tile_new(const sr_kernel *k, const sr_expr *ext, int tj_max, bo
     t->state_b = t->nsd * 8 + t->nsi * 8 + t->nsn * 4;
     t->state_b = (t->state_b + 7) / 8 * 8;
     t->odim = k->out_dim;
-    if (!fit_tiles(t, ctx->mem_limit)) {
+    if (!fit_tiles(t, k->budget)) {
         int64_t need = t->per_thread;
         cpu_tile_free(t);
         return sr__error(ctx, SR_EBUDGET,
                          "memory budget exceeded: the tile interpreter needs at least %lld bytes "
                          "of workspace (one thread, tiles of 16 reduced indices x 1 row), the "
                          "budget is %lld bytes (SYMRED_MEM_LIMIT or sr_ctx_set_mem_limit)",
-                         (long long)need, (long long)ctx->mem_limit);
+                         (long long)need, (long long)k->budget);
     }
     *out = t;
     return SR_OK;
@@ -670,7 +670,7 @@ sr_status cpu_tile_run(const sr_kernel *k, const struct tile_prog *t, const sr_r
         return sr__error(k->ctx, SR_ENOMEM, "tile interpreter: out of memory");
     }
     int failed = 0;
-    int64_t lim = k->ctx->mem_limit;
+    int64_t lim = sr__call_budget(k);
     bool split = !p && nt > 1 && nout < (int64_t)nt * SPLIT_ROWS_PER_THREAD &&
                  nred >= SPLIT_MIN_REDUCED &&
                  (lim <= 0 || (int64_t)nt * (t->per_thread + nout * t->state_b) <= lim);
@@ -897,8 +897,10 @@ void cpu_tile_merge(const sr_kernel *k, const struct tile_prog *t, void *a, cons
 
 /* ---- the backend ----------------------------------------------------------------------- */
 
-static sr_status tile_prepare(sr_kernel *k)
+static sr_status tile_prepare(sr_kernel *k, const struct sr_plan *p, struct sr_realise *r)
 {
+    (void)p; /* one way, no candidates */
+    (void)r;
     struct tile_prog *t = NULL;
     sr_status st = cpu_tile_new(k, &t);
     if (st == SR_OK)
@@ -954,4 +956,5 @@ const struct sr_backend_i cpu_tile_backend = {
     /* .stage = */ NULL,
     /* .wait = */ NULL,
     /* .plan_info = */ tile_plan_info,
+    /* .plans = */ NULL,
 };

@@ -183,28 +183,29 @@ static void cuda_release(sr_kernel *k)
     k->backend_data = NULL;
 }
 
-/* Plans k (its candidates in k->plans, chosen by core) and emits the chosen strategy's module:
- * the fused one, or the direct one when the fused plan is not chosen or its emitter declines
- * (shared memory). */
-static sr_status emit_chosen(sr_kernel *k, struct cuda_kernel *ck, struct expr_buf *src)
+/* The accumulation of k's kernels (enum jit_acc): the kernel's own, else SYMRED_ACC. */
+static enum jit_acc acc_of(const sr_kernel *k, const struct jit_ctx *jc)
 {
-    k->nplans = cuda_plans(k, (int)ck->acc, k->plans);
-    const struct sr_plan *p = sr__plan_choose(k);
-    if (p && p->id == CUDA_PLAN_FUSED) {
-        sr_status st = jit_emit_cuda_fused(k, ck->acc, src, &ck->plan, &ck->fplan);
-        if (st != SR_ENOTSUP) {
-            k->plans[CUDA_PLAN_FUSED].tj = ck->fplan.tj;
-            return st;
-        }
-        free(src->data);
-        memset(src, 0, sizeof *src);
-        memset(&ck->fplan, 0, sizeof ck->fplan);
-        sr__plan_reject(k, "declined when realised: its tiles exceed shared memory");
-    }
-    return jit_emit_cuda(k, ck->acc, src, &ck->plan);
+    return k->acc != SR_ACC_DEFAULT ? (enum jit_acc)(k->acc - 1) : (enum jit_acc)jc->acc;
 }
 
-static sr_status cuda_prepare(sr_kernel *k)
+/* k's candidates for the planner (cuda_plans), none without a device (cuda_prepare says why). */
+static int cuda_candidates(const sr_kernel *k, struct sr_plan *out)
+{
+    const struct cuda_device *dev;
+    const struct nvrtc_api *nv;
+    const char *why;
+    struct jit_ctx *jc = NULL;
+    if (jit_cuda_device(&dev, &why) != SR_OK || jit_nvrtc_get(&nv, &why) != SR_OK ||
+        jit_ctx_get(k->ctx, &jc) != SR_OK)
+        return 0;
+    return cuda_plans(k, (int)acc_of(k, jc), out);
+}
+
+/* Realises plan p of k, chosen by the planner: the fused strategy's module, declined when its
+ * emitter finds the tiles past shared memory (the planner's next choice is the direct one), or
+ * the direct strategy's (p direct or NULL). */
+static sr_status cuda_prepare(sr_kernel *k, const struct sr_plan *p, struct sr_realise *real)
 {
     sr_ctx *ctx = k->ctx;
     const struct cuda_device *dev;
@@ -222,9 +223,21 @@ static sr_status cuda_prepare(sr_kernel *k)
     if (!ck)
         return sr__error(ctx, SR_ENOMEM, "out of memory");
     ck->dev = dev;
-    ck->acc = k->acc != SR_ACC_DEFAULT ? (enum jit_acc)(k->acc - 1) : (enum jit_acc)jc->acc;
+    ck->acc = acc_of(k, jc);
     struct expr_buf src = {0};
-    st = emit_chosen(k, ck, &src);
+    if (p && p->id == CUDA_PLAN_FUSED) {
+        st = jit_emit_cuda_fused(k, ck->acc, &src, &ck->plan, &ck->fplan);
+        if (st == SR_ENOTSUP) {
+            free(src.data);
+            free(ck);
+            real->declined = "declined when realised: its tiles exceed shared memory";
+            return SR_ENOTSUP;
+        }
+        if (st == SR_OK)
+            k->plans[CUDA_PLAN_FUSED].tj = ck->fplan.tj;
+    } else {
+        st = jit_emit_cuda(k, ck->acc, &src, &ck->plan);
+    }
     if (st == SR_ENOTSUP) {
         st =
             sr__error(ctx, SR_ENOTSUP,
@@ -411,7 +424,7 @@ static sr_status plan_run(const sr_kernel *k, const struct cuda_kernel *ck, cons
         p->per_row +=
             (int64_t)k->out_dim * ((ri->values ? (int64_t)esz : 0) + (ri->indices ? 8 : 0));
     p->rows = p->nout > 0 ? p->nout : 1;
-    int64_t lim = k->ctx->mem_limit;
+    int64_t lim = sr__call_budget(k);
     if (lim <= 0)
         return SR_OK;
     /* Within the budget: the whole arrays, then as many output rows per pass as fit. */
@@ -523,7 +536,7 @@ static sr_status cuda_reduce(const sr_kernel *k, const sr_run_desc *run, uint64_
             (st = dalloc(ctx, cu, &a, (size_t)p.rows * irow, &didx, "the indices")) != SR_OK)
             goto out;
     }
-    int64_t lim = ctx->mem_limit;
+    int64_t lim = sr__call_budget(k);
     int64_t room = lim > 0 ? lim - p.whole - p.rows * p.per_row : -1;
     const bool fused = ck->fused != NULL;
     int nsplit = p.nred > 0 && !rp ? split_count(ck, p.rows, p.nred, room) : 1;
@@ -705,9 +718,9 @@ static void cuda_explain(const sr_kernel *k, struct expr_buf *b)
                     "cuda memory: host arrays of parameters and of the reduced index are copied "
                     "whole, output-side rows %s; device pointers (sr_kernel_run_device) are used "
                     "in place\n",
-                    k->ctx->mem_limit > 0 ? "and outputs go through the device in passes that "
-                                            "fit the memory budget with the split-j states"
-                                          : "and outputs in one pass (no memory budget)");
+                    k->budget > 0 ? "and outputs go through the device in passes that "
+                                    "fit the memory budget with the split-j states"
+                                  : "and outputs in one pass (no memory budget)");
     expr_buf_printf(b, "cuda image: %s, %zu bytes, %s (cache %s, %.1f ms)%s%s\n",
                     ck->info.cubin ? "cubin" : "PTX", ck->info.bytes, ck->info.origin,
                     ck->info.cache, ck->info.compile_ms, ck->info.path[0] ? "\npath: " : "",
@@ -742,4 +755,5 @@ const struct sr_backend_i cuda_backend = {
     /* .stage = */ NULL,
     /* .wait = */ NULL,
     /* .plan_info = */ cuda_plan_info,
+    /* .plans = */ cuda_candidates,
 };

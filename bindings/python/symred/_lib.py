@@ -175,6 +175,7 @@ class PlanInfo(ctypes.Structure):
         ("tier", ctypes.c_int),
         ("compiling", ctypes.c_int),
         ("fallback", ctypes.c_char_p),
+        ("device_why", ctypes.c_char_p),
     ]
 
 
@@ -352,8 +353,9 @@ def kernel_plan(kernel):
     ("cpu-jit", "reference", "cuda"), ``device`` ("cpu", "cuda" or "reference"),
     ``tile_rows``, ``tile_cols`` (0 where not tiled), ``threads``, ``workspace_bytes`` (all
     threads), ``workspace_per_thread``, ``tier`` (0: an interpreter serves the calls, 1:
-    compiled code), ``compiling`` (a background compile is pending) and ``fallback`` (why the
-    kernel runs on a fallback, or None)."""
+    compiled code), ``compiling`` (a background compile is pending), ``fallback`` (why the
+    kernel runs on a fallback, or None) and ``device_why`` (how the device was decided: named
+    by the kernel, or the planner's choice for device "auto")."""
     info = PlanInfo(size=ctypes.sizeof(PlanInfo))
     st = lib.sr_kernel_plan(kernel, ctypes.byref(info))
     if st != 0:
@@ -376,6 +378,7 @@ def kernel_plan(kernel):
         "tier": info.tier,
         "compiling": bool(info.compiling),
         "fallback": info.fallback.decode() if info.fallback else None,
+        "device_why": info.device_why.decode() if info.device_why else None,
     }
 
 

@@ -1,6 +1,7 @@
 """Genred: every reduction on both axes in float32 and float64 against NumPy brute force,
 and the output shapes pykeops documents."""
 
+import os
 import threading
 
 import numpy as np
@@ -158,7 +159,8 @@ def test_plan():
                    "device": "reference", "tile_rows": 0, "tile_cols": 0, "threads": 1,
                    "workspace_bytes": ref["workspace_bytes"],
                    "workspace_per_thread": ref["workspace_bytes"], "tier": 0,
-                   "compiling": False, "fallback": None}
+                   "compiling": False, "fallback": None,
+                   "device_why": "the kernel's desc names it"}
     assert ref["workspace_bytes"] > 0
     cpu = f.plan(dtype="float64", backend="CPU")
     if cpu["backend"] == "cpu-jit":
@@ -170,6 +172,12 @@ def test_plan():
         assert cpu["backend"] == "tile interpreter" and cpu["strategy"] == "direct", cpu
         assert cpu["tier"] == 0 and cpu["fallback"], cpu
     assert len(f._h.kernels) == 2
+    # backend="auto": the planner decides the device, and says how.
+    auto = f.plan()
+    if os.environ.get("SYMRED_DEVICE", "auto").lower() in ("auto", ""):
+        assert auto["device_why"].startswith("the planner chose the CPU"), auto
+    else:
+        assert "SYMRED_DEVICE" in auto["device_why"], auto
     with pytest.raises(symred.SymredValueError):
         symred._lib.kernel_plan(None)
 
