@@ -48,17 +48,12 @@ static sr_kernel *make(sr_ctx *ctx, const char *formula, sr_dtype dt, sr_device 
     return k;
 }
 
-/* The module's compile time from explain ("module: compiled, cache ..., 226.8 ms"), or -1. */
+/* The compile time of the kernel's module (sr_plan_info), or -1 when it was not compiled for
+ * it (a cache hit). */
 static double compile_ms(const sr_kernel *k)
 {
-    const char *m = strstr(sr_kernel_explain(k), "module: compiled");
-    const char *ms = m ? strstr(m, " ms\n") : NULL;
-    if (!ms)
-        return -1;
-    const char *p = ms;
-    while (p > m && p[-1] != ' ')
-        p--;
-    return atof(p);
+    sr_plan_info p = bench_plan(k);
+    return p.module && strcmp(p.module, "compiled") == 0 ? p.compile_ms : -1;
 }
 
 static double best_block(const sr_kernel *k, int64_t M, int64_t b, const void *const *args,
@@ -129,7 +124,7 @@ int main(int argc, char **argv)
                                    dt == SR_F64 ? (void *)&e64 : (void *)&e32};
             sr_kernel *kr = make(ctx, formulas[fi], dt, SR_DEVICE_REFERENCE),
                       *kj = make(ctx, formulas[fi], dt, SR_DEVICE_CPU);
-            if (!strstr(sr_kernel_explain(kj), "eval_block: generated")) {
+            if (!bench_plan(kj).eval_block) {
                 fprintf(stderr, "the JIT kernel has no generated block:\n%s",
                         sr_kernel_explain(kj));
                 return 1;

@@ -53,14 +53,12 @@ static void best_times(sr_kernel *const *k, int nk, int64_t n, const void *const
         }
 }
 
-/* The line of the explain text that starts with key, or "". */
-static void print_line(const char *explain, const char *key)
+/* The simplifier's cost estimate of k's formula (sr_plan_info). */
+static void print_cost(const char *what, const sr_kernel *k)
 {
-    const char *p = strstr(explain, key);
-    if (!p)
-        return;
-    const char *e = strchr(p, '\n');
-    printf("  %.*s\n", e ? (int)(e - p) : (int)strlen(p), p);
+    sr_plan_info p = bench_plan(k);
+    printf("  %s cost estimate: %.0f flops per pair (as given: %.0f), %.0f bytes per pair\n", what,
+           p.flops_per_pair, p.flops_per_pair_given, p.bytes_per_pair);
 }
 
 int main(int argc, char **argv)
@@ -113,9 +111,13 @@ int main(int argc, char **argv)
            "(ratio %.2f), d/dy %.3f s (ratio %.2f)\n",
            cpu[0], cpu[1], cpu[1] / cpu[0], cpu[2], cpu[2] / cpu[0]);
     printf("gradient kernel d/dx:\n");
-    print_line(sr_kernel_explain(gx), "simplified formula:");
-    print_line(sr_kernel_explain(gx), "cost estimate:");
-    print_line(sr_kernel_explain(fwd), "cost estimate:");
+    char formula[4096] = "";
+    const sr_expr *gf = bench_plan(gx).formula;
+    if (gf)
+        sr_expr_print(gf, formula, sizeof formula);
+    printf("  simplified formula: %s\n", formula);
+    print_cost("d/dx", gx);
+    print_cost("forward", fwd);
     bench_record_row(&rec,
                      "\"N\": %lld, \"reps\": %d, \"forward_s\": %.4f, \"dx_s\": %.4f, "
                      "\"dy_s\": %.4f, \"dx_over_forward\": %.2f, \"dy_over_forward\": %.2f, "

@@ -133,18 +133,13 @@ static void time_pair(const struct bk *a, const struct bk *b, const struct input
     }
 }
 
-/* The simplified formula the kernel runs, from its explain text. */
+/* The formula the kernel runs (sr_plan_info.formula), printed into buf. */
 static const char *simplified(const struct bk *b, char *buf, size_t cap)
 {
-    const char *e = sr_kernel_explain(b->k), *p = strstr(e, "simplified formula: ");
-    if (!p)
-        p = strstr(e, "formula: ");
-    p = p ? strchr(p, ':') + 2 : "";
-    size_t n = strcspn(p, "\n");
-    if (n >= cap)
-        n = cap - 1;
-    memcpy(buf, p, n);
-    buf[n] = 0;
+    const sr_expr *f = bench_plan(b->k).formula;
+    buf[0] = 0;
+    if (f)
+        sr_expr_print(f, buf, cap);
     return buf;
 }
 

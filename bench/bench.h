@@ -1,14 +1,17 @@
 /*
  * bench.h — what the benchmark programs share: a monotonic clock, an allocator that exits with a
- * message instead of returning NULL, and a reproducible uniform generator. Not part of the
- * library.
+ * message instead of returning NULL, a reproducible uniform generator, and a kernel's plan. Not
+ * part of the library.
  */
 #ifndef SYMRED_BENCH_H
 #define SYMRED_BENCH_H
 
+#include "symred.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* The benchmarks time compiled code, so kernel creation waits for the compiler (SYMRED_JIT=sync)
@@ -31,6 +34,17 @@ static inline void *bench_alloc(size_t n)
         fprintf(stderr, "benchmark: out of memory (%zu bytes)\n", n);
         exit(1);
     }
+    return p;
+}
+
+/* The plan of kernel k (sr_kernel_plan), all zero when it cannot be had. */
+static inline sr_plan_info bench_plan(const sr_kernel *k)
+{
+    sr_plan_info p;
+    memset(&p, 0, sizeof p);
+    p.size = sizeof p;
+    if (sr_kernel_plan(k, &p) != SR_OK)
+        memset(&p, 0, sizeof p);
     return p;
 }
 

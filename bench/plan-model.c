@@ -69,17 +69,20 @@ static sr_kernel *job_kernel(sr_ctx *c, enum job j, int w)
     return k;
 }
 
-/* The strategy and estimate on the chosen plan's line of k's explain, into buf. */
+/* The chosen plan's strategy and estimate (sr_kernel_plan_candidate), into buf. */
 static void chosen_line(sr_kernel *k, char *buf, size_t n)
 {
-    const char *ex = sr_kernel_explain(k), *p = ex ? strstr(ex, "  chosen: ") : NULL;
-    if (!p) {
+    sr_plan_candidate c;
+    memset(&c, 0, sizeof c);
+    c.size = sizeof c;
+    if (bench_plan(k).plans < 1 || sr_kernel_plan_candidate(k, 0, &c) != SR_OK || !c.chosen) {
         snprintf(buf, n, "?");
         return;
     }
-    p += 10;
-    size_t len = strcspn(p, ";\n");
-    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), p);
+    snprintf(buf, n,
+             "%s: est. %.3g ns per pair (%.0f flops per pair in the tile product + %.0f "
+             "in generated code)",
+             sr_strategy_name(c.strategy), c.est_ns, c.gemm_flops, c.flops);
 }
 
 static double run_best(sr_kernel *k, int64_t n, const void **args, void *out, int reps)

@@ -835,7 +835,13 @@ SR_API const char *sr_strategy_name(sr_strategy s);
  * strategy and the strategy of the kernel that does its pair work in inner (for SUM_SPLIT the
  * first part's; both parts run a fused two-product); backend, device, tiles, tier and fallback
  * are that inner kernel's too, while the workspace and threads are the composed kernel's. Any
- * other kernel has inner == strategy. Every string is static: valid for the life of the process.
+ * other kernel has inner == strategy. Every string is static (valid for the life of the
+ * process) unless its member says that the kernel owns it (valid until sr_kernel_free).
+ *
+ * The members after fallback (the second version) say how the plan was reached and what the
+ * code that runs is made of: where its compiled module came from, the planner's estimate and
+ * candidates (sr_kernel_plan_candidate lists them), what the simplifier did, and the details of
+ * the strategy's generated code. A member that does not apply to the kernel is 0 or NULL.
  */
 typedef struct sr_plan_info {
     size_t size;          /* in: sizeof(sr_plan_info); out: the bytes the library filled */
@@ -864,6 +870,61 @@ typedef struct sr_plan_info {
     /* How the kernel's device was decided: "the kernel's desc names it", or for SR_DEVICE_AUTO
      * the planner's choice and why (the device SYMRED_DEVICE names, else the CPU). */
     const char *device_why;
+    /* Where the compiled module that serves the calls came from: "compiled" (the compiler ran
+     * for it), "memory" (a module the context had loaded), "disk" (the disk cache); NULL while
+     * no compiled code serves the calls (an interpreter; a compile pending or failed). A plan
+     * of several modules names its first (the fused two-product's tile of F). */
+    const char *module;
+    /* The disk cache's part in it: "hit", "miss (stored)", "off: <why>", ...; NULL with module.
+     * Owned by the kernel. */
+    const char *module_cache;
+    /* The cached shared object or the kept source of the module, or NULL. Owned by the kernel. */
+    const char *module_path;
+    double compile_ms; /* what obtaining the module took (compile or load), in ms */
+    /* Why the background compile failed (the interpreter then serves the calls for good), or
+     * NULL. Owned by the kernel. */
+    const char *compile_error;
+    /* The candidate plans the planner chose among (sr_kernel_plan_candidate); a reduction
+     * rewrite's are its inner kernel's. 0 where there was no choice (the reference, the tile
+     * interpreter, a sum split). */
+    int plans;
+    /* The chosen candidate's estimated time per (i, j) pair on one thread, in ns; 0: none. */
+    double est_ns;
+    int simplified; /* 1: the simplifier ran on the formula (SYMRED_SIMPLIFY is not 0) */
+    /* The formula the kernel runs: the simplified one, with the expansion that a gemm strategy
+     * took. Owned by the kernel's context; sr_expr_print prints it. */
+    const sr_expr *formula;
+    /* The simplifier's reduction rewrite ("sum-factor", ...; the strategy is POST_REWRITE on
+     * the backends that run it), or NULL. */
+    const char *rewrite;
+    /* Subexpressions that do not depend on the pair, computed once per row, column or call. */
+    int hoisted;
+    /* The simplifier's cost estimate of the formula as run and as given, per (i, j) pair. */
+    double flops_per_pair;
+    double flops_per_pair_given;
+    double bytes_per_pair; /* bytes of reduced-index operands read per pair */
+    /* How the compiled code accumulates float32 sums (SR_ACC_BLOCK, SR_ACC_KAHAN, SR_ACC_F64;
+     * SR_ACC_F64 for float64 kernels); SR_ACC_DEFAULT where no compiled code sums. */
+    sr_acc acc;
+    int io_native;  /* 1: the generated code reads and writes the 16-bit arrays itself */
+    int eval_block; /* 1: sr_kernel_eval_block runs generated code, 0: the reference */
+    /* The direct strategy's generated loop: 1 for the plain loop over the reduced index (wide
+     * values, large contractions), 0 for the vectorised one; and the output rows per pass over
+     * a tile (register blocking). */
+    int loop_mode;
+    int rows_per_pass;
+    /* The tile interpreter's vector loops ("AVX-512", "AVX2", "baseline") where it serves the
+     * calls, else NULL. */
+    const char *tile_isa;
+    /* The tile product of the gemm-epilogue and fused strategies: "avx512" (symred's AVX-512
+     * gemm), "avx2" (symred's AVX2 strip products), "blis"; NULL for other strategies. */
+    const char *product;
+    /* The fused two-product: B is a formula of the reduced side, evaluated once per tile of
+     * reduced indices (1), or an argument (0). */
+    int b_hoisted;
+    /* The gemm-epilogue's K-selections: the candidates its tiles keep are ranked again with F
+     * as given (1), or not (0: SYMRED_GEMM_REFINE=off, or not a K-selection). */
+    int rerank;
 } sr_plan_info;
 
 /* Fills *info with the plan of the kernel (above). info->size must be set first; sizes from
@@ -872,6 +933,34 @@ typedef struct sr_plan_info {
  * the kernel's context when there is a kernel); *info is not written then. Thread-safe: it only
  * reads the immutable kernel, and may run while the kernel runs (not while it is freed). */
 SR_API sr_status sr_kernel_plan(const sr_kernel *kernel, sr_plan_info *info);
+
+/*
+ * One of the candidate plans the planner chose among (sr_plan_info.plans of them): what the
+ * backend offered before anything was compiled, with its estimate, and whether it was chosen
+ * or rejected, and why. The chosen plan is the feasible one of least estimated time, unless an
+ * option forces one. Same size protocol as sr_plan_info.
+ */
+typedef struct sr_plan_candidate {
+    size_t size;          /* in: sizeof(sr_plan_candidate); out: the bytes the library filled */
+    sr_strategy strategy; /* what the candidate would run */
+    int chosen;           /* 1: the plan that runs */
+    int feasible;         /* 0: rejected, why says why */
+    int forced;           /* 1: an option asks for it (SYMRED_GEMM=on) */
+    double est_ns;        /* estimated time per (i, j) pair on one thread, in ns; 0: none */
+    double flops;         /* estimated flops per pair in generated code */
+    double gemm_flops;    /* estimated flops per pair in the tile product */
+    int tile_rows;        /* 0 where set only when realised */
+    int tile_cols;
+    int64_t workspace_per_thread; /* known before realising (a lower bound); 0: not known */
+    const char *why; /* why rejected, or a note on the plan; "" if none. Owned by the kernel */
+} sr_plan_candidate;
+
+/* Fills *c with candidate i (0 <= i < sr_plan_info.plans) of the kernel's plan, the chosen one
+ * first. c->size must be set first. Errors: SR_EINVAL for a NULL kernel or c, a size below
+ * sizeof(sr_plan_candidate) as this header first defined it, or i out of range (recorded in the
+ * kernel's context when there is a kernel); *c is not written then. Thread-safe like
+ * sr_kernel_plan. */
+SR_API sr_status sr_kernel_plan_candidate(const sr_kernel *kernel, int i, sr_plan_candidate *c);
 
 /* Writes the values of the kernel's formula F (not the reduction) for the block of rows
  * [i0, i0 + ni) and columns [j0, j0 + nj) into out, row-major ni x nj x dim(F) values of the
@@ -886,13 +975,13 @@ SR_API sr_status sr_kernel_plan(const sr_kernel *kernel, sr_plan_info *info);
  * sr_kernel_eval_block compiles (or finds in the caches): the kernel's cold creation does not pay
  * for it, its first block does, later blocks need no compile or cache lookup; other kernels
  * (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the reference interpreter
- * (float64, rounded to the dtype); sr_kernel_explain says "eval_block: generated" for the first
- * kind. This is the building block of split-and-accumulate algorithms (e.g. the K_uf K_fu product
- * of sparse GPs, examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's
- * own workspace is one thread's kernel workspace (the JIT's tile) or a few values per formula node,
- * per thread. Errors: SR_EINVAL (NULL or missing arrays, a block outside the matrix, negative
- * sizes), SR_EOVERFLOW (ni * nj * dim(F) too large), SR_EBUDGET, SR_ENOMEM, and on the first
- * call those of a compile (SR_ECOMPILE, SR_EIO). Thread-safe like sr_kernel_run. */
+ * (float64, rounded to the dtype); sr_plan_info.eval_block is 1 for the first kind. This is the
+ * building block of split-and-accumulate algorithms (e.g. the K_uf K_fu product of sparse GPs,
+ * examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's own workspace
+ * is one thread's kernel workspace (the JIT's tile) or a few values per formula node, per thread.
+ * Errors: SR_EINVAL (NULL or missing arrays, a block outside the matrix, negative sizes),
+ * SR_EOVERFLOW (ni * nj * dim(F) too large), SR_EBUDGET, SR_ENOMEM, and on the first call those of
+ * a compile (SR_ECOMPILE, SR_EIO). Thread-safe like sr_kernel_run. */
 SR_API sr_status sr_kernel_eval_block(const sr_kernel *kernel, int64_t nx, int64_t ny,
                                       const void *const *args, int64_t i0, int64_t ni, int64_t j0,
                                       int64_t nj, void *out);

@@ -57,16 +57,27 @@ static sr_status new_kernel_in(const char *text, sr_ctx **ctx, sr_expr **f, sr_k
     return sr_kernel_new(*ctx, *f, &d, k);
 }
 
-/* Builds `formula` in a new context, checks one result, and returns the explain text (owned by
- * the caller). */
-static char *build_and_check(const char *formula, double gval)
+/* What a kernel's plan says of its module (sr_plan_info), copied: the kernel is gone by then.
+ * path is "" when the plan names none. */
+struct built {
+    char module[16], cache[256], path[512];
+};
+
+/* Builds `formula` in a new context, checks one result, and returns what its plan says of its
+ * module. */
+static struct built build_and_check(const char *formula, double gval)
 {
     sr_ctx *ctx;
     sr_expr *f;
     sr_kernel *k;
     cr_assert_eq(new_kernel_in(formula, &ctx, &f, &k), SR_OK, "%s", sr_ctx_error(ctx));
-    char *ex = strdup(sr_kernel_explain(k));
-    cr_assert(tu_runs_jit(k), "not the JIT:\n%s", ex);
+    cr_assert(tu_runs_jit(k), "not the JIT:\n%s", sr_kernel_explain(k));
+    sr_plan_info p = tu_plan(k);
+    cr_assert(p.module && p.module_cache, "no module:\n%s", sr_kernel_explain(k));
+    struct built b;
+    snprintf(b.module, sizeof b.module, "%s", p.module);
+    snprintf(b.cache, sizeof b.cache, "%s", p.module_cache);
+    snprintf(b.path, sizeof b.path, "%s", p.module_path ? p.module_path : "");
     /* Sum_j exp(-g |x - y_j|^2) with x = 0 and y = (0,0), (1,0), (0,2). */
     float x[2] = {0, 0}, y[6] = {0, 0, 1, 0, 0, 2}, g = (float)gval, out[1];
     const void *args[] = {x, y, &g};
@@ -75,21 +86,24 @@ static char *build_and_check(const char *formula, double gval)
     cr_assert(tu_close(out[0], expect, 1e-5, 0), "got %.8g, expected %.8g", out[0], expect);
     sr_kernel_free(k);
     sr_ctx_free(ctx);
-    return ex;
+    return b;
 }
 
 static const char *formula = "Exp(-SqDist(x, y) * g)";
 
-/* The cached shared object named on the explain's "path:" line. */
-static void path_of(const char *ex, char *path, size_t cap)
+/* b came from module (sr_plan_info.module), and the disk cache's part began with cache. */
+static void expect_module(struct built b, const char *module, const char *cache)
 {
-    const char *p = strstr(ex, "path: ");
-    cr_assert_not_null(p, "no path in explain:\n%s", ex);
-    p += 6;
-    size_t n = strcspn(p, "\n");
-    cr_assert(n < cap);
-    memcpy(path, p, n);
-    path[n] = 0;
+    cr_assert_str_eq(b.module, module, "module from %s, cache %s", b.module, b.cache);
+    cr_assert(strncmp(b.cache, cache, strlen(cache)) == 0, "module from %s, cache %s, not %s...",
+              b.module, b.cache, cache);
+}
+
+/* The cached shared object of b. */
+static const char *path_of(const struct built *b)
+{
+    cr_assert(b->path[0], "no path: module from %s, cache %s", b->module, b->cache);
+    return b->path;
 }
 
 static int count_entries(void)
@@ -102,13 +116,9 @@ static int count_entries(void)
 
 Test(cache, second_creation_hits_disk)
 {
-    char *e1 = build_and_check(formula, 0.5);
-    cr_assert(strstr(e1, "module: compiled, cache miss"), "first:\n%s", e1);
-    char *e2 = build_and_check(formula, 0.5);
-    cr_assert(strstr(e2, "module: disk, cache hit"), "second:\n%s", e2);
+    expect_module(build_and_check(formula, 0.5), "compiled", "miss");
+    expect_module(build_and_check(formula, 0.5), "disk", "hit");
     cr_assert_eq(count_entries(), 1);
-    free(e1);
-    free(e2);
 }
 
 /* A second kernel, whose module is another entry than formula's. */
@@ -117,7 +127,7 @@ static const char *other_formula = "Exp(-SqDist(x, y) * g * g)";
 /* Both entries on disk: formula's and other_formula's (built in a context freed at once). */
 static void store_both(void)
 {
-    free(build_and_check(formula, 0.5));
+    build_and_check(formula, 0.5);
     sr_ctx *c;
     sr_expr *f;
     sr_kernel *k;
@@ -264,16 +274,16 @@ Test(cache, idle_modules_beyond_the_limit_unloaded)
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
     cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT_IDLE_MODULES", "1"), SR_OK);
     sr_kernel_desc d = sr_kernel_desc_default();
-    const char *expect[] = {"module: compiled", "module: compiled", "module: compiled",
-                            "module: memory", "module: disk"};
+    const char *expect[] = {"compiled", "compiled", "compiled", "memory", "disk"};
     const int order[] = {0, 1, 2, 2, 0};
     for (int i = 0; i < 5; i++) {
         sr_expr *f;
         sr_kernel *k;
         cr_assert_eq(sr_parse(ctx, texts[order[i]], aliases, 3, &f), SR_OK);
         cr_assert_eq(sr_kernel_new(ctx, f, &d, &k), SR_OK, "%s", sr_ctx_error(ctx));
-        const char *ex = sr_kernel_explain(k);
-        cr_assert(strstr(ex, expect[i]), "creation %d: expected '%s' in:\n%s", i, expect[i], ex);
+        const char *m = tu_plan(k).module;
+        cr_assert(m && strcmp(m, expect[i]) == 0, "creation %d: module from %s, not %s", i,
+                  m ? m : "nowhere", expect[i]);
         sr_kernel_free(k);
     }
     sr_ctx_free(ctx);
@@ -289,7 +299,8 @@ Test(cache, same_context_hits_memory)
     sr_kernel *k1, *k2;
     cr_assert_eq(sr_kernel_new(ctx, f, &d, &k1), SR_OK, "%s", sr_ctx_error(ctx));
     cr_assert_eq(sr_kernel_new(ctx, f, &d, &k2), SR_OK, "%s", sr_ctx_error(ctx));
-    cr_assert(strstr(sr_kernel_explain(k2), "module: memory"), "%s", sr_kernel_explain(k2));
+    const char *m = tu_plan(k2).module;
+    cr_assert(m && strcmp(m, "memory") == 0, "module from %s", m ? m : "nowhere");
     sr_kernel_free(k1);
     sr_kernel_free(k2);
     sr_ctx_free(ctx);
@@ -300,7 +311,7 @@ Test(cache, directory_created_private)
     char sub[128];
     snprintf(sub, sizeof sub, "%s/a/b", dir);
     setenv("SYMRED_CACHE_DIR", sub, 1);
-    free(build_and_check(formula, 0.25));
+    build_and_check(formula, 0.25);
     struct stat sb;
     cr_assert_eq(stat(sub, &sb), 0);
     cr_assert_eq(sb.st_mode & 0777, 0700, "mode %o", (unsigned)(sb.st_mode & 0777));
@@ -310,19 +321,15 @@ Test(cache, directory_created_private)
  * values, build_and_check), the one after hits the rebuilt entry. */
 static void expect_rebuilt(double gval, const char *spoiled)
 {
-    char *e2 = build_and_check(formula, gval);
-    cr_assert(strstr(e2, "module: compiled"), "the %s entry was used:\n%s", spoiled, e2);
-    char *e3 = build_and_check(formula, gval);
-    cr_assert(strstr(e3, "module: disk, cache hit"), "the rebuilt entry is not used:\n%s", e3);
-    free(e2);
-    free(e3);
+    struct built b2 = build_and_check(formula, gval);
+    cr_assert_str_eq(b2.module, "compiled", "the %s entry was used", spoiled);
+    expect_module(build_and_check(formula, gval), "disk", "hit");
 }
 
 static void corrupt_and_rebuild(int truncate_it)
 {
-    char *e1 = build_and_check(formula, 1.5);
-    char path[512];
-    path_of(e1, path, sizeof path);
+    struct built b1 = build_and_check(formula, 1.5);
+    const char *path = path_of(&b1);
     struct stat sb;
     cr_assert_eq(stat(path, &sb), 0, "%s", path);
     if (truncate_it) {
@@ -337,7 +344,6 @@ static void corrupt_and_rebuild(int truncate_it)
         fclose(f);
     }
     expect_rebuilt(1.5, "corrupt");
-    free(e1);
 }
 
 Test(cache, truncated_entry_rebuilt) { corrupt_and_rebuild(1); }
@@ -345,17 +351,12 @@ Test(cache, corrupt_entry_rebuilt) { corrupt_and_rebuild(0); }
 
 Test(cache, garbage_entry_rebuilt)
 {
-    char *e1 = build_and_check(formula, 0.75);
-    char path[512];
-    path_of(e1, path, sizeof path);
-    FILE *f = fopen(path, "wb");
+    struct built b1 = build_and_check(formula, 0.75);
+    FILE *f = fopen(path_of(&b1), "wb");
     cr_assert_not_null(f);
     fputs("not a shared object", f);
     fclose(f);
-    char *e2 = build_and_check(formula, 0.75);
-    cr_assert(strstr(e2, "module: compiled"), "%s", e2);
-    free(e1);
-    free(e2);
+    cr_assert_str_eq(build_and_check(formula, 0.75).module, "compiled");
 }
 
 /* Kernel creation in an unsafe cache directory fails with SR_EIO and a message containing
@@ -402,17 +403,14 @@ Test(cache, foreign_owner_refused)
 Test(cache, disabled_cache_still_compiles)
 {
     setenv("SYMRED_CACHE_DIR", "off", 1);
-    char *ex = build_and_check(formula, 0.5);
-    cr_assert(strstr(ex, "module: compiled, cache off"), "%s", ex);
-    free(ex);
+    expect_module(build_and_check(formula, 0.5), "compiled", "off");
 }
 
 Test(cache, keep_source)
 {
     setenv("SYMRED_JIT_KEEP", "1", 1);
-    char *ex = build_and_check(formula, 0.5);
-    char path[512];
-    path_of(ex, path, sizeof path);
+    struct built b = build_and_check(formula, 0.5);
+    const char *path = path_of(&b);
     size_t n = strlen(path);
     cr_assert(n > 2 && strcmp(path + n - 2, ".c") == 0, "path %s", path);
     FILE *f = fopen(path, "r");
@@ -421,7 +419,6 @@ Test(cache, keep_source)
     cr_assert_not_null(fgets(line, sizeof line, f));
     fclose(f);
     cr_assert(strstr(line, "symred generated kernel"), "%s", line);
-    free(ex);
 }
 
 /* Several processes compiling the same kernel into the same empty cache all succeed. */
@@ -433,8 +430,7 @@ Test(cache, concurrent_processes)
         pids[p] = fork();
         cr_assert(pids[p] >= 0);
         if (pids[p] == 0) {
-            char *ex = build_and_check("Exp(-SqDist(x, y) * g) + 0", 0.5);
-            free(ex);
+            build_and_check("Exp(-SqDist(x, y) * g) + 0", 0.5);
             _exit(0);
         }
     }
@@ -443,29 +439,23 @@ Test(cache, concurrent_processes)
         cr_assert_eq(waitpid(pids[p], &st, 0), pids[p]);
         cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d: status %#x", p, st);
     }
-    char *ex = build_and_check("Exp(-SqDist(x, y) * g) + 0", 0.5);
-    cr_assert(strstr(ex, "module: disk, cache hit"), "%s", ex);
+    expect_module(build_and_check("Exp(-SqDist(x, y) * g) + 0", 0.5), "disk", "hit");
     cr_assert_eq(count_entries(), 1);
-    free(ex);
 }
 
 /* A FIFO in place of an entry: opening it must not block (a FIFO with no writer would), and it is
  * replaced by a rebuilt regular file. */
 Test(cache, fifo_entry_rebuilt, .timeout = 60)
 {
-    char *e1 = build_and_check(formula, 0.3);
-    char path[512];
-    path_of(e1, path, sizeof path);
+    struct built b1 = build_and_check(formula, 0.3);
+    const char *path = path_of(&b1);
     cr_assert_eq(unlink(path), 0);
     cr_assert_eq(mkfifo(path, 0600), 0);
-    char *e2 = build_and_check(formula, 0.3);
-    cr_assert(strstr(e2, "module: compiled"), "%s", e2);
+    cr_assert_str_eq(build_and_check(formula, 0.3).module, "compiled");
     struct stat sb;
     cr_assert_eq(lstat(path, &sb), 0);
     cr_assert(S_ISREG(sb.st_mode), "the entry is still not a regular file (mode %o)",
               (unsigned)sb.st_mode);
-    free(e1);
-    free(e2);
 }
 
 /* A whole, valid entry of another formula copied under this formula's name is not this key's:
@@ -474,21 +464,22 @@ Test(cache, fifo_entry_rebuilt, .timeout = 60)
 Test(cache, foreign_entry_rejected)
 {
     static const char *other = "Exp(-SqDist(x, y) * g) * 3";
-    char *ea = build_and_check(formula, 0.5);
+    struct built ba = build_and_check(formula, 0.5);
     sr_ctx *ctx;
     sr_expr *f;
     sr_kernel *k;
     cr_assert_eq(new_kernel_in(other, &ctx, &f, &k), SR_OK, "%s", sr_ctx_error(ctx));
     char pa[512], pb[512], cmd[1200];
-    path_of(ea, pa, sizeof pa);
-    path_of(sr_kernel_explain(k), pb, sizeof pb);
+    snprintf(pa, sizeof pa, "%s", path_of(&ba));
+    const char *kp = tu_plan(k).module_path;
+    cr_assert_not_null(kp, "no path:\n%s", sr_kernel_explain(k));
+    snprintf(pb, sizeof pb, "%s", kp);
     cr_assert(strcmp(pa, pb) != 0, "two formulas, one entry %s", pa);
     sr_kernel_free(k);
     sr_ctx_free(ctx);
     snprintf(cmd, sizeof cmd, "cp '%s' '%s'", pb, pa);
     cr_assert_eq(system(cmd), 0);
     expect_rebuilt(0.5, "foreign");
-    free(ea);
 }
 
 /* Kernel creation with the cache at sub fails with SR_EIO and a message containing why and
@@ -530,7 +521,7 @@ Test(cache, writable_parent_refused)
     expect_path_refused(sub, parent);
     cr_assert_eq(chmod(parent, 01777), 0);
     setenv("SYMRED_CACHE_DIR", sub, 1);
-    free(build_and_check(formula, 0.5));
+    build_and_check(formula, 0.5);
 }
 
 /* A cache directory on a small tmpfs of the test's own (root only; skipped elsewhere), mounted
@@ -564,9 +555,9 @@ Test(cache, read_only_dir_falls_back)
         cr_skip_test("cannot mount a tmpfs here");
     snprintf(cmd, sizeof cmd, "mount -o remount,ro '%s'", mnt);
     cr_assert_eq(system(cmd), 0);
-    char *ex = build_and_check(formula, 0.5);
-    cr_assert(strstr(ex, "module: compiled, cache off") && strstr(ex, "not writable"), "%s", ex);
-    free(ex);
+    struct built b = build_and_check(formula, 0.5);
+    expect_module(b, "compiled", "off");
+    cr_assert(strstr(b.cache, "not writable"), "cache %s", b.cache);
     unmount_tmpfs(mnt);
 }
 
@@ -578,9 +569,9 @@ Test(cache, full_dir_falls_back)
         cr_skip_test("cannot mount a tmpfs here");
     snprintf(cmd, sizeof cmd, "dd if=/dev/zero of='%s/fill' bs=4k 2>/dev/null", mnt);
     cr_assert_neq(system(cmd), 0, "dd filled a 64k tmpfs without an error");
-    char *ex = build_and_check(formula, 0.5);
-    cr_assert(strstr(ex, "module: compiled, cache off") && strstr(ex, "not writable"), "%s", ex);
-    free(ex);
+    struct built b = build_and_check(formula, 0.5);
+    expect_module(b, "compiled", "off");
+    cr_assert(strstr(b.cache, "not writable"), "cache %s", b.cache);
     unmount_tmpfs(mnt);
 }
 
@@ -610,7 +601,7 @@ Test(cache, stale_build_dirs_swept)
             cr_assert_eq(utimes(p, tv), 0);
         }
     }
-    free(build_and_check(formula, 0.5));
+    build_and_check(formula, 0.5);
     for (int i = 0; i < 4; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
         bool gone = access(p, F_OK) != 0;

@@ -90,9 +90,8 @@ Test(gemm_form, direct_computes_sqdist)
     sr_kernel *k = argkmin(ctx);
     const char *ex = sr_kernel_explain(k);
     cr_assert_eq(tu_plan(k).inner, SR_STRATEGY_DIRECT, "%s", ex);
-    const char *simp = strstr(ex, "simplified formula: ");
-    cr_assert(simp && strncmp(simp, "simplified formula: SqDist(", 27) == 0, "%s", ex);
-    cr_assert(strstr(ex, "SqNorm2") == NULL, "the expansion ran:\n%s", ex);
+    char f[512];
+    cr_assert(strncmp(tu_formula(k, f, sizeof f), "SqDist(", 7) == 0, "the kernel runs %s", f);
     check_neighbours(k);
     sr_kernel_free(k);
     sr_ctx_free(ctx);
@@ -108,12 +107,12 @@ Test(gemm_form, gemm_epilogue_takes_the_expansion)
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
     sr_kernel *k = argkmin(ctx);
     const char *ex = sr_kernel_explain(k);
+    char f[512];
+    bool expanded = strstr(tu_formula(k, f, sizeof f), "SqNorm2") != NULL;
     if (cpu_avx512_usable() || tu_blis_usable())
-        cr_assert(tu_plan(k).inner == SR_STRATEGY_GEMM_EPILOGUE && strstr(ex, "SqNorm2") &&
-                      strstr(ex, "for the gemm (the strategy below):"),
-                  "%s", ex);
+        cr_assert(tu_plan(k).inner == SR_STRATEGY_GEMM_EPILOGUE && expanded, "%s", ex);
     else
-        cr_assert(strstr(ex, "SqNorm2") == NULL, "the expansion ran:\n%s", ex);
+        cr_assert(!expanded, "the expansion ran: %s", f);
     sr_kernel_free(k);
     sr_ctx_free(ctx);
 }

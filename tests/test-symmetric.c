@@ -116,6 +116,18 @@ static bool expect_sym(const struct scase *c)
 
 /* Builds the kernel of c and the reference's, runs both on the same inputs and compares every
  * output; checks explain and which runs take the symmetric driver. */
+/* Whether k's symmetric candidate was rejected because F is not symmetric. */
+static bool rejected_as_not_symmetric(const sr_kernel *k)
+{
+    for (int i = 0; i < tu_plan(k).plans; i++) {
+        sr_plan_candidate p = {.size = sizeof p};
+        if (sr_kernel_plan_candidate(k, i, &p) == SR_OK && p.strategy == SR_STRATEGY_SYMMETRIC &&
+            !p.feasible)
+            return strstr(p.why, "F is not symmetric") != NULL;
+    }
+    return false;
+}
+
 static void run_case(const struct scase *c)
 {
     if (c->budget) {
@@ -135,11 +147,10 @@ static void run_case(const struct scase *c)
     const char *ex = sr_kernel_explain(kg);
     bool sym_plan = have_blis && c->R >= 4 && c->form != ASYM && c->form != HOIST_B;
     cr_assert_eq(tu_plan(kg).strategy == SR_STRATEGY_SYMMETRIC, sym_plan, "%s", ex);
-    cr_assert_eq(strstr(ex, "symmetric: F(x, y) = F(y, x)") != NULL, sym_plan, "%s", ex);
     if (c->form == ASYM && c->R >= 4 && have_blis)
-        cr_assert(strstr(ex, "F is not symmetric"), "%s", ex);
+        cr_assert(rejected_as_not_symmetric(kg), "%s", ex);
     if (c->form == HOIST_B && c->R >= 4)
-        cr_assert(strstr(ex, "B: hoisted"), "%s", ex);
+        cr_assert(tu_plan(kg).b_hoisted, "%s", ex);
 
     uint64_t s = 7 + (uint64_t)c->R * 31 + (uint64_t)c->nx * 5 + (uint64_t)c->ny;
     int64_t nb = c->axis == 1 ? c->ny : c->nx, nout = c->axis == 1 ? c->nx : c->ny;

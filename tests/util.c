@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,6 +82,15 @@ bool tu_runs_fused(const sr_kernel *k)
 }
 
 bool tu_runs_jit(const sr_kernel *k) { return strcmp(tu_plan(k).backend, "cpu-jit") == 0; }
+
+const char *tu_formula(const sr_kernel *k, char *buf, size_t cap)
+{
+    const sr_expr *f = tu_plan(k).formula;
+    buf[0] = 0;
+    if (f && sr_expr_print(f, buf, cap) >= cap)
+        snprintf(buf, cap, "(longer than %zu bytes)", cap);
+    return buf;
+}
 
 const char *tu_strategy_name(const sr_kernel *k)
 {

@@ -31,6 +31,9 @@ bool tu_runs_jit(const sr_kernel *k);
  * or its inner kernel's for a reduction rewrite or a sum split): SR_STRATEGY_FUSED or its
  * symmetric driver. */
 bool tu_runs_fused(const sr_kernel *k);
+/* The formula k runs (sr_plan_info.formula: the simplified one), printed into buf; "" when the
+ * plan names none. */
+const char *tu_formula(const sr_kernel *k, char *buf, size_t cap);
 /* The name of k's strategy, for messages. */
 const char *tu_strategy_name(const sr_kernel *k);
 

@@ -221,6 +221,28 @@ void sr__plan_info_composed(const sr_kernel *inner, sr_strategy outer, sr_plan_i
     info->compiling = in.compiling;
     if (!info->fallback)
         info->fallback = in.fallback;
+    info->module = in.module;
+    info->module_cache = in.module_cache;
+    info->module_path = in.module_path;
+    info->compile_ms = in.compile_ms;
+    info->compile_error = in.compile_error;
+    info->acc = in.acc;
+    info->io_native = in.io_native;
+    info->loop_mode = in.loop_mode;
+    info->rows_per_pass = in.rows_per_pass;
+    info->tile_isa = in.tile_isa;
+    info->product = in.product;
+    info->b_hoisted = in.b_hoisted;
+    info->rerank = in.rerank;
+}
+
+/* The chosen candidate of k, or NULL. */
+static const struct sr_plan *chosen_plan(const sr_kernel *k)
+{
+    for (int i = 0; i < k->nplans; i++)
+        if (k->plans[i].chosen)
+            return &k->plans[i];
+    return NULL;
 }
 
 /* The bytes of the first version of sr_plan_info, the least size a caller may pass. */
@@ -246,6 +268,16 @@ sr_status sr_kernel_plan(const sr_kernel *k, sr_plan_info *info)
     p.workspace_bytes = sr__kernel_workspace(k, &p.workspace_per_thread, &p.threads);
     p.fallback = k->fallback_why;
     p.device_why = k->device_why;
+    p.plans = k->nplans;
+    const struct sr_plan *c = chosen_plan(k);
+    p.est_ns = c ? c->est_ns : 0;
+    p.simplified = k->simp.enabled;
+    p.formula = k->f;
+    p.rewrite = k->simp.post_rule;
+    p.hoisted = k->simp.nhoisted;
+    p.flops_per_pair = k->simp.cost.flops_pair;
+    p.flops_per_pair_given = k->simp.cost_user.flops_pair;
+    p.bytes_per_pair = k->simp.cost.bytes_pair;
     if (k->backend->plan_info)
         k->backend->plan_info(k, &p);
     if ((int)p.inner < 0)
@@ -255,5 +287,60 @@ sr_status sr_kernel_plan(const sr_kernel *k, sr_plan_info *info)
     p.size = n;
     memset(info, 0, info->size);
     memcpy(info, &p, n);
+    return SR_OK;
+}
+
+/* The strategy whose name (sr_strategy_name) a candidate bears. */
+static sr_strategy strategy_of(const char *name)
+{
+    for (size_t s = 0; name && s < sizeof strategy_names / sizeof *strategy_names; s++)
+        if (strategy_names[s] && strcmp(strategy_names[s], name) == 0)
+            return (sr_strategy)s;
+    return (sr_strategy)-1;
+}
+
+/* The bytes of the first version of sr_plan_candidate. */
+#define PLAN_CANDIDATE_V1 (offsetof(sr_plan_candidate, why) + sizeof(const char *))
+
+sr_status sr_kernel_plan_candidate(const sr_kernel *k, int i, sr_plan_candidate *c)
+{
+    if (!k)
+        return SR_EINVAL;
+    if (!c)
+        return sr__error(k->ctx, SR_EINVAL, "sr_kernel_plan_candidate: c is NULL");
+    if (c->size < PLAN_CANDIDATE_V1)
+        return sr__error(k->ctx, SR_EINVAL,
+                         "sr_kernel_plan_candidate: c->size is %zu, at least %zu expected (set it "
+                         "to sizeof(sr_plan_candidate))",
+                         c->size, (size_t)PLAN_CANDIDATE_V1);
+    if (i < 0 || i >= k->nplans)
+        return sr__error(k->ctx, SR_EINVAL,
+                         "sr_kernel_plan_candidate: candidate %d of %d (sr_plan_info.plans)", i,
+                         k->nplans);
+    /* The chosen plan first, then the others in the backend's order (as explain lists them). */
+    const struct sr_plan *ch = chosen_plan(k), *p = ch;
+    if (!ch || i > 0)
+        for (int q = 0, n = ch ? 1 : 0; q < k->nplans; q++)
+            if (&k->plans[q] != ch && n++ == i) {
+                p = &k->plans[q];
+                break;
+            }
+    sr_plan_candidate r;
+    memset(&r, 0, sizeof r);
+    r.strategy = strategy_of(p->strategy);
+    r.chosen = p->chosen;
+    r.feasible = p->feasible;
+    r.forced = p->forced;
+    r.est_ns = p->est_ns;
+    r.flops = p->flops;
+    r.gemm_flops = p->gemm_flops;
+    r.tile_rows = p->ti;
+    r.tile_cols = p->tj;
+    r.workspace_per_thread = p->workspace;
+    r.why = p->why;
+    size_t n = c->size < sizeof r ? c->size : sizeof r;
+    r.size = n;
+    memset(c, 0, c->size);
+    memcpy(c, &r, n);
     return SR_OK;
 }

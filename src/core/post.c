@@ -54,6 +54,9 @@ static sr_status post_prepare(sr_kernel *k, const struct sr_plan *p, struct sr_r
     }
     d->vt = simp_post_backend;
     d->vt.name = d->inner->backend->name;
+    /* The candidates the inner kernel chose among are k's (sr_kernel_plan_candidate). */
+    memcpy(k->plans, d->inner->plans, sizeof k->plans);
+    k->nplans = d->inner->nplans;
     k->backend_data = d;
     r->run = &d->vt;
     return SR_OK;

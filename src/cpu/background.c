@@ -337,3 +337,27 @@ int cpu_bg_explain(struct cpu_bg *bg, struct expr_buf *b, struct jit_load_info *
                        "served the calls before)\n");
     return SR_STAGE_COMPILED;
 }
+
+void cpu_module_plan_info(const struct jit_load_info *li, sr_plan_info *info)
+{
+    info->module = li->origin;
+    info->module_cache = li->cache;
+    info->module_path = li->path[0] ? li->path : NULL;
+    info->compile_ms = li->compile_ms;
+}
+
+void cpu_bg_plan_info(struct cpu_bg *bg, sr_plan_info *info)
+{
+    /* bg->info is written before the modules are published, bg->why before done is set: both
+     * stay as they are from then on, for as long as the kernel holds bg. */
+    if (cpu_bg_module(bg, 0)) {
+        cpu_module_plan_info(&bg->info, info);
+    } else if (orphan(bg)) {
+        info->compile_error = orphan_why;
+    } else {
+        pthread_mutex_lock(&bg->lock);
+        if (bg->done && bg->status != SR_OK)
+            info->compile_error = bg->why;
+        pthread_mutex_unlock(&bg->lock);
+    }
+}

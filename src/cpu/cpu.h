@@ -406,5 +406,10 @@ int cpu_bg_stage(struct cpu_bg *bg);
 /* Explain's tier line; the first module's load info in *info; returns the stage. */
 struct jit_load_info;
 int cpu_bg_explain(struct cpu_bg *bg, struct expr_buf *b, struct jit_load_info *info);
+/* sr_plan_info's module members from a module's load info li, whose strings the kernel owns. */
+void cpu_module_plan_info(const struct jit_load_info *li, sr_plan_info *info);
+/* sr_plan_info's module members of a kernel whose modules bg compiles: the first module's load
+ * info once they are loaded, the reason once the compile failed, nothing while it runs. */
+void cpu_bg_plan_info(struct cpu_bg *bg, sr_plan_info *info);
 
 #endif /* SYMRED_CPU_H */

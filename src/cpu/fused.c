@@ -2015,6 +2015,13 @@ static void fused_plan_info(const sr_kernel *k, sr_plan_info *info)
     int stage = fk->tier0 ? SR_STAGE_FAILED : cpu_bg_stage(fk->bg);
     info->tier = stage == SR_STAGE_FINAL || stage == SR_STAGE_COMPILED;
     info->compiling = stage == SR_STAGE_PENDING;
+    info->acc = k->dtype == SR_F64 ? SR_ACC_F64 : SR_ACC_BLOCK;
+    info->product = fk->kern == KERN_AVX512 ? "avx512" : fk->kern == KERN_AVX2 ? "avx2" : "blis";
+    info->b_hoisted = fk->hoist.b != NULL;
+    if (fk->bg)
+        cpu_bg_plan_info(fk->bg, info);
+    else if (!fk->tier0)
+        cpu_module_plan_info(&fk->fac[0].info, info);
 }
 
 static int fused_stage(const sr_kernel *k)

@@ -1080,6 +1080,13 @@ static void gemm_plan_info(const sr_kernel *k, sr_plan_info *info)
     int stage = g->bg ? cpu_bg_stage(g->bg) : g->m ? SR_STAGE_FINAL : SR_STAGE_FAILED;
     info->tier = stage == SR_STAGE_FINAL || stage == SR_STAGE_COMPILED;
     info->compiling = stage == SR_STAGE_PENDING;
+    info->acc = k->dtype == SR_F64 ? SR_ACC_F64 : (sr_acc)(g->acc + 1);
+    info->product = g->kern == KERN_AVX512 ? "avx512" : "blis";
+    info->rerank = g->kc > 0;
+    if (g->bg)
+        cpu_bg_plan_info(g->bg, info);
+    else if (g->m)
+        cpu_module_plan_info(&g->info, info);
 }
 
 static int gemm_stage(const sr_kernel *k)

@@ -603,6 +603,15 @@ static void jit_plan_info(const sr_kernel *k, sr_plan_info *info)
     int stage = jit_stage(k);
     info->tier = stage == SR_STAGE_FINAL || stage == SR_STAGE_COMPILED;
     info->compiling = stage == SR_STAGE_PENDING;
+    info->acc = k->dtype == SR_F64 ? SR_ACC_F64 : (sr_acc)(jk->acc + 1);
+    info->io_native = k->io_native;
+    info->eval_block = 1;
+    info->loop_mode = jk->plan.loops;
+    info->rows_per_pass = jk->plan.rows_per_pass;
+    if (jk->bg)
+        cpu_bg_plan_info(jk->bg, info);
+    else
+        cpu_module_plan_info(&jk->info, info);
     if (!info->tier)
         cpu_tile_plan_info(k, jk->t0, info);
 }

@@ -736,6 +736,11 @@ static void cuda_plan_info(const sr_kernel *k, sr_plan_info *info)
     info->tile_rows = ck->fused ? ck->fplan.ti : ck->plan.block;
     info->tile_cols = ck->fused ? ck->fplan.tj : ck->plan.tile;
     info->tier = 1;
+    info->module = ck->info.origin;
+    info->module_cache = ck->info.cache;
+    info->module_path = ck->info.path[0] ? ck->info.path : NULL;
+    info->compile_ms = ck->info.compile_ms;
+    info->acc = k->dtype == SR_F64 ? SR_ACC_F64 : (sr_acc)(ck->acc + 1);
 }
 
 const struct sr_backend_i cuda_backend = {

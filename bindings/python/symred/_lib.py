@@ -158,7 +158,7 @@ class ParseDesc(ctypes.Structure):
 
 
 class PlanInfo(ctypes.Structure):
-    """struct sr_plan_info (version 1; size is set before each call)."""
+    """struct sr_plan_info (version 2; size is set before each call)."""
 
     _fields_ = [
         ("size", ctypes.c_size_t),
@@ -176,6 +176,29 @@ class PlanInfo(ctypes.Structure):
         ("compiling", ctypes.c_int),
         ("fallback", ctypes.c_char_p),
         ("device_why", ctypes.c_char_p),
+        ("module", ctypes.c_char_p),
+        ("module_cache", ctypes.c_char_p),
+        ("module_path", ctypes.c_char_p),
+        ("compile_ms", ctypes.c_double),
+        ("compile_error", ctypes.c_char_p),
+        ("plans", ctypes.c_int),
+        ("est_ns", ctypes.c_double),
+        ("simplified", ctypes.c_int),
+        ("formula", ctypes.c_void_p),
+        ("rewrite", ctypes.c_char_p),
+        ("hoisted", ctypes.c_int),
+        ("flops_per_pair", ctypes.c_double),
+        ("flops_per_pair_given", ctypes.c_double),
+        ("bytes_per_pair", ctypes.c_double),
+        ("acc", ctypes.c_int),
+        ("io_native", ctypes.c_int),
+        ("eval_block", ctypes.c_int),
+        ("loop_mode", ctypes.c_int),
+        ("rows_per_pass", ctypes.c_int),
+        ("tile_isa", ctypes.c_char_p),
+        ("product", ctypes.c_char_p),
+        ("b_hoisted", ctypes.c_int),
+        ("rerank", ctypes.c_int),
     ]
 
 
@@ -341,8 +364,9 @@ def version():
     return lib.sr_version().decode()
 
 
-# sr_device values, as kernel_plan names them.
+# sr_device and sr_acc values, as kernel_plan names them.
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "reference"}
+_ACC_NAMES = {0: None, 1: "block", 2: "kahan", 3: "f64"}
 
 
 def kernel_plan(kernel):
@@ -355,7 +379,15 @@ def kernel_plan(kernel):
     threads), ``workspace_per_thread``, ``tier`` (0: an interpreter serves the calls, 1:
     compiled code), ``compiling`` (a background compile is pending), ``fallback`` (why the
     kernel runs on a fallback, or None) and ``device_why`` (how the device was decided: named
-    by the kernel, or the planner's choice for device "auto")."""
+    by the kernel, or the planner's choice for device "auto"); then, where the library fills them (sr_plan_info's
+    second version; absent from an older library's answer): ``module`` ("compiled", "memory",
+    "disk" or None), ``module_cache``, ``module_path``, ``compile_ms``, ``compile_error``,
+    ``plans`` (the candidates the planner chose among), ``est_ns`` (the chosen one's estimate
+    per pair), ``simplified``, ``formula`` (the formula run, printed), ``rewrite``, ``hoisted``,
+    ``flops_per_pair``, ``flops_per_pair_given``, ``bytes_per_pair``, ``acc`` ("block",
+    "kahan", "f64" or None), ``io_native``, ``eval_block``, ``loop_mode``, ``rows_per_pass``,
+    ``tile_isa``, ``product`` ("avx512", "avx2", "blis" or None), ``b_hoisted`` and
+    ``rerank``."""
     info = PlanInfo(size=ctypes.sizeof(PlanInfo))
     st = lib.sr_kernel_plan(kernel, ctypes.byref(info))
     if st != 0:
@@ -365,7 +397,10 @@ def kernel_plan(kernel):
         n = lib.sr_strategy_name(s)
         return n.decode() if n else str(s)
 
-    return {
+    def text(b):
+        return b.decode(errors="replace") if b else None
+
+    plan = {
         "strategy": name(info.strategy),
         "inner": name(info.inner),
         "backend": info.backend.decode() if info.backend else None,
@@ -380,6 +415,27 @@ def kernel_plan(kernel):
         "fallback": info.fallback.decode() if info.fallback else None,
         "device_why": info.device_why.decode() if info.device_why else None,
     }
+    if info.size < ctypes.sizeof(PlanInfo):  # an older library: the first version only
+        return plan
+    formula = None
+    if info.formula:
+        buf = ctypes.create_string_buffer(1 << 16)
+        lib.sr_expr_print(info.formula, buf, len(buf))
+        formula = buf.value.decode(errors="replace")
+    plan.update({
+        "module": text(info.module), "module_cache": text(info.module_cache),
+        "module_path": text(info.module_path), "compile_ms": info.compile_ms,
+        "compile_error": text(info.compile_error), "plans": info.plans, "est_ns": info.est_ns,
+        "simplified": bool(info.simplified), "formula": formula, "rewrite": text(info.rewrite),
+        "hoisted": info.hoisted, "flops_per_pair": info.flops_per_pair,
+        "flops_per_pair_given": info.flops_per_pair_given, "bytes_per_pair": info.bytes_per_pair,
+        "acc": _ACC_NAMES.get(info.acc, str(info.acc)), "io_native": bool(info.io_native),
+        "eval_block": bool(info.eval_block), "loop_mode": bool(info.loop_mode),
+        "rows_per_pass": info.rows_per_pass, "tile_isa": text(info.tile_isa),
+        "product": text(info.product), "b_hoisted": bool(info.b_hoisted),
+        "rerank": bool(info.rerank),
+    })
+    return plan
 
 
 def ctx_error(ctx):

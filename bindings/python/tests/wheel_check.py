@@ -81,11 +81,9 @@ check(rows["library version"] == symred.__version__,
 
 
 def no_compiler_reason(genred):
-    """The explanation's 'why this backend' line, when it blames the missing compiler."""
-    for line in genred.explain().splitlines():
-        if line.startswith("why this backend:") and "compiler" in line:
-            return line
-    return None
+    """The plan's fallback reason, when it blames the missing compiler."""
+    why = genred.plan()["fallback"]
+    return why if why and "compiler" in why else None
 
 
 # 3. README.md's Python example, as test_doc_examples.py finds it.
