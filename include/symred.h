@@ -443,6 +443,26 @@ SR_API const char *sr_reduction_name(sr_reduction r);
 /* Looks a reduction up by its KeOps spelling (case-sensitive). SR_EINVAL if unknown. */
 SR_API sr_status sr_reduction_from_name(const char *name, sr_reduction *out);
 
+/* How the partial results of a reduction over parts of the reduced range combine into the
+ * reduction over all of it (what the MPI layer and the sharded front ends do):
+ *   SUM   the partial sums add
+ *   MIN   the least value wins, ties to the lower global index; MAX likewise, the largest
+ *   KMIN  the K smallest of the parts' candidate lists, ties to the lower global index
+ *   LSE   LogSumExp of the partial LogSumExps
+ *   SSW   the softmax-weighted averages weighted by exp of their LogSumExps
+ * A part must then compute the reduction's partial state: *partial is the reduction whose
+ * outputs carry it (Min_ArgMin for Min and ArgMin: values and indices both; the reduction itself
+ * where its outputs suffice). SR_EINVAL if r is not a reduction or an out pointer is NULL. */
+typedef enum sr_combine {
+    SR_COMBINE_SUM,
+    SR_COMBINE_MIN,
+    SR_COMBINE_MAX,
+    SR_COMBINE_KMIN,
+    SR_COMBINE_LSE,
+    SR_COMBINE_SSW
+} sr_combine;
+SR_API sr_status sr_reduction_combine(sr_reduction r, sr_combine *how, sr_reduction *partial);
+
 /* The element type of a kernel's arrays. SR_F16 (IEEE binary16) and SR_BF16 (bfloat16: the upper
  * half of a float32) are stored as 16-bit values (uint16_t in C) and computed in float32: every
  * value is widened to float32 as it is read, the kernel runs as a float32 kernel (the sr_acc

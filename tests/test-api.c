@@ -774,3 +774,41 @@ Test(api, run_empty_reductions_give_identities)
     sr_kernel_free(k);
     assert_usable(ctx);
 }
+
+/* How partial results combine, per reduction: the kind, and a partial reduction of the same kind
+ * that writes what combining needs (values and indices for the selections). */
+Test(api, reduction_combine)
+{
+    static const struct {
+        sr_reduction r;
+        sr_combine how;
+        sr_reduction partial;
+    } want[] = {
+        {SR_SUM, SR_COMBINE_SUM, SR_SUM},
+        {SR_MIN, SR_COMBINE_MIN, SR_MIN_ARGMIN},
+        {SR_ARGMIN, SR_COMBINE_MIN, SR_MIN_ARGMIN},
+        {SR_MIN_ARGMIN, SR_COMBINE_MIN, SR_MIN_ARGMIN},
+        {SR_MAX, SR_COMBINE_MAX, SR_MAX_ARGMAX},
+        {SR_ARGMAX, SR_COMBINE_MAX, SR_MAX_ARGMAX},
+        {SR_MAX_ARGMAX, SR_COMBINE_MAX, SR_MAX_ARGMAX},
+        {SR_KMIN, SR_COMBINE_KMIN, SR_KMIN_ARGKMIN},
+        {SR_ARGKMIN, SR_COMBINE_KMIN, SR_KMIN_ARGKMIN},
+        {SR_KMIN_ARGKMIN, SR_COMBINE_KMIN, SR_KMIN_ARGKMIN},
+        {SR_LOGSUMEXP, SR_COMBINE_LSE, SR_LOGSUMEXP},
+        {SR_SUMSOFTMAXWEIGHT, SR_COMBINE_SSW, SR_SUMSOFTMAXWEIGHT},
+    };
+    cr_assert_eq(sizeof want / sizeof *want, SR_REDUCTION_COUNT);
+    for (size_t q = 0; q < sizeof want / sizeof *want; q++) {
+        sr_combine how = (sr_combine)-1;
+        sr_reduction partial = SR_REDUCTION_COUNT;
+        cr_assert_eq(sr_reduction_combine(want[q].r, &how, &partial), SR_OK);
+        cr_assert_eq(how, want[q].how, "%s", sr_reduction_name(want[q].r));
+        cr_assert_eq(partial, want[q].partial, "%s", sr_reduction_name(want[q].r));
+    }
+    sr_combine how;
+    sr_reduction partial;
+    cr_assert_eq(sr_reduction_combine(SR_REDUCTION_COUNT, &how, &partial), SR_EINVAL);
+    cr_assert_eq(sr_reduction_combine((sr_reduction)-1, &how, &partial), SR_EINVAL);
+    cr_assert_eq(sr_reduction_combine(SR_SUM, NULL, &partial), SR_EINVAL);
+    cr_assert_eq(sr_reduction_combine(SR_SUM, &how, NULL), SR_EINVAL);
+}

@@ -40,6 +40,35 @@ const char *sr_reduction_name(sr_reduction r)
     return reduction_spelling[r];
 }
 
+sr_status sr_reduction_combine(sr_reduction r, sr_combine *how, sr_reduction *partial)
+{
+    if ((int)r < 0 || r >= SR_REDUCTION_COUNT || !how || !partial)
+        return SR_EINVAL;
+    const struct sr_reduction_info *ri = &sr_reductions[r];
+    switch (ri->family) {
+    case SR_RED_FAM_SUM:
+        *how = SR_COMBINE_SUM;
+        break;
+    case SR_RED_FAM_EXT:
+    case SR_RED_FAM_ARGEXT:
+        *how = ri->order == SR_RED_DESC ? SR_COMBINE_MAX : SR_COMBINE_MIN;
+        break;
+    case SR_RED_FAM_KSEL:
+        *how = SR_COMBINE_KMIN;
+        break;
+    case SR_RED_FAM_LSE:
+        *how = SR_COMBINE_LSE;
+        break;
+    case SR_RED_FAM_SSMW:
+        *how = SR_COMBINE_SSW;
+        break;
+    case SR_RED_FAM_COUNT:
+        return SR_EINVAL;
+    }
+    *partial = ri->partial;
+    return SR_OK;
+}
+
 sr_status sr_reduction_from_name(const char *name, sr_reduction *out)
 {
     if (!name || !out)

@@ -310,6 +310,7 @@ def _declare(lib):
         "sr_expr_category": (c_int, [c_void_p]),
         "sr_reduction_name": (c_char_p, [c_int]),
         "sr_reduction_from_name": (c_int, [c_char_p, P(c_int)]),
+        "sr_reduction_combine": (c_int, [c_int, P(c_int), P(c_int)]),
         "sr_kernel_new": (c_int, [c_void_p, c_void_p, P(KernelDesc), P(c_void_p)]),
         "sr_kernel_free": (None, [c_void_p]),
         "sr_kernel_nargs": (c_int, [c_void_p]),

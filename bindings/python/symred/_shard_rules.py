@@ -3,16 +3,36 @@ array library: the partial state each reduction combines, the kernel that comput
 selection, and the user's results from a combined state. The combine rules themselves are
 those of the MPI layer (mpi/combine.c, docs/scale-out.md)."""
 
-# The partial state of each reduction: "sum" (a sum), "lse" (a LogSumExp), "ssw" (a softmax
-# average and its LogSumExp), "min" / "max" / "kmin" (candidates with global indices).
-KIND = {
-    "Sum": "sum", "LogSumExp": "lse", "SumSoftMaxWeight": "ssw",
-    "Min": "min", "ArgMin": "min", "Min_ArgMin": "min",
-    "Max": "max", "ArgMax": "max", "Max_ArgMax": "max",
-    "KMin": "kmin", "ArgKMin": "kmin", "KMin_ArgKMin": "kmin",
-}
-# The kernel run per block for a selection: values and indices both.
-SELECT_RED = {"min": "Min_ArgMin", "max": "Max_ArgMax", "kmin": "KMin_ArgKMin"}
+import ctypes
+
+from ._lib import lib
+
+# sr_combine's values (include/symred.h), as the kinds of partial state the front ends combine.
+_COMBINE_KINDS = ("sum", "min", "max", "kmin", "lse", "ssw")
+
+
+def _rules():
+    """KIND: the kind of partial state of each reduction, by name ("sum", "lse", "ssw", or
+    "min" / "max" / "kmin": candidates with global indices); SELECT_RED: for each selecting
+    kind, the reduction whose outputs carry its partial state (values and indices both). Both
+    from the library's reduction table (sr_reduction_combine)."""
+    kind, select = {}, {}
+    r = 0
+    while True:
+        name = lib.sr_reduction_name(r)
+        if name is None:
+            return kind, select
+        how, partial = ctypes.c_int(), ctypes.c_int()
+        if lib.sr_reduction_combine(r, ctypes.byref(how), ctypes.byref(partial)) != 0:
+            raise RuntimeError(f"sr_reduction_combine refused reduction {name.decode()}")
+        k = _COMBINE_KINDS[how.value]
+        kind[name.decode()] = k
+        if k in ("min", "max", "kmin"):
+            select[k] = lib.sr_reduction_name(partial.value).decode()
+        r += 1
+
+
+KIND, SELECT_RED = _rules()
 
 
 def finish(red, state):

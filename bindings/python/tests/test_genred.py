@@ -267,3 +267,16 @@ def test_accumulation_options_reach_the_kernel(opts, mode):
     plan = f.plan(backend="CPU")
     if mode is not None and plan["backend"] == "cpu-jit":
         assert plan["acc"] == mode, (plan, f.explain(backend="CPU"))
+
+
+def test_shard_rules_from_library():
+    """The sharded front ends' table of partial states comes from the library's reductions."""
+    from symred import _shard_rules
+    assert _shard_rules.KIND == {
+        "Sum": "sum", "LogSumExp": "lse", "SumSoftMaxWeight": "ssw",
+        "Min": "min", "ArgMin": "min", "Min_ArgMin": "min",
+        "Max": "max", "ArgMax": "max", "Max_ArgMax": "max",
+        "KMin": "kmin", "ArgKMin": "kmin", "KMin_ArgKMin": "kmin",
+    }
+    assert _shard_rules.SELECT_RED == {"min": "Min_ArgMin", "max": "Max_ArgMax",
+                                       "kmin": "KMin_ArgKMin"}
