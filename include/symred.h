@@ -841,7 +841,8 @@ SR_API const char *sr_strategy_name(sr_strategy s);
  * The members after fallback (the second version) say how the plan was reached and what the
  * code that runs is made of: where its compiled module came from, the planner's estimate and
  * candidates (sr_kernel_plan_candidate lists them), what the simplifier did, and the details of
- * the strategy's generated code. A member that does not apply to the kernel is 0 or NULL.
+ * the strategy's generated code. A member that does not apply to the kernel is 0 or NULL. The
+ * members after rerank (the third version) detail the tile products and the sum split.
  */
 typedef struct sr_plan_info {
     size_t size;          /* in: sizeof(sr_plan_info); out: the bytes the library filled */
@@ -925,6 +926,36 @@ typedef struct sr_plan_info {
     /* The gemm-epilogue's K-selections: the candidates its tiles keep are ranked again with F
      * as given (1), or not (0: SYMRED_GEMM_REFINE=off, or not a K-selection). */
     int rerank;
+    /* The inner product F is computed from by a tile product rather than per pair: the values
+     * in it (the gemm-epilogue's; the fused two-product's when F's tile, or a factor's, comes
+     * from a tile of inner products), or 0. */
+    int dot_dim;
+    /* That tile product's register blocking on symred's AVX-512 gemm: the micro-kernel's rows
+     * and columns, and the K block that dot_dim is split into; 0 on the other products. */
+    int dot_mr;
+    int dot_nr;
+    int dot_kc;
+    /* The fused two-product of SumSoftMaxWeight with F = c (x|y) on the AVX2 strip products: 1
+     * when the tile of inner products is used as F's, its scale c applied inside the softmax's
+     * exponentials (no tile of F is formed); else 0. */
+    int scale_in_exp;
+    /* The fused two-product on BLIS: the width that each pass's columns of B are padded to with
+     * zero columns (a multiple of 4), or 0 where they are not padded. */
+    int b_padded;
+    /* The sum split of a Sum of F = F1 + F2 (SUM_SPLIT): whether it was weighed, and if so its
+     * parts' and F whole's plans. Why a split that the formula admits is not applied, or NULL
+     * (applied, or none admitted). Owned by the kernel. */
+    const char *split_why;
+    /* The parts whose plans were found (0, 1 or 2; the weighing stops at a part that rules the
+     * split out), and part i's strategy and estimated time per pair (ns): on a SUM_SPLIT kernel
+     * the strategies the parts run, else the plans they were offered. */
+    int split_parts;
+    sr_strategy split_strategy[2];
+    double split_est_ns[2];
+    /* F whole's best plan that the parts were weighed against, and its estimate (ns per pair;
+     * 0: not found, then split_whole is meaningless). */
+    sr_strategy split_whole;
+    double split_whole_est_ns;
 } sr_plan_info;
 
 /* Fills *info with the plan of the kernel (above). info->size must be set first; sizes from
