@@ -1045,7 +1045,8 @@ SR_API sr_status sr_kernel_eval_block(const sr_kernel *kernel, int64_t nx, int64
  * sr_chain_free. Each factor's rows must equal the previous factor's columns (SR_EDIM).
  * sr_chain_plan chooses the order without evaluating (sr_chain_eval plans when needed);
  * sr_chain_explain then names the factors K<position> (kernel) and M<position> (dense) and shows
- * the order and its estimated cost. sr_chain_eval writes rows(M1) x cols(Mn) values of the dtype.
+ * the order and its estimated cost, and sr_chain_order reports them as data (below).
+ * sr_chain_eval writes rows(M1) x cols(Mn) values of the dtype.
  * Errors: SR_EINVAL (no dense factor, empty chain, NULL arguments, bad sizes), SR_EDIM, SR_ENOMEM,
  * SR_EOVERFLOW, and those of sr_kernel_new / sr_kernel_run.
  */
@@ -1058,6 +1059,31 @@ SR_API sr_status sr_chain_plan(sr_chain *chain);
 SR_API sr_status sr_chain_eval(sr_chain *chain, void *out);
 SR_API const char *sr_chain_explain(const sr_chain *chain);
 SR_API void sr_chain_free(sr_chain *chain);
+
+/*
+ * The order a planned chain is evaluated in, as data. Same size protocol as sr_plan_info: the
+ * caller sets size to sizeof(sr_chain_order_info), the library fills what fits, zeroes the rest
+ * and sets size to the bytes it filled; members are only ever appended.
+ */
+typedef struct sr_chain_order_info {
+    size_t size; /* in: sizeof(sr_chain_order_info); out: the bytes the library filled */
+    int factors; /* the chain's factors */
+    int kernels; /* of which kernel matrices */
+    /* The product fully parenthesised, the factors named as sr_chain_explain names them, e.g.
+     * "(K1*(K2*M3))". Owned by the chain: valid until sr_chain_free. */
+    const char *order;
+    /* The factor after which the last multiplication splits the chain: the product is
+     * (factors 1..split)(factors split+1..n), 1-based; 0 for a chain of one factor. */
+    int split;
+    double cost; /* the order's estimated cost in flop-equivalents */
+} sr_chain_order_info;
+
+/* Fills *info with the order of the chain, which must have been planned (sr_chain_plan or
+ * sr_chain_eval). info->size must be set first. Errors: SR_EINVAL for a NULL chain or info, a
+ * size below sizeof(sr_chain_order_info) as this header first defined it, or a chain not yet
+ * planned (recorded in the chain's context when there is a chain); *info is not written then.
+ * Thread-safe while nothing changes the chain. */
+SR_API sr_status sr_chain_order(const sr_chain *chain, sr_chain_order_info *info);
 
 #ifdef __cplusplus
 }
