@@ -861,7 +861,8 @@ SR_API const char *sr_strategy_name(sr_strategy s);
  * The members after fallback (the second version) say how the plan was reached and what the
  * code that runs is made of: where its compiled module came from, the planner's estimate and
  * candidates (sr_kernel_plan_candidate lists them), what the simplifier did, and the details of
- * the strategy's generated code. A member that does not apply to the kernel is 0 or NULL.
+ * the strategy's generated code. A member that does not apply to the kernel is 0 or NULL. The
+ * members after rerank (the third version) detail the tile products and the sum split.
  */
 typedef struct sr_plan_info {
     size_t size;          /* in: sizeof(sr_plan_info); out: the bytes the library filled */
@@ -945,6 +946,36 @@ typedef struct sr_plan_info {
     /* The gemm-epilogue's K-selections: the candidates its tiles keep are ranked again with F
      * as given (1), or not (0: SYMRED_GEMM_REFINE=off, or not a K-selection). */
     int rerank;
+    /* The inner product F is computed from by a tile product rather than per pair: the values
+     * in it (the gemm-epilogue's; the fused two-product's when F's tile, or a factor's, comes
+     * from a tile of inner products), or 0. */
+    int dot_dim;
+    /* That tile product's register blocking on symred's AVX-512 gemm: the micro-kernel's rows
+     * and columns, and the K block that dot_dim is split into; 0 on the other products. */
+    int dot_mr;
+    int dot_nr;
+    int dot_kc;
+    /* The fused two-product of SumSoftMaxWeight with F = c (x|y) on the AVX2 strip products: 1
+     * when the tile of inner products is used as F's, its scale c applied inside the softmax's
+     * exponentials (no tile of F is formed); else 0. */
+    int scale_in_exp;
+    /* The fused two-product on BLIS: the width that each pass's columns of B are padded to with
+     * zero columns (a multiple of 4), or 0 where they are not padded. */
+    int b_padded;
+    /* The sum split of a Sum of F = F1 + F2 (SUM_SPLIT): whether it was weighed, and if so its
+     * parts' and F whole's plans. Why a split that the formula admits is not applied, or NULL
+     * (applied, or none admitted). Owned by the kernel. */
+    const char *split_why;
+    /* The parts whose plans were found (0, 1 or 2; the weighing stops at a part that rules the
+     * split out), and part i's strategy and estimated time per pair (ns): on a SUM_SPLIT kernel
+     * the strategies the parts run, else the plans they were offered. */
+    int split_parts;
+    sr_strategy split_strategy[2];
+    double split_est_ns[2];
+    /* F whole's best plan that the parts were weighed against, and its estimate (ns per pair;
+     * 0: not found, then split_whole is meaningless). */
+    sr_strategy split_whole;
+    double split_whole_est_ns;
 } sr_plan_info;
 
 /* Fills *info with the plan of the kernel (above). info->size must be set first; sizes from
@@ -1034,7 +1065,8 @@ SR_API sr_status sr_kernel_eval_block(const sr_kernel *kernel, int64_t nx, int64
  * sr_chain_free. Each factor's rows must equal the previous factor's columns (SR_EDIM).
  * sr_chain_plan chooses the order without evaluating (sr_chain_eval plans when needed);
  * sr_chain_explain then names the factors K<position> (kernel) and M<position> (dense) and shows
- * the order and its estimated cost. sr_chain_eval writes rows(M1) x cols(Mn) values of the dtype.
+ * the order and its estimated cost, and sr_chain_order reports them as data (below).
+ * sr_chain_eval writes rows(M1) x cols(Mn) values of the dtype.
  * Errors: SR_EINVAL (no dense factor, empty chain, NULL arguments, bad sizes), SR_EDIM, SR_ENOMEM,
  * SR_EOVERFLOW, and those of sr_kernel_new / sr_kernel_run.
  */
@@ -1047,6 +1079,31 @@ SR_API sr_status sr_chain_plan(sr_chain *chain);
 SR_API sr_status sr_chain_eval(sr_chain *chain, void *out);
 SR_API const char *sr_chain_explain(const sr_chain *chain);
 SR_API void sr_chain_free(sr_chain *chain);
+
+/*
+ * The order a planned chain is evaluated in, as data. Same size protocol as sr_plan_info: the
+ * caller sets size to sizeof(sr_chain_order_info), the library fills what fits, zeroes the rest
+ * and sets size to the bytes it filled; members are only ever appended.
+ */
+typedef struct sr_chain_order_info {
+    size_t size; /* in: sizeof(sr_chain_order_info); out: the bytes the library filled */
+    int factors; /* the chain's factors */
+    int kernels; /* of which kernel matrices */
+    /* The product fully parenthesised, the factors named as sr_chain_explain names them, e.g.
+     * "(K1*(K2*M3))". Owned by the chain: valid until sr_chain_free. */
+    const char *order;
+    /* The factor after which the last multiplication splits the chain: the product is
+     * (factors 1..split)(factors split+1..n), 1-based; 0 for a chain of one factor. */
+    int split;
+    double cost; /* the order's estimated cost in flop-equivalents */
+} sr_chain_order_info;
+
+/* Fills *info with the order of the chain, which must have been planned (sr_chain_plan or
+ * sr_chain_eval). info->size must be set first. Errors: SR_EINVAL for a NULL chain or info, a
+ * size below sizeof(sr_chain_order_info) as this header first defined it, or a chain not yet
+ * planned (recorded in the chain's context when there is a chain); *info is not written then.
+ * Thread-safe while nothing changes the chain. */
+SR_API sr_status sr_chain_order(const sr_chain *chain, sr_chain_order_info *info);
 
 #ifdef __cplusplus
 }

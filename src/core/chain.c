@@ -37,6 +37,7 @@ struct sr_chain {
     int *split;   /* [n*n]: its last multiplication is (i..split)(split+1..j) */
     bool planned;
     char *explain;
+    char *order; /* the order alone, as in explain */
 };
 
 sr_status sr_chain_new(sr_ctx *ctx, sr_dtype dtype, sr_chain **out)
@@ -70,6 +71,7 @@ void sr_chain_free(sr_chain *c)
     free(c->cost);
     free(c->split);
     free(c->explain);
+    free(c->order);
     free(c);
 }
 
@@ -231,20 +233,23 @@ static sr_status plan(sr_chain *c)
             c->cost[i * n + j] = best;
             c->split[i * n + j] = bs;
         }
-    struct expr_buf b = {0};
+    struct expr_buf o = {0}, b = {0};
+    order_text(c, 0, n - 1, &o);
     expr_buf_printf(&b, "chain of %d factors (", n);
     for (int i = 0; i < n; i++)
         expr_buf_printf(&b, "%s%s%d %lldx%lld", i ? ", " : "", c->fs[i].kernel ? "K" : "M", i + 1,
                         (long long)c->fs[i].rows, (long long)c->fs[i].cols);
-    expr_buf_printf(&b, ")\norder: ");
-    order_text(c, 0, n - 1, &b);
-    expr_buf_printf(&b, "\nestimated cost: %.4g flop-equivalents\n", c->cost[n - 1]);
-    if (b.oom) {
+    expr_buf_printf(&b, ")\norder: %s\nestimated cost: %.4g flop-equivalents\n",
+                    o.data ? o.data : "", c->cost[n - 1]);
+    if (b.oom || o.oom) {
         free(b.data);
+        free(o.data);
         return sr__error(ctx, SR_ENOMEM, "sr_chain: out of memory");
     }
     free(c->explain);
+    free(c->order);
     c->explain = b.data;
+    c->order = o.data;
     c->planned = true;
     return SR_OK;
 }
@@ -261,6 +266,35 @@ const char *sr_chain_explain(const sr_chain *c)
     if (!c)
         return "";
     return c->planned && c->explain ? c->explain : "(not planned yet: call sr_chain_plan)";
+}
+
+/* The bytes of the first version of sr_chain_order_info. */
+#define CHAIN_ORDER_V1 (offsetof(sr_chain_order_info, cost) + sizeof(double))
+
+sr_status sr_chain_order(const sr_chain *c, sr_chain_order_info *info)
+{
+    if (!c)
+        return SR_EINVAL;
+    if (!info)
+        return sr__error(c->ctx, SR_EINVAL, "sr_chain_order: info is NULL");
+    if (info->size < CHAIN_ORDER_V1)
+        return sr__error(c->ctx, SR_EINVAL,
+                         "sr_chain_order: info->size is %zu, at least %zu expected (set it to "
+                         "sizeof(sr_chain_order_info))",
+                         info->size, (size_t)CHAIN_ORDER_V1);
+    if (!c->planned)
+        return sr__error(c->ctx, SR_EINVAL,
+                         "sr_chain_order: the chain is not planned yet (call sr_chain_plan)");
+    sr_chain_order_info r;
+    memset(&r, 0, sizeof r);
+    r.factors = c->n;
+    for (int i = 0; i < c->n; i++)
+        r.kernels += c->fs[i].kernel;
+    r.order = c->order;
+    r.split = c->n > 1 ? c->split[c->n - 1] + 1 : 0;
+    r.cost = c->cost[c->n - 1];
+    sr__sized_fill(info, &info->size, &r, &r.size, sizeof r);
+    return SR_OK;
 }
 
 /* ---- evaluation ---- */

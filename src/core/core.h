@@ -401,6 +401,15 @@ struct sr_kernel {
     const char *fallback_why;
     /* Why a sum split that the formula admits was not applied (split.c), or empty. */
     char split_why[160];
+    /* The split's weighing (split.c; sr_plan_info's split members): the parts' plans found, and
+     * F whole's best. */
+    struct {
+        int parts;
+        sr_strategy strategy[2];
+        double est[2];
+        sr_strategy whole;
+        double whole_est;
+    } split;
     char *explain;
     struct sr_simp_info simp;
     struct sr_plan plans[SR_MAX_PLANS]; /* the backend's candidates (plan.c) */
@@ -444,6 +453,12 @@ void sr__plan_explain(const sr_kernel *k, struct expr_buf *b);
  * pair work's strategy, backend, device, tiles, tier, compile state and fallback (unless info
  * has its own) from inner's sr_kernel_plan. */
 void sr__plan_info_composed(const sr_kernel *inner, sr_strategy outer, sr_plan_info *info);
+/* The size protocol of sr_plan_info and the structs like it, whose first member is size: copies
+ * what fits of r (r_bytes, its size member *r_size) into out, whose size member *out_size the
+ * caller set, zeroes the rest of out's bytes, and sets the size out says to the bytes filled. */
+void sr__sized_fill(void *out, size_t *out_size, void *r, size_t *r_size, size_t r_bytes);
+/* The strategy whose name (sr_strategy_name) a candidate bears, or (sr_strategy)-1. */
+sr_strategy sr__strategy_of(const char *name);
 
 /* ---- the simplifier's kernel hooks (simp-kernel.c, post.c) ---- */
 

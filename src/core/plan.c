@@ -234,6 +234,20 @@ void sr__plan_info_composed(const sr_kernel *inner, sr_strategy outer, sr_plan_i
     info->product = in.product;
     info->b_hoisted = in.b_hoisted;
     info->rerank = in.rerank;
+    info->dot_dim = in.dot_dim;
+    info->dot_mr = in.dot_mr;
+    info->dot_nr = in.dot_nr;
+    info->dot_kc = in.dot_kc;
+    info->scale_in_exp = in.scale_in_exp;
+    info->b_padded = in.b_padded;
+}
+
+void sr__sized_fill(void *out, size_t *out_size, void *r, size_t *r_size, size_t r_bytes)
+{
+    size_t cap = *out_size, n = cap < r_bytes ? cap : r_bytes;
+    *r_size = n;
+    memset(out, 0, cap);
+    memcpy(out, r, n);
 }
 
 /* The chosen candidate of k, or NULL. */
@@ -278,20 +292,24 @@ sr_status sr_kernel_plan(const sr_kernel *k, sr_plan_info *info)
     p.flops_per_pair = k->simp.cost.flops_pair;
     p.flops_per_pair_given = k->simp.cost_user.flops_pair;
     p.bytes_per_pair = k->simp.cost.bytes_pair;
+    p.split_why = k->split_why[0] ? k->split_why : NULL;
+    p.split_parts = k->split.parts;
+    for (int i = 0; i < k->split.parts; i++) {
+        p.split_strategy[i] = k->split.strategy[i];
+        p.split_est_ns[i] = k->split.est[i];
+    }
+    p.split_whole = k->split.whole;
+    p.split_whole_est_ns = k->split.whole_est;
     if (k->backend->plan_info)
         k->backend->plan_info(k, &p);
     if ((int)p.inner < 0)
         p.inner = p.strategy;
     p.name = sr_strategy_name(p.strategy);
-    size_t n = info->size < sizeof p ? info->size : sizeof p;
-    p.size = n;
-    memset(info, 0, info->size);
-    memcpy(info, &p, n);
+    sr__sized_fill(info, &info->size, &p, &p.size, sizeof p);
     return SR_OK;
 }
 
-/* The strategy whose name (sr_strategy_name) a candidate bears. */
-static sr_strategy strategy_of(const char *name)
+sr_strategy sr__strategy_of(const char *name)
 {
     for (size_t s = 0; name && s < sizeof strategy_names / sizeof *strategy_names; s++)
         if (strategy_names[s] && strcmp(strategy_names[s], name) == 0)
@@ -327,7 +345,7 @@ sr_status sr_kernel_plan_candidate(const sr_kernel *k, int i, sr_plan_candidate 
             }
     sr_plan_candidate r;
     memset(&r, 0, sizeof r);
-    r.strategy = strategy_of(p->strategy);
+    r.strategy = sr__strategy_of(p->strategy);
     r.chosen = p->chosen;
     r.feasible = p->feasible;
     r.forced = p->forced;
@@ -338,9 +356,6 @@ sr_status sr_kernel_plan_candidate(const sr_kernel *k, int i, sr_plan_candidate 
     r.tile_cols = p->tj;
     r.workspace_per_thread = p->workspace;
     r.why = p->why;
-    size_t n = c->size < sizeof r ? c->size : sizeof r;
-    r.size = n;
-    memset(c, 0, c->size);
-    memcpy(c, &r, n);
+    sr__sized_fill(c, &c->size, &r, &r.size, sizeof r);
     return SR_OK;
 }

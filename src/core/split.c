@@ -177,11 +177,17 @@ static void split_explain(const sr_kernel *k, struct expr_buf *b)
     }
 }
 
-/* The first part's plan stands for both: each runs a fused two-product. */
+/* The first part's plan stands for both (each runs a fused two-product); the parts' strategies
+ * are the ones they run. */
 static void split_plan_info(const sr_kernel *k, sr_plan_info *info)
 {
     const struct split_data *d = k->backend_data;
     sr__plan_info_composed(d->part[0], SR_STRATEGY_SUM_SPLIT, info);
+    for (int i = 0; i < 2; i++) {
+        sr_plan_info p = {.size = sizeof p};
+        if (sr_kernel_plan(d->part[i], &p) == SR_OK)
+            info->split_strategy[i] = p.strategy;
+    }
 }
 
 static sr_status split_run(const sr_kernel *k, const sr_run_desc *r)
@@ -204,7 +210,8 @@ static const struct sr_plan *chosen(const sr_kernel *k)
     return NULL;
 }
 
-/* Records in k why the split its formula admits is not applied (explain prints it); SR_OK. */
+/* Records in k why the split its formula admits is not applied (explain and sr_kernel_plan
+ * report it); SR_OK. */
 __attribute__((format(printf, 2, 3))) static sr_status declined(sr_kernel *k, const char *fmt, ...)
 {
     va_list ap;
@@ -229,23 +236,29 @@ sr_status sr__split_sum(sr_kernel *k, const struct sr_backend_i *be,
     /* F whole: the plan its backend would choose (nothing compiled). */
     struct sr_plan whole[SR_MAX_PLANS];
     const struct sr_plan *bw = sr__plan_best(whole, be->offer(k, whole));
+    if (bw) {
+        k->split.whole = sr__strategy_of(bw->strategy);
+        k->split.whole_est = bw->est_ns;
+    }
     if (bw && bw->forced)
         return declined(k, "an option forces the %s strategy", bw->strategy ? bw->strategy : "?");
     if (!bw || !(bw->est_ns > 0))
         return declined(k, "no estimated plan of F whole");
     /* The parts' best plans, before compiling them. */
     sr_kernel_desc desc = sr__sum_desc(k);
-    double est[2];
+    const double *est = k->split.est;
     for (int i = 0; i < 2; i++) {
         struct sr_plan p;
         sr_status pst = sr__kernel_offer(ctx, f[i], &desc, k->budget, be, &p);
         expr_ctx(ctx)->err.pending = pending;
         if (pst != SR_OK || !(p.est_ns > 0))
             return declined(k, "part F%d has no estimated plan", i + 1);
+        k->split.strategy[i] = sr__strategy_of(p.strategy);
+        k->split.est[i] = p.est_ns;
+        k->split.parts = i + 1;
         if (!fused_plan(&p))
             return declined(k, "part F%d would run %s, not the fused two-product", i + 1,
                             p.strategy ? p.strategy : "?");
-        est[i] = p.est_ns;
     }
     if (est[0] + est[1] >= bw->est_ns)
         return declined(k,

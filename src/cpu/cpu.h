@@ -121,6 +121,9 @@ double cpu_avx512_expsum_f32(const float *F, float *P, int64_t n, float m);
 /* The blocking the gemm uses for K (micro-kernel, K blocks, L2 size), for explain; the largest
  * K it computes in one block on this CPU (from its L2 size). */
 void cpu_avx512_describe(int f64, int64_t K, char *buf, size_t size);
+/* The same blocking as data: sr_plan_info's dot_mr, dot_nr and dot_kc for a tile product of
+ * inner products of K values. */
+void cpu_avx512_dot_info(int f64, int64_t K, sr_plan_info *info);
 int64_t cpu_avx512_kc_max(int f64);
 
 /* ---- symred's AVX2 + FMA strip products (gemm-avx2.c), used by the fused strategy -----------

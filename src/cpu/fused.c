@@ -2018,6 +2018,13 @@ static void fused_plan_info(const sr_kernel *k, sr_plan_info *info)
     info->acc = k->dtype == SR_F64 ? SR_ACC_F64 : SR_ACC_BLOCK;
     info->product = fk->kern == KERN_AVX512 ? "avx512" : fk->kern == KERN_AVX2 ? "avx2" : "blis";
     info->b_hoisted = fk->hoist.b != NULL;
+    for (int q = 0; q < fk->nfac && !info->dot_dim; q++)
+        if (fk->fac[q].gemm)
+            info->dot_dim = fk->fac[q].dim;
+    if (info->dot_dim && fk->kern == KERN_AVX512)
+        cpu_avx512_dot_info(k->dtype == SR_F64, info->dot_dim, info);
+    info->scale_in_exp = fk->sdp;
+    info->b_padded = pad_cols(fk, fk->rc) != fk->rc ? pad_cols(fk, fk->rc) : 0;
     if (fk->bg)
         cpu_bg_plan_info(fk->bg, info);
     else if (!fk->tier0)

@@ -121,6 +121,13 @@ void cpu_avx512_describe(int f64, int64_t K, char *buf, size_t size)
              (long long)(l2_size() >> 10));
 }
 
+void cpu_avx512_dot_info(int f64, int64_t K, sr_plan_info *info)
+{
+    info->dot_mr = MR;
+    info->dot_nr = nr_of(f64);
+    info->dot_kc = (int)kc_of(K, f64);
+}
+
 /* Packs rows [0, m) x columns [k0, k0 + kc) of X (row stride K) into panels of w rows, each
  * kc x w with the w values of one k contiguous, zero-padding rows past m. */
 static void pack_f32(const float *X, int64_t m, int64_t K, int64_t k0, int64_t kc, int w,

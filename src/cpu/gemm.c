@@ -1083,6 +1083,9 @@ static void gemm_plan_info(const sr_kernel *k, sr_plan_info *info)
     info->acc = k->dtype == SR_F64 ? SR_ACC_F64 : (sr_acc)(g->acc + 1);
     info->product = g->kern == KERN_AVX512 ? "avx512" : "blis";
     info->rerank = g->kc > 0;
+    info->dot_dim = g->dim;
+    if (g->kern == KERN_AVX512)
+        cpu_avx512_dot_info(k->dtype == SR_F64, g->dim, info);
     if (g->bg)
         cpu_bg_plan_info(g->bg, info);
     else if (g->m)

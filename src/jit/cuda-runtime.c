@@ -741,6 +741,7 @@ static void cuda_plan_info(const sr_kernel *k, sr_plan_info *info)
     info->module_path = ck->info.path[0] ? ck->info.path : NULL;
     info->compile_ms = ck->info.compile_ms;
     info->acc = k->dtype == SR_F64 ? SR_ACC_F64 : (sr_acc)(ck->acc + 1);
+    info->dot_dim = ck->fused ? ck->fplan.dot : 0;
 }
 
 const struct sr_backend_i cuda_backend = {

@@ -158,7 +158,7 @@ class ParseDesc(ctypes.Structure):
 
 
 class PlanInfo(ctypes.Structure):
-    """struct sr_plan_info (version 2; size is set before each call)."""
+    """struct sr_plan_info (version 3; size is set before each call)."""
 
     _fields_ = [
         ("size", ctypes.c_size_t),
@@ -199,6 +199,18 @@ class PlanInfo(ctypes.Structure):
         ("product", ctypes.c_char_p),
         ("b_hoisted", ctypes.c_int),
         ("rerank", ctypes.c_int),
+        ("dot_dim", ctypes.c_int),
+        ("dot_mr", ctypes.c_int),
+        ("dot_nr", ctypes.c_int),
+        ("dot_kc", ctypes.c_int),
+        ("scale_in_exp", ctypes.c_int),
+        ("b_padded", ctypes.c_int),
+        ("split_why", ctypes.c_char_p),
+        ("split_parts", ctypes.c_int),
+        ("split_strategy", ctypes.c_int * 2),
+        ("split_est_ns", ctypes.c_double * 2),
+        ("split_whole", ctypes.c_int),
+        ("split_whole_est_ns", ctypes.c_double),
     ]
 
 
@@ -388,7 +400,13 @@ def kernel_plan(kernel):
     ``flops_per_pair``, ``flops_per_pair_given``, ``bytes_per_pair``, ``acc`` ("block",
     "kahan", "f64" or None), ``io_native``, ``eval_block``, ``loop_mode``, ``rows_per_pass``,
     ``tile_isa``, ``product`` ("avx512", "avx2", "blis" or None), ``b_hoisted`` and
-    ``rerank``."""
+    ``rerank``; then (the third version): ``dot_dim`` (the values of the inner product a tile
+    product computes F from, 0: none), ``dot_mr``, ``dot_nr``, ``dot_kc`` (its AVX-512
+    blocking), ``scale_in_exp``, ``b_padded`` (BLIS's padded width of B, 0: not padded),
+    ``split_why`` (why a sum split the formula admits is not applied, or None) and
+    ``split_parts`` with ``split_strategies`` and ``split_est_ns`` (the parts' strategy names and
+    estimates, one per part weighed) and ``split_whole`` / ``split_whole_est_ns`` (F whole's best
+    plan, None / 0 when not weighed)."""
     info = PlanInfo(size=ctypes.sizeof(PlanInfo))
     st = lib.sr_kernel_plan(kernel, ctypes.byref(info))
     if st != 0:
@@ -416,7 +434,7 @@ def kernel_plan(kernel):
         "fallback": info.fallback.decode() if info.fallback else None,
         "device_why": info.device_why.decode() if info.device_why else None,
     }
-    if info.size < ctypes.sizeof(PlanInfo):  # an older library: the first version only
+    if info.size < PlanInfo.rerank.offset + PlanInfo.rerank.size:  # the first version only
         return plan
     formula = None
     if info.formula:
@@ -435,6 +453,18 @@ def kernel_plan(kernel):
         "rows_per_pass": info.rows_per_pass, "tile_isa": text(info.tile_isa),
         "product": text(info.product), "b_hoisted": bool(info.b_hoisted),
         "rerank": bool(info.rerank),
+    })
+    if info.size < ctypes.sizeof(PlanInfo):  # an older library: no third version
+        return plan
+    parts = info.split_parts
+    plan.update({
+        "dot_dim": info.dot_dim, "dot_mr": info.dot_mr, "dot_nr": info.dot_nr,
+        "dot_kc": info.dot_kc, "scale_in_exp": bool(info.scale_in_exp),
+        "b_padded": info.b_padded, "split_why": text(info.split_why), "split_parts": parts,
+        "split_strategies": [name(info.split_strategy[i]) for i in range(parts)],
+        "split_est_ns": [info.split_est_ns[i] for i in range(parts)],
+        "split_whole": name(info.split_whole) if info.split_whole_est_ns > 0 else None,
+        "split_whole_est_ns": info.split_whole_est_ns,
     })
     return plan
 
