@@ -204,15 +204,18 @@ void cpu_fused_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
 
 /* The symmetric variant of the fused two-product (fused.c): a Sum of F * B whose F(x, y) equals
  * F(y, x) (simp_symmetric_pairs). Its offer is the fused one's, infeasible when F is not
- * symmetric; its prepare realises the fused two-product and, when F's tile is formed per pair
- * and BLIS is there for the transposed product, lets it run symmetric, else rejects the
- * symmetric plan (the fused one is then the chosen one). */
+ * symmetric; its prepare realises the fused two-product (mode as cpu_fused_prepare's,
+ * CPU_COMPILE_NOW or CPU_COMPILE_BACKGROUND) and, when F's tile is formed per pair and BLIS is
+ * there for the transposed product, lets it run symmetric once the module of F is loaded, else
+ * rejects the symmetric plan (the fused one is then the chosen one). */
 void cpu_fused_sym_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
-sr_status cpu_fused_sym_prepare(struct sr_kernel *k, int acc);
+sr_status cpu_fused_sym_prepare(struct sr_kernel *k, int acc, enum cpu_compile mode);
 /* Whether a run of k on nx x ny rows with these arguments takes the symmetric driver: k runs on
- * the fused two-product with a symmetric F, every exchanged pair of arguments is the same
- * array, nx = ny is more than one tile, and the per-thread accumulators fit in the memory
- * budget (1 GiB without one). Otherwise the run is the fused two-product's. */
+ * the fused two-product with a symmetric F whose module is loaded (not tier 0: while it
+ * compiles in the background, or if its compile failed, the tile interpreter forms the tiles of
+ * the fused two-product), every exchanged pair of arguments is the same array, nx = ny is more
+ * than one tile, and the per-thread accumulators fit in the memory budget (1 GiB without one).
+ * Otherwise the run is the fused two-product's. */
 bool cpu_fused_symmetric(const struct sr_kernel *k, int64_t nx, int64_t ny,
                          const void *const *args);
 
@@ -278,7 +281,8 @@ void cpu_attn_fill_gaps(const struct sr_kernel *k, const sr_run_desc *r, const s
 /* In *out, when k is a direct-strategy kernel of the CPU JIT, the module with its sr_block (the
  * block entry point, jit_module.block, src/jit/jit.h): the kernel's own module lacks it, so the
  * first call emits and compiles (or finds in the caches) the module with it, under a lock of the
- * kernel's; the per-thread workspace of its tiles goes to *per_thread. *out is NULL for every
+ * kernel's; the per-thread workspace of its tiles goes to *per_thread. *out is NULL while the
+ * tile interpreter serves k's calls (cpu_jit_tier0: no call waits for a compiler), for every
  * other kernel (SR_OK), and on failure (the status, the message in the context). May run from
  * many threads at once. (omp-runtime.c) */
 struct jit_module;
@@ -287,6 +291,10 @@ struct jit_module;
 const struct jit_module *cpu_jit_module(const struct sr_kernel *k);
 sr_status cpu_jit_block_module(const struct sr_kernel *k, const struct jit_module **out,
                                int64_t *per_thread);
+/* Whether k is a direct-strategy kernel of the CPU JIT whose calls the tile interpreter serves
+ * now: its module compiling in the background (SYMRED_JIT=async), or its compile failed.
+ * (omp-runtime.c) */
+bool cpu_jit_tier0(const struct sr_kernel *k);
 
 /* ---- the tile interpreter (tile.c, tile-isa.c, tile-kern.h) ----
  * Tier 0 of the CPU: the simplified formula interpreted one op at a time over tiles of reduced

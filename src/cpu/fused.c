@@ -841,9 +841,9 @@ void cpu_fused_offer(const sr_kernel *k, int acc, struct sr_plan *p) { offer(k, 
 
 void cpu_fused_sym_offer(const sr_kernel *k, int acc, struct sr_plan *p) { offer(k, acc, p, true); }
 
-sr_status cpu_fused_sym_prepare(sr_kernel *k, int acc)
+sr_status cpu_fused_sym_prepare(sr_kernel *k, int acc, enum cpu_compile mode)
 {
-    sr_status st = cpu_fused_prepare(k, acc, CPU_COMPILE_NOW);
+    sr_status st = cpu_fused_prepare(k, acc, mode);
     if (st != SR_OK)
         return st;
     struct fused_kernel *fk = k->backend_data;
@@ -1664,7 +1664,9 @@ static void sym_bytes(const sr_kernel *k, const struct fused_kernel *fk, int64_t
 bool cpu_fused_symmetric(const sr_kernel *k, int64_t nx, int64_t ny, const void *const *args)
 {
     const struct fused_kernel *fk = k->backend == &cpu_fused_backend ? k->backend_data : NULL;
-    if (!fk || !fk->sym || nx != ny || nx <= fk->sym_t)
+    /* Tier 0 (the module of F still compiling, or its compile failed) runs the fused
+     * two-product: the driver's tiles of F are generated code only. */
+    if (!fk || !fk->sym || nx != ny || nx <= fk->sym_t || !mods_of(fk).f[0])
         return false;
     for (int p = 0; p < fk->nsym; p++)
         if (args[fk->sym_i[p]] != args[fk->sym_j[p]])
@@ -1678,15 +1680,15 @@ bool cpu_fused_symmetric(const sr_kernel *k, int64_t nx, int64_t ny, const void 
 /* One thread's share of the symmetric run: row blocks I of sym_t rows, in turn, each with the
  * tiles J >= I of its row; acc (row stride ld) += F_IJ B_J and, off the diagonal, F_IJ^T B_I.
  * Nonzero when the module's tile ran out of memory. */
-static int sym_rows(const sr_kernel *k, const struct fused_kernel *fk, const void **args,
-                    const char *V, char *acc, char *F, int64_t n, int64_t I)
+static int sym_rows(const sr_kernel *k, const struct fused_kernel *fk, const struct jit_module *m,
+                    const void **args, const char *V, char *acc, char *F, int64_t n, int64_t I)
 {
     const int f64 = k->dtype == SR_F64;
     const int64_t es = f64 ? 8 : 4, T = fk->sym_t, ld = sym_ld(fk);
     const int64_t i0 = I * T, ni = n - i0 < T ? n - i0 : T;
     for (int64_t j0 = i0; j0 < n; j0 += T) {
         const int64_t nj = n - j0 < T ? n - j0 : T;
-        if (fk->fac[0].m->block(i0, i0 + ni, j0, j0 + nj, args, F, nj, 1))
+        if (m->block(i0, i0 + ni, j0, j0 + nj, args, F, nj, 1))
             return 1;
         cpu_blis_gemm(f64, ni, ld, nj, F, nj, 1, V + j0 * ld * es, ld, 1, 1, acc + i0 * ld * es,
                       ld);
@@ -1717,10 +1719,11 @@ static void sym_merge(int f64, const char *acc, int64_t accb, int nacc, int64_t 
     }
 }
 
-/* The symmetric reduction (cpu_fused_symmetric said yes): every thread accumulates into its own
- * n x ld array, both triangles' products of each tile of F it forms; the arrays are added into
- * the output at the end. B is read through a copy padded to ld columns when R is not ld. */
-static sr_status fused_run_sym(const sr_kernel *k, const sr_run_desc *r)
+/* The symmetric reduction (cpu_fused_symmetric said yes), with m the module of F: every thread
+ * accumulates into its own n x ld array, both triangles' products of each tile of F it forms;
+ * the arrays are added into the output at the end. B is read through a copy padded to ld
+ * columns when R is not ld. */
+static sr_status fused_run_sym(const sr_kernel *k, const sr_run_desc *r, const struct jit_module *m)
 {
     const struct fused_kernel *fk = k->backend_data;
     const int f64 = k->dtype == SR_F64, R = fk->R;
@@ -1775,7 +1778,7 @@ static sr_status fused_run_sym(const sr_kernel *k, const sr_run_desc *r)
 #pragma omp for schedule(static, 1)
 #endif
         for (int64_t I = 0; I < nb; I++)
-            if (!F || !args || sym_rows(k, fk, args, V, acc + tid * accb, F, n, I)) {
+            if (!F || !args || sym_rows(k, fk, m, args, V, acc + tid * accb, F, n, I)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -1821,8 +1824,9 @@ static sr_status fused_run_dense(const sr_kernel *k, const sr_run_desc *r, void 
 
 static sr_status fused_run(const sr_kernel *k, const sr_run_desc *r)
 {
+    /* The module of F, once cpu_fused_symmetric has seen it, stays for the kernel's life. */
     if (cpu_fused_symmetric(k, r->nx, r->ny, r->args))
-        return fused_run_sym(k, r);
+        return fused_run_sym(k, r, mods_of(k->backend_data).f[0]);
     return fused_run_dense(k, r, NULL);
 }
 
@@ -1971,8 +1975,9 @@ static void fused_explain(const sr_kernel *k, struct expr_buf *b)
                         "; when each pair is the same array and n = m > %d, tiles of %d x %d, "
                         "each off-diagonal tile of F formed once and used for both triangles "
                         "(out_I += F_IJ B_J, out_J += F_IJ^T B_I, BLIS), into one accumulator "
-                        "of n x %lld values per thread, added at the end; otherwise as above\n",
-                        fk->sym_t, fk->sym_t, fk->sym_t, (long long)sym_ld(fk));
+                        "of n x %lld values per thread, added at the end; otherwise%s as above\n",
+                        fk->sym_t, fk->sym_t, fk->sym_t, (long long)sym_ld(fk),
+                        fk->bg ? ", and on tier 0 (until the module of F is loaded)," : "");
     }
     if (fk->tier0) {
         expr_buf_printf(b, "tier: 0, the tiles of F formed by the tile interpreter (no compiled "
