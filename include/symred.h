@@ -1024,7 +1024,9 @@ SR_API sr_status sr_kernel_plan_candidate(const sr_kernel *kernel, int i, sr_pla
  * direct strategy computes them with generated code (the same tiles and vectorised loop as its
  * reduction, in the kernel's dtype), in a module of its own that the kernel's first
  * sr_kernel_eval_block compiles (or finds in the caches): the kernel's cold creation does not pay
- * for it, its first block does, later blocks need no compile or cache lookup; other kernels
+ * for it, its first block does, later blocks need no compile or cache lookup; while the tile
+ * interpreter serves such a kernel's calls (tier 0: its module compiling in the background, or
+ * its compile failed) it computes the block too, in the kernel's dtype, with no wait; other kernels
  * (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the reference interpreter
  * (float64, rounded to the dtype); sr_plan_info.eval_block is 1 for the first kind. This is the
  * building block of split-and-accumulate algorithms (e.g. the K_uf K_fu product of sparse GPs,

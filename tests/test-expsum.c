@@ -1,5 +1,5 @@
 /*
- * test-expsum.c — the fused strategy's vectorised softmax step cpu_expsum_f32 (src/cpu/fused.c):
+ * test-expsum.c — the fused strategy's vectorised softmax step cpu_expsum_f32 (cpu/fused-simd.c):
  * F[c] = exp(F[c] - m) and their sum, against the bound and the special values that
  * docs/semantics.md states for the CPU JIT's Exp: within 1.1 ulp of the exact exponential, 0
  * where the result is below 1.7e-38 (and for -inf), +inf above 88.72283, NaN for NaN whatever

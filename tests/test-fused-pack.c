@@ -1,5 +1,5 @@
 /*
- * test-fused-pack.c — the fused strategy's operands packed once per run (src/cpu/fused.c,
+ * test-fused-pack.c — the fused strategy's operands packed once per run (src/cpu/fused-run.c,
  * struct fused_pre) against the packing of each tile per row block, which a memory budget that
  * leaves no room beside the threads' workspaces selects: attention SumSoftMaxWeight((q|k) s, v)
  * over several row blocks and reduced tiles (sizes that are multiples of no tile, D = 64 and 40),

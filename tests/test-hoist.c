@@ -1,6 +1,6 @@
 /*
  * test-hoist.c — the fused two-product strategy with B a formula of the reduced side only
- * (src/cpu/fused.c, struct fused_hoist): out_o = sum_r F(o, r) B(r), B evaluated once per tile
+ * (src/cpu/fused.h, struct fused_hoist): out_o = sum_r F(o, r) B(r), B evaluated once per tile
  * of reduced indices into the workspace. The case that motivates it is the sparse GP's
  * K_uf K_fu: F = exp(-g |z_a - x_i|^2), B_i = (exp(-g |z_b - x_i|^2))_b for all M inducing
  * points z_b, a parameter, written as the norms and a MatVecMult (bench/exla/sgpr_jax.py).

@@ -1,5 +1,5 @@
 /*
- * test-symmetric.c — the symmetric driver of the fused two-product (src/cpu/fused.c) and the
+ * test-symmetric.c — the symmetric driver of the fused two-product (src/cpu/fused-run.c) and the
  * symmetry test of formulas (src/formulas/symmetry.c), against the reference interpreter.
  *
  * A Sum of F(x_i, y_j) * b_j with F symmetric under exchanging x and y runs each off-diagonal

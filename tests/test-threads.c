@@ -8,9 +8,10 @@
  * writing the context's message while other threads read it; contexts in many threads
  * compiling into one disk cache, loading BLIS and NVRTC through their process-wide once-only
  * set-up; a kernel compiling in the background (SYMRED_JIT=async) called from many threads
- * across the switch from the tile interpreter to its module, and kernels freed while their
- * modules compile. These are the tests the ThreadSanitizer build of scripts/test.sh runs
- * (docs/fuzzing.md, "ThreadSanitizer").
+ * across the switch from the tile interpreter to its module (with sr_kernel_eval_block and
+ * SYMRED_LOG=1's tier lines beside the runs), and kernels freed while their modules compile. These
+ * are the tests the ThreadSanitizer build of scripts/test.sh runs (docs/fuzzing.md,
+ * "ThreadSanitizer").
  */
 #define _GNU_SOURCE
 #ifdef SYMRED_MINI_CRITERION
@@ -19,6 +20,7 @@
 #include <criterion/criterion.h>
 #endif
 
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -456,6 +458,77 @@ Test(threads, async_kernel_across_the_switch)
     cr_assert_eq(sr_kernel_wait(k, 0), SR_OK);
     sr_kernel_free(k);
     sr_kernel_free(kr);
+}
+
+/* The same with SYMRED_LOG=1 (the first call on each tier says so once, whichever thread makes
+ * it: sr__call_log) and sr_kernel_eval_block beside the runs: the tile interpreter's block while
+ * the module compiles, the generated one after the switch (its module built by the first block
+ * after it), both with the reference's values. stderr goes to /dev/null meanwhile. */
+struct swap_block_job {
+    const sr_kernel *k;
+    const double *ref, *bref;
+    int calls, bad, after;
+};
+
+static void *swap_block_run(void *p)
+{
+    struct swap_block_job *j = p;
+    double out[NX], *blk = malloc(sizeof(double) * BNI * BNJ);
+    for (time_t t0 = time(NULL); blk && j->after < 3 && time(NULL) - t0 < 120; j->calls++) {
+        sr_plan_info pi = {.size = sizeof pi};
+        bool compiled = sr_kernel_plan(j->k, &pi) == SR_OK && pi.tier == 1;
+        if (sr_kernel_run(j->k, NX, NY, D.args, out) != SR_OK ||
+            sr_kernel_eval_block(j->k, NX, NY, D.args, BI0, BNI, BJ0, BNJ, blk) != SR_OK)
+            j->bad++;
+        for (int i = 0; i < NX; i++)
+            if (!(fabs(out[i] - j->ref[i]) <= 1e-12 * (1 + fabs(j->ref[i]))))
+                j->bad++;
+        for (int q = 0; q < BNI * BNJ; q++)
+            if (!(fabs(blk[q] - j->bref[q]) <= 1e-12 * (1 + fabs(j->bref[q]))))
+                j->bad++;
+        j->after += compiled;
+    }
+    j->bad += blk == NULL;
+    free(blk);
+    return NULL;
+}
+
+Test(threads, async_log_and_eval_block_across_the_switch)
+{
+    open_fixture(3);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_JIT", "async"), SR_OK);
+    cr_assert_eq(sr_ctx_set_option(ctx, "SYMRED_LOG", "1"), SR_OK);
+    const char *f = "Exp(-SqDist(x, y) * g) * b + Sqrt(SqDist(x, y) + 2)";
+    sr_kernel *kr = kernel(ctx, f, 3, SR_SUM, SR_DEVICE_REFERENCE);
+    double ref[NX], *bref = malloc(sizeof(double) * BNI * BNJ);
+    cr_assert_not_null(bref);
+    cr_assert_eq(sr_kernel_run(kr, NX, NY, D.args, ref), SR_OK, "%s", sr_ctx_error(ctx));
+    cr_assert_eq(sr_kernel_eval_block(kr, NX, NY, D.args, BI0, BNI, BJ0, BNJ, bref), SR_OK);
+    fflush(stderr);
+    int saved = dup(2), dn = open("/dev/null", O_WRONLY);
+    cr_assert(saved >= 0 && dn >= 0);
+    dup2(dn, 2);
+    close(dn);
+    sr_kernel *k = kernel(ctx, f, 3, SR_SUM, SR_DEVICE_CPU);
+    struct swap_block_job jobs[NTHREADS];
+    pthread_t th[NTHREADS];
+    for (int t = 0; t < NTHREADS; t++) {
+        jobs[t] = (struct swap_block_job){k, ref, bref, 0, 0, 0};
+        cr_assert_eq(pthread_create(&th[t], NULL, swap_block_run, &jobs[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(th[t], NULL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    for (int t = 0; t < NTHREADS; t++) {
+        cr_expect_eq(jobs[t].bad, 0, "thread %d: %d wrong values or failed calls", t, jobs[t].bad);
+        cr_expect(jobs[t].after >= 3, "thread %d: %d calls, none on the compiled module", t,
+                  jobs[t].calls);
+    }
+    sr_kernel_free(k);
+    sr_kernel_free(kr);
+    free(bref);
 }
 
 /* Contexts in many threads (a context is one thread's), each creating kernels and freeing them

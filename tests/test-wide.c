@@ -239,8 +239,8 @@ static void kernels(const struct wcase *c, sr_kernel **kg, sr_kernel **kr)
     if (fused)
         cr_assert(plan.workspace_bytes > 0 && plan.tile_rows > 0 && plan.tile_cols > 0, "%s", ex);
     /* Tier 0 for good without compiled code; with async, while the modules compile (into an
-     * empty cache), except for the symmetric driver's, compiled at creation. */
-    bool bg = async && plan.strategy != SR_STRATEGY_SYMMETRIC;
+     * empty cache), the symmetric driver's too. */
+    bool bg = async;
     if (fused)
         cr_assert(plan.tier == (tier0 || bg ? 0 : 1) && plan.compiling == bg,
                   "tier %d compiling %d\n%s", plan.tier, plan.compiling, ex);

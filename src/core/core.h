@@ -253,6 +253,14 @@ enum { SR_STAGE_FINAL, SR_STAGE_PENDING, SR_STAGE_COMPILED, SR_STAGE_FAILED };
  * composed of two whose stages are a and b (kernel.c). */
 int sr__kernel_stage(const struct sr_kernel *k);
 int sr__stage_combine(int a, int b);
+/* SYMRED_LOG >= 1 says which tier ran a kernel's calls (kernel.c): sr__call_stage(k) before a
+ * call of the backend's run or run_ranges (SR_STAGE_FINAL below that level: nothing to say),
+ * sr__call_log(k, stage) after it, which prints one line the first time a call of k ran on
+ * tier 0 and one the first time a call ran compiled code, naming the strategy (plan_info). Only
+ * kernels with a background compile (a stage other than SR_STAGE_FINAL) have lines; a kernel
+ * composed of inner kernels leaves them to its inner kernels, whose calls come through here. */
+int sr__call_stage(const struct sr_kernel *k);
+void sr__call_log(const struct sr_kernel *k, int stage);
 struct sr_backend_i {
     const char *name;
     sr_status (*prepare)(struct sr_kernel *k, const struct sr_plan *p, struct sr_realise *r);
@@ -420,6 +428,8 @@ struct sr_kernel {
     int explain_stage;
     char *explain_old;
     pthread_mutex_t explain_lock;
+    /* sr__call_log: bit t set once a call on tier t has been said. */
+    _Atomic int tier_logged;
 };
 
 /* ---- planning (plan.c) ---- */

@@ -2,6 +2,7 @@
 #include "core.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,6 +350,49 @@ int sr__stage_combine(int a, int b)
     return rank[a] >= rank[b] ? a : b;
 }
 
+int sr__call_stage(const sr_kernel *k)
+{
+    return k->ctx->log_level >= 1 ? sr__kernel_stage(k) : SR_STAGE_FINAL;
+}
+
+void sr__call_log(const sr_kernel *k, int stage)
+{
+    if (stage == SR_STAGE_FINAL)
+        return;
+    /* The call chose its tier once, between the two reads of the stage, and the stage leaves
+     * PENDING once, for good: COMPILED before means compiled code ran, anything but COMPILED
+     * after means tier 0 did; PENDING, then COMPILED is a call that raced the switch, which the
+     * next call says. */
+    const int after = sr__kernel_stage(k);
+    const int tier = stage == SR_STAGE_COMPILED ? 1 : after != SR_STAGE_COMPILED ? 0 : -1;
+    sr_kernel *mk = (sr_kernel *)k; /* the kernel is immutable but for this and its explain */
+    if (tier < 0 || atomic_load(&mk->tier_logged) & (1 << tier))
+        return;
+    sr_plan_info info;
+    memset(&info, 0, sizeof info);
+    if (k->backend->plan_info)
+        k->backend->plan_info(k, &info);
+    if (info.strategy == SR_STRATEGY_SUM_SPLIT || info.strategy == SR_STRATEGY_POST_REWRITE) {
+        atomic_fetch_or(&mk->tier_logged, 3); /* its inner kernels' calls say it */
+        return;
+    }
+    if (atomic_fetch_or(&mk->tier_logged, 1 << tier) & (1 << tier))
+        return;
+    const char *name = sr_strategy_name(info.strategy);
+    if (tier == 1)
+        fprintf(stderr, "symred: calls of the %s kernel run compiled code (tier 1)\n", name);
+    else if (after == SR_STAGE_FAILED)
+        fprintf(stderr,
+                "symred: calls of the %s kernel run on the tile interpreter (tier 0): its "
+                "background compile failed\n",
+                name);
+    else
+        fprintf(stderr,
+                "symred: calls of the %s kernel run on the tile interpreter (tier 0) while its "
+                "code compiles in the background\n",
+                name);
+}
+
 sr_status sr_kernel_wait(const sr_kernel *k, double timeout_s)
 {
     if (!k)
@@ -486,7 +530,10 @@ static sr_status run_checked(const sr_kernel *k, const sr_run_desc *r, const sr_
         sr__fill_identity(k, r, 0, nout);
         return SR_OK;
     }
-    return k->backend->run(k, r);
+    const int stage = sr__call_stage(k);
+    st = k->backend->run(k, r);
+    sr__call_log(k, stage);
+    return st;
 }
 
 /* A float16 or bfloat16 call: the float32 kernel on widened copies, its values rounded into

@@ -257,7 +257,12 @@ sr_status sr__run_ranges(const sr_kernel *k, const sr_run_desc *r, const struct 
                          "block-sparse ranges are not supported on the %s backend (yet): run the "
                          "kernel on the CPU (SR_DEVICE_CPU) or without ranges",
                          k->backend->name);
-    sr_status st = p->nblocks > 0 ? k->backend->run_ranges(k, r, p) : SR_OK;
+    sr_status st = SR_OK;
+    if (p->nblocks > 0) {
+        const int stage = sr__call_stage(k);
+        st = k->backend->run_ranges(k, r, p);
+        sr__call_log(k, stage);
+    }
     if (st != SR_OK)
         return st;
     /* The gaps between the blocks (and blocks with no interval, which the plan dropped). */

@@ -189,7 +189,8 @@ void cpu_blis_gemm(int f64, int64_t m, int64_t n, int64_t K, const void *A, int6
  * malformed variable. */
 sr_status cpu_gemm_kernel(sr_ctx *ctx, int *kern, bool *forced_blis);
 
-/* ---- the fused two-product strategy of the CPU JIT (src/cpu/fused.c) ---- */
+/* ---- the fused two-product strategy of the CPU JIT (src/cpu/fused.c; fused.h lists its other
+ * files) ---- */
 
 /* Realises the fused two-product strategy for kernel k (accumulation acc, enum jit_acc), as the
  * planner chose it: a Sum of F * B, or a SumSoftMaxWeight of F with weight B, F scalar and B of
@@ -205,17 +206,20 @@ sr_status cpu_fused_prepare(struct sr_kernel *k, int acc, enum cpu_compile mode)
  * estimated time. */
 void cpu_fused_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
 
-/* The symmetric variant of the fused two-product (fused.c): a Sum of F * B whose F(x, y) equals
- * F(y, x) (simp_symmetric_pairs). Its offer is the fused one's, infeasible when F is not
- * symmetric; its prepare realises the fused two-product and, when F's tile is formed per pair
- * and BLIS is there for the transposed product, lets it run symmetric, else rejects the
- * symmetric plan (the fused one is then the chosen one). */
+/* The symmetric variant of the fused two-product (fused-form.c, fused-plan.c, fused-run.c): a
+ * Sum of F * B whose F(x, y) equals F(y, x) (simp_symmetric_pairs). Its offer is the fused
+ * one's, infeasible when F is not symmetric; its prepare realises the fused two-product (mode as
+ * cpu_fused_prepare's, CPU_COMPILE_NOW or CPU_COMPILE_BACKGROUND) and, when F's tile is formed per
+ * pair and BLIS is there for the transposed product, lets it run symmetric once the module of F is
+ * loaded, else rejects the symmetric plan (the fused one is then the chosen one). */
 void cpu_fused_sym_offer(const struct sr_kernel *k, int acc, struct sr_plan *p);
-sr_status cpu_fused_sym_prepare(struct sr_kernel *k, int acc);
+sr_status cpu_fused_sym_prepare(struct sr_kernel *k, int acc, enum cpu_compile mode);
 /* Whether a run of k on nx x ny rows with these arguments takes the symmetric driver: k runs on
- * the fused two-product with a symmetric F, every exchanged pair of arguments is the same
- * array, nx = ny is more than one tile, and the per-thread accumulators fit in the memory
- * budget (1 GiB without one). Otherwise the run is the fused two-product's. */
+ * the fused two-product with a symmetric F whose module is loaded (not tier 0: while it
+ * compiles in the background, or if its compile failed, the tile interpreter forms the tiles of
+ * the fused two-product), every exchanged pair of arguments is the same array, nx = ny is more
+ * than one tile, and the per-thread accumulators fit in the memory budget (1 GiB without one).
+ * Otherwise the run is the fused two-product's. */
 bool cpu_fused_symmetric(const struct sr_kernel *k, int64_t nx, int64_t ny,
                          const void *const *args);
 
@@ -249,9 +253,9 @@ double cpu_cost_ns(const struct cpu_cost *c);
  * least their panel's width). */
 double cpu_cost_product_flops(int R);
 
-/* The fused strategy's vectorised softmax steps (fused.c), float32: F[c] = exp(F[c] - m) (0 where
- * F[c] is -inf) for c < n, returning their sum, with AVX2 by the CPU JIT's Exp (0 where the result
- * is below 1.7e-38: docs/semantics.md); the largest F[c] and -inf (a NaN never wins). */
+/* The fused strategy's vectorised softmax steps (fused-simd.c), float32: F[c] = exp(F[c] - m) (0
+ * where F[c] is -inf) for c < n, returning their sum, with AVX2 by the CPU JIT's Exp (0 where the
+ * result is below 1.7e-38: docs/semantics.md); the largest F[c] and -inf (a NaN never wins). */
 double cpu_expsum_f32(float *F, int64_t n, float m);
 /* F[c] = exp(F[c] a - m), c < n (by one FMA where AVX2 is usable and a and m are finite, else
  * F[c] a rounded first as cpu_expsum_f32 would take it), and their sum. */
@@ -281,7 +285,8 @@ void cpu_attn_fill_gaps(const struct sr_kernel *k, const sr_run_desc *r, const s
 /* In *out, when k is a direct-strategy kernel of the CPU JIT, the module with its sr_block (the
  * block entry point, jit_module.block, src/jit/jit.h): the kernel's own module lacks it, so the
  * first call emits and compiles (or finds in the caches) the module with it, under a lock of the
- * kernel's; the per-thread workspace of its tiles goes to *per_thread. *out is NULL for every
+ * kernel's; the per-thread workspace of its tiles goes to *per_thread. *out is NULL while the
+ * tile interpreter serves k's calls (cpu_jit_tier0: no call waits for a compiler), for every
  * other kernel (SR_OK), and on failure (the status, the message in the context). May run from
  * many threads at once. (omp-runtime.c) */
 struct jit_module;
@@ -290,6 +295,10 @@ struct jit_module;
 const struct jit_module *cpu_jit_module(const struct sr_kernel *k);
 sr_status cpu_jit_block_module(const struct sr_kernel *k, const struct jit_module **out,
                                int64_t *per_thread);
+/* Whether k is a direct-strategy kernel of the CPU JIT whose calls the tile interpreter serves
+ * now: its module compiling in the background (SYMRED_JIT=async), or its compile failed.
+ * (omp-runtime.c) */
+bool cpu_jit_tier0(const struct sr_kernel *k);
 
 /* ---- the tile interpreter (tile.c, tile-isa.c, tile-kern.h) ----
  * Tier 0 of the CPU: the simplified formula interpreted one op at a time over tiles of reduced

@@ -10,6 +10,12 @@
  * output rows (and, when there are few of them, its reduced range too) are cut into pieces run over
  * OpenMP threads.
  *
+ * A direct-strategy kernel whose calls the tile interpreter serves (tier 0: its module compiling
+ * in the background, SYMRED_JIT=async, or its compile failed) takes the tile interpreter's block
+ * instead (cpu_tile_block): the program of F alone, built per call on a private copy of the
+ * kernel description, on the same pieces over the same threads, one frame per thread. No call
+ * waits for a compiler, and the block costs what tier 0's pair loop costs.
+ *
  * Every other kernel (the reference backend, gemm-epilogue, CUDA, a JIT that fell back, and a
  * kernel whose reduction the simplifier rewrote: its module computes the inner formula, not F)
  * runs the reference interpreter, one output row per call, as a Sum over the single row i of
@@ -78,11 +84,13 @@ static sr_status block_budget(const sr_kernel *k, int64_t per_thread)
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* The generated path: the module's sr_block on pieces of the block. The kernel's output index
- * o is i on axis 1 and j on axis 0; the block is row-major in (i, j) either way. */
-static sr_status block_jit(const sr_kernel *k, jit_block_fn fn, int64_t per_thread, int64_t rb,
-                           const void *const *args, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
-                           void *out)
+/* The generated path: the module's sr_block fn on pieces of the block, or (fn NULL) tier 0: the
+ * tile interpreter's program tp of kernel tk, each thread with a frame of rb rows. The kernel's
+ * output index o is i on axis 1 and j on axis 0; the block is row-major in (i, j) either way. */
+static sr_status block_pieces(const sr_kernel *k, jit_block_fn fn, const sr_kernel *tk,
+                              const struct tile_prog *tp, int64_t per_thread, int64_t rb,
+                              const void *const *args, int64_t i0, int64_t ni, int64_t j0,
+                              int64_t nj, void *out)
 {
     sr_status st = block_budget(k, per_thread);
     if (st != SR_OK)
@@ -112,22 +120,55 @@ static sr_status block_jit(const sr_kernel *k, jit_block_fn fn, int64_t per_thre
     const int64_t ntask = nco * ncr;
     int failed = 0;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1 && ntask > 1)
+#pragma omp parallel num_threads(nt) if (nt > 1 && ntask > 1)
 #endif
-    for (int64_t t = 0; t < ntask; t++) {
-        const int64_t a = (t / ncr) * chunk, b = a + chunk < nout ? a + chunk : nout;
-        const int64_t ra = (t % ncr) * piece, rz = ra + piece < nred ? ra + piece : nred;
-        char *dst = (char *)out + ((size_t)a * (size_t)so + (size_t)ra * (size_t)sr) * esz;
-        if (fn(o0 + a, o0 + b, r0 + ra, r0 + rz, args, dst, so, sr)) {
+    {
+        struct tile_frame *fr = fn ? NULL : cpu_tile_frame_new(tk, tp, args, chunk);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < ntask; t++) {
+            const int64_t a = (t / ncr) * chunk, b = a + chunk < nout ? a + chunk : nout;
+            const int64_t ra = (t % ncr) * piece, rz = ra + piece < nred ? ra + piece : nred;
+            char *dst = (char *)out + ((size_t)a * (size_t)so + (size_t)ra * (size_t)sr) * esz;
+            if (fr)
+                cpu_tile_block(fr, o0 + a, b - a, r0 + ra, rz - ra, NULL, 0, dst, so, sr);
+            else if (!fn || fn(o0 + a, o0 + b, r0 + ra, r0 + rz, args, dst, so, sr)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
-            failed = 1;
+                failed = 1;
+            }
         }
+        cpu_tile_frame_free(fr);
     }
     if (failed)
         return sr__error(k->ctx, SR_ENOMEM, "sr_kernel_eval_block: out of memory");
     return SR_OK;
+}
+
+/* Tier 0: the tile interpreter's program of F alone (a Sum of F, on a private copy of k) on the
+ * pieces of block_pieces. */
+static sr_status block_tile(const sr_kernel *k, const void *const *args, int64_t i0, int64_t ni,
+                            int64_t j0, int64_t nj, void *out)
+{
+    struct sr_kernel t = *k;
+    t.red = SR_SUM;
+    t.k = 1;
+    t.weight = NULL;
+    t.out_dim = k->fdim;
+    /* cpu_tile_new_ext: F formed (cpu_tile_new may fold a Sum of a product as a dot product). */
+    struct tile_prog *tp = NULL;
+    sr_status st = cpu_tile_new_ext(&t, NULL, 0, &tp);
+    if (st != SR_OK)
+        return st;
+    sr_plan_info pi;
+    memset(&pi, 0, sizeof pi);
+    cpu_tile_plan_info(&t, tp, &pi); /* its rows per block */
+    const int64_t rb = pi.tile_rows > 0 ? pi.tile_rows : 1;
+    st = block_pieces(k, NULL, &t, tp, cpu_tile_frame_bytes(tp, rb), rb, args, i0, ni, j0, nj, out);
+    cpu_tile_free(tp);
+    return st;
 }
 
 /* A checked, non-empty block in the kernel's computing dtype (io_native: in its arrays' dtype). */
@@ -140,7 +181,10 @@ static sr_status eval_block(const sr_kernel *k, const void *const *args, int64_t
     if ((st = cpu_jit_block_module(k, &m, &jit_ws)) != SR_OK)
         return st;
     if (m && m->block)
-        return block_jit(k, m->block, jit_ws, m->rows_per_block, args, i0, ni, j0, nj, out);
+        return block_pieces(k, m->block, NULL, NULL, jit_ws, m->rows_per_block, args, i0, ni, j0,
+                            nj, out);
+    if (cpu_jit_tier0(k))
+        return block_tile(k, args, i0, ni, j0, nj, out);
 
     /* Threads, within the memory budget: each runs the interpreter with its own working set. */
     int64_t per_thread = sr__reference_workspace(k) + (int64_t)k->nargs * (int64_t)sizeof(void *);

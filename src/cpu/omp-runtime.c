@@ -29,7 +29,6 @@ struct jit_kernel {
     struct jit_module *m;
     struct cpu_bg *bg;
     struct tile_prog *t0;
-    atomic_int logged; /* SYMRED_LOG: 1 the first tile interpreter call said, 2 compiled too */
     struct jit_plan plan;
     struct jit_load_info info;
     int acc;
@@ -115,6 +114,14 @@ const struct jit_module *cpu_jit_module(const sr_kernel *k)
     return module_of(jk);
 }
 
+bool cpu_jit_tier0(const sr_kernel *k)
+{
+    if (k->backend != &cpu_jit_backend || !k->backend_data)
+        return false;
+    const struct jit_kernel *jk = k->backend_data;
+    return jk->bg && !module_of(jk);
+}
+
 sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out,
                                int64_t *per_thread)
 {
@@ -124,7 +131,7 @@ sr_status cpu_jit_block_module(const sr_kernel *k, const struct jit_module **out
     struct jit_kernel *jk = k->backend_data;
     *per_thread = jk->plan.workspace_bytes;
     /* While a background compile runs, no call waits for a compiler: the caller evaluates the
-     * block without a module. */
+     * block on tier 0 (cpu_jit_tier0). */
     if (jk->bg && !module_of(jk))
         return SR_OK;
     sr_status st = SR_OK;
@@ -250,22 +257,6 @@ static sr_status bg_start(sr_kernel *k, struct jit_kernel *jk, struct expr_buf *
     return SR_OK;
 }
 
-/* At SYMRED_LOG >= 1, the first call of a kernel on each tier says so. */
-static void log_tier(const sr_kernel *k, const struct jit_kernel *jk, bool compiled)
-{
-    if (k->ctx->log_level < 1 || !jk->bg)
-        return;
-    int want = compiled ? 2 : 1;
-    atomic_int *logged = (atomic_int *)&jk->logged;
-    int was = atomic_load(logged);
-    if (was >= want || !atomic_compare_exchange_strong(logged, &was, want))
-        return;
-    fprintf(stderr, "symred: %s\n",
-            compiled ? "calls of the kernel run its compiled module (tier 1)"
-                     : "calls of the kernel run on the tile interpreter (tier 0) while its module "
-                       "compiles in the background");
-}
-
 /* Without compiled code (why as fall_back's, r->note its detail): plan p realised on what tier 0
  * runs, its pair work done by the tile interpreter: the fused two-product (its tiles of F formed
  * by the interpreter), the gemm-epilogue (the interpreter's epilogue on the gemm's tiles) or the
@@ -331,7 +322,7 @@ static sr_status jit_prepare(sr_kernel *k, const struct sr_plan *p, struct sr_re
     if (p && p->id != CPU_PLAN_DIRECT) {
         enum cpu_compile mode =
             ctx->opt.jit == SR_JIT_ASYNC ? CPU_COMPILE_BACKGROUND : CPU_COMPILE_NOW;
-        sr_status sg = p->id == CPU_PLAN_SYM     ? cpu_fused_sym_prepare(k, acc)
+        sr_status sg = p->id == CPU_PLAN_SYM     ? cpu_fused_sym_prepare(k, acc, mode)
                        : p->id == CPU_PLAN_FUSED ? cpu_fused_prepare(k, acc, mode)
                                                  : cpu_gemm_prepare(k, acc, mode);
         if (sg == SR_OK)
@@ -430,7 +421,6 @@ static sr_status jit_run(const sr_kernel *k, const sr_run_desc *r)
 {
     const struct jit_kernel *jk = k->backend_data;
     const struct jit_module *m = module_of(jk);
-    log_tier(k, jk, m != NULL);
     if (!m)
         return cpu_tile_run(k, jk->t0, r, NULL);
     int64_t nout = k->axis == 1 ? r->nx : r->ny;
@@ -488,7 +478,6 @@ static sr_status jit_run_ranges(const sr_kernel *k, const sr_run_desc *r, const 
 {
     const struct jit_kernel *jk = k->backend_data;
     const struct jit_module *m = module_of(jk);
-    log_tier(k, jk, m != NULL);
     if (!m)
         return cpu_tile_run(k, jk->t0, r, p);
     int nt = sr__threads(k->ctx, jk->plan.workspace_bytes);
@@ -573,7 +562,7 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     "compiler: %s %s\n"
                     "module: %s, cache %s, %.1f ms\n"
                     "eval_block: generated (sr_block, the same tiles, rows over OpenMP threads; "
-                    "its module is compiled on the first call)\n",
+                    "its module is compiled on the first call%s)\n",
                     p->loops ? "loop mode: a plain loop over the reduced index, loops over wide "
                                "values and large contractions, F through the tile buffer"
                              : "omp simd over the reduced index",
@@ -583,7 +572,8 @@ static void jit_explain(const sr_kernel *k, struct expr_buf *b)
                     sr__threads(k->ctx, p->workspace_bytes), SPLIT_ROWS_PER_THREAD,
                     k->dtype == SR_F64 ? "float64" : jit_acc_names[jk->acc],
                     jit_ctx_of(k->ctx) ? jit_ctx_of(k->ctx)->cc : "cc", jit_cflags_text(),
-                    info.origin, info.cache, info.compile_ms);
+                    info.origin, info.cache, info.compile_ms,
+                    jk->bg ? "; on tier 0, the tile interpreter's block of F" : "");
     if (k->io_native)
         expr_buf_printf(b,
                         "arrays: %s, read and written by the generated code (no float32 "
