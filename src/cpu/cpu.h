@@ -351,7 +351,8 @@ const struct tile_isa *cpu_tile_isa(sr_dtype dtype, const char **name);
 extern const struct sr_backend_i cpu_tile_backend;
 /* Its program for kernel k, built without touching k (cpu_tile_free frees it), and the calls
  * the CPU JIT makes while its compiled module is not ready: run, run_ranges and workspace as the
- * backend members, on program t. */
+ * backend members, on program t. Such a program only folds: a Sum of a product of two tiles
+ * never forms F's tile, so cpu_tile_block needs a program from cpu_tile_new_ext. */
 struct tile_prog;
 sr_status cpu_tile_new(const struct sr_kernel *k, struct tile_prog **out);
 void cpu_tile_free(struct tile_prog *t);
@@ -365,7 +366,8 @@ void cpu_tile_plan_info(const struct sr_kernel *k, const struct tile_prog *t, sr
 
 /* A program whose node ext (a pair node of dimension 1, the inner product of the gemm-epilogue,
  * or NULL) is not computed but read from a tile the caller provides (cpu_tile_fold), and whose
- * tiles of reduced indices are at most tj_max wide (0: 256). */
+ * tiles of reduced indices are at most tj_max wide (0: 256); F's tile is always formed, so
+ * cpu_tile_block may read it. */
 sr_status cpu_tile_new_ext(const struct sr_kernel *k, const sr_expr *ext, int tj_max,
                            struct tile_prog **out);
 /* Driving a program by hand, as the gemm-epilogue's tier 0 does: a frame is one thread's buffers

@@ -867,6 +867,8 @@ void cpu_tile_block(struct tile_frame *f, int64_t o0, int64_t nrows, int64_t r0,
                     const void *G, int64_t ldg, void *out, int64_t ldr, int64_t ldu)
 {
     const struct tile_prog *t = f->t;
+    if (t->fdot[0] >= 0)
+        abort(); /* a folding program (cpu_tile_new): F's tile is never formed */
     int64_t es = t->es;
     cpu_tile_begin(f, NULL, o0, nrows, false);
     for (int64_t c0 = 0; c0 < n; c0 += t->tj) {
