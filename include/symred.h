@@ -927,8 +927,10 @@ typedef struct sr_plan_info {
     /* How the compiled code accumulates float32 sums (SR_ACC_BLOCK, SR_ACC_KAHAN, SR_ACC_F64;
      * SR_ACC_F64 for float64 kernels); SR_ACC_DEFAULT where no compiled code sums. */
     sr_acc acc;
-    int io_native;  /* 1: the generated code reads and writes the 16-bit arrays itself */
-    int eval_block; /* 1: sr_kernel_eval_block runs generated code, 0: the reference */
+    int io_native; /* 1: the generated code reads and writes the 16-bit arrays itself */
+    /* What sr_kernel_eval_block runs now: 1 generated code, 2 the tile interpreter (tier 0),
+     * 0 the reference interpreter. */
+    int eval_block;
     /* The direct strategy's generated loop: 1 for the plain loop over the reduced index (wide
      * values, large contractions), 0 for the vectorised one; and the output rows per pass over
      * a tile (register blocking). */
@@ -1026,9 +1028,10 @@ SR_API sr_status sr_kernel_plan_candidate(const sr_kernel *kernel, int i, sr_pla
  * sr_kernel_eval_block compiles (or finds in the caches): the kernel's cold creation does not pay
  * for it, its first block does, later blocks need no compile or cache lookup; while the tile
  * interpreter serves such a kernel's calls (tier 0: its module compiling in the background, or
- * its compile failed) it computes the block too, in the kernel's dtype, with no wait; other kernels
+ * its compile failed), and for a kernel the tile interpreter serves for good (no C compiler,
+ * SYMRED_JIT=off), it computes the block too, in the kernel's dtype, with no wait; other kernels
  * (SR_DEVICE_REFERENCE, gemm-epilogue, CUDA, reduction rewrites) use the reference interpreter
- * (float64, rounded to the dtype); sr_plan_info.eval_block is 1 for the first kind. This is the
+ * (float64, rounded to the dtype); sr_plan_info.eval_block says which (1, 2, 0). This is the
  * building block of split-and-accumulate algorithms (e.g. the K_uf K_fu product of sparse GPs,
  * examples/sgpr.c) whose blocks the caller sizes from its memory budget; the call's own workspace
  * is one thread's kernel workspace (the JIT's tile) or a few values per formula node, per thread.

@@ -301,3 +301,49 @@ Test(tile, kmin_scans_blocks_below_threshold)
                 sr_kernel_free(kr);
             }
 }
+
+/* sr_kernel_eval_block on a kernel the tile interpreter serves: F's values, those of the
+ * reference's block, also for a product of two tiles (which the Sum itself folds without forming
+ * F) and an F of two components; both dtypes, a block that no tile divides. */
+Test(tile, eval_block_matches_reference)
+{
+    static const char *al[] = {"x=Vi(3)", "y=Vj(3)", "b=Vj(1)", "g=Pm(1)", "w=Vj(2)"};
+    static const char *const forms[] = {"Exp(-SqDist(x, y) * g) * b", "Exp(-SqDist(x, y)) * w"};
+    enum { NX = 70, NY = 300, I0 = 3, NI = 66, J0 = 5, NJ = 290 };
+    for (int q = 0; q < 2; q++)
+        for (int dt = 0; dt < 2; dt++) {
+            sr_kernel_desc d = sr_kernel_desc_default();
+            d.dtype = dt ? SR_F64 : SR_F32;
+            sr_kernel *kt = kernel(forms[q], al, 5, d, SR_DEVICE_CPU);
+            sr_kernel *kr = kernel(forms[q], al, 5, d, SR_DEVICE_REFERENCE);
+            cr_assert_eq(tu_plan(kt).tier, 0);
+            cr_assert_eq(tu_plan(kt).eval_block, 2);
+            const size_t es = dt ? 8 : 4;
+            void *x = malloc(NX * 3 * es), *y = malloc(NY * 3 * es), *b = malloc(NY * es),
+                 *w = malloc(NY * 2 * es), *ot = malloc(NI * NJ * 2 * es),
+                 *orf = malloc(NI * NJ * 2 * es);
+            uint64_t s = 17;
+            tu_fill(x, d.dtype, NX * 3, -1, 1, &s);
+            tu_fill(y, d.dtype, NY * 3, -1, 1, &s);
+            tu_fill(b, d.dtype, NY, -1, 1, &s);
+            tu_fill(w, d.dtype, NY * 2, -1, 1, &s);
+            double g64 = 0.7;
+            float g32 = 0.7f;
+            const void *args[] = {x, y, b, dt ? (const void *)&g64 : (const void *)&g32, w};
+            cr_assert_eq(sr_kernel_eval_block(kt, NX, NY, args, I0, NI, J0, NJ, ot), SR_OK, "%s",
+                         sr_ctx_error(ctx));
+            cr_assert_eq(sr_kernel_eval_block(kr, NX, NY, args, I0, NI, J0, NJ, orf), SR_OK, "%s",
+                         sr_ctx_error(ctx));
+            const struct diff_tol tl = diff_tol_of(d.dtype);
+            const int64_t nv = (int64_t)NI * NJ * (q ? 2 : 1);
+            for (int64_t t = 0; t < nv; t++) {
+                double a = dt ? ((double *)ot)[t] : ((float *)ot)[t];
+                double r = dt ? ((double *)orf)[t] : ((float *)orf)[t];
+                cr_assert(tu_close(a, r, tl.rtol, tl.atol), "%s %s [%lld]: %.9g, reference %.9g",
+                          forms[q], dt ? "f64" : "f32", (long long)t, a, r);
+            }
+            free(x), free(y), free(b), free(w), free(ot), free(orf);
+            sr_kernel_free(kt);
+            sr_kernel_free(kr);
+        }
+}

@@ -11,7 +11,8 @@
  * OpenMP threads.
  *
  * A direct-strategy kernel whose calls the tile interpreter serves (tier 0: its module compiling
- * in the background, SYMRED_JIT=async, or its compile failed) takes the tile interpreter's block
+ * in the background, SYMRED_JIT=async, or its compile failed), and a kernel of the tile
+ * interpreter's own backend (no C compiler, SYMRED_JIT=off), take the tile interpreter's block
  * instead (cpu_tile_block): the program of F alone, built per call on a private copy of the
  * kernel description, on the same pieces over the same threads, one frame per thread. No call
  * waits for a compiler, and the block costs what tier 0's pair loop costs.
@@ -183,7 +184,7 @@ static sr_status eval_block(const sr_kernel *k, const void *const *args, int64_t
     if (m && m->block)
         return block_pieces(k, m->block, NULL, NULL, jit_ws, m->rows_per_block, args, i0, ni, j0,
                             nj, out);
-    if (cpu_jit_tier0(k))
+    if (cpu_jit_tier0(k) || k->backend == &cpu_tile_backend)
         return block_tile(k, args, i0, ni, j0, nj, out);
 
     /* Threads, within the memory budget: each runs the interpreter with its own working set. */

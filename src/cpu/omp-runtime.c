@@ -595,7 +595,7 @@ static void jit_plan_info(const sr_kernel *k, sr_plan_info *info)
     info->compiling = stage == SR_STAGE_PENDING;
     info->acc = k->dtype == SR_F64 ? SR_ACC_F64 : (sr_acc)(jk->acc + 1);
     info->io_native = k->io_native;
-    info->eval_block = 1;
+    info->eval_block = info->tier ? 1 : 2;
     info->loop_mode = jk->plan.loops;
     info->rows_per_pass = jk->plan.rows_per_pass;
     if (jk->bg)

@@ -789,6 +789,7 @@ void cpu_tile_plan_info(const sr_kernel *k, const struct tile_prog *t, sr_plan_i
     info->tile_rows = t->rb;
     info->tile_cols = t->tj;
     info->tier = 0;
+    info->eval_block = 2;
     info->tile_isa = t->isa_name;
 }
 

@@ -382,6 +382,10 @@ _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "reference"}
 _ACC_NAMES = {0: None, 1: "block", 2: "kahan", 3: "f64"}
 
 
+# sr_plan_info.eval_block's values.
+_EVAL_BLOCK = {0: "reference", 1: "generated", 2: "tile interpreter"}
+
+
 def kernel_plan(kernel):
     """The plan of a compiled kernel (an sr_kernel pointer), from sr_kernel_plan: a dict with
     ``strategy`` (its name: "direct", "gemm-epilogue", "fused two-product", "symmetric fused
@@ -398,7 +402,8 @@ def kernel_plan(kernel):
     ``plans`` (the candidates the planner chose among), ``est_ns`` (the chosen one's estimate
     per pair), ``simplified``, ``formula`` (the formula run, printed), ``rewrite``, ``hoisted``,
     ``flops_per_pair``, ``flops_per_pair_given``, ``bytes_per_pair``, ``acc`` ("block",
-    "kahan", "f64" or None), ``io_native``, ``eval_block``, ``loop_mode``, ``rows_per_pass``,
+    "kahan", "f64" or None), ``io_native``, ``eval_block`` (what Genred.eval_block runs:
+    "generated", "tile interpreter" or "reference"), ``loop_mode``, ``rows_per_pass``,
     ``tile_isa``, ``product`` ("avx512", "avx2", "blis" or None), ``b_hoisted`` and
     ``rerank``; then (the third version): ``dot_dim`` (the values of the inner product a tile
     product computes F from, 0: none), ``dot_mr``, ``dot_nr``, ``dot_kc`` (its AVX-512
@@ -449,7 +454,7 @@ def kernel_plan(kernel):
         "hoisted": info.hoisted, "flops_per_pair": info.flops_per_pair,
         "flops_per_pair_given": info.flops_per_pair_given, "bytes_per_pair": info.bytes_per_pair,
         "acc": _ACC_NAMES.get(info.acc, str(info.acc)), "io_native": bool(info.io_native),
-        "eval_block": bool(info.eval_block), "loop_mode": bool(info.loop_mode),
+        "eval_block": _EVAL_BLOCK.get(info.eval_block), "loop_mode": bool(info.loop_mode),
         "rows_per_pass": info.rows_per_pass, "tile_isa": text(info.tile_isa),
         "product": text(info.product), "b_hoisted": bool(info.b_hoisted),
         "rerank": bool(info.rerank),

@@ -166,7 +166,7 @@ def test_plan():
     # The second version's members: no module, no candidates, the simplified formula.
     assert ref["module"] is None and ref["plans"] == 0 and ref["acc"] is None, ref
     assert ref["simplified"] and "SqDist" in ref["formula"], ref
-    assert ref["flops_per_pair"] > 0 and not ref["eval_block"], ref
+    assert ref["flops_per_pair"] > 0 and ref["eval_block"] == "reference", ref
     # The third version's: no tile product, no sum split weighed (F is no sum).
     assert ref["dot_dim"] == 0 and ref["b_padded"] == 0 and not ref["scale_in_exp"], ref
     assert ref["split_why"] is None and ref["split_parts"] == 0, ref
