@@ -3,11 +3,14 @@
 # harness of the parser (fuzz/fuzz-parse.c). docs/fuzzing.md says how they work.
 #
 #   scripts/fuzz.sh [--minutes N | --seconds N | --cases N] [--seed S] [--parse-seconds T]
-#                   [--diff-build DIR] [--no-diff] [--no-parse]
+#                   [--diff-build DIR] [--diff-jobs J] [--no-diff] [--no-parse]
 #
 # Nightly: scripts/fuzz.sh --minutes 60. CI (scripts/test.sh) runs it for about two minutes.
-# Without --seed, fuzz-diff draws a fresh seed and prints it; a failure prints how to reproduce
-# it (fuzz-diff --seed S --case C) and the shrunk case as a line for tests/test-fuzz-regress.c.
+# Without --seed, a fresh seed is drawn and printed; a failure prints how to reproduce it
+# (fuzz-diff --seed S --case C) and the shrunk case as a line for tests/test-fuzz-regress.c.
+# fuzz-diff runs as J processes side by side (default: one per CPU), shards of the same seed's
+# cases (fuzz-diff --shard), so --cases N runs cases 0 to N - 1 whatever J is; their output is
+# printed one process after the other when all have finished.
 # fuzz-diff comes from --diff-build (a configured build folder; default build-fuzz/, made here),
 # the parser harness from build-libfuzzer/ (clang, -DSYMRED_FUZZ=ON), both under
 # SYMRED_BUILD_ROOT if set. The libFuzzer run starts from fuzz/corpus and writes what it learns
@@ -25,6 +28,7 @@ parse_build=$root/build-libfuzzer
 run_diff=1
 run_parse=1
 jobs=$(nproc 2>/dev/null || echo 2)
+diff_jobs=$jobs
 
 while [ $# -gt 0 ]; do
     case $1 in
@@ -34,9 +38,10 @@ while [ $# -gt 0 ]; do
     --seed) seed=(--seed "$2"); shift 2 ;;
     --parse-seconds) parse_seconds=$2; shift 2 ;;
     --diff-build) diff_build=$2; shift 2 ;;
+    --diff-jobs) diff_jobs=$2; shift 2 ;;
     --no-diff) run_diff=0; shift ;;
     --no-parse) run_parse=0; shift ;;
-    *) echo "usage: $0 [--minutes N | --seconds N | --cases N] [--seed S] [--parse-seconds T] [--diff-build DIR] [--no-diff] [--no-parse]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--minutes N | --seconds N | --cases N] [--seed S] [--parse-seconds T] [--diff-build DIR] [--diff-jobs J] [--no-diff] [--no-parse]" >&2; exit 2 ;;
     esac
 done
 
@@ -48,9 +53,22 @@ if [ "$run_diff" = 1 ]; then
     fi
     cmake --build "$diff_build" -j "$jobs" --target fuzz-diff || exit 1
     # The shrinker of a failing case may run past the time limit by its own limit (30 s).
-    echo "fuzz.sh: differential fuzzing (${limit[*]})"
-    "$diff_build/tests/fuzz-diff" "${limit[@]}" "${seed[@]}" --shrink-seconds 30 \
-        --max-failures 3 || status=1
+    if [ "${#seed[@]}" -eq 0 ]; then
+        seed=(--seed $(((RANDOM << 30 | RANDOM << 15 | RANDOM) ^ $$)))
+    fi
+    echo "fuzz.sh: differential fuzzing (${limit[*]}, ${seed[*]}, $diff_jobs processes)"
+    diff_out=$(mktemp -d)
+    pids=()
+    for ((s = 0; s < diff_jobs; s++)); do
+        "$diff_build/tests/fuzz-diff" "${limit[@]}" "${seed[@]}" --shard "$s/$diff_jobs" \
+            --shrink-seconds 30 --max-failures 3 >"$diff_out/$s.log" 2>&1 &
+        pids+=($!)
+    done
+    for ((s = 0; s < diff_jobs; s++)); do
+        wait "${pids[s]}" || status=1
+        cat "$diff_out/$s.log"
+    done
+    rm -rf "$diff_out"
 fi
 
 if [ "$run_parse" = 1 ]; then

@@ -194,8 +194,9 @@ pykeops_suite() { ./scripts/pykeops-suite.sh "$(cd "$ci_dir" && pwd)/libsymred.s
 # every commit and the same for every run of one commit: it is the commit's hash (printed by
 # fuzz-diff), so CI runs exactly the cases that ran here before the commit was submitted, and a
 # failure reproduces with the seed from the log. A fixed number of cases (SYMRED_FUZZ_CASES,
-# default 150: about 100 s here), not a time, so a faster machine runs the same cases;
-# SYMRED_FUZZ_SEED overrides the seed, and outside a git checkout fuzz-diff draws one.
+# default 150), not a time, so a faster machine runs the same cases; fuzz.sh spreads them over
+# one fuzz-diff process per CPU (fuzz-diff --shard). SYMRED_FUZZ_SEED overrides the seed, and
+# outside a git checkout fuzz.sh draws one.
 fuzz_diff() {
     if [ ! -f "$ci_dir/.build-ok" ]; then
         echo "test.sh: $ci_dir did not build, so fuzz-diff cannot run"

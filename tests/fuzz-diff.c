@@ -1,12 +1,15 @@
 /*
  * fuzz-diff.c — the differential fuzzer's command line (docs/fuzzing.md).
  *
- *   fuzz-diff [--seed S] [--cases N | --minutes M | --seconds T] [--case C] [--no-cuda]
- *             [--no-shrink] [--shrink-seconds T] [--max-failures F] [--verbose] [--coverage]
- *             [--variant NAME]
+ *   fuzz-diff [--seed S] [--cases N | --minutes M | --seconds T] [--case C] [--shard I/M]
+ *             [--no-cuda] [--no-shrink] [--shrink-seconds T] [--max-failures F] [--verbose]
+ *             [--coverage] [--variant NAME]
  *
  * Runs cases 0, 1, 2, ... of seed S (a fresh seed, printed, when none is given) until N cases
  * or the time limit; --case C runs only case C of seed S (what a failure says to reproduce).
+ * --shard I/M runs only the cases whose number is I modulo M (0 <= I < M): M processes with the
+ * same seed and shards 0/M ... M-1/M run the N cases of one process between them, each case
+ * drawn from the seed and its number alone.
  * Each failing case is shrunk and printed as an X(...) line for tests/test-fuzz-regress.c.
  * --variant NAME runs only that variant against the oracle (e.g. tile-interpreter: many cases a
  * second, no compiler).
@@ -35,7 +38,7 @@ static double now_s(void)
 static void usage(void)
 {
     fprintf(stderr, "usage: fuzz-diff [--seed S] [--cases N | --minutes M | --seconds T] "
-                    "[--case C] [--no-cuda] [--no-shrink] [--shrink-seconds T] "
+                    "[--case C] [--shard I/M] [--no-cuda] [--no-shrink] [--shrink-seconds T] "
                     "[--max-failures F] [--verbose] [--coverage] [--variant NAME]\n");
 }
 
@@ -45,7 +48,7 @@ int main(int argc, char **argv)
 {
     uint64_t seed = 0;
     bool have_seed = false, coverage_only = false;
-    long ncases = 0, one_case = -1, max_failures = 5;
+    long ncases = 0, one_case = -1, max_failures = 5, shard = 0, nshards = 1;
     double seconds = 0;
     struct fz_opts o = {stdout, 0, true, true, 120, false, false, NULL};
     for (int a = 1; a < argc; a++) {
@@ -59,6 +62,15 @@ int main(int argc, char **argv)
             a++;
         } else if (!strcmp(s, "--case") && v) {
             one_case = atol(v);
+            a++;
+        } else if (!strcmp(s, "--shard") && v) {
+            char *end;
+            shard = strtol(v, &end, 10);
+            nshards = *end == '/' ? strtol(end + 1, &end, 10) : 0;
+            if (*end || nshards < 1 || shard < 0 || shard >= nshards) {
+                usage();
+                return 2;
+            }
             a++;
         } else if (!strcmp(s, "--minutes") && v) {
             seconds = 60 * atof(v);
@@ -124,13 +136,18 @@ int main(int argc, char **argv)
                nv->minor);
     printf("fuzz-diff: seed %llu (reproduce: fuzz-diff --seed %llu --cases N)\n",
            (unsigned long long)seed, (unsigned long long)seed);
+    if (nshards > 1)
+        printf("fuzz-diff: shard %ld/%ld: cases %ld, %ld, ...\n", shard, nshards, shard,
+               shard + nshards);
     fflush(stdout);
 
     struct fz_stats st;
     memset(&st, 0, sizeof st);
     double t0 = now_s();
-    long first = one_case >= 0 ? one_case : 0, last = one_case >= 0 ? one_case + 1 : ncases;
-    for (long i = first; (last <= 0 || i < last) && (seconds <= 0 || now_s() - t0 < seconds); i++) {
+    long first = one_case >= 0 ? one_case : shard, last = one_case >= 0 ? one_case + 1 : ncases;
+    long step = one_case >= 0 ? 1 : nshards;
+    for (long i = first; (last <= 0 || i < last) && (seconds <= 0 || now_s() - t0 < seconds);
+         i += step) {
         struct fz_case c;
         fz_case_draw(seed, (uint64_t)i, &c);
         char why[2048];

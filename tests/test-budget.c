@@ -2,8 +2,7 @@
  * test-budget.c — the memory budget (SYMRED_MEM_LIMIT, sr_ctx_set_mem_limit), the planner that
  * shrinks the workspace under it, SR_EBUDGET, and sr_kernel_eval_block.
  *
- * Kernels are cached on disk (SYMRED_CACHE_DIR in the working directory), so reruns do not
- * compile.
+ * Kernels are cached on disk (SYMRED_CACHE_DIR: tu_jit_cache), so reruns do not compile.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -21,7 +20,7 @@ static sr_ctx *ctx;
 
 static void setup(void)
 {
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     unsetenv("SYMRED_MEM_LIMIT");
     unsetenv("SYMRED_NUM_THREADS");
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);

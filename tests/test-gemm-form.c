@@ -83,7 +83,7 @@ static void check_neighbours(const sr_kernel *k)
 
 Test(gemm_form, direct_computes_sqdist)
 {
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     setenv("SYMRED_GEMM", "off", 1);
     sr_ctx *ctx;
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
@@ -100,7 +100,7 @@ Test(gemm_form, direct_computes_sqdist)
 
 Test(gemm_form, gemm_epilogue_takes_the_expansion)
 {
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     unsetenv("SYMRED_GEMM");
     unsetenv("SYMRED_GEMM_KERNEL");
     sr_ctx *ctx;

@@ -31,7 +31,7 @@ static bool have_gemm;
 static void setup(void)
 {
     static const char *const unset[] = {"SYMRED_GEMM_KERNEL", "SYMRED_MEM_LIMIT", "SYMRED_ACC"};
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     for (size_t v = 0; v < sizeof unset / sizeof *unset; v++)
         unsetenv(unset[v]);
     have_gemm = cpu_avx512_usable() || tu_blis_usable();

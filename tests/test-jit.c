@@ -5,7 +5,7 @@
  * small), every reduction on both axes in float32 and float64, sizes 0, 1, 7, 129 and 1000+ (not
  * multiples of any tile), the split of the reduced range over threads, NaN/Inf inputs, ties, the
  * accumulation modes, and the fallback when there is no compiler. The kernels are cached on disk
- * (SYMRED_CACHE_DIR in the working directory), so reruns do not compile.
+ * (SYMRED_CACHE_DIR: tu_jit_cache), so reruns do not compile.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -30,7 +30,7 @@ static sr_ctx *ctx;
 
 static void setup(void)
 {
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     unsetenv("SYMRED_CC");
     unsetenv("SYMRED_ACC");
     unsetenv("SYMRED_NUM_THREADS");

@@ -23,7 +23,7 @@
 static sr_ctx *ctx;
 static void setup(void)
 {
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     unsetenv("SYMRED_GEMM");
     unsetenv("SYMRED_BLIS");
     unsetenv("SYMRED_GEMM_KERNEL");

@@ -27,7 +27,7 @@ static bool have_gemm;
 
 static void setup(void)
 {
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     unsetenv("SYMRED_GEMM_KERNEL");
     unsetenv("SYMRED_GEMM");
     unsetenv("SYMRED_MEM_LIMIT");

@@ -27,7 +27,7 @@ static sr_ctx *ctx;
 
 static void setup(void)
 {
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     unsetenv("SYMRED_MEM_LIMIT");
     cr_assert_eq(sr_ctx_new(&ctx), SR_OK);
 }

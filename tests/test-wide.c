@@ -32,7 +32,7 @@ static char async_cache[] = "/tmp/symred-wide-async-XXXXXX";
 
 static void setup(void)
 {
-    setenv("SYMRED_CACHE_DIR", "jit-test-cache", 1);
+    setenv("SYMRED_CACHE_DIR", tu_jit_cache(), 1);
     unsetenv("SYMRED_GEMM_KERNEL");
     unsetenv("SYMRED_MEM_LIMIT");
     unsetenv("SYMRED_NUM_THREADS");

@@ -8,6 +8,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+const char *tu_jit_cache(void)
+{
+    static char dir[4096];
+    const char *t = getenv("SYMRED_TEST_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),
+               *home = getenv("HOME");
+    if (t && *t)
+        snprintf(dir, sizeof dir, "%s", t);
+    else if (xdg && xdg[0] == '/')
+        snprintf(dir, sizeof dir, "%s/symred-tests", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.cache/symred-tests", home);
+    else
+        snprintf(dir, sizeof dir, "jit-test-cache");
+    return dir;
+}
+
 uint64_t tu_rand(uint64_t *s)
 {
     uint64_t x = *s ? *s : 0x9e3779b97f4a7c15ULL;

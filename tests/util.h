@@ -7,6 +7,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The kernel cache of the tests that set SYMRED_CACHE_DIR to it: $SYMRED_TEST_CACHE_DIR, else
+ * symred-tests beside symred's default cache ($XDG_CACHE_HOME/symred-tests or
+ * $HOME/.cache/symred-tests), else jit-test-cache in the working directory. Outside the build
+ * folder, so that every build folder and checkout of the user finds the kernels compiled before
+ * (a kernel's object is keyed by its source and the compiler's options alone). */
+const char *tu_jit_cache(void);
 /* Deterministic xorshift generator: tests are reproducible. */
 uint64_t tu_rand(uint64_t *state);
 /* Uniform in [lo, hi). */
