@@ -192,7 +192,6 @@ static void fuse_chains(struct tile_prog *t, const sr_kernel *k, const int *uses
         memcpy(nd->child, cn->child, sizeof nd->child);
         cn->dead = true;
     }
-    t->fdot[0] = t->fdot[1] = -1;
     const struct tile_node *fn = &t->node[t->f];
     if (fold_only && sr_reductions[k->red].family == SR_RED_FAM_SUM && k->fdim == 1 &&
         fn->e->op == OP_MUL && !fn->fuse && uses[t->f] == 1 && t->f != ext && !fn->rowwise &&
@@ -245,6 +244,7 @@ static sr_status tile_new(const sr_kernel *k, const sr_expr *ext, int tj_max, bo
     }
     t->f = b.at[k->f->id] - 1;
     t->w = k->weight ? b.at[k->weight->id] - 1 : -1;
+    t->fdot[0] = t->fdot[1] = -1;
     int exti = ext ? b.at[ext->id] - 1 : -1;
     /* The reduced-index variables that some node reads from the tile. */
     bool *loaded = calloc((size_t)b.n, sizeof *loaded);
