@@ -316,7 +316,7 @@ struct tile_opnds {
 /* The loops of one element type and vector unit (tile-kern.h). op evaluates node e over n
  * elements into out (component stride ocs; scratch holds the float64 values of e and its
  * operands for the ops that run element by element through cpu_ref_eval). The tile reductions
- * take n >= 1 elements; the sums run in lanes of the element type, added in float64: sum; max
+ * take n >= 1 elements; sums accumulate in float64: sum; max
  * (special: a NaN or +inf, or all -inf); expsum: sum exp(x - m), the exponentials stored in p
  * unless NULL; dot; ext: min, or max when desc, NaN when any is NaN. */
 /* Chains of elementwise ops that the interpreter runs as one loop (the first operand a, the

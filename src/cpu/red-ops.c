@@ -2,7 +2,7 @@
  * red-ops.c — the reductions' operations on double-precision row state, one row per family
  * (cpu_red_ops, cpu.h), built on the rules of red-rules.h. The reference interpreter pushes
  * values one at a time; the tile interpreter folds tiles of values by the vector loops of
- * tile-kern.h (sums of a tile by lanes, then in float64, Min, Max and the K-selections skipping a
+ * tile-kern.h (sums of a tile in 32 float64 running sums, Min, Max and the K-selections skipping a
  * tile that cannot change the state, LogSumExp and SumSoftMaxWeight folding a tile through its
  * maximum) and merges the states of slices of the reduced range in index order.
  */

@@ -511,28 +511,24 @@ static void TILE_NAME(fused_)(int kind, int dim, void *vout, int64_t ocs,
 /* ---- reductions over a tile ------------------------------------------------------------------
  * Each takes n >= 1 elements; sums accumulate in float64. */
 
-/* sum_t of TERM(t): TILE_ACC running sums in T (independent, so the additions overlap instead of
- * waiting on one another; each sums n / TILE_ACC terms, 4 of a 256-wide tile), added by fours
- * into 16 sums in T, then pairwise in float64, then the tail's terms in float64. */
-#define TILE_ACC 64
+/* sum_t of TERM(t) in float64: TILE_ACC running sums (independent, so the additions overlap
+ * instead of waiting on one another), added pairwise at the end, then the tail's terms. */
+#define TILE_ACC 32
 #define SUM_BLOCKED(s, TERM)                                                                       \
     do {                                                                                           \
-        T acc_[TILE_ACC];                                                                          \
-        double dacc_[16];                                                                          \
+        double acc_[TILE_ACC];                                                                     \
         TILE_SIMD for (int u = 0; u < TILE_ACC; u++) acc_[u] = 0;                                  \
         int t0_ = 0;                                                                               \
         for (; t0_ + TILE_ACC <= n; t0_ += TILE_ACC)                                               \
             TILE_SIMD for (int u = 0; u < TILE_ACC; u++)                                           \
             {                                                                                      \
                 const int t = t0_ + u;                                                             \
-                acc_[u] += (TERM);                                                                 \
+                acc_[u] += (double)(TERM);                                                         \
             }                                                                                      \
-        TILE_SIMD for (int u = 0; u < 32; u++) acc_[u] += acc_[u + 32];                            \
         TILE_SIMD for (int u = 0; u < 16; u++) acc_[u] += acc_[u + 16];                            \
-        TILE_SIMD for (int u = 0; u < 16; u++) dacc_[u] = (double)acc_[u];                         \
-        TILE_SIMD for (int u = 0; u < 8; u++) dacc_[u] += dacc_[u + 8];                            \
-        TILE_SIMD for (int u = 0; u < 4; u++) dacc_[u] += dacc_[u + 4];                            \
-        s = (dacc_[0] + dacc_[2]) + (dacc_[1] + dacc_[3]);                                         \
+        TILE_SIMD for (int u = 0; u < 8; u++) acc_[u] += acc_[u + 8];                              \
+        TILE_SIMD for (int u = 0; u < 4; u++) acc_[u] += acc_[u + 4];                              \
+        s = (acc_[0] + acc_[2]) + (acc_[1] + acc_[3]);                                             \
         for (int t = t0_; t < n; t++)                                                              \
             s += (double)(TERM);                                                                   \
     } while (0)

@@ -16,7 +16,7 @@
  *
  * Values are computed in the kernel's dtype like the compiled kernels, and reduced by the
  * family's operations on float64 state (cpu_red_ops, red-ops.c, the reference's rules): sums of a
- * tile are accumulated by lanes, then in float64, Min, Max and the K-selections skip a tile that
+ * tile are accumulated in float64 (32 running sums), Min, Max and the K-selections skip a tile that
  * cannot change the state, LogSumExp and SumSoftMaxWeight fold a tile through its maximum, and any
  * tile holding NaN or an infinity where those rules care goes element by element. With few output
  * rows and a long reduced range the threads split the reduced range and merge their states in
@@ -777,8 +777,8 @@ void cpu_tile_explain(const sr_kernel *k, const struct tile_prog *t, struct expr
     expr_buf_printf(b, "; %d chains fused into one loop each, %d nodes absorbed%s)", fused,
                     absorbed, t->fdot[0] >= 0 ? ", F folded as a dot product" : "");
     expr_buf_printf(b,
-                    ", tiles of %d output rows x %d reduced indices, %s loops in %s, sums of a "
-                    "tile by lanes, of tiles in float64, %lld bytes of workspace per thread\n",
+                    ", tiles of %d output rows x %d reduced indices, %s loops in %s, sums "
+                    "accumulated in float64, %lld bytes of workspace per thread\n",
                     t->rb, t->tj, t->isa_name, sr__dtype_name(k->dtype), (long long)t->per_thread);
 }
 
