@@ -747,6 +747,11 @@ Test(parse, keops_derived_function_errors)
     assert_fails("Laplacian(x,x)", SR_EDIM, "Laplacian", NULL);
     assert_fails("Divergence(z,x)", SR_EDIM, "Divergence", NULL);
     assert_fails("GradMatrix(x,x+y)", SR_EPARSE, "GradMatrix", "variable");
+    /* One gradient per component: a huge dimension is refused at once, not built. */
+    assert_fails("GradMatrix(Var(0,8628455,0),y)", SR_EDIM, "GradMatrix", "at most 1024");
+    assert_fails("Divergence(Var(0,1025,0),Var(0,1025,0))", SR_EDIM, "Divergence", "at most 1024");
+    assert_fails("Laplacian(SqNorm2(Var(0,5000,0)),Var(0,5000,0))", SR_EDIM, "Divergence",
+                 "dimension 5000");
 }
 
 /* Builder errors of kind EINVAL are parse errors in the parser (see built() in parse.c). */

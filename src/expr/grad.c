@@ -667,12 +667,29 @@ sr_expr *sr_diff(sr_ctx *ctx, sr_expr *f, sr_expr *var, sr_expr *dir)
     return expr_grad(ctx, expr_grad(ctx, f, var, e), e, dir);
 }
 
+/* GradMatrix and Divergence build one gradient of F per component: a formula grows with each,
+ * so the count is bounded (a clear error, not minutes of building a formula no kernel could
+ * compile). */
+#define EXPR_MAX_EXPANDED 1024
+
+static bool expansion_check(sr_ctx *ctx, const char *fn, int n)
+{
+    if (n <= EXPR_MAX_EXPANDED)
+        return true;
+    expr_builder_error(ctx, SR_EDIM,
+                       "%s: the formula has dimension %d; %s builds one gradient per component, "
+                       "at most %d",
+                       fn, n, fn, EXPR_MAX_EXPANDED);
+    return false;
+}
+
 /* The standard basis vector e_k of dimension d (KeOps' ElemT(1, d, k)). */
 static sr_expr *basis(sr_ctx *ctx, int d, int k) { return sr_elemt(ctx, sr_intcst(ctx, 1), d, k); }
 
 sr_expr *sr_gradmatrix(sr_ctx *ctx, sr_expr *f, sr_expr *var)
 {
-    if (!grad_check(ctx, "GradMatrix", f, var, f, f ? f->dim : 0, "formula", "formula"))
+    if (!grad_check(ctx, "GradMatrix", f, var, f, f ? f->dim : 0, "formula", "formula") ||
+        !expansion_check(ctx, "GradMatrix", f->dim))
         return NULL;
     /* Row k is the gradient of f_k: Grad(f, var, e_k), the rows concatenated (KeOps). */
     sr_expr *res = NULL;
@@ -687,7 +704,8 @@ sr_expr *sr_gradmatrix(sr_ctx *ctx, sr_expr *f, sr_expr *var)
 
 sr_expr *sr_divergence(sr_ctx *ctx, sr_expr *f, sr_expr *var)
 {
-    if (!grad_check(ctx, "Divergence", f, var, f, var ? var->dim : 0, "formula", "variable"))
+    if (!grad_check(ctx, "Divergence", f, var, f, var ? var->dim : 0, "formula", "variable") ||
+        !expansion_check(ctx, "Divergence", f->dim))
         return NULL;
     /* sum_k d f_k / d v_k = sum_k Elem(Grad(f, var, e_k), k) */
     sr_expr *res = NULL;
