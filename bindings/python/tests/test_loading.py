@@ -92,6 +92,10 @@ def test_pip_install_bundles_the_library(tmp_path):
     bundled = os.path.join(site, "symred", "libsymred.so")
     assert os.path.isfile(bundled)
     env["SYMRED_CACHE_DIR"] = str(tmp_path / "cache")
+    # Compiled before the call returns: in the default async mode the first call runs on the
+    # tile interpreter, and a process that exits before its background compile has finished
+    # (a loaded machine) caches nothing.
+    env["SYMRED_JIT"] = "sync"
     code = ("import symred, numpy as np; "
             "g = symred.Genred('SqDist(x,y)', ['x=Vi(2)', 'y=Vj(2)'], reduction_op='Min', "
             "axis=1); "
