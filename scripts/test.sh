@@ -6,20 +6,20 @@
 # two lanes side by side, one per CPU of the 2-vCPU machine. The background lane: the Python
 # tests when bindings/python/tests exists, in that environment (PyTorch 2.x, symred.jax,
 # symred.gpytorch), the files that use torch again with Debian's python3 (torch 1.13), pykeops
-# 2.3's own test suite against symred (scripts/pykeops-suite.sh), and the binary wheel installed
-# with pip alone into a fresh environment and run without a C compiler (scripts/test-wheel.sh).
-# The foreground: ctest in build-ci/ (the NVRTC compile checks, the CUDA emulator's sweeps, the
-# examples checked against brute force, the install test); a build with AddressSanitizer and
-# UndefinedBehaviorSanitizer in build-asan/ and ctest there (every other entry: unit tests, the
-# CUDA emulator's other entries, MPI, the examples and the install test again); clang-format on
-# the C sources; 150 cases of differential fuzzing with a seed fresh for each commit (printed)
-# and 30 s of libFuzzer on the parser (scripts/fuzz.sh); a ThreadSanitizer build (clang) in
-# build-tsan/ running the tests that share kernels between threads (docs/fuzzing.md). The
-# background lane's output is printed whole when it is joined, after the foreground's. Every step
-# runs even after a failure. The closing summary gives each step's start, outcome, wall time and
-# count of test cases run, and the total, also written to $SYMRED_TEST_TIMES (default
-# test-times.tsv beside the build folders); the last line says how many steps passed and failed.
-# Exit status 0 only if all passed.
+# 2.3's own test suite against symred (scripts/pykeops-suite.sh), the binary wheel installed
+# with pip alone into a fresh environment and run without a C compiler (scripts/test-wheel.sh);
+# then 150 cases of differential fuzzing with a seed fresh for each commit (printed) and 30 s of
+# libFuzzer on the parser (scripts/fuzz.sh). The foreground: ctest in build-ci/ (the NVRTC
+# compile checks, the CUDA emulator's sweeps, the examples checked against brute force, the
+# install test); a build with AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/ and
+# ctest there (every other entry: unit tests, the CUDA emulator's other entries, MPI, the
+# examples and the install test again); clang-format on the C sources; a ThreadSanitizer build
+# (clang) in build-tsan/ running the tests that share kernels between threads
+# (docs/fuzzing.md). The background lane's output is printed whole when it is joined, after the
+# foreground's. Every step runs even after a failure. The closing summary gives each step's
+# start, outcome, wall time, CPU time and count of test cases run, and the totals, also written
+# to $SYMRED_TEST_TIMES (default test-times.tsv beside the build folders); the last line says
+# how many steps passed and failed. Exit status 0 only if all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +36,7 @@ ci_dir=$root/build-ci
 asan_dir=$root/build-asan
 tsan_dir=$root/build-tsan
 # Each finished step appends one line to $records: its start (seconds into the run), name,
-# outcome, wall time and count of test cases, tab-separated. A step that runs in the background
+# outcome, wall time, CPU time and count of test cases, tab-separated. A step that runs in the background
 # lane (lane_start) writes there too, from its subshell.
 step_logs=$(mktemp -d "${TMPDIR:-/tmp}/symred-test.XXXXXX")
 trap 'rm -rf "$step_logs"' EXIT
