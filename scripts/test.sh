@@ -11,9 +11,9 @@
 # then 150 cases of differential fuzzing with a seed fresh for each commit (printed) and 30 s of
 # libFuzzer on the parser (scripts/fuzz.sh). The foreground: ctest in build-ci/ (the NVRTC
 # compile checks, the CUDA emulator's sweeps, the examples checked against brute force, the
-# install test); a build with AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/ and
+# install test, fork and exit while compiling); a build with AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/ and
 # ctest there (every other entry: unit tests, the CUDA emulator's other entries, MPI, the
-# examples and the install test again); clang-format on the C sources; a ThreadSanitizer build
+# examples, the install test and fork and exit again); clang-format on the C sources; a ThreadSanitizer build
 # (clang) in build-tsan/ running the tests that share kernels between threads
 # (docs/fuzzing.md). The background lane's output is printed whole when it is joined, after the
 # foreground's. Every step runs even after a failure. The closing summary gives each step's
@@ -346,14 +346,16 @@ if [ -d bindings/python/tests ]; then
 else
     lane_start fuzz_steps
 fi
-# Every ctest entry runs once, in one of the two builds. Here: the NVRTC compile checks (libnvrtc
-# is not instrumented, and is slower under ASan's allocator) and the CUDA emulator's sweeps over
-# every reduction, dtype and fused width (label cuda-emu-sweep: the same launch path with other
-# kernels); the examples and the install test run in both, here as the library is shipped. Every
-# other entry runs under the sanitizers below: the C unit tests, the CUDA runtime's device
-# pointers, split-j, ranges, budget and out-of-memory cases, the threads, MPI and the layering.
-step "ctest (NVRTC, CUDA emulator sweeps, examples, install)" run_ctest "$ci_dir" \
-    -L '^(nvrtc|cuda-emu-sweep|examples|install)$'
+# Every ctest entry runs in one of the two builds at least. Here: the NVRTC compile checks
+# (libnvrtc is not instrumented, and is slower under ASan's allocator) and the CUDA emulator's
+# sweeps over every reduction, dtype and fused width (label cuda-emu-sweep: the same launch path
+# with other kernels). The examples, the install test and test-fork-exit run in both: here as the
+# library is shipped, and test-fork-exit here also forks while another thread allocates (glibc's
+# malloc holds its locks across fork(); gcc's ASan allocator does not). Every other entry runs
+# under the sanitizers below: the C unit tests, the CUDA runtime's device pointers, split-j,
+# ranges, budget and out-of-memory cases, the threads, MPI and the layering.
+step "ctest (NVRTC, CUDA emulator sweeps, examples, install, fork)" run_ctest "$ci_dir" \
+    -L '^(nvrtc|cuda-emu-sweep|examples|install|fork)$'
 # Leak checking needs ptrace, which some containers forbid; ASAN_OPTIONS from the caller wins.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
