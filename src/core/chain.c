@@ -275,13 +275,10 @@ sr_status sr_chain_order(const sr_chain *c, sr_chain_order_info *info)
 {
     if (!c)
         return SR_EINVAL;
-    if (!info)
-        return sr__error(c->ctx, SR_EINVAL, "sr_chain_order: info is NULL");
-    if (info->size < CHAIN_ORDER_V1)
-        return sr__error(c->ctx, SR_EINVAL,
-                         "sr_chain_order: info->size is %zu, at least %zu expected (set it to "
-                         "sizeof(sr_chain_order_info))",
-                         info->size, (size_t)CHAIN_ORDER_V1);
+    sr_status st = sr__sized_check(c->ctx, "sr_chain_order", "info", info, CHAIN_ORDER_V1,
+                                   "sr_chain_order_info");
+    if (st != SR_OK)
+        return st;
     if (!c->planned)
         return sr__error(c->ctx, SR_EINVAL,
                          "sr_chain_order: the chain is not planned yet (call sr_chain_plan)");

@@ -467,6 +467,11 @@ void sr__plan_info_composed(const sr_kernel *inner, sr_strategy outer, sr_plan_i
  * what fits of r (r_bytes, its size member *r_size) into out, whose size member *out_size the
  * caller set, zeroes the rest of out's bytes, and sets the size out says to the bytes filled. */
 void sr__sized_fill(void *out, size_t *out_size, void *r, size_t *r_size, size_t r_bytes);
+/* The size protocol at entry point fn: arg (the parameter called name, a struct of type type
+ * whose first member is size) is not NULL and its size is at least v1, the bytes of the struct's
+ * first version; else SR_EINVAL with a message on ctx. */
+sr_status sr__sized_check(sr_ctx *ctx, const char *fn, const char *name, const void *arg, size_t v1,
+                          const char *type);
 /* The strategy whose name (sr_strategy_name) a candidate bears, or (sr_strategy)-1. */
 sr_strategy sr__strategy_of(const char *name);
 

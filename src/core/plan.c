@@ -242,6 +242,19 @@ void sr__plan_info_composed(const sr_kernel *inner, sr_strategy outer, sr_plan_i
     info->b_padded = in.b_padded;
 }
 
+sr_status sr__sized_check(sr_ctx *ctx, const char *fn, const char *name, const void *arg, size_t v1,
+                          const char *type)
+{
+    if (!arg)
+        return sr__error(ctx, SR_EINVAL, "%s: %s is NULL", fn, name);
+    size_t size = *(const size_t *)arg;
+    if (size < v1)
+        return sr__error(ctx, SR_EINVAL,
+                         "%s: %s->size is %zu, at least %zu expected (set it to sizeof(%s))", fn,
+                         name, size, v1, type);
+    return SR_OK;
+}
+
 void sr__sized_fill(void *out, size_t *out_size, void *r, size_t *r_size, size_t r_bytes)
 {
     size_t cap = *out_size, n = cap < r_bytes ? cap : r_bytes;
@@ -266,13 +279,10 @@ sr_status sr_kernel_plan(const sr_kernel *k, sr_plan_info *info)
 {
     if (!k)
         return SR_EINVAL;
-    if (!info)
-        return sr__error(k->ctx, SR_EINVAL, "sr_kernel_plan: info is NULL");
-    if (info->size < PLAN_INFO_V1)
-        return sr__error(k->ctx, SR_EINVAL,
-                         "sr_kernel_plan: info->size is %zu, at least %zu expected (set it to "
-                         "sizeof(sr_plan_info))",
-                         info->size, (size_t)PLAN_INFO_V1);
+    sr_status st =
+        sr__sized_check(k->ctx, "sr_kernel_plan", "info", info, PLAN_INFO_V1, "sr_plan_info");
+    if (st != SR_OK)
+        return st;
     sr_plan_info p;
     memset(&p, 0, sizeof p);
     p.strategy = SR_STRATEGY_REFERENCE;
@@ -324,13 +334,10 @@ sr_status sr_kernel_plan_candidate(const sr_kernel *k, int i, sr_plan_candidate 
 {
     if (!k)
         return SR_EINVAL;
-    if (!c)
-        return sr__error(k->ctx, SR_EINVAL, "sr_kernel_plan_candidate: c is NULL");
-    if (c->size < PLAN_CANDIDATE_V1)
-        return sr__error(k->ctx, SR_EINVAL,
-                         "sr_kernel_plan_candidate: c->size is %zu, at least %zu expected (set it "
-                         "to sizeof(sr_plan_candidate))",
-                         c->size, (size_t)PLAN_CANDIDATE_V1);
+    sr_status st = sr__sized_check(k->ctx, "sr_kernel_plan_candidate", "c", c, PLAN_CANDIDATE_V1,
+                                   "sr_plan_candidate");
+    if (st != SR_OK)
+        return st;
     if (i < 0 || i >= k->nplans)
         return sr__error(k->ctx, SR_EINVAL,
                          "sr_kernel_plan_candidate: candidate %d of %d (sr_plan_info.plans)", i,
