@@ -158,16 +158,23 @@ static inline T TILE_NAME(texp_)(T a)
         }                                                                                          \
     } while (0)
 
+/* SqNorm2, Norm2 and SqDist of at most this many components fuse each square into the sum (one
+ * rounding, TFMA), as the generated C does for the vectors it unrolls (JIT_BIG in the emitter):
+ * on a CPU with FMA both tiers then compute these sums bitwise alike. */
+#define TILE_SQ_FUSED_MAX 16
+
 /* Sum over the components k < kd of TERM: out[t] = sum_k TERM, where TERM reads a (operand 0 at
  * component k) and, for two operands, b (operand 1 at k). Accumulated in T in increasing order
- * of k, one pass over the tile per component (the vector loop is the one over the tile). */
+ * of k, one pass over the tile per component (the vector loop is the one over the tile): each
+ * step is TADD(s, TERM), s + TERM but for the sums of squares below. */
+#define TADD(s, t) ((s) + (t))
 #define SUMK1(TERM)                                                                                \
     do {                                                                                           \
         if (!OPD_ES(0)) {                                                                          \
             T s = 0;                                                                               \
             for (int k = 0; k < kd; k++) {                                                         \
                 T a = OPD_P(0)[k * OPD_CS(0)];                                                     \
-                s += (TERM);                                                                       \
+                s = TADD(s, (TERM));                                                               \
             }                                                                                      \
             out[0] = s;                                                                            \
             break;                                                                                 \
@@ -184,7 +191,7 @@ static inline T TILE_NAME(texp_)(T a)
                 TILE_SIMD for (int t = 0; t < n; t++)                                              \
                 {                                                                                  \
                     T a = A[t];                                                                    \
-                    out[t] += (TERM);                                                              \
+                    out[t] = TADD(out[t], (TERM));                                                 \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
@@ -203,7 +210,7 @@ static inline T TILE_NAME(texp_)(T a)
             TILE_SIMD for (int t = 0; t < n; t++)                                                  \
             {                                                                                      \
                 LOADS;                                                                             \
-                out[t] += (TERM);                                                                  \
+                out[t] = TADD(out[t], (TERM));                                                     \
             }                                                                                      \
         }                                                                                          \
     } while (0)
@@ -222,7 +229,7 @@ static inline T TILE_NAME(texp_)(T a)
                 TILE_SIMD for (int u = 0; u < TILE_SUMK_BLOCK; u++)                                \
                 {                                                                                  \
                     LOADS;                                                                         \
-                    acc[u] += (TERM);                                                              \
+                    acc[u] = TADD(acc[u], (TERM));                                                 \
                 }                                                                                  \
             }                                                                                      \
             TILE_SIMD for (int u = 0; u < TILE_SUMK_BLOCK; u++) out[t0 + u] = acc[u];              \
@@ -237,7 +244,7 @@ static inline T TILE_NAME(texp_)(T a)
         T s_ = 0;                                                                                  \
         for (int k = 0; k < KD; k++) {                                                             \
             LOADS;                                                                                 \
-            s_ = k ? s_ + (TERM) : (TERM);                                                         \
+            s_ = k ? TADD(s_, (TERM)) : (TERM);                                                    \
         }                                                                                          \
         out[t] = s_;                                                                               \
     }
@@ -300,7 +307,7 @@ static inline T TILE_NAME(texp_)(T a)
                 SUMK2_PASS(T a = aa; T b = B[t]);                                                  \
             } else {                                                                               \
                 T a = A[0], b = B[0];                                                              \
-                out[0] = k ? out[0] + (TERM) : (TERM);                                             \
+                out[0] = k ? TADD(out[0], (TERM)) : (TERM);                                        \
             }                                                                                      \
         }                                                                                          \
     } while (0)
@@ -435,7 +442,14 @@ static void TILE_NAME(op_)(const sr_expr *e, void *vout, int64_t ocs, const stru
         break;
     case OP_SQNORM2: {
         const int kd = e->child[0]->dim;
-        SUMK1(a * a);
+        if (kd <= TILE_SQ_FUSED_MAX) {
+#undef TADD
+#define TADD(s, t) TFMA((a), (a), (s))
+            SUMK1(a * a);
+#undef TADD
+#define TADD(s, t) ((s) + (t))
+        } else
+            SUMK1(a * a);
         return;
     }
     case OP_SUM: {
@@ -445,7 +459,14 @@ static void TILE_NAME(op_)(const sr_expr *e, void *vout, int64_t ocs, const stru
     }
     case OP_NORM2: {
         const int kd = e->child[0]->dim;
-        SUMK1(a * a);
+        if (kd <= TILE_SQ_FUSED_MAX) {
+#undef TADD
+#define TADD(s, t) TFMA((a), (a), (s))
+            SUMK1(a * a);
+#undef TADD
+#define TADD(s, t) ((s) + (t))
+        } else
+            SUMK1(a * a);
         int m = ES[0] ? n : 1;
         TILE_SIMD for (int t = 0; t < m; t++) out[t] = TSQRT(out[t]);
         return;
@@ -453,7 +474,14 @@ static void TILE_NAME(op_)(const sr_expr *e, void *vout, int64_t ocs, const stru
     case OP_SQDIST: {
         const int kd = e->child[0]->dim;
 #define TERM ((a - b) * (a - b))
-        SUMK2();
+        if (kd <= TILE_SQ_FUSED_MAX) {
+#undef TADD
+#define TADD(s, t) TFMA((a - b), (a - b), (s))
+            SUMK2();
+#undef TADD
+#define TADD(s, t) ((s) + (t))
+        } else
+            SUMK2();
 #undef TERM
         return;
     }
