@@ -473,8 +473,8 @@ class Genred:
         self._weight, table2 = (self._parse(formula2, "formula2") if formula2 is not None
                                 else (None, []))
         # The weighted LogSumExp log(sum_j exp(F_ij) G_ij) (pykeops' LogSumExp with formula2;
-        # F scalar, G of any dimension) is the LogSumExp of F plus the log of the
-        # SumSoftMaxWeight of F and G: two reductions, built when first called.
+        # F scalar, G of any dimension) is c + log(sum_j exp(F_ij - c_i) G_ij) for any c:
+        # two reductions, built when first called (see _extended_call).
         self._weighted_lse = reduction_op == "LogSumExp" and formula2 is not None
         if self._weighted_lse and lib.sr_expr_dim(self._expr) != 1:
             raise ValueError(f"LogSumExp with a weight (formula2) needs a scalar formula; "
@@ -753,7 +753,13 @@ class Genred:
 
     def _extended_call(self, args, out, **kwargs):
         """A call with ``out=`` (the result written into ``out``, which is returned) or of a
-        weighted LogSumExp (two reductions, see __init__)."""
+        weighted LogSumExp (two reductions, see __init__).
+
+        The weighted LogSumExp is c + log(sum_j exp(F_ij - c_i) G_ij) with c = LogSumExp(F),
+        held constant (c's rounding cancels out, and every exp(F - c) is at most 1). The
+        identity holds for any c, so its derivatives of every order are those of the
+        weighted LogSumExp; they are the Sum's, whose softmax weights are normalised by the
+        same sum, as accurate as the dense formula's."""
         if self._weighted_lse:
             parts = self.__dict__.get("_lse_parts")
             if parts is None:
@@ -761,11 +767,16 @@ class Genred:
                     None, *self._init_args[0], **self._init_args[1]).arguments
                 kw.pop("self")
                 kw.pop("reduction_op")
-                formula2 = kw.pop("formula2")
-                parts = (type(self)(reduction_op="LogSumExp", **kw),
-                         type(self)(reduction_op="SumSoftMaxWeight", formula2=formula2, **kw))
+                kw.pop("formula2")
+                formula = kw.pop("formula")
+                # c: a variable of the output's index, after every alias.
+                c = f"Var({self.nargs}, 1, {0 if self.axis == 1 else 1})"
+                shifted = f"Exp(({formula}) - {c}) * ({self.formula2})"
+                parts = (type(self)(formula, reduction_op="LogSumExp", **kw),
+                         type(self)(shifted, reduction_op="Sum", **kw))
                 self._lse_parts = parts
-            res = parts[0](*args, **kwargs) + self._log(parts[1](*args, **kwargs))
+            c = self._constant(parts[0](*args, **kwargs))
+            res = c + self._log(parts[1](*args, c, **kwargs))
         else:
             res = self(*args, **kwargs)
         if out is None:
@@ -783,6 +794,11 @@ class Genred:
     @staticmethod
     def _log(a):
         return np.log(a)
+
+    @staticmethod
+    def _constant(a):
+        """a, held constant by differentiation (the arrays' own: NumPy's are not)."""
+        return a
 
     @staticmethod
     def _copy_into(out, res):

@@ -558,6 +558,14 @@ class Genred(_genred.Genred):
         return jnp.asarray(values, dtype=a.dtype)
 
     @staticmethod
+    def _log(a):
+        return jnp.log(a)
+
+    @staticmethod
+    def _constant(a):
+        return jax.lax.stop_gradient(a)
+
+    @staticmethod
     def _ranges_array(a):
         if isinstance(a, jax.core.Tracer):
             raise TypeError("ranges must be concrete (NumPy) integer arrays: they are part of "
@@ -603,6 +611,9 @@ class Genred(_genred.Genred):
         if out is not None:
             raise ValueError("out= is not supported by symred.jax: jax arrays are immutable")
         args = [jnp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+        if self._weighted_lse:
+            return self._extended_call(args, None, backend=backend, device_id=device_id,
+                                       ranges=ranges)
         full = self._batch_shape(args)
         if full is not None:
             return self._call_batched(args, full, backend, device_id, ranges)

@@ -686,6 +686,10 @@ class Genred(_genred.Genred):
         return torch.log(a)
 
     @staticmethod
+    def _constant(a):
+        return a.detach()
+
+    @staticmethod
     def _copy_into(out, res):
         return out.copy_(res)
 

@@ -94,6 +94,35 @@ def test_reductions_match_dense(red, axis):
     assert_close(jax.jit(gr)(x, y, b, g), want)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_weighted_logsumexp(axis):
+    # LogSumExp with formula2 (pykeops' weighted LogSumExp): log sum exp(F) w componentwise in
+    # w, its value and gradient against dense jax.numpy, eagerly and under jax.jit. The weight
+    # is a variable of the reduced index.
+    x, y, b, g = data()
+    if axis == 0:
+        b = jnp.asarray(np.random.default_rng(1).normal(size=(x.shape[0], 2)))
+    cat = "Vj" if axis == 1 else "Vi"
+    gr = Genred("-g * SqDist(x, y)", ["x = Vi(3)", "y = Vj(3)", f"b = {cat}(2)", "g = Pm(1)"],
+                reduction_op="LogSumExp", axis=axis, formula2="Exp(b)")
+
+    def dense(x, y, b, g):
+        Fm = -g[0] * ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+        w = jnp.exp(b)[None] if axis == 1 else jnp.exp(b)[:, None]
+        return jnp.log((jnp.exp(Fm)[..., None] * w).sum(axis))
+
+    args = (x, y, b, g)
+    np.testing.assert_allclose(gr(*args), dense(*args), rtol=1e-12)
+    np.testing.assert_allclose(jax.jit(gr)(*args), dense(*args), rtol=1e-12)
+
+    def loss(f):
+        return lambda *a: (f(*a) ** 2).sum()
+
+    for got, want in zip(jax.grad(loss(gr), (0, 1, 2, 3))(*args),
+                         jax.grad(loss(dense), (0, 1, 2, 3))(*args)):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_float32_and_int32_indices_without_x64():
     x, y, b, g = data()
     with jax.enable_x64(False):
