@@ -347,20 +347,21 @@ else
     lane_start fuzz_steps
 fi
 # Every ctest entry runs in one of the two builds at least. Here: the NVRTC compile checks
-# (libnvrtc is not instrumented, and is slower under ASan's allocator) and the CUDA emulator's
+# (libnvrtc is not instrumented, and is slower under ASan's allocator), the CUDA emulator's
 # sweeps over every reduction, dtype and fused width (label cuda-emu-sweep: the same launch path
-# with other kernels). The examples, the install test and test-fork-exit run in both: here as the
+# with other kernels) and test-exp's sweep of every float32 input through the generated exp
+# (label exp-sweep: one eval_block call per chunk, 7 s here and 20 s under ASan). The examples, the install test and test-fork-exit run in both: here as the
 # library is shipped, and test-fork-exit here also forks while another thread allocates (glibc's
 # malloc holds its locks across fork(); gcc's ASan allocator does not). Every other entry runs
 # under the sanitizers below: the C unit tests, the CUDA runtime's device pointers, split-j,
 # ranges, budget and out-of-memory cases, the threads, MPI and the layering.
-step "ctest (NVRTC, CUDA emulator sweeps, examples, install, fork)" run_ctest "$ci_dir" \
-    -L '^(nvrtc|cuda-emu-sweep|examples|install|fork)$'
+step "ctest (NVRTC, sweeps, examples, install, fork)" run_ctest "$ci_dir" \
+    -L '^(nvrtc|cuda-emu-sweep|exp-sweep|examples|install|fork)$'
 # Leak checking needs ptrace, which some containers forbid; ASAN_OPTIONS from the caller wins.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 step "build (ASan + UBSan)" build_and_mark "$asan_dir" -DSYMRED_ASAN=ON -DSYMRED_UBSAN=ON
-step "ctest (ASan + UBSan: the other entries)" run_ctest "$asan_dir" -LE '^(nvrtc|cuda-emu-sweep)$'
+step "ctest (ASan + UBSan: the other entries)" run_ctest "$asan_dir" -LE '^(nvrtc|cuda-emu-sweep|exp-sweep)$'
 step "clang-format" format_check
 step "build (ThreadSanitizer)" tsan_build
 step "ThreadSanitizer: threads sharing kernels" tsan_run
