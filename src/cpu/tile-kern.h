@@ -440,23 +440,12 @@ static void TILE_NAME(op_)(const sr_expr *e, void *vout, int64_t ocs, const stru
             return;
         }
         break;
-    case OP_SQNORM2: {
-        const int kd = e->child[0]->dim;
-        if (kd <= TILE_SQ_FUSED_MAX) {
-#undef TADD
-#define TADD(s, t) TFMA((a), (a), (s))
-            SUMK1(a * a);
-#undef TADD
-#define TADD(s, t) ((s) + (t))
-        } else
-            SUMK1(a * a);
-        return;
-    }
     case OP_SUM: {
         const int kd = e->child[0]->dim;
         SUMK1(a);
         return;
     }
+    case OP_SQNORM2:
     case OP_NORM2: {
         const int kd = e->child[0]->dim;
         if (kd <= TILE_SQ_FUSED_MAX) {
@@ -467,8 +456,10 @@ static void TILE_NAME(op_)(const sr_expr *e, void *vout, int64_t ocs, const stru
 #define TADD(s, t) ((s) + (t))
         } else
             SUMK1(a * a);
-        int m = ES[0] ? n : 1;
-        TILE_SIMD for (int t = 0; t < m; t++) out[t] = TSQRT(out[t]);
+        if (e->op == OP_NORM2) {
+            int m = ES[0] ? n : 1;
+            TILE_SIMD for (int t = 0; t < m; t++) out[t] = TSQRT(out[t]);
+        }
         return;
     }
     case OP_SQDIST: {
