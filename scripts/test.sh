@@ -3,23 +3,23 @@
 #
 # Steps: install missing Debian packages; the cached virtual environment of scripts/pyenv.sh
 # (PyTorch 2.x, jax, GPyTorch, pykeops from PyPI); a warnings-as-errors build in build-ci/. Then
-# two lanes side by side, one per CPU of the 2-vCPU machine. The background lane: the Python
-# tests when bindings/python/tests exists, in that environment (PyTorch 2.x, symred.jax,
+# two lanes side by side, one per CPU of the 2-vCPU machine. The background lane: the Python tests
+# when bindings/python/tests exists, in that environment (PyTorch 2.x, symred.jax,
 # symred.gpytorch), the files that use torch again with Debian's python3 (torch 1.13), pykeops
-# 2.3's own test suite against symred (scripts/pykeops-suite.sh), the binary wheel installed
-# with pip alone into a fresh environment and run without a C compiler (scripts/test-wheel.sh);
-# then 150 cases of differential fuzzing with a seed fresh for each commit (printed) and 30 s of
-# libFuzzer on the parser (scripts/fuzz.sh). The foreground: ctest in build-ci/ (the NVRTC
-# compile checks, the CUDA emulator's sweeps, the examples checked against brute force, the
-# install test, fork and exit while compiling); a build with AddressSanitizer and UndefinedBehaviorSanitizer in build-asan/ and
-# ctest there (every other entry: unit tests, the CUDA emulator's other entries, MPI, the
-# examples, the install test and fork and exit again); clang-format on the C sources; a ThreadSanitizer build
-# (clang) in build-tsan/ running the tests that share kernels between threads
-# (docs/fuzzing.md). The background lane's output is printed whole when it is joined, after the
-# foreground's. Every step runs even after a failure. The closing summary gives each step's
-# start, outcome, wall time, CPU time and count of test cases run, and the totals, also written
-# to $SYMRED_TEST_TIMES (default test-times.tsv beside the build folders); the last line says
-# how many steps passed and failed. Exit status 0 only if all passed.
+# 2.3's own test suite against symred (scripts/pykeops-suite.sh), the binary wheel installed with
+# pip alone into a fresh environment and run without a C compiler (scripts/test-wheel.sh); then
+# 150 cases of differential fuzzing with a seed fresh for each commit (printed) and 30 s of
+# libFuzzer on the parser (scripts/fuzz.sh). The foreground: ctest in build-ci/ (the NVRTC compile
+# checks, the CUDA emulator's and exp's sweeps, the examples checked against brute force, the install test,
+# fork and exit while compiling); a build with AddressSanitizer and UndefinedBehaviorSanitizer in
+# build-asan/ and ctest there (every other entry: unit tests, the CUDA emulator's other entries,
+# MPI, the examples, the install test and fork and exit again); clang-format on the C sources; a
+# ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
+# threads (docs/fuzzing.md). The background lane's output is printed whole when it is joined,
+# after the foreground's. Every step runs even after a failure. The closing summary gives each
+# step's start, outcome, wall time, CPU time and count of test cases run, and the totals, also
+# written to $SYMRED_TEST_TIMES (default test-times.tsv beside the build folders); the last line
+# says how many steps passed and failed. Exit status 0 only if all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -347,14 +347,15 @@ else
     lane_start fuzz_steps
 fi
 # Every ctest entry runs in one of the two builds at least. Here: the NVRTC compile checks
-# (libnvrtc is not instrumented, and is slower under ASan's allocator), the CUDA emulator's
-# sweeps over every reduction, dtype and fused width (label cuda-emu-sweep: the same launch path
-# with other kernels) and test-exp's sweep of every float32 input through the generated exp
-# (label exp-sweep: one eval_block call per chunk, 7 s here and 20 s under ASan). The examples, the install test and test-fork-exit run in both: here as the
-# library is shipped, and test-fork-exit here also forks while another thread allocates (glibc's
-# malloc holds its locks across fork(); gcc's ASan allocator does not). Every other entry runs
-# under the sanitizers below: the C unit tests, the CUDA runtime's device pointers, split-j,
-# ranges, budget and out-of-memory cases, the threads, MPI and the layering.
+# (libnvrtc is not instrumented, and is slower under ASan's allocator), the CUDA emulator's sweeps
+# over every reduction, dtype and fused width (label cuda-emu-sweep: the same launch path with
+# other kernels) and test-exp's sweep of every float32 input through the generated exp (label
+# exp-sweep: one eval_block call per chunk, 7 s here and 20 s under ASan). The examples, the
+# install test and test-fork-exit run in both: here as the library is shipped, and test-fork-exit
+# here also forks while another thread allocates (glibc's malloc holds its locks across fork();
+# gcc's ASan allocator does not). Every other entry runs under the sanitizers below: the C unit
+# tests, the CUDA runtime's device pointers, split-j, ranges, budget and out-of-memory cases, the
+# threads, MPI and the layering.
 step "ctest (NVRTC, sweeps, examples, install, fork)" run_ctest "$ci_dir" \
     -L '^(nvrtc|cuda-emu-sweep|exp-sweep|examples|install|fork)$'
 # Leak checking needs ptrace, which some containers forbid; ASAN_OPTIONS from the caller wins.

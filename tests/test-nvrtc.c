@@ -46,8 +46,8 @@ static void need_nvrtc(void)
     cr_skip_test("libnvrtc is not available, NVRTC compile tests skipped: %s", why);
 }
 
-/* Emits k's CUDA and compiles it for the architectures of the bit mask archs (bit a: archs[a]);
- * fails the test with NVRTC's log. Returns the PTX of the last compile when ptx is not NULL. */
+/* Emits k's CUDA and compiles it for the architectures of archs_mask (bit a: archs[a]); fails
+ * the test with NVRTC's log. Returns the PTX of the last compile when ptx is not NULL. */
 static void compile_built_for(const sr_kernel *k, char **ptx, unsigned archs_mask)
 {
     sr_reduction red = k->red;
