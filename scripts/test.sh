@@ -10,16 +10,16 @@
 # pip alone into a fresh environment and run without a C compiler (scripts/test-wheel.sh); then
 # 150 cases of differential fuzzing with a seed fresh for each commit (printed) and 30 s of
 # libFuzzer on the parser (scripts/fuzz.sh). The foreground: ctest in build-ci/ (the NVRTC compile
-# checks, the CUDA emulator's and exp's sweeps, the examples checked against brute force, the install test,
-# fork and exit while compiling); a build with AddressSanitizer and UndefinedBehaviorSanitizer in
-# build-asan/ and ctest there (every other entry: unit tests, the CUDA emulator's other entries,
-# MPI, the examples, the install test and fork and exit again); clang-format on the C sources; a
-# ThreadSanitizer build (clang) in build-tsan/ running the tests that share kernels between
-# threads (docs/fuzzing.md). The background lane's output is printed whole when it is joined,
-# after the foreground's. Every step runs even after a failure. The closing summary gives each
-# step's start, outcome, wall time, CPU time and count of test cases run, and the totals, also
-# written to $SYMRED_TEST_TIMES (default test-times.tsv beside the build folders); the last line
-# says how many steps passed and failed. Exit status 0 only if all passed.
+# checks, the CUDA emulator's and exp's sweeps, the examples checked against brute force, the
+# install test, fork and exit while compiling); a build with AddressSanitizer and
+# UndefinedBehaviorSanitizer in build-asan/ and ctest there (every other entry: unit tests, the
+# CUDA emulator's other entries, MPI, the examples, the install test and fork and exit again);
+# clang-format on the C sources; a ThreadSanitizer build (clang) in build-tsan/ running the tests
+# that share kernels between threads (docs/fuzzing.md). The background lane's output is printed
+# whole when it is joined, after the foreground's. Every step runs even after a failure. The
+# closing summary gives each step's start, outcome, wall time, CPU time and count of test cases
+# run, and the totals, also written to $SYMRED_TEST_TIMES (default test-times.tsv beside the build
+# folders); the last line says how many steps passed and failed. Exit status 0 only if all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
