@@ -36,8 +36,8 @@ ci_dir=$root/build-ci
 asan_dir=$root/build-asan
 tsan_dir=$root/build-tsan
 # Each finished step appends one line to $records: its start (seconds into the run), name,
-# outcome, wall time, CPU time and count of test cases, tab-separated. A step that runs in the background
-# lane (lane_start) writes there too, from its subshell.
+# outcome, wall time, CPU time and count of test cases, tab-separated. A step that runs in the
+# background lane (lane_start) writes there too, from its subshell.
 step_logs=$(mktemp -d "${TMPDIR:-/tmp}/symred-test.XXXXXX")
 trap 'rm -rf "$step_logs"' EXIT
 records=$step_logs/records
@@ -362,7 +362,8 @@ step "ctest (NVRTC, sweeps, examples, install, fork)" run_ctest "$ci_dir" \
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 step "build (ASan + UBSan)" build_and_mark "$asan_dir" -DSYMRED_ASAN=ON -DSYMRED_UBSAN=ON
-step "ctest (ASan + UBSan: the other entries)" run_ctest "$asan_dir" -LE '^(nvrtc|cuda-emu-sweep|exp-sweep)$'
+step "ctest (ASan + UBSan: the other entries)" run_ctest "$asan_dir" \
+    -LE '^(nvrtc|cuda-emu-sweep|exp-sweep)$'
 step "clang-format" format_check
 step "build (ThreadSanitizer)" tsan_build
 step "ThreadSanitizer: threads sharing kernels" tsan_run
